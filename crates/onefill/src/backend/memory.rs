@@ -1,0 +1,296 @@
+//! The embedded backend: the whole protocol in one process's memory.
+//!
+//! It has the semantics Redis has (TTLs measured by the server, tokens,
+//! atomic steps) so that every behaviour can be tested here first. Its clock
+//! is tokio's, so tests under `tokio::time::pause` drive expiry.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use super::{Acquired, Backend, BackendError, FillKeys, FillSubscription, LeaseToken, Stored};
+use crate::envelope;
+
+/// An in-process [`Backend`]: the embedded default.
+///
+/// Cheap to clone; clones share one store, so several [`Cache`](crate::Cache)
+/// instances built on clones of one `MemoryBackend` behave like processes
+/// sharing one Redis.
+///
+/// ```
+/// let backend = onefill::MemoryBackend::new();
+/// let users = onefill::Cache::<u64, String>::builder()
+///     .namespace("users")
+///     .backend(backend.clone())
+///     .build()
+///     .unwrap();
+/// let groups = onefill::Cache::<u64, Vec<u64>>::builder()
+///     .namespace("groups")
+///     .backend(backend)
+///     .build()
+///     .unwrap();
+/// # drop((users, groups));
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct MemoryBackend {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    state: Mutex<State>,
+    channels: Mutex<HashMap<String, watch::Sender<u64>>>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    entries: HashMap<String, Entry>,
+    writes_since_sweep: usize,
+}
+
+#[derive(Debug, Clone)]
+struct Entry {
+    bytes: Vec<u8>,
+    expires_at: Instant,
+}
+
+/// Expired entries are dropped lazily on access and by a sweep every this
+/// many writes, so memory stays bounded by the live keys.
+const SWEEP_EVERY: usize = 1024;
+
+impl State {
+    fn live(&mut self, key: &str, now: Instant) -> Option<&Entry> {
+        if self.entries.get(key).is_some_and(|e| e.expires_at <= now) {
+            self.entries.remove(key);
+        }
+        self.entries.get(key)
+    }
+    fn get(&mut self, key: &str, now: Instant) -> Option<Stored> {
+        self.live(key, now).map(|e| Stored {
+            bytes: e.bytes.clone(),
+            ttl: e.expires_at - now,
+        })
+    }
+    fn put(&mut self, key: &str, bytes: Vec<u8>, ttl: Duration, now: Instant) {
+        self.writes_since_sweep += 1;
+        if self.writes_since_sweep >= SWEEP_EVERY {
+            self.writes_since_sweep = 0;
+            self.entries.retain(|_, e| e.expires_at > now);
+        }
+        self.entries.insert(
+            key.to_owned(),
+            Entry {
+                bytes,
+                expires_at: now + ttl,
+            },
+        );
+    }
+    fn holds(&mut self, lock: &str, token: &LeaseToken, now: Instant) -> bool {
+        self.live(lock, now)
+            .is_some_and(|e| e.bytes == token.as_bytes())
+    }
+}
+
+impl MemoryBackend {
+    /// A new, empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock cannot leave the map half-written
+        // (every step is a plain insert or remove), so a poisoned lock is safe
+        // to keep using.
+        self.inner.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn publish(&self, channel: &str) {
+        let mut channels = self.inner.channels.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(tx) = channels.get(channel) {
+            if tx.receiver_count() == 0 {
+                channels.remove(channel);
+            } else {
+                tx.send_modify(|n| *n += 1);
+            }
+        }
+    }
+
+    /// Number of live (unexpired) backend keys, values and leases alike.
+    /// For tests and diagnostics.
+    pub fn len(&self) -> usize {
+        let now = Instant::now();
+        self.state()
+            .entries
+            .values()
+            .filter(|e| e.expires_at > now)
+            .count()
+    }
+
+    /// Whether the store holds no live key.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Writes raw bytes under a backend key, bypassing the protocol: for tests
+    /// that plant corrupt data or a lease of a process that died.
+    #[doc(hidden)]
+    pub fn put_raw(&self, key: &str, bytes: &[u8], ttl: Duration) {
+        self.state().put(key, bytes.to_vec(), ttl, Instant::now());
+    }
+
+    /// Reads raw bytes and the remaining TTL of a backend key.
+    #[doc(hidden)]
+    pub fn get_raw(&self, key: &str) -> Option<(Vec<u8>, Duration)> {
+        self.state()
+            .get(key, Instant::now())
+            .map(|s| (s.bytes, s.ttl))
+    }
+}
+
+fn is_fresh(stored: &Stored, refresh_window: Duration) -> bool {
+    match envelope::grace_of(&stored.bytes) {
+        Some(grace) => stored.ttl > grace.saturating_add(refresh_window),
+        None => false,
+    }
+}
+
+#[async_trait]
+impl Backend for MemoryBackend {
+    async fn get(&self, keys: &FillKeys) -> Result<Option<Stored>, BackendError> {
+        Ok(self.state().get(keys.value(), Instant::now()))
+    }
+
+    async fn acquire(
+        &self,
+        keys: &FillKeys,
+        token: &LeaseToken,
+        lease_ttl: Duration,
+        refresh_window: Duration,
+    ) -> Result<Acquired, BackendError> {
+        let now = Instant::now();
+        let mut state = self.state();
+        let value = state.get(keys.value(), now);
+        if let Some(fresh) = value.as_ref().filter(|v| is_fresh(v, refresh_window)) {
+            return Ok(Acquired::Fresh(fresh.clone()));
+        }
+        match state.get(keys.lock(), now) {
+            Some(lease) => Ok(Acquired::Held {
+                stale: value,
+                lease_ttl: lease.ttl,
+            }),
+            None => {
+                state.put(keys.lock(), token.as_bytes().to_vec(), lease_ttl, now);
+                Ok(Acquired::Won { stale: value })
+            }
+        }
+    }
+
+    async fn fill(
+        &self,
+        keys: &FillKeys,
+        token: &LeaseToken,
+        bytes: &[u8],
+        ttl: Duration,
+    ) -> Result<bool, BackendError> {
+        let now = Instant::now();
+        {
+            let mut state = self.state();
+            if !state.holds(keys.lock(), token, now) {
+                return Ok(false);
+            }
+            state.put(keys.value(), bytes.to_vec(), ttl, now);
+            state.entries.remove(keys.lock());
+        }
+        self.publish(keys.channel());
+        Ok(true)
+    }
+
+    async fn release(
+        &self,
+        keys: &FillKeys,
+        token: &LeaseToken,
+        entry: Option<(&[u8], Duration)>,
+    ) -> Result<bool, BackendError> {
+        let now = Instant::now();
+        {
+            let mut state = self.state();
+            if !state.holds(keys.lock(), token, now) {
+                return Ok(false);
+            }
+            state.entries.remove(keys.lock());
+            if let Some((bytes, ttl)) = entry {
+                state.put(keys.value(), bytes.to_vec(), ttl, now);
+            }
+        }
+        self.publish(keys.channel());
+        Ok(true)
+    }
+
+    async fn extend(
+        &self,
+        keys: &FillKeys,
+        token: &LeaseToken,
+        lease_ttl: Duration,
+    ) -> Result<bool, BackendError> {
+        let now = Instant::now();
+        let mut state = self.state();
+        if !state.holds(keys.lock(), token, now) {
+            return Ok(false);
+        }
+        if let Some(e) = state.entries.get_mut(keys.lock()) {
+            e.expires_at = now + lease_ttl;
+        }
+        Ok(true)
+    }
+
+    async fn set(&self, keys: &FillKeys, bytes: &[u8], ttl: Duration) -> Result<(), BackendError> {
+        {
+            let mut state = self.state();
+            state.put(keys.value(), bytes.to_vec(), ttl, Instant::now());
+            state.entries.remove(keys.lock());
+        }
+        self.publish(keys.channel());
+        Ok(())
+    }
+
+    async fn invalidate(&self, keys: &FillKeys) -> Result<(), BackendError> {
+        {
+            let mut state = self.state();
+            state.entries.remove(keys.value());
+            state.entries.remove(keys.lock());
+        }
+        self.publish(keys.channel());
+        Ok(())
+    }
+
+    async fn subscribe(&self, keys: &FillKeys) -> Result<Box<dyn FillSubscription>, BackendError> {
+        let mut channels = self.inner.channels.lock().unwrap_or_else(|p| p.into_inner());
+        if channels.len() >= SWEEP_EVERY {
+            channels.retain(|_, tx| tx.receiver_count() > 0);
+        }
+        let rx = channels
+            .entry(keys.channel().to_owned())
+            .or_insert_with(|| watch::channel(0).0)
+            .subscribe();
+        Ok(Box::new(MemorySubscription { rx }))
+    }
+}
+
+struct MemorySubscription {
+    rx: watch::Receiver<u64>,
+}
+
+#[async_trait]
+impl FillSubscription for MemorySubscription {
+    async fn notified(&mut self) {
+        if self.rx.changed().await.is_err() {
+            // The channel was dropped (no publisher left): nothing will ever
+            // arrive, so wait forever; callers always race this with a poll.
+            std::future::pending::<()>().await;
+        }
+    }
+}

@@ -1,0 +1,135 @@
+//! The storage protocol: where values and leases live.
+//!
+//! A [`Backend`] stores opaque envelopes and leases under the keys of
+//! [`FillKeys`]. Every method is one atomic step on the server (a Lua script
+//! on Redis, one critical section in memory), so the cache above can reason
+//! about races with the same rules on every backend:
+//!
+//! | method | atomic step |
+//! | --- | --- |
+//! | [`get`](Backend::get) | `GET` + `PTTL` of the value |
+//! | [`acquire`](Backend::acquire) | fresh value? return it : `SET lock token NX PX ttl` |
+//! | [`fill`](Backend::fill) | lock == token ? write value, delete lock, publish : nothing |
+//! | [`release`](Backend::release) | lock == token ? delete lock (+ optional short entry), publish : nothing |
+//! | [`extend`](Backend::extend) | lock == token ? `PEXPIRE lock ttl` : nothing |
+//! | [`set`](Backend::set) / [`invalidate`](Backend::invalidate) | write / delete the value and delete any lease, publish |
+//!
+//! A value is *fresh* when its remaining TTL exceeds the grace period recorded
+//! in its envelope header by more than the caller's `refresh_window`. Bytes
+//! that are not a readable envelope are never fresh.
+
+use std::fmt::Debug;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+pub use crate::error::{BackendError, BackendErrorKind};
+pub use crate::key::FillKeys;
+pub use crate::lease::LeaseToken;
+
+pub mod memory;
+#[cfg(feature = "redis")]
+pub mod redis;
+
+/// Stored bytes plus the server's remaining TTL for them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stored {
+    /// The envelope bytes.
+    pub bytes: Vec<u8>,
+    /// The remaining (hard) TTL, as the server measures it.
+    pub ttl: Duration,
+}
+
+/// The answer of [`Backend::acquire`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Acquired {
+    /// The value is fresh (beyond the refresh window): no lease was taken.
+    Fresh(Stored),
+    /// We hold the lease with our token. `stale` is whatever value existed.
+    Won {
+        /// A stale (or unreadable) value present at the time, if any.
+        stale: Option<Stored>,
+    },
+    /// Someone else holds the lease.
+    Held {
+        /// A stale (or unreadable) value present at the time, if any.
+        stale: Option<Stored>,
+        /// The lease's remaining TTL.
+        lease_ttl: Duration,
+    },
+}
+
+/// A subscription to one key's fill notifications.
+///
+/// Created by [`Backend::subscribe`] *before* the caller re-checks the value,
+/// so a fill that lands between the check and the wait is not missed.
+#[async_trait]
+pub trait FillSubscription: Send {
+    /// Resolves at the next fill, release or invalidation of the key after the
+    /// subscription was made (or after the previous call returned). May also
+    /// resolve spuriously; callers re-check.
+    async fn notified(&mut self);
+}
+
+/// A store for envelopes and leases. See the module docs for the contract.
+///
+/// Implemented by [`MemoryBackend`](crate::MemoryBackend) and, with the
+/// `redis` feature, by [`RedisBackend`](crate::redis::RedisBackend). Several
+/// caches (namespaces) may share one backend.
+#[async_trait]
+pub trait Backend: Debug + Send + Sync + 'static {
+    /// The value and its remaining TTL, if present.
+    async fn get(&self, keys: &FillKeys) -> Result<Option<Stored>, BackendError>;
+
+    /// Returns the value if it is fresh for at least `refresh_window` beyond
+    /// its grace; otherwise tries to take the lease with `token` for
+    /// `lease_ttl`.
+    async fn acquire(
+        &self,
+        keys: &FillKeys,
+        token: &LeaseToken,
+        lease_ttl: Duration,
+        refresh_window: Duration,
+    ) -> Result<Acquired, BackendError>;
+
+    /// If the lease still holds `token`: stores `bytes` with TTL `ttl`,
+    /// deletes the lease and announces the fill. Returns whether the lease was
+    /// ours (false: nothing was written).
+    async fn fill(
+        &self,
+        keys: &FillKeys,
+        token: &LeaseToken,
+        bytes: &[u8],
+        ttl: Duration,
+    ) -> Result<bool, BackendError>;
+
+    /// If the lease still holds `token`: deletes it, optionally stores a short
+    /// entry (a cached failure) and announces the release. Returns whether
+    /// the lease was ours.
+    async fn release(
+        &self,
+        keys: &FillKeys,
+        token: &LeaseToken,
+        entry: Option<(&[u8], Duration)>,
+    ) -> Result<bool, BackendError>;
+
+    /// If the lease still holds `token`: sets its TTL to `lease_ttl`. Returns
+    /// whether the lease was ours.
+    async fn extend(
+        &self,
+        keys: &FillKeys,
+        token: &LeaseToken,
+        lease_ttl: Duration,
+    ) -> Result<bool, BackendError>;
+
+    /// Writes `bytes` unconditionally, deletes any lease (fencing out a fill
+    /// in flight) and announces it.
+    async fn set(&self, keys: &FillKeys, bytes: &[u8], ttl: Duration) -> Result<(), BackendError>;
+
+    /// Deletes the value and any lease (fencing out a fill in flight) and
+    /// announces it.
+    async fn invalidate(&self, keys: &FillKeys) -> Result<(), BackendError>;
+
+    /// Subscribes to the key's fill notifications.
+    async fn subscribe(&self, keys: &FillKeys) -> Result<Box<dyn FillSubscription>, BackendError>;
+}

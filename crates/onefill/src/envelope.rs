@@ -1,0 +1,150 @@
+//! The stored value: a small versioned binary header, then the codec's bytes.
+//!
+//! ```text
+//! offset  size  field
+//! 0       1     magic 0xF1
+//! 1       1     format version (1)
+//! 2       1     kind: 0 value, 1 cached failure (payload = UTF-8 message), 2 absent
+//! 3       1     reserved (0)
+//! 4       8     grace in milliseconds, big-endian
+//! 12      4     delta: how long the load took, in milliseconds, big-endian
+//! 16      ..    payload
+//! ```
+//!
+//! The backend key's TTL is the hard TTL (`fresh + grace`): the value is
+//! fresh while the server reports `PTTL > grace`. The Redis scripts read the
+//! grace from bytes 4..12 with the same layout (see `backend/redis.rs`), so a
+//! change here is a new version number, never a silent reshuffle.
+
+use std::time::Duration;
+
+pub(crate) const MAGIC: u8 = 0xF1;
+pub(crate) const VERSION: u8 = 1;
+pub(crate) const HEADER_LEN: usize = 16;
+
+/// What an envelope holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Value = 0,
+    Failure = 1,
+    Absent = 2,
+}
+
+/// A decoded header plus a borrowed payload.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Envelope<'a> {
+    pub kind: Kind,
+    pub grace: Duration,
+    pub delta: Duration,
+    pub payload: &'a [u8],
+}
+
+/// Why stored bytes could not be read; each is a miss for the caller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum DecodeError {
+    Truncated,
+    BadMagic,
+    UnknownVersion(u8),
+    UnknownKind(u8),
+}
+
+pub(crate) fn encode(kind: Kind, grace: Duration, delta: Duration, payload: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(HEADER_LEN + payload.len());
+    out.extend_from_slice(&[MAGIC, VERSION, kind as u8, 0]);
+    out.extend_from_slice(&millis_u64(grace).to_be_bytes());
+    out.extend_from_slice(&(millis_u64(delta).min(u32::MAX as u64) as u32).to_be_bytes());
+    out.extend_from_slice(payload);
+    out
+}
+
+pub(crate) fn decode(bytes: &[u8]) -> Result<Envelope<'_>, DecodeError> {
+    if bytes.len() < HEADER_LEN {
+        return Err(DecodeError::Truncated);
+    }
+    if bytes[0] != MAGIC {
+        return Err(DecodeError::BadMagic);
+    }
+    if bytes[1] != VERSION {
+        return Err(DecodeError::UnknownVersion(bytes[1]));
+    }
+    let kind = match bytes[2] {
+        0 => Kind::Value,
+        1 => Kind::Failure,
+        2 => Kind::Absent,
+        other => return Err(DecodeError::UnknownKind(other)),
+    };
+    let grace = u64::from_be_bytes(bytes[4..12].try_into().expect("8 bytes"));
+    let delta = u32::from_be_bytes(bytes[12..16].try_into().expect("4 bytes"));
+    Ok(Envelope {
+        kind,
+        grace: Duration::from_millis(grace),
+        delta: Duration::from_millis(delta as u64),
+        payload: &bytes[HEADER_LEN..],
+    })
+}
+
+/// The grace period recorded in stored bytes, or `None` if they are not an
+/// envelope we can read (the backends then treat the value as not fresh).
+pub(crate) fn grace_of(bytes: &[u8]) -> Option<Duration> {
+    decode(bytes).ok().map(|e| e.grace)
+}
+
+pub(crate) fn millis_u64(d: Duration) -> u64 {
+    d.as_millis().min(u64::MAX as u128) as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip() {
+        let bytes = encode(
+            Kind::Value,
+            Duration::from_secs(5),
+            Duration::from_millis(200),
+            b"{\"a\":1}",
+        );
+        let env = decode(&bytes).unwrap();
+        assert_eq!(env.kind, Kind::Value);
+        assert_eq!(env.grace, Duration::from_secs(5));
+        assert_eq!(env.delta, Duration::from_millis(200));
+        assert_eq!(env.payload, b"{\"a\":1}");
+    }
+
+    /// Bytes written by format version 1 must stay readable by every later
+    /// release: this literal is what v1 wrote.
+    #[test]
+    fn reads_version_1_bytes() {
+        let v1: &[u8] = &[
+            0xF1, 1, 0, 0, // magic, version, kind=value, reserved
+            0, 0, 0, 0, 0, 0, 0x13, 0x88, // grace = 5000 ms
+            0, 0, 0, 0x2A, // delta = 42 ms
+            b'7',
+        ];
+        let env = decode(v1).unwrap();
+        assert_eq!(env.kind, Kind::Value);
+        assert_eq!(env.grace, Duration::from_millis(5000));
+        assert_eq!(env.delta, Duration::from_millis(42));
+        assert_eq!(env.payload, b"7");
+    }
+
+    #[test]
+    fn garbage_is_an_error_not_a_panic() {
+        assert_eq!(decode(b""), Err(DecodeError::Truncated));
+        assert_eq!(decode(&[0u8; 32]), Err(DecodeError::BadMagic));
+        let mut future = encode(Kind::Value, Duration::ZERO, Duration::ZERO, b"");
+        future[1] = 9;
+        assert_eq!(decode(&future), Err(DecodeError::UnknownVersion(9)));
+        future[1] = VERSION;
+        future[2] = 7;
+        assert_eq!(decode(&future), Err(DecodeError::UnknownKind(7)));
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn decode_never_panics(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..64)) {
+            let _ = decode(&bytes);
+        }
+    }
+}

@@ -1,0 +1,238 @@
+//! Typed errors. Every public error enum is `#[non_exhaustive]` so variants can
+//! be added without a breaking release.
+
+use std::any::Any;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// What a call on a [`Cache`](crate::Cache) can fail with.
+///
+/// Classification helpers (`is_*`) let callers react without matching every
+/// variant.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The loader returned an error. Every caller coalesced onto that load gets
+    /// a clone of the same error (shared through an `Arc`).
+    #[error("loader failed: {0}")]
+    Loader(LoaderError),
+    /// The loader panicked. The lease was released and every waiter got this
+    /// error instead of hanging.
+    #[error("loader panicked: {0}")]
+    LoaderPanicked(String),
+    /// The loader ran longer than the maximum load time; it was aborted and
+    /// its lease released.
+    #[error("loader did not finish within the maximum load time of {0:?}")]
+    LoadTimedOut(Duration),
+    /// Another process held the lease for longer than the wait deadline and the
+    /// configured outcome at the deadline was an error.
+    #[error("waited {0:?} for another process's load without an answer")]
+    WaitTimedOut(Duration),
+    /// A recent load of this key failed and the failure was cached
+    /// (negative caching); the origin was not called again.
+    #[error("cached failure of a recent load: {0}")]
+    CachedFailure(String),
+    /// The backend failed and the cache runs in strict mode (otherwise backend
+    /// failures degrade to in-process coalescing and stale values).
+    #[error("backend error: {0}")]
+    Backend(#[from] BackendError),
+    /// The key, value or an option given for this call is not acceptable.
+    #[error("invalid input: {0}")]
+    InvalidInput(#[from] InputError),
+    /// The value could not be encoded by the codec; nothing was written.
+    #[error("could not encode the value: {0}")]
+    Encode(String),
+    /// A recent [`get_or_load_optional`](crate::Cache::get_or_load_optional)
+    /// found nothing and cached the key's absence.
+    #[error("the key's absence is cached")]
+    NotFound,
+    /// The in-process flight that was computing this key ended without an
+    /// answer (its task was cancelled, e.g. by runtime shutdown).
+    #[error("the load this call was waiting for was abandoned")]
+    FlightAbandoned,
+}
+
+impl Error {
+    /// The loader failed (including a cached failure or a panic).
+    pub fn is_loader(&self) -> bool {
+        matches!(
+            self,
+            Error::Loader(_) | Error::LoaderPanicked(_) | Error::CachedFailure(_)
+        )
+    }
+    /// A deadline passed: the wait deadline or the maximum load time.
+    pub fn is_timeout(&self) -> bool {
+        matches!(self, Error::WaitTimedOut(_) | Error::LoadTimedOut(_))
+            || matches!(self, Error::Backend(b) if b.is_timeout())
+    }
+    /// The backend failed (only surfaced in strict mode).
+    pub fn is_backend(&self) -> bool {
+        matches!(self, Error::Backend(_))
+    }
+    /// The input (key, value size or options) was rejected before anything ran.
+    pub fn is_invalid_input(&self) -> bool {
+        matches!(self, Error::InvalidInput(_))
+    }
+    /// The loader's own error, if this is [`Error::Loader`] and its type is `E`.
+    pub fn loader_error<E: std::error::Error + Send + Sync + 'static>(&self) -> Option<Arc<E>> {
+        match self {
+            Error::Loader(e) => e.downcast::<E>(),
+            _ => None,
+        }
+    }
+}
+
+/// A loader's error, shared by every caller coalesced onto the load.
+///
+/// It keeps the original typed error: [`LoaderError::downcast`] gives back the
+/// `Arc<E>` that the loader returned.
+#[derive(Clone)]
+pub struct LoaderError {
+    as_error: Arc<dyn std::error::Error + Send + Sync>,
+    as_any: Arc<dyn Any + Send + Sync>,
+}
+
+impl LoaderError {
+    pub(crate) fn new<E: std::error::Error + Send + Sync + 'static>(error: E) -> Self {
+        let shared = Arc::new(error);
+        LoaderError {
+            as_error: shared.clone(),
+            as_any: shared,
+        }
+    }
+    /// The loader's error as its own type `E`, if it is one.
+    pub fn downcast<E: std::error::Error + Send + Sync + 'static>(&self) -> Option<Arc<E>> {
+        self.as_any.clone().downcast::<E>().ok()
+    }
+    /// The loader's error as a trait object.
+    pub fn get_ref(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+        &*self.as_error
+    }
+}
+
+impl fmt::Debug for LoaderError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&*self.as_error, f)
+    }
+}
+impl fmt::Display for LoaderError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&*self.as_error, f)
+    }
+}
+
+/// Input rejected before any backend call or load.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum InputError {
+    /// Keys must not be empty.
+    #[error("the key is empty")]
+    EmptyKey,
+    /// The key is longer than the configured maximum.
+    #[error("the key is {len} bytes, over the limit of {max}")]
+    KeyTooLong {
+        /// Length of the rejected key in bytes.
+        len: usize,
+        /// The configured maximum.
+        max: usize,
+    },
+    /// The encoded value is larger than the configured maximum.
+    #[error("the encoded value is {len} bytes, over the limit of {max}")]
+    ValueTooLarge {
+        /// Size of the encoded value in bytes.
+        len: usize,
+        /// The configured maximum.
+        max: usize,
+    },
+    /// An option is out of its accepted range.
+    #[error("option `{option}` {reason}")]
+    Option {
+        /// The option's name.
+        option: &'static str,
+        /// Why it was rejected.
+        reason: String,
+    },
+}
+
+impl InputError {
+    pub(crate) fn option(option: &'static str, reason: impl Into<String>) -> Self {
+        InputError::Option {
+            option,
+            reason: reason.into(),
+        }
+    }
+}
+
+/// Building a [`Cache`](crate::Cache) failed: an option or the namespace is invalid.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The namespace is empty or contains `{`, `}` (reserved for hash tags) or `:`-free junk.
+    #[error("invalid namespace {namespace:?}: {reason}")]
+    Namespace {
+        /// The rejected namespace.
+        namespace: String,
+        /// Why it was rejected.
+        reason: &'static str,
+    },
+    /// An option is out of range.
+    #[error(transparent)]
+    Invalid(#[from] InputError),
+}
+
+/// The kind of a [`BackendError`], for failure policies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum BackendErrorKind {
+    /// The call did not answer within the backend timeout.
+    Timeout,
+    /// The connection failed, was refused or dropped; usually transient.
+    Connection,
+    /// The server is loading, busy, a replica, or redirected us: transient.
+    Busy,
+    /// The server rejected the command (a script error, a wrong type): not transient.
+    Command,
+    /// The server answered something the protocol did not expect.
+    Protocol,
+    /// The circuit breaker is open: the call was not even attempted.
+    CircuitOpen,
+}
+
+/// A backend (Redis or memory) call failed.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{kind:?}: {message}")]
+pub struct BackendError {
+    kind: BackendErrorKind,
+    message: String,
+}
+
+impl BackendError {
+    /// A new error of the given kind.
+    pub fn new(kind: BackendErrorKind, message: impl Into<String>) -> Self {
+        BackendError {
+            kind,
+            message: message.into(),
+        }
+    }
+    /// What kind of failure this is.
+    pub fn kind(&self) -> BackendErrorKind {
+        self.kind
+    }
+    /// The call timed out.
+    pub fn is_timeout(&self) -> bool {
+        self.kind == BackendErrorKind::Timeout
+    }
+    /// Retrying later may succeed (timeouts, connection problems, busy server,
+    /// open circuit).
+    pub fn is_transient(&self) -> bool {
+        !matches!(
+            self.kind,
+            BackendErrorKind::Command | BackendErrorKind::Protocol
+        )
+    }
+    /// The human-readable message.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}

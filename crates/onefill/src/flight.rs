@@ -1,0 +1,144 @@
+//! In-process single-flight: per key, one task per process talks to the
+//! backend and every other local caller shares its outcome.
+//!
+//! The map lookup and insert happen under one mutex, so exactly one caller
+//! becomes the leader however many arrive together. The leader does not run
+//! the flight itself: it spawns it, so dropping any caller (the leader
+//! included) neither cancels the load nor strands the others (the trap of
+//! moka#240 and of several single-flight crates).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::watch;
+
+use crate::error::Error;
+
+type Slot<T> = Option<Result<T, Error>>;
+type Map<T> = Arc<Mutex<HashMap<String, (u64, watch::Receiver<Slot<T>>)>>>;
+
+/// The map of flights under way in one [`Cache`](crate::Cache).
+#[derive(Debug)]
+pub(crate) struct Flights<T> {
+    map: Map<T>,
+    next_id: AtomicU64,
+}
+
+impl<T> Default for Flights<T> {
+    fn default() -> Self {
+        Flights {
+            map: Arc::default(),
+            next_id: AtomicU64::new(0),
+        }
+    }
+}
+
+/// The caller's role in a flight.
+pub(crate) enum Joined<T> {
+    /// This caller started the flight: it must hand `Completion` to the task
+    /// that runs it.
+    Leader(Completion<T>, Waiter<T>),
+    /// A flight for the key was already under way.
+    Follower(Waiter<T>),
+}
+
+/// Publishes the flight's outcome once. Dropped without publishing, it still
+/// removes the flight and the waiters get [`Error::FlightAbandoned`].
+pub(crate) struct Completion<T> {
+    map: Map<T>,
+    key: String,
+    id: u64,
+    tx: watch::Sender<Slot<T>>,
+}
+
+/// Awaits a flight's outcome.
+pub(crate) struct Waiter<T> {
+    rx: watch::Receiver<Slot<T>>,
+}
+
+impl<T: Clone> Flights<T> {
+    pub(crate) fn join(&self, key: &str) -> Joined<T> {
+        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, rx)) = map.get(key) {
+            return Joined::Follower(Waiter { rx: rx.clone() });
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = watch::channel(None);
+        map.insert(key.to_owned(), (id, rx.clone()));
+        Joined::Leader(
+            Completion {
+                map: self.map.clone(),
+                key: key.to_owned(),
+                id,
+                tx,
+            },
+            Waiter { rx },
+        )
+    }
+
+    /// Flights under way (for tests and diagnostics).
+    pub(crate) fn len(&self) -> usize {
+        self.map.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+}
+
+impl<T> Completion<T> {
+    /// Publishes the outcome; dropping `self` then removes the flight, so a
+    /// caller arriving from then on starts a new flight (and finds the value
+    /// just written). One joining in between gets this outcome.
+    pub(crate) fn complete(self, outcome: Result<T, Error>) {
+        self.tx.send_replace(Some(outcome));
+    }
+}
+
+impl<T> Drop for Completion<T> {
+    fn drop(&mut self) {
+        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        if map.get(&self.key).is_some_and(|(current, _)| *current == self.id) {
+            map.remove(&self.key);
+        }
+    }
+}
+
+impl<T: Clone> Waiter<T> {
+    pub(crate) async fn outcome(mut self) -> Result<T, Error> {
+        match self.rx.wait_for(Option::is_some).await {
+            Ok(slot) => slot.clone().unwrap_or(Err(Error::FlightAbandoned)),
+            Err(_) => Err(Error::FlightAbandoned),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn one_leader_and_shared_outcome() {
+        let flights = Flights::<u32>::default();
+        let Joined::Leader(done, w1) = flights.join("k") else {
+            panic!("first caller leads")
+        };
+        let Joined::Follower(w2) = flights.join("k") else {
+            panic!("second caller follows")
+        };
+        assert_eq!(flights.len(), 1);
+        done.complete(Ok(7));
+        assert_eq!(flights.len(), 0);
+        assert_eq!(w1.outcome().await.unwrap(), 7);
+        assert_eq!(w2.outcome().await.unwrap(), 7);
+        assert!(matches!(flights.join("k"), Joined::Leader(..)), "a new flight after completion");
+    }
+
+    #[tokio::test]
+    async fn abandoned_flight_releases_waiters() {
+        let flights = Flights::<u32>::default();
+        let Joined::Leader(done, w1) = flights.join("k") else {
+            panic!()
+        };
+        drop(done);
+        assert!(matches!(w1.outcome().await, Err(Error::FlightAbandoned)));
+        assert_eq!(flights.len(), 0);
+    }
+}

@@ -1,0 +1,279 @@
+//! The distributed lease: tokens, its TTL policy and the watchdog.
+//!
+//! A lease is `SET lock token NX PX ttl` with a fresh random 128-bit token
+//! per acquisition; it is released by compare-and-delete and extended by
+//! compare-and-`PEXPIRE`, so a process can only ever touch its own lease.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::backend::Backend;
+use crate::error::InputError;
+use crate::key::FillKeys;
+use crate::stats::Recorder;
+
+/// A random 128-bit lease token, fresh for every acquisition.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct LeaseToken([u8; 32]);
+
+impl LeaseToken {
+    /// A new token from the thread-local CSPRNG.
+    pub fn random() -> Self {
+        let raw: u128 = rand::random();
+        let mut hex = [0u8; 32];
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        for (i, byte) in raw.to_be_bytes().iter().enumerate() {
+            hex[2 * i] = DIGITS[(byte >> 4) as usize];
+            hex[2 * i + 1] = DIGITS[(byte & 0xf) as usize];
+        }
+        LeaseToken(hex)
+    }
+    /// The token as stored in the lease key: 32 lowercase hex digits.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+    /// The token as a string.
+    pub fn as_str(&self) -> &str {
+        std::str::from_utf8(&self.0).unwrap_or_default()
+    }
+}
+
+impl fmt::Debug for LeaseToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "LeaseToken({})", self.as_str())
+    }
+}
+
+/// How long a lease lives before it must be extended.
+///
+/// Short enough that a dead holder is detected quickly; the watchdog extends
+/// it every third of its TTL while the loader really runs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
+pub enum LeaseTtl {
+    /// Always this TTL.
+    Fixed(Duration),
+    /// `clamp(factor × p99 of recent load times, floor, ceiling)`; before any
+    /// load was measured, `ceiling.min(floor × factor)`.
+    Adaptive {
+        /// Multiplier on the recent p99 load time.
+        factor: f64,
+        /// Smallest TTL handed out.
+        floor: Duration,
+        /// Largest TTL handed out.
+        ceiling: Duration,
+    },
+}
+
+impl Default for LeaseTtl {
+    /// Adaptive: 3 × p99, at least 1 s, at most 30 s.
+    fn default() -> Self {
+        LeaseTtl::Adaptive {
+            factor: 3.0,
+            floor: Duration::from_secs(1),
+            ceiling: Duration::from_secs(30),
+        }
+    }
+}
+
+/// The smallest lease TTL accepted: the watchdog extends every third of it.
+pub(crate) const MIN_LEASE_TTL: Duration = Duration::from_millis(30);
+/// The largest lease TTL accepted.
+pub(crate) const MAX_LEASE_TTL: Duration = Duration::from_secs(3600);
+
+impl LeaseTtl {
+    pub(crate) fn validate(&self) -> Result<(), InputError> {
+        let in_range = |d: &Duration| (MIN_LEASE_TTL..=MAX_LEASE_TTL).contains(d);
+        match self {
+            LeaseTtl::Fixed(d) if !in_range(d) => Err(InputError::option(
+                "lease_ttl",
+                format!("must be between {MIN_LEASE_TTL:?} and {MAX_LEASE_TTL:?}, got {d:?}"),
+            )),
+            LeaseTtl::Adaptive {
+                factor,
+                floor,
+                ceiling,
+            } => {
+                if !(factor.is_finite() && *factor >= 1.0 && *factor <= 100.0) {
+                    return Err(InputError::option(
+                        "lease_ttl",
+                        format!("adaptive factor must be within 1..=100, got {factor}"),
+                    ));
+                }
+                if !in_range(floor) || !in_range(ceiling) || floor > ceiling {
+                    return Err(InputError::option(
+                        "lease_ttl",
+                        format!(
+                            "adaptive floor {floor:?} and ceiling {ceiling:?} must satisfy \
+                             {MIN_LEASE_TTL:?} <= floor <= ceiling <= {MAX_LEASE_TTL:?}"
+                        ),
+                    ));
+                }
+                Ok(())
+            }
+            LeaseTtl::Fixed(_) => Ok(()),
+        }
+    }
+
+    /// The TTL for the next acquisition, given recent load times.
+    pub(crate) fn ttl(&self, load_times: &LoadTimes) -> Duration {
+        match *self {
+            LeaseTtl::Fixed(d) => d,
+            LeaseTtl::Adaptive {
+                factor,
+                floor,
+                ceiling,
+            } => {
+                let base = load_times.p99().unwrap_or(floor);
+                base.mul_f64(factor).clamp(floor, ceiling)
+            }
+        }
+    }
+}
+
+/// A window of recent load durations of one cache, for the adaptive lease
+/// TTL and the "TTL shorter than the load" guard rail.
+#[derive(Debug, Default)]
+pub(crate) struct LoadTimes {
+    recent: Mutex<VecDeque<Duration>>,
+}
+
+const LOAD_WINDOW: usize = 128;
+
+impl LoadTimes {
+    pub(crate) fn record(&self, d: Duration) {
+        let mut recent = self.recent.lock().unwrap_or_else(|p| p.into_inner());
+        if recent.len() == LOAD_WINDOW {
+            recent.pop_front();
+        }
+        recent.push_back(d);
+    }
+    pub(crate) fn p99(&self) -> Option<Duration> {
+        let recent = self.recent.lock().unwrap_or_else(|p| p.into_inner());
+        if recent.is_empty() {
+            return None;
+        }
+        let mut sorted: Vec<Duration> = recent.iter().copied().collect();
+        sorted.sort_unstable();
+        let idx = ((sorted.len() as f64) * 0.99).ceil() as usize;
+        Some(sorted[idx.saturating_sub(1).min(sorted.len() - 1)])
+    }
+}
+
+/// Extends a held lease every third of its TTL until dropped.
+///
+/// Dropping the watchdog stops it: it lives exactly as long as the load it
+/// guards (completion, error, panic, cancellation or the maximum load time).
+pub(crate) struct Watchdog {
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Watchdog {
+    pub(crate) fn start(
+        backend: Arc<dyn Backend>,
+        keys: FillKeys,
+        token: LeaseToken,
+        ttl: Duration,
+        timeout: Duration,
+        recorder: Recorder,
+    ) -> Self {
+        let task = tokio::spawn(async move {
+            let period = ttl / 3;
+            let mut next = tokio::time::Instant::now() + period;
+            loop {
+                tokio::time::sleep_until(next).await;
+                next += period;
+                let extended =
+                    tokio::time::timeout(timeout, backend.extend(&keys, &token, ttl)).await;
+                match extended {
+                    Ok(Ok(true)) => recorder.lease_extended(),
+                    Ok(Ok(false)) => {
+                        // Expired or invalidated: another process may be
+                        // loading now. The fill will be fenced out.
+                        recorder.lease_lost(keys.value());
+                        return;
+                    }
+                    // A failed renewal is retried at the next period; the
+                    // lease is still valid for two more periods.
+                    Ok(Err(e)) => recorder.backend_error("extend", &e),
+                    Err(_) => recorder.backend_error(
+                        "extend",
+                        &crate::error::BackendError::new(
+                            crate::error::BackendErrorKind::Timeout,
+                            "extend timed out",
+                        ),
+                    ),
+                }
+            }
+        });
+        Watchdog { task }
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_are_fresh_and_hex() {
+        let a = LeaseToken::random();
+        let b = LeaseToken::random();
+        assert_ne!(a, b);
+        assert_eq!(a.as_str().len(), 32);
+        assert!(a.as_str().bytes().all(|c| c.is_ascii_hexdigit()));
+    }
+
+    #[test]
+    fn adaptive_ttl_follows_p99_within_bounds() {
+        let policy = LeaseTtl::Adaptive {
+            factor: 3.0,
+            floor: Duration::from_secs(1),
+            ceiling: Duration::from_secs(30),
+        };
+        let times = LoadTimes::default();
+        assert_eq!(policy.ttl(&times), Duration::from_secs(3));
+        for _ in 0..99 {
+            times.record(Duration::from_millis(100));
+        }
+        times.record(Duration::from_secs(2));
+        // p99 of 100 samples is the 99th smallest: 100 ms -> 300 ms -> floor.
+        assert_eq!(policy.ttl(&times), Duration::from_secs(1));
+        for _ in 0..10 {
+            times.record(Duration::from_secs(4));
+        }
+        assert_eq!(policy.ttl(&times), Duration::from_secs(12));
+        for _ in 0..50 {
+            times.record(Duration::from_secs(60));
+        }
+        assert_eq!(policy.ttl(&times), Duration::from_secs(30));
+    }
+
+    #[test]
+    fn absurd_lease_ttls_are_rejected() {
+        assert!(LeaseTtl::Fixed(Duration::ZERO).validate().is_err());
+        assert!(LeaseTtl::Fixed(Duration::from_secs(86_400)).validate().is_err());
+        assert!(LeaseTtl::Adaptive {
+            factor: f64::NAN,
+            floor: Duration::from_secs(1),
+            ceiling: Duration::from_secs(2)
+        }
+        .validate()
+        .is_err());
+        assert!(LeaseTtl::Adaptive {
+            factor: 2.0,
+            floor: Duration::from_secs(3),
+            ceiling: Duration::from_secs(2)
+        }
+        .validate()
+        .is_err());
+        assert!(LeaseTtl::default().validate().is_ok());
+    }
+}

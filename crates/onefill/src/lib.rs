@@ -1,0 +1,86 @@
+//! # onefill
+//!
+//! Cache fills that are single-flight across a whole fleet. When a popular
+//! key expires and N callers in P processes miss it together, the loader
+//! runs **once**; everybody else gets that result, and nobody waits without
+//! a bound.
+//!
+//! - **in-process single-flight**: one backend conversation per key per
+//!   process ([`Cache`]);
+//! - **a distributed lease** (`SET lock token NX PX ttl`, fenced fill,
+//!   compare-and-delete release, a watchdog, an adaptive TTL: [`LeaseTtl`]);
+//! - **bounded losers**: stale at once, or a wait woken by the fill
+//!   notification with jittered polling as the fallback, up to a deadline,
+//!   then a configured outcome ([`WaitPolicy`], [`OnWaitTimeout`]);
+//! - **freshness**: TTL, grace (serve stale while one refresh runs), jitter,
+//!   XFetch early refresh, negative caching, fail-safe;
+//! - **resilience**: backend timeouts, a circuit breaker, degradation to
+//!   in-process coalescing;
+//! - **observability**: [`Stats`] and the `metrics` facade, `tracing` spans.
+//!
+//! The embedded [`MemoryBackend`] is the default; the `redis` feature adds
+//! [`redis::RedisBackend`] for a fleet.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::time::Duration;
+//!
+//! let cache: onefill::Cache<String, String> = onefill::Cache::builder()
+//!     .namespace("users")
+//!     .backend(onefill::MemoryBackend::new())
+//!     .ttl(Duration::from_secs(60))
+//!     .build()?;
+//! let key = "42".to_string();
+//! let user = cache
+//!     .get_or_load(&key, |key| async move { Ok::<_, std::io::Error>(format!("user {key}")) })
+//!     .await?;
+//! assert_eq!(user, "user 42");
+//! cache.invalidate(&key).await?;
+//! let stats: onefill::Stats = cache.stats();
+//! assert_eq!(stats.loads_ok, 1);
+//! # Ok(()) }
+//! ```
+//!
+//! ## What the lease is not
+//!
+//! The lease is a best-effort mutex that turns N loads into one; it is not a
+//! correctness lock. The worst case of two holders (a lease expired under a
+//! stalled process) is one duplicate load, and the fenced fill keeps the
+//! late one from overwriting newer data. A loader with side effects that
+//! must happen exactly once (a payment, an email) needs a real lock with
+//! fencing tokens or a consensus store, not this.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod backend;
+mod cache;
+mod circuit;
+mod codec;
+mod conversation;
+mod envelope;
+mod error;
+mod flight;
+mod freshness;
+mod key;
+mod lease;
+mod options;
+mod stats;
+mod wait;
+
+#[cfg(feature = "redis")]
+pub use backend::redis;
+
+pub use backend::memory::MemoryBackend;
+pub use backend::Backend;
+pub use cache::{Cache, CacheBuilder, Fetched};
+pub use circuit::{CircuitBreaker, CircuitState};
+#[cfg(feature = "postcard")]
+pub use codec::PostcardCodec;
+pub use codec::{Codec, JsonCodec};
+pub use conversation::Outcome;
+pub use error::{BackendError, BackendErrorKind, ConfigError, Error, InputError, LoaderError};
+pub use lease::{LeaseToken, LeaseTtl};
+pub use options::{CallOptions, MAX_TTL};
+pub use stats::Stats;
+pub use wait::{OnWaitTimeout, WaitPolicy};

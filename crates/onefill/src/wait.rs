@@ -1,0 +1,154 @@
+//! How a process that lost the lease race waits: bounded, woken by the fill
+//! notification, with jittered exponential backoff polling as the fallback.
+
+use std::time::Duration;
+
+use crate::error::InputError;
+
+/// What a waiter does when its deadline passes without a fill.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum OnWaitTimeout {
+    /// Serve a stale value if one exists, else run one degraded load (without
+    /// the lease; at most one per process per key, through the flight).
+    #[default]
+    StaleOrLoad,
+    /// Serve a stale value if one exists, else fail with
+    /// [`Error::WaitTimedOut`](crate::Error::WaitTimedOut).
+    StaleOrError,
+    /// Run one degraded load (at most one per process per key).
+    Load,
+    /// Fail with [`Error::WaitTimedOut`](crate::Error::WaitTimedOut).
+    Error,
+}
+
+/// Bounds and pacing for waiting on another process's load.
+///
+/// The defaults (deadline 10 s, polls from 20 ms doubling to 500 ms with
+/// ±25 % jitter, [`OnWaitTimeout::StaleOrLoad`]) wait out a live 6 s load
+/// (one load fleet-wide) yet bound every wait. A waiter also re-checks at
+/// the moment the holder's lease would expire, so a dead holder is taken
+/// over within its lease TTL, not a poll interval later.
+#[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
+pub struct WaitPolicy {
+    /// The longest a flight waits for another process's fill.
+    pub deadline: Duration,
+    /// The first poll interval.
+    pub poll_initial: Duration,
+    /// The largest poll interval.
+    pub poll_max: Duration,
+    /// What happens at the deadline.
+    pub on_timeout: OnWaitTimeout,
+}
+
+impl Default for WaitPolicy {
+    fn default() -> Self {
+        WaitPolicy {
+            deadline: Duration::from_secs(10),
+            poll_initial: Duration::from_millis(20),
+            poll_max: Duration::from_millis(500),
+            on_timeout: OnWaitTimeout::default(),
+        }
+    }
+}
+
+impl WaitPolicy {
+    /// Sets the deadline.
+    pub fn deadline(mut self, deadline: Duration) -> Self {
+        self.deadline = deadline;
+        self
+    }
+    /// Sets the first and the largest poll interval.
+    pub fn polling(mut self, initial: Duration, max: Duration) -> Self {
+        self.poll_initial = initial;
+        self.poll_max = max;
+        self
+    }
+    /// Sets the outcome at the deadline.
+    pub fn on_timeout(mut self, outcome: OnWaitTimeout) -> Self {
+        self.on_timeout = outcome;
+        self
+    }
+
+    pub(crate) fn validate(&self) -> Result<(), InputError> {
+        let hour = Duration::from_secs(3600);
+        if self.deadline.is_zero() || self.deadline > hour {
+            return Err(InputError::option(
+                "wait.deadline",
+                format!("must be within (0, 1h], got {:?}", self.deadline),
+            ));
+        }
+        if self.poll_initial < Duration::from_millis(1) || self.poll_initial > self.poll_max {
+            return Err(InputError::option(
+                "wait.poll_initial",
+                format!(
+                    "must be at least 1ms and at most poll_max ({:?}), got {:?}",
+                    self.poll_max, self.poll_initial
+                ),
+            ));
+        }
+        if self.poll_max > Duration::from_secs(60) {
+            return Err(InputError::option(
+                "wait.poll_max",
+                format!("must be at most 60s, got {:?}", self.poll_max),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Jittered exponential backoff: each interval is the current base ±25 %,
+/// and the base doubles up to `poll_max`.
+#[derive(Debug)]
+pub(crate) struct Backoff {
+    base: Duration,
+    max: Duration,
+}
+
+impl Backoff {
+    pub(crate) fn new(policy: &WaitPolicy) -> Self {
+        Backoff {
+            base: policy.poll_initial,
+            max: policy.poll_max,
+        }
+    }
+    pub(crate) fn next_interval(&mut self) -> Duration {
+        let factor = 0.75 + rand::random::<f64>() * 0.5;
+        let interval = self.base.mul_f64(factor);
+        self.base = (self.base * 2).min(self.max);
+        interval
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_with_jitter_up_to_the_max() {
+        let policy = WaitPolicy::default();
+        let mut b = Backoff::new(&policy);
+        let first = b.next_interval();
+        assert!(first >= Duration::from_millis(15) && first <= Duration::from_millis(25));
+        for _ in 0..20 {
+            let i = b.next_interval();
+            assert!(i <= policy.poll_max.mul_f64(1.25));
+        }
+        let late = b.next_interval();
+        assert!(late >= policy.poll_max.mul_f64(0.75));
+    }
+
+    #[test]
+    fn bad_wait_policies_are_rejected() {
+        assert!(WaitPolicy::default().validate().is_ok());
+        assert!(WaitPolicy::default()
+            .deadline(Duration::ZERO)
+            .validate()
+            .is_err());
+        assert!(WaitPolicy::default()
+            .polling(Duration::from_secs(2), Duration::from_secs(1))
+            .validate()
+            .is_err());
+    }
+}
