@@ -532,12 +532,13 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
     }
 
     fn read(&self, stored: &Stored) -> Read<V> {
-        read_stored(&self.inner, stored, self.keys.value())
+        read_stored(&self.inner, stored, Some(self.keys.value()))
     }
 
-    /// A usable stale value from an acquire answer.
+    /// A usable stale value from an acquire answer. Unreadable bytes were
+    /// already counted when the flight first read them, so not again here.
     fn stale_value(&self, stored: Option<Stored>) -> Option<Option<V>> {
-        match self.read(&stored?) {
+        match read_stored(&self.inner, &stored?, None) {
             Read::Value { value, .. } => Some(value),
             _ => None,
         }
@@ -591,11 +592,15 @@ pub(crate) async fn call_backend<V, T>(
     result
 }
 
-fn read_stored<V: 'static>(inner: &Inner<V>, stored: &Stored, key: &str) -> Read<V> {
+/// Decodes stored bytes; `count_as` names the key when an unreadable value
+/// should be counted (once per flight, not at every re-read).
+fn read_stored<V: 'static>(inner: &Inner<V>, stored: &Stored, count_as: Option<&str>) -> Read<V> {
     let env = match envelope::decode(&stored.bytes) {
         Ok(env) => env,
         Err(why) => {
-            inner.recorder.decode_error(key, &format!("{why:?}"));
+            if let Some(key) = count_as {
+                inner.recorder.decode_error(key, &format!("{why:?}"));
+            }
             return Read::Unreadable;
         }
     };
@@ -608,7 +613,9 @@ fn read_stored<V: 'static>(inner: &Inner<V>, stored: &Stored, key: &str) -> Read
                 delta: env.delta,
             },
             Err(why) => {
-                inner.recorder.decode_error(key, &why);
+                if let Some(key) = count_as {
+                    inner.recorder.decode_error(key, &why);
+                }
                 Read::Unreadable
             }
         },
@@ -626,7 +633,7 @@ fn read_stored<V: 'static>(inner: &Inner<V>, stored: &Stored, key: &str) -> Read
 
 /// Reads a stored envelope as a value, for the read-only `get`.
 pub(crate) fn stored_value<V: 'static>(inner: &Inner<V>, stored: &Stored, key: &str) -> Option<Option<V>> {
-    match read_stored(inner, stored, key) {
+    match read_stored(inner, stored, Some(key)) {
         Read::Value { value, .. } => Some(value),
         _ => None,
     }

@@ -16,8 +16,9 @@ pub struct FillKeys {
 }
 
 impl FillKeys {
-    /// The keys for `key` in `namespace`. The caller validates both first.
-    pub(crate) fn new(namespace: &str, key: &str) -> Self {
+    /// The keys for `key` in `namespace` (not validated: the cache checks
+    /// namespaces and keys before building these).
+    pub fn new(namespace: &str, key: &str) -> Self {
         let value = format!("{namespace}:{{{key}}}");
         FillKeys {
             lock: format!("{value}:lock"),
