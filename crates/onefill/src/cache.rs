@@ -15,6 +15,7 @@ use crate::circuit::{Breaker, CircuitBreaker, CircuitState};
 use crate::codec::{Codec, JsonCodec};
 use crate::conversation::{self, Flight, Inner, Load, Outcome};
 use crate::error::{ConfigError, Error, LoaderError};
+use crate::fallback::Fallback;
 use crate::flight::Joined;
 use crate::freshness;
 use crate::key::{self, FillKeys};
@@ -290,6 +291,7 @@ where
                 let mut flight = Flight::new(self.inner.clone(), keys, policy, load);
                 tokio::spawn(async move {
                     let (answer, refresh) = flight.run().await;
+                    flight.remember(&answer);
                     completion.complete(answer);
                     if let Some(why) = refresh {
                         flight.refresh(why).await;
@@ -371,6 +373,7 @@ where
     /// [`Error::InvalidInput`] for a bad key; [`Error::Backend`].
     pub async fn invalidate(&self, key: &K) -> Result<(), Error> {
         let keys = self.keys(key)?;
+        self.inner.fallback.forget(keys.value());
         self.call("invalidate", self.inner.backend.invalidate(&keys))
             .await
     }
@@ -412,6 +415,7 @@ where
 /// | strict | off |
 /// | max value / key size | 8 MiB / 1 KiB |
 /// | circuit breaker | open after 5 consecutive failures, for 2 s |
+/// | outage fallback | last values of 10,000 keys, each for `ttl + grace` |
 pub struct CacheBuilder<K, V> {
     namespace: String,
     backend: Option<Arc<dyn Backend>>,
@@ -546,6 +550,13 @@ impl<K, V> CacheBuilder<K, V> {
         self.policy.max_key_bytes = max;
         self
     }
+    /// How many keys' last values this process keeps to answer during a
+    /// backend outage (each for `ttl + grace` after it was seen); 0 turns it
+    /// off. Healthy reads never use it.
+    pub fn outage_fallback_capacity(mut self, keys: usize) -> Self {
+        self.policy.fallback_capacity = keys;
+        self
+    }
     /// The circuit breaker in front of the backend.
     pub fn circuit_breaker(mut self, breaker: CircuitBreaker) -> Self {
         self.policy.circuit = breaker;
@@ -573,6 +584,7 @@ where
         let inner = Inner {
             recorder: Recorder::new(&self.namespace),
             breaker: Breaker::new(self.policy.circuit),
+            fallback: Fallback::new(self.policy.fallback_capacity),
             namespace: self.namespace,
             backend,
             codec,

@@ -33,6 +33,7 @@ use crate::circuit::{Admit, Breaker};
 use crate::codec::Codec;
 use crate::envelope::{self, Kind};
 use crate::error::{BackendError, BackendErrorKind, Error, InputError, LoaderError};
+use crate::fallback::Fallback;
 use crate::flight::Flights;
 use crate::freshness;
 use crate::key::FillKeys;
@@ -80,6 +81,7 @@ pub(crate) struct Inner<V> {
     pub flights: Flights<Answer<V>>,
     pub refreshing: Mutex<HashSet<String>>,
     pub breaker: Breaker,
+    pub fallback: Fallback<V>,
 }
 
 /// What a stored value turned out to be, for this cache's codec.
@@ -315,11 +317,19 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         if self.policy.strict {
             return Err(Error::Backend(error));
         }
-        if let Some(value) = stale {
+        if let Some(value) = stale.or_else(|| self.inner.fallback.get(self.keys.value())) {
             self.rec().stale_served();
             return Ok((value, Outcome::Stale));
         }
         self.load_unleased(false).await
+    }
+
+    /// Remembers the answer for outages (see `fallback.rs`).
+    pub(crate) fn remember(&self, answer: &Result<Answer<V>, Error>) {
+        if let Ok((value, _)) = answer {
+            let usable_for = self.policy.ttl + self.policy.grace;
+            self.inner.fallback.record(self.keys.value(), value, usable_for);
+        }
     }
 
     /// Runs the loader under our lease, with the watchdog, then fills

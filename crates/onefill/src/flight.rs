@@ -77,7 +77,8 @@ impl<T: Clone> Flights<T> {
         )
     }
 
-    /// Flights under way (for tests and diagnostics).
+    /// Flights under way.
+    #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.map.lock().unwrap_or_else(|p| p.into_inner()).len()
     }

@@ -60,6 +60,7 @@ mod codec;
 mod conversation;
 mod envelope;
 mod error;
+mod fallback;
 mod flight;
 mod freshness;
 mod key;

@@ -33,6 +33,7 @@ pub(crate) struct Policy {
     pub max_value_bytes: usize,
     pub max_key_bytes: usize,
     pub circuit: CircuitBreaker,
+    pub fallback_capacity: usize,
 }
 
 impl Default for Policy {
@@ -53,6 +54,7 @@ impl Default for Policy {
             max_value_bytes: 8 * 1024 * 1024,
             max_key_bytes: 1024,
             circuit: CircuitBreaker::default(),
+            fallback_capacity: 10_000,
         }
     }
 }
