@@ -1,1 +1,44 @@
-fn main(){}
+//! `onefill`: the command-line face of the onefill library.
+//!
+//! Today it has one subcommand, `demo` (a thundering herd on one cold key
+//! under three strategies, then the unsafe-release lesson). New subcommands
+//! (`bench`, a `demo --redis URL` mode with worker processes) are added as a
+//! variant of [`cli::Command`] plus a module, and dispatched below.
+
+mod cli;
+mod demo;
+mod herd;
+mod lesson;
+mod origin;
+mod progress;
+mod report;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+use crate::cli::{Cli, Command};
+
+/// Exit status for arguments that parse but do not make sense together
+/// (clap itself uses the same code for the errors it detects).
+const USAGE_ERROR: u8 = 2;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match &cli.command {
+        Command::Demo(args) => {
+            if let Err(message) = args.validate() {
+                eprintln!("error: {message}\n\nFor more information, try 'onefill demo --help'.");
+                return ExitCode::from(USAGE_ERROR);
+            }
+            demo::run(args)
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
