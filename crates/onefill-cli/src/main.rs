@@ -1,17 +1,20 @@
 //! `onefill`: the command-line face of the onefill library.
 //!
-//! Today it has one subcommand, `demo` (a thundering herd on one cold key
-//! under three strategies, then the unsafe-release lesson). New subcommands
-//! (`bench`, a `demo --redis URL` mode with worker processes) are added as a
-//! variant of [`cli::Command`] plus a module, and dispatched below.
+//! Subcommands: `demo` (a thundering herd on one cold key under three
+//! strategies, then the unsafe-release lesson; `--redis URL` runs it with
+//! real worker processes), `fleet` (worker processes against Redis, herd or
+//! steady load, measured), and the hidden `worker` (one fleet process).
+//! A new subcommand is a variant of [`cli::Command`] plus a module.
 
 mod cli;
 mod demo;
+mod fleet;
 mod herd;
 mod lesson;
 mod origin;
 mod progress;
 mod report;
+mod worker;
 
 use std::process::ExitCode;
 
@@ -33,6 +36,8 @@ fn main() -> ExitCode {
             }
             demo::run(args)
         }
+        Command::Fleet(args) => fleet::run_command(args),
+        Command::Worker(args) => worker::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

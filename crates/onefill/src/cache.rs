@@ -240,7 +240,11 @@ where
     ///
     /// As [`get_or_load`](Cache::get_or_load), except that a cached absence
     /// is `Ok(None)`.
-    pub async fn get_or_load_optional<F, Fut, E>(&self, key: &K, loader: F) -> Result<Option<V>, Error>
+    pub async fn get_or_load_optional<F, Fut, E>(
+        &self,
+        key: &K,
+        loader: F,
+    ) -> Result<Option<V>, Error>
     where
         F: FnOnce(K) -> Fut + Send + 'static,
         Fut: Future<Output = Result<Option<V>, E>> + Send + 'static,
@@ -269,8 +273,9 @@ where
         E: std::error::Error + Send + Sync + 'static,
     {
         let owned = key.clone();
-        let load: Load<V> =
-            Box::new(move || Box::pin(async move { loader(owned).await.map_err(LoaderError::new) }));
+        let load: Load<V> = Box::new(move || {
+            Box::pin(async move { loader(owned).await.map_err(LoaderError::new) })
+        });
         self.fetch_erased(key, options, load).await
     }
 
@@ -488,7 +493,10 @@ impl<K, V> CacheBuilder<K, V> {
         self
     }
     /// XFetch's `beta`: 1.0 is the paper's optimum, larger refreshes earlier,
-    /// 0 turns early refresh off.
+    /// 0 turns early refresh off. Early refresh applies to caches without a
+    /// grace window: with one, the first stale read already refreshes in the
+    /// background without making anyone wait, and early refreshes would only
+    /// add loads.
     pub fn early_refresh_beta(mut self, beta: f64) -> Self {
         self.policy.beta = beta;
         self

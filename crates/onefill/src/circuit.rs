@@ -168,7 +168,10 @@ mod tests {
         tokio::time::advance(Duration::from_millis(1001)).await;
         assert_eq!(b.admit(), Admit::Yes, "one probe after open_for");
         assert_eq!(b.admit(), Admit::Reject, "only one probe at a time");
-        assert!(!b.failure(), "a failed probe re-opens without counting as a new opening");
+        assert!(
+            !b.failure(),
+            "a failed probe re-opens without counting as a new opening"
+        );
         assert_eq!(b.admit(), Admit::Reject);
         tokio::time::advance(Duration::from_millis(1001)).await;
         assert_eq!(b.admit(), Admit::Yes);

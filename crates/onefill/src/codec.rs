@@ -51,7 +51,10 @@ mod tests {
     #[test]
     fn json_round_trip_and_bad_bytes() {
         let bytes = Codec::<Vec<u32>>::encode(&JsonCodec, &vec![1, 2]).unwrap();
-        assert_eq!(Codec::<Vec<u32>>::decode(&JsonCodec, &bytes).unwrap(), vec![1, 2]);
+        assert_eq!(
+            Codec::<Vec<u32>>::decode(&JsonCodec, &bytes).unwrap(),
+            vec![1, 2]
+        );
         assert!(Codec::<Vec<u32>>::decode(&JsonCodec, b"\xff").is_err());
     }
 

@@ -37,7 +37,7 @@ use crate::fallback::Fallback;
 use crate::flight::Flights;
 use crate::freshness;
 use crate::key::FillKeys;
-use crate::lease::{LeaseTtl, LeaseToken, LoadTimes, Watchdog};
+use crate::lease::{LeaseToken, LeaseTtl, LoadTimes, Watchdog};
 use crate::options::Policy;
 use crate::stats::Recorder;
 use crate::wait::{Backoff, OnWaitTimeout};
@@ -155,10 +155,15 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
                     delta,
                 } if !fresh_for.is_zero() => {
                     self.rec().hit();
-                    let early = self
-                        .policy
-                        .lease
-                        .and(freshness::early_refresh(fresh_for, delta, self.policy.beta));
+                    // XFetch and the grace window answer the same question
+                    // (who pays for the refresh at expiry); with a grace
+                    // window the first stale read refreshes in the
+                    // background, so early refresh would only add loads.
+                    let early = if self.policy.grace.is_zero() {
+                        freshness::early_refresh(fresh_for, delta, self.policy.beta)
+                    } else {
+                        None
+                    };
                     return (Ok((value, Outcome::Hit)), early.map(Refresh::Early));
                 }
                 Read::Value { value, .. } => {
@@ -185,7 +190,11 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
     }
 
     /// The miss path: take the lease and load, or wait for whoever has it.
-    async fn lease_or_wait(&mut self, lease: LeaseTtl, mut unreadable: bool) -> Result<Answer<V>, Error> {
+    async fn lease_or_wait(
+        &mut self,
+        lease: LeaseTtl,
+        mut unreadable: bool,
+    ) -> Result<Answer<V>, Error> {
         let mut waiting: Option<Waiting> = None;
         let mut stale: Option<Option<V>> = None;
         loop {
@@ -193,11 +202,17 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
             let token = LeaseToken::random();
             // A value that is fresh on the server but unreadable here (another
             // type or version) must not block the lease: ask for it regardless.
-            let window = if unreadable { Duration::MAX } else { Duration::ZERO };
+            let window = if unreadable {
+                Duration::MAX
+            } else {
+                Duration::ZERO
+            };
             let acquired = self
                 .call(
                     "acquire",
-                    self.inner.backend.acquire(&self.keys, &token, lease_ttl, window),
+                    self.inner
+                        .backend
+                        .acquire(&self.keys, &token, lease_ttl, window),
                 )
                 .await;
             let (held_stale, holder_ttl) = match acquired {
@@ -304,7 +319,9 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
                 self.rec().stale_served();
                 Ok((value, Outcome::Stale))
             }
-            (OnWaitTimeout::StaleOrLoad | OnWaitTimeout::Load, _) => self.load_unleased(false).await,
+            (OnWaitTimeout::StaleOrLoad | OnWaitTimeout::Load, _) => {
+                self.load_unleased(false).await
+            }
             (OnWaitTimeout::StaleOrError | OnWaitTimeout::Error, _) => {
                 Err(Error::WaitTimedOut(deadline))
             }
@@ -313,7 +330,11 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
 
     /// The backend failed: strict mode surfaces it; otherwise serve stale,
     /// else load without the lease (the flight keeps it to one per process).
-    async fn degrade(&mut self, error: BackendError, stale: Option<Option<V>>) -> Result<Answer<V>, Error> {
+    async fn degrade(
+        &mut self,
+        error: BackendError,
+        stale: Option<Option<V>>,
+    ) -> Result<Answer<V>, Error> {
         if self.policy.strict {
             return Err(Error::Backend(error));
         }
@@ -328,7 +349,9 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
     pub(crate) fn remember(&self, answer: &Result<Answer<V>, Error>) {
         if let Ok((value, _)) = answer {
             let usable_for = self.policy.ttl + self.policy.grace;
-            self.inner.fallback.record(self.keys.value(), value, usable_for);
+            self.inner
+                .fallback
+                .record(self.keys.value(), value, usable_for);
         }
     }
 
@@ -364,7 +387,10 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         };
         let ttl = self.written_ttl(value.is_some());
         match self
-            .call("fill", self.inner.backend.fill(&self.keys, &token, &bytes, ttl))
+            .call(
+                "fill",
+                self.inner.backend.fill(&self.keys, &token, &bytes, ttl),
+            )
             .await
         {
             Ok(true) => {}
@@ -425,10 +451,18 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         }
         if let Some(lease) = lease {
             let negative = match (self.policy.negative_ttl, &error) {
-                (Some(ttl), Error::Loader(_) | Error::LoaderPanicked(_) | Error::LoadTimedOut(_)) => {
+                (
+                    Some(ttl),
+                    Error::Loader(_) | Error::LoaderPanicked(_) | Error::LoadTimedOut(_),
+                ) => {
                     let message = error.to_string();
                     Some((
-                        envelope::encode(Kind::Failure, Duration::ZERO, Duration::ZERO, message.as_bytes()),
+                        envelope::encode(
+                            Kind::Failure,
+                            Duration::ZERO,
+                            Duration::ZERO,
+                            message.as_bytes(),
+                        ),
                         ttl,
                     ))
                 }
@@ -444,7 +478,10 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         let token = lease.token.clone();
         lease.disarm_in_place();
         let _ = self
-            .call("release", self.inner.backend.release(&self.keys, &token, entry))
+            .call(
+                "release",
+                self.inner.backend.release(&self.keys, &token, entry),
+            )
             .await;
     }
 
@@ -489,7 +526,11 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
     pub(crate) async fn refresh(mut self, why: Refresh) {
         let key = self.keys.value().to_owned();
         {
-            let mut refreshing = self.inner.refreshing.lock().unwrap_or_else(|p| p.into_inner());
+            let mut refreshing = self
+                .inner
+                .refreshing
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
             if !refreshing.insert(key.clone()) {
                 return;
             }
@@ -517,7 +558,9 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         match self
             .call(
                 "acquire",
-                self.inner.backend.acquire(&self.keys, &token, lease_ttl, window),
+                self.inner
+                    .backend
+                    .acquire(&self.keys, &token, lease_ttl, window),
             )
             .await
         {
@@ -642,7 +685,11 @@ fn read_stored<V: 'static>(inner: &Inner<V>, stored: &Stored, count_as: Option<&
 }
 
 /// Reads a stored envelope as a value, for the read-only `get`.
-pub(crate) fn stored_value<V: 'static>(inner: &Inner<V>, stored: &Stored, key: &str) -> Option<Option<V>> {
+pub(crate) fn stored_value<V: 'static>(
+    inner: &Inner<V>,
+    stored: &Stored,
+    key: &str,
+) -> Option<Option<V>> {
     match read_stored(inner, stored, Some(key)) {
         Read::Value { value, .. } => Some(value),
         _ => None,

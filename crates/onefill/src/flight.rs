@@ -96,7 +96,10 @@ impl<T> Completion<T> {
 impl<T> Drop for Completion<T> {
     fn drop(&mut self) {
         let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
-        if map.get(&self.key).is_some_and(|(current, _)| *current == self.id) {
+        if map
+            .get(&self.key)
+            .is_some_and(|(current, _)| *current == self.id)
+        {
             map.remove(&self.key);
         }
     }
@@ -129,7 +132,10 @@ mod tests {
         assert_eq!(flights.len(), 0);
         assert_eq!(w1.outcome().await.unwrap(), 7);
         assert_eq!(w2.outcome().await.unwrap(), 7);
-        assert!(matches!(flights.join("k"), Joined::Leader(..)), "a new flight after completion");
+        assert!(
+            matches!(flights.join("k"), Joined::Leader(..)),
+            "a new flight after completion"
+        );
     }
 
     #[tokio::test]

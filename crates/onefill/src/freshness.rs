@@ -52,7 +52,10 @@ mod tests {
         let mut seen_high = false;
         for _ in 0..2000 {
             let t = written_ttl(ttl, 0.1, grace);
-            assert!(t >= Duration::from_secs(100) && t <= Duration::from_secs(120), "{t:?}");
+            assert!(
+                t >= Duration::from_secs(100) && t <= Duration::from_secs(120),
+                "{t:?}"
+            );
             seen_low |= t < Duration::from_secs(105);
             seen_high |= t > Duration::from_secs(115);
         }

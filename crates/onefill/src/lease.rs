@@ -259,7 +259,9 @@ mod tests {
     #[test]
     fn absurd_lease_ttls_are_rejected() {
         assert!(LeaseTtl::Fixed(Duration::ZERO).validate().is_err());
-        assert!(LeaseTtl::Fixed(Duration::from_secs(86_400)).validate().is_err());
+        assert!(LeaseTtl::Fixed(Duration::from_secs(86_400))
+            .validate()
+            .is_err());
         assert!(LeaseTtl::Adaptive {
             factor: f64::NAN,
             floor: Duration::from_secs(1),

@@ -110,12 +110,7 @@ impl Policy {
         if let Some(neg) = self.negative_ttl {
             check_range("negative_ttl", neg, ms, MAX_TTL)?;
         }
-        check_range(
-            "fail_safe_throttle",
-            self.fail_safe_throttle,
-            ms,
-            MAX_TTL,
-        )?;
+        check_range("fail_safe_throttle", self.fail_safe_throttle, ms, MAX_TTL)?;
         if self.max_value_bytes == 0 || self.max_value_bytes > 512 * 1024 * 1024 {
             return Err(InputError::option(
                 "max_value_bytes",

@@ -14,7 +14,8 @@ macro_rules! counters {
         /// A snapshot of a cache's counters since it was built.
         ///
         /// Counters only grow; subtract two snapshots to get a rate.
-        #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+        #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+        #[serde(default)]
         #[non_exhaustive]
         pub struct Stats {
             $( $(#[$doc])* pub $name: u64, )*
@@ -137,7 +138,10 @@ impl Recorder {
     }
     pub(crate) fn lease_lost(&self, key: &str) {
         bump!(self, lease_lost);
-        tracing::warn!(key, "lease lost before the fill: a duplicate load may have happened");
+        tracing::warn!(
+            key,
+            "lease lost before the fill: a duplicate load may have happened"
+        );
     }
     pub(crate) fn lease_extended(&self) {
         bump!(self, lease_extended)
@@ -164,7 +168,11 @@ impl Recorder {
     }
     pub(crate) fn decode_error(&self, key: &str, why: &str) {
         bump!(self, decode_errors);
-        tracing::warn!(key, why, "stored value could not be decoded; treated as a miss");
+        tracing::warn!(
+            key,
+            why,
+            "stored value could not be decoded; treated as a miss"
+        );
     }
     pub(crate) fn backend_error(&self, op: &'static str, error: &BackendError) {
         bump!(self, backend_errors);

@@ -10,7 +10,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use onefill::backend::{Acquired, Backend, FillKeys, FillSubscription, Stored};
 use onefill::{
-    BackendError, BackendErrorKind, CallOptions, Cache, CircuitBreaker, CircuitState, Error,
+    BackendError, BackendErrorKind, Cache, CallOptions, CircuitBreaker, CircuitState, Error,
     LeaseToken, MemoryBackend, Outcome,
 };
 use tokio::time::Instant;
@@ -35,7 +35,10 @@ impl Switched {
         self.calls.fetch_add(1, Ordering::SeqCst);
         match self.mode.load(Ordering::SeqCst) {
             HANG => std::future::pending().await,
-            REFUSE => Err(BackendError::new(BackendErrorKind::Connection, "connection refused")),
+            REFUSE => Err(BackendError::new(
+                BackendErrorKind::Connection,
+                "connection refused",
+            )),
             _ => Ok(()),
         }
     }
@@ -47,19 +50,41 @@ impl Backend for Switched {
         self.gate().await?;
         self.inner.get(keys).await
     }
-    async fn acquire(&self, k: &FillKeys, t: &LeaseToken, ttl: Duration, w: Duration) -> Result<Acquired, BackendError> {
+    async fn acquire(
+        &self,
+        k: &FillKeys,
+        t: &LeaseToken,
+        ttl: Duration,
+        w: Duration,
+    ) -> Result<Acquired, BackendError> {
         self.gate().await?;
         self.inner.acquire(k, t, ttl, w).await
     }
-    async fn fill(&self, k: &FillKeys, t: &LeaseToken, b: &[u8], ttl: Duration) -> Result<bool, BackendError> {
+    async fn fill(
+        &self,
+        k: &FillKeys,
+        t: &LeaseToken,
+        b: &[u8],
+        ttl: Duration,
+    ) -> Result<bool, BackendError> {
         self.gate().await?;
         self.inner.fill(k, t, b, ttl).await
     }
-    async fn release(&self, k: &FillKeys, t: &LeaseToken, e: Option<(&[u8], Duration)>) -> Result<bool, BackendError> {
+    async fn release(
+        &self,
+        k: &FillKeys,
+        t: &LeaseToken,
+        e: Option<(&[u8], Duration)>,
+    ) -> Result<bool, BackendError> {
         self.gate().await?;
         self.inner.release(k, t, e).await
     }
-    async fn extend(&self, k: &FillKeys, t: &LeaseToken, ttl: Duration) -> Result<bool, BackendError> {
+    async fn extend(
+        &self,
+        k: &FillKeys,
+        t: &LeaseToken,
+        ttl: Duration,
+    ) -> Result<bool, BackendError> {
         self.gate().await?;
         self.inner.extend(k, t, ttl).await
     }
@@ -84,7 +109,9 @@ struct Never;
 fn counting_loader(
     loads: &Arc<AtomicUsize>,
     took: Duration,
-) -> impl FnOnce(String) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<String, Never>> + Send>>
+) -> impl FnOnce(
+    String,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<String, Never>> + Send>>
        + Send
        + 'static {
     let loads = loads.clone();
@@ -97,7 +124,10 @@ fn counting_loader(
     }
 }
 
-fn pod(backend: &Switched, f: impl FnOnce(onefill::CacheBuilder<String, String>) -> onefill::CacheBuilder<String, String>) -> Cache<String, String> {
+fn pod(
+    backend: &Switched,
+    f: impl FnOnce(onefill::CacheBuilder<String, String>) -> onefill::CacheBuilder<String, String>,
+) -> Cache<String, String> {
     f(Cache::builder()
         .namespace("outage")
         .backend(backend.clone())
@@ -131,7 +161,10 @@ async fn hung_backend_bounds_every_caller_and_coalesces_per_pod() {
         let (r, took) = t.await.unwrap();
         let f = r.expect("no caller error during the outage");
         assert_eq!(f.outcome, Outcome::Degraded);
-        assert!(took <= Duration::from_millis(300), "{took:?} > timeout + load");
+        assert!(
+            took <= Duration::from_millis(300),
+            "{took:?} > timeout + load"
+        );
     }
     assert_eq!(loads.load(Ordering::SeqCst), 2, "one load per pod");
 }
@@ -143,13 +176,19 @@ async fn hung_backend_bounds_every_caller_and_coalesces_per_pod() {
 async fn hot_key_survives_an_outage_then_leases_resume() {
     let backend = Switched::default();
     let pods = [
-        pod(&backend, |b| b.ttl(Duration::from_secs(1)).grace(Duration::from_secs(5))),
-        pod(&backend, |b| b.ttl(Duration::from_secs(1)).grace(Duration::from_secs(5))),
+        pod(&backend, |b| {
+            b.ttl(Duration::from_secs(1)).grace(Duration::from_secs(5))
+        }),
+        pod(&backend, |b| {
+            b.ttl(Duration::from_secs(1)).grace(Duration::from_secs(5))
+        }),
     ];
     let loads = Arc::new(AtomicUsize::new(0));
     let key = "hot".to_string();
     for p in &pods {
-        p.get_or_load(&key, counting_loader(&loads, Duration::from_millis(100))).await.unwrap();
+        p.get_or_load(&key, counting_loader(&loads, Duration::from_millis(100)))
+            .await
+            .unwrap();
     }
     assert_eq!(loads.load(Ordering::SeqCst), 1);
     backend.set(HANG);
@@ -159,7 +198,11 @@ async fn hot_key_survives_an_outage_then_leases_resume() {
         for p in &pods {
             let start = Instant::now();
             let f = p
-                .fetch(&key, &CallOptions::new(), counting_loader(&loads, Duration::from_millis(100)))
+                .fetch(
+                    &key,
+                    &CallOptions::new(),
+                    counting_loader(&loads, Duration::from_millis(100)),
+                )
                 .await
                 .expect("no caller error");
             assert!(start.elapsed() <= Duration::from_millis(300));
@@ -169,14 +212,26 @@ async fn hot_key_survives_an_outage_then_leases_resume() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(answered > 20);
-    assert_eq!(loads.load(Ordering::SeqCst), 1, "served from the last value, no load");
-    assert!(pods.iter().any(|p| p.circuit_state() != CircuitState::Closed), "the breaker opened");
+    assert_eq!(
+        loads.load(Ordering::SeqCst),
+        1,
+        "served from the last value, no load"
+    );
+    assert!(
+        pods.iter()
+            .any(|p| p.circuit_state() != CircuitState::Closed),
+        "the breaker opened"
+    );
     backend.set(HEALTHY);
     let before: u64 = pods.iter().map(|p| p.stats().lease_acquired).sum();
     // Past ttl + grace the value is gone; the next miss takes the lease again.
     tokio::time::sleep(Duration::from_secs(7)).await;
     let f = pods[0]
-        .fetch(&key, &CallOptions::new(), counting_loader(&loads, Duration::from_millis(100)))
+        .fetch(
+            &key,
+            &CallOptions::new(),
+            counting_loader(&loads, Duration::from_millis(100)),
+        )
         .await
         .unwrap();
     assert_eq!(f.outcome, Outcome::Loaded);
@@ -190,17 +245,27 @@ async fn hot_key_survives_an_outage_then_leases_resume() {
 #[tokio::test(start_paused = true)]
 async fn circuit_breaker_stops_hammering_a_dead_backend() {
     let backend = Switched::default();
-    let c = pod(&backend, |b| b.circuit_breaker(CircuitBreaker::new(5, Duration::from_secs(2))));
+    let c = pod(&backend, |b| {
+        b.circuit_breaker(CircuitBreaker::new(5, Duration::from_secs(2)))
+    });
     backend.set(REFUSE);
     let loads = Arc::new(AtomicUsize::new(0));
     for i in 0..50 {
         let f = c
-            .fetch(&format!("k{i}"), &CallOptions::new(), counting_loader(&loads, Duration::ZERO))
+            .fetch(
+                &format!("k{i}"),
+                &CallOptions::new(),
+                counting_loader(&loads, Duration::ZERO),
+            )
             .await
             .unwrap();
         assert_eq!(f.outcome, Outcome::Degraded);
     }
-    assert_eq!(backend.calls.load(Ordering::SeqCst), 5, "only the failures that opened it");
+    assert_eq!(
+        backend.calls.load(Ordering::SeqCst),
+        5,
+        "only the failures that opened it"
+    );
     assert_eq!(c.circuit_state(), CircuitState::Open);
     let s = c.stats();
     assert_eq!(s.circuit_opened, 1);
@@ -208,10 +273,18 @@ async fn circuit_breaker_stops_hammering_a_dead_backend() {
     backend.set(HEALTHY);
     tokio::time::sleep(Duration::from_millis(2100)).await;
     let f = c
-        .fetch(&"after".to_string(), &CallOptions::new(), counting_loader(&loads, Duration::ZERO))
+        .fetch(
+            &"after".to_string(),
+            &CallOptions::new(),
+            counting_loader(&loads, Duration::ZERO),
+        )
         .await
         .unwrap();
-    assert_eq!(f.outcome, Outcome::Loaded, "the probe went through and closed the circuit");
+    assert_eq!(
+        f.outcome,
+        Outcome::Loaded,
+        "the probe went through and closed the circuit"
+    );
     assert_eq!(c.circuit_state(), CircuitState::Closed);
 }
 

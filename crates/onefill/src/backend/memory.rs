@@ -109,7 +109,11 @@ impl MemoryBackend {
     }
 
     fn publish(&self, channel: &str) {
-        let mut channels = self.inner.channels.lock().unwrap_or_else(|p| p.into_inner());
+        let mut channels = self
+            .inner
+            .channels
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         if let Some(tx) = channels.get(channel) {
             if tx.receiver_count() == 0 {
                 channels.remove(channel);
@@ -268,7 +272,11 @@ impl Backend for MemoryBackend {
     }
 
     async fn subscribe(&self, keys: &FillKeys) -> Result<Box<dyn FillSubscription>, BackendError> {
-        let mut channels = self.inner.channels.lock().unwrap_or_else(|p| p.into_inner());
+        let mut channels = self
+            .inner
+            .channels
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         if channels.len() >= SWEEP_EVERY {
             channels.retain(|_, tx| tx.receiver_count() > 0);
         }

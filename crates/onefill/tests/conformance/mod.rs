@@ -15,7 +15,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use onefill::backend::{Acquired, Backend, FillKeys};
 use onefill::{
-    CallOptions, Cache, Error, LeaseToken, LeaseTtl, OnWaitTimeout, Outcome, WaitPolicy,
+    Cache, CallOptions, Error, LeaseToken, LeaseTtl, OnWaitTimeout, Outcome, WaitPolicy,
 };
 use tokio::sync::Barrier;
 use tokio::time::Instant;
@@ -87,7 +87,10 @@ async fn cache_with(
 }
 
 fn unique_ns(name: &str) -> String {
-    format!("{name}-{}", LeaseToken::random().as_str().get(..8).unwrap_or("x"))
+    format!(
+        "{name}-{}",
+        LeaseToken::random().as_str().get(..8).unwrap_or("x")
+    )
 }
 
 /// Whether someone holds the key's lease right now (probe by acquiring with
@@ -153,13 +156,24 @@ fn all_ok_with(results: &[Result<onefill::Fetched<String>, Error>], value: &str)
 pub async fn herd_in_process(h: &dyn Harness) {
     let c = cache(h, &unique_ns("herd")).await;
     let origin = Origin::default();
-    let results = herd(&[c.clone()], 1000, "hot", &origin, Duration::from_millis(200), CallOptions::new()).await;
+    let results = herd(
+        &[c.clone()],
+        1000,
+        "hot",
+        &origin,
+        Duration::from_millis(200),
+        CallOptions::new(),
+    )
+    .await;
     assert_eq!(origin.count(), 1, "one load for 1000 callers");
     all_ok_with(&results, "hot-v1");
     let stats = c.stats();
     assert_eq!(stats.loads_ok, 1);
     assert_eq!(stats.lease_acquired, 1);
-    let led = results.iter().filter(|r| !r.as_ref().unwrap().coalesced).count();
+    let led = results
+        .iter()
+        .filter(|r| !r.as_ref().unwrap().coalesced)
+        .count();
     assert!(led >= 1);
     assert_eq!(stats.coalesced as usize, 1000 - led, "all others coalesced");
 }
@@ -172,13 +186,35 @@ pub async fn herd_across_pods(h: &dyn Harness) {
         caches.push(cache(h, &ns).await);
     }
     let origin = Origin::default();
-    let results = herd(&caches, 800, "hot", &origin, Duration::from_millis(200), CallOptions::new()).await;
+    let results = herd(
+        &caches,
+        800,
+        "hot",
+        &origin,
+        Duration::from_millis(200),
+        CallOptions::new(),
+    )
+    .await;
     assert_eq!(origin.count(), 1, "one load for 8 pods × 100 callers");
     all_ok_with(&results, "hot-v1");
-    let loaded = results.iter().filter(|r| r.as_ref().unwrap().outcome == Outcome::Loaded).count();
-    let waited = results.iter().filter(|r| r.as_ref().unwrap().outcome == Outcome::Waited).count();
+    let loaded = results
+        .iter()
+        .filter(|r| r.as_ref().unwrap().outcome == Outcome::Loaded)
+        .count();
+    let waited = results
+        .iter()
+        .filter(|r| r.as_ref().unwrap().outcome == Outcome::Waited)
+        .count();
     assert_eq!(loaded, 100, "the winning pod's 100 callers got Loaded");
-    assert_eq!(loaded + waited + results.iter().filter(|r| r.as_ref().unwrap().outcome == Outcome::Hit).count(), 800);
+    assert_eq!(
+        loaded
+            + waited
+            + results
+                .iter()
+                .filter(|r| r.as_ref().unwrap().outcome == Outcome::Hit)
+                .count(),
+        800
+    );
     let acquired: u64 = caches.iter().map(|c| c.stats().lease_acquired).sum();
     assert_eq!(acquired, 1);
 }
@@ -203,7 +239,10 @@ pub async fn watchdog_holds_a_slow_load(h: &dyn Harness) {
     assert_eq!(origin.count(), 1, "the watchdog kept the lease");
     all_ok_with(&results, "slow-v1");
     let extended: u64 = caches.iter().map(|c| c.stats().lease_extended).sum();
-    assert!(extended >= 3, "renewed every third of the TTL, got {extended}");
+    assert!(
+        extended >= 3,
+        "renewed every third of the TTL, got {extended}"
+    );
     let lost: u64 = caches.iter().map(|c| c.stats().lease_lost).sum();
     assert_eq!(lost, 0);
     // The watchdog stopped with the load: the lease is gone, not extended forever.
@@ -220,16 +259,29 @@ pub async fn dead_holder_is_taken_over(h: &dyn Harness) {
     let lease = Duration::from_millis(800);
     let dead = LeaseToken::random();
     assert!(matches!(
-        backend.acquire(&keys, &dead, lease, Duration::ZERO).await.unwrap(),
+        backend
+            .acquire(&keys, &dead, lease, Duration::ZERO)
+            .await
+            .unwrap(),
         Acquired::Won { .. }
     ));
     let start = Instant::now();
     let c = cache(h, &ns).await;
     let origin = Origin::default();
-    let results = herd(&[c.clone()], 20, "k", &origin, Duration::from_millis(50), CallOptions::new()).await;
+    let results = herd(
+        &[c.clone()],
+        20,
+        "k",
+        &origin,
+        Duration::from_millis(50),
+        CallOptions::new(),
+    )
+    .await;
     assert_eq!(origin.count(), 1);
     all_ok_with(&results, "k-v1");
-    assert!(results.iter().all(|r| r.as_ref().unwrap().outcome == Outcome::Loaded));
+    assert!(results
+        .iter()
+        .all(|r| r.as_ref().unwrap().outcome == Outcome::Loaded));
     assert_eq!(c.stats().waits, 1, "one flight waited, then took over");
     if h.paused() {
         let poll_max = WaitPolicy::default().poll_max;
@@ -250,15 +302,27 @@ pub async fn wrong_token_cannot_release_or_extend(h: &dyn Harness) {
     let theirs = LeaseToken::random();
     let ttl = Duration::from_secs(10);
     assert!(matches!(
-        backend.acquire(&keys, &mine, ttl, Duration::ZERO).await.unwrap(),
+        backend
+            .acquire(&keys, &mine, ttl, Duration::ZERO)
+            .await
+            .unwrap(),
         Acquired::Won { stale: None }
     ));
     assert!(!backend.release(&keys, &theirs, None).await.unwrap());
     assert!(!backend.extend(&keys, &theirs, ttl).await.unwrap());
     assert!(!backend.fill(&keys, &theirs, b"x", ttl).await.unwrap());
-    assert!(backend.get(&keys).await.unwrap().is_none(), "a foreign fill wrote nothing");
-    match backend.acquire(&keys, &theirs, ttl, Duration::ZERO).await.unwrap() {
-        Acquired::Held { lease_ttl, .. } => assert!(lease_ttl <= ttl && lease_ttl > Duration::from_secs(5)),
+    assert!(
+        backend.get(&keys).await.unwrap().is_none(),
+        "a foreign fill wrote nothing"
+    );
+    match backend
+        .acquire(&keys, &theirs, ttl, Duration::ZERO)
+        .await
+        .unwrap()
+    {
+        Acquired::Held { lease_ttl, .. } => {
+            assert!(lease_ttl <= ttl && lease_ttl > Duration::from_secs(5))
+        }
         other => panic!("lease should still be held: {other:?}"),
     }
     assert!(backend.release(&keys, &mine, None).await.unwrap());
@@ -280,7 +344,11 @@ pub async fn waiters_wake_on_fill_notification(h: &dyn Harness) {
     let h1 = {
         let holder = holder.clone();
         let loader = origin.loader(load);
-        tokio::spawn(async move { holder.fetch(&"k".to_string(), &CallOptions::new(), loader).await })
+        tokio::spawn(async move {
+            holder
+                .fetch(&"k".to_string(), &CallOptions::new(), loader)
+                .await
+        })
     };
     // Let the holder take the lease first.
     while origin.count() == 0 {
@@ -300,7 +368,10 @@ pub async fn waiters_wake_on_fill_notification(h: &dyn Harness) {
     let s = waiter.stats();
     assert_eq!(s.wait_polls, 0, "no poll tick was needed");
     assert!(s.wait_notified >= 1);
-    assert!(elapsed < Duration::from_secs(20), "well before the first poll: {elapsed:?}");
+    assert!(
+        elapsed < Duration::from_secs(20),
+        "well before the first poll: {elapsed:?}"
+    );
     if h.paused() {
         assert!(elapsed <= load, "returned at the fill: {elapsed:?}");
     }
@@ -321,25 +392,43 @@ pub async fn deadline_outcomes(h: &dyn Harness) {
         let keys = FillKeys::new(&ns, "k");
         // A live holder that never fills (a long lease).
         backend
-            .acquire(&keys, &LeaseToken::random(), Duration::from_secs(60), Duration::ZERO)
+            .acquire(
+                &keys,
+                &LeaseToken::random(),
+                Duration::from_secs(60),
+                Duration::ZERO,
+            )
             .await
             .unwrap();
         let deadline = Duration::from_millis(700);
         let mut pods = Vec::new();
         for _ in 0..3 {
             pods.push(
-                cache_with(h, &ns, |b| b.wait(WaitPolicy::default().deadline(deadline).on_timeout(policy)))
-                    .await,
+                cache_with(h, &ns, |b| {
+                    b.wait(WaitPolicy::default().deadline(deadline).on_timeout(policy))
+                })
+                .await,
             );
         }
         let origin = Origin::default();
         let start = Instant::now();
-        let results = herd(&pods, 30, "k", &origin, Duration::from_millis(10), CallOptions::new()).await;
+        let results = herd(
+            &pods,
+            30,
+            "k",
+            &origin,
+            Duration::from_millis(10),
+            CallOptions::new(),
+        )
+        .await;
         match expected {
             None => {
                 assert_eq!(origin.count(), 0, "{policy:?}: no load");
                 for r in &results {
-                    assert!(matches!(r, Err(Error::WaitTimedOut(d)) if *d == deadline), "{policy:?}: {r:?}");
+                    assert!(
+                        matches!(r, Err(Error::WaitTimedOut(d)) if *d == deadline),
+                        "{policy:?}: {r:?}"
+                    );
                 }
             }
             Some(outcome) => {
@@ -355,7 +444,10 @@ pub async fn deadline_outcomes(h: &dyn Harness) {
         assert_eq!(timeouts, 3, "{policy:?}: one timed-out wait per pod");
         if h.paused() {
             let took = start.elapsed();
-            assert!(took >= deadline && took <= deadline + Duration::from_millis(100), "{took:?}");
+            assert!(
+                took >= deadline && took <= deadline + Duration::from_millis(100),
+                "{took:?}"
+            );
         }
         // The degraded loads did not write: the live holder's fill wins later.
         assert!(backend.get(&keys).await.unwrap().is_none());
@@ -377,7 +469,15 @@ pub async fn six_second_loader_with_defaults(h: &dyn Harness) {
         );
     }
     let origin = Origin::default();
-    let results = herd(&pods, 200, "k", &origin, Duration::from_secs(6), CallOptions::new()).await;
+    let results = herd(
+        &pods,
+        200,
+        "k",
+        &origin,
+        Duration::from_secs(6),
+        CallOptions::new(),
+    )
+    .await;
     assert_eq!(origin.count(), 1);
     all_ok_with(&results, "k-v1");
     let timeouts: u64 = pods.iter().map(|p| p.stats().wait_timeouts).sum();
@@ -415,7 +515,10 @@ pub async fn loader_error_reaches_every_caller(h: &dyn Harness) {
     let backend = h.backend().await;
     let keys = FillKeys::new(&ns, "k");
     assert!(!lease_held(&*backend, &keys).await, "released on error");
-    assert!(backend.get(&keys).await.unwrap().is_none(), "nothing cached without negative_ttl");
+    assert!(
+        backend.get(&keys).await.unwrap().is_none(),
+        "nothing cached without negative_ttl"
+    );
 }
 
 /// A panicking loader: every waiter gets an error, none hangs, the lease is
@@ -472,8 +575,19 @@ pub async fn cancelling_the_leader_strands_nobody(h: &dyn Harness) {
     assert_eq!(got.value, "k-v1");
     assert!(got.coalesced);
     assert_eq!(origin.count(), 1);
-    let again = c.fetch(&"k".to_string(), &CallOptions::new(), origin.loader(Duration::ZERO)).await.unwrap();
-    assert_eq!(again.outcome, Outcome::Hit, "the cancelled leader's load was stored");
+    let again = c
+        .fetch(
+            &"k".to_string(),
+            &CallOptions::new(),
+            origin.loader(Duration::ZERO),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        again.outcome,
+        Outcome::Hit,
+        "the cancelled leader's load was stored"
+    );
 }
 
 /// A loader that hangs is aborted at the maximum load time, its lease
@@ -509,9 +623,12 @@ pub async fn adaptive_lease_ttl_follows_load_times(h: &dyn Harness) {
     let c = cache_with(h, &ns, |b| b.lease_ttl(policy)).await;
     let origin = Origin::default();
     for i in 0..3 {
-        c.get_or_load(&format!("warm{i}"), origin.loader(Duration::from_millis(400)))
-            .await
-            .unwrap();
+        c.get_or_load(
+            &format!("warm{i}"),
+            origin.loader(Duration::from_millis(400)),
+        )
+        .await
+        .unwrap();
     }
     // Now p99 ≈ 400 ms: the next lease should be ≈ 1.2 s. Observe it from
     // outside while the next load runs.
@@ -523,7 +640,16 @@ pub async fn adaptive_lease_ttl_follows_load_times(h: &dyn Harness) {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let keys = FillKeys::new(&ns, "probe");
-    match backend.acquire(&keys, &LeaseToken::random(), Duration::from_secs(1), Duration::MAX).await.unwrap() {
+    match backend
+        .acquire(
+            &keys,
+            &LeaseToken::random(),
+            Duration::from_secs(1),
+            Duration::MAX,
+        )
+        .await
+        .unwrap()
+    {
         Acquired::Held { lease_ttl, .. } => {
             assert!(
                 lease_ttl > Duration::from_millis(900) && lease_ttl <= Duration::from_millis(1300),
@@ -539,8 +665,18 @@ pub async fn adaptive_lease_ttl_follows_load_times(h: &dyn Harness) {
 pub async fn stats_count_what_happened(h: &dyn Harness) {
     let c = cache(h, &unique_ns("stats")).await;
     let origin = Origin::default();
-    herd(&[c.clone()], 10, "k", &origin, Duration::from_millis(50), CallOptions::new()).await;
-    c.get_or_load(&"k".to_string(), origin.loader(Duration::ZERO)).await.unwrap();
+    herd(
+        &[c.clone()],
+        10,
+        "k",
+        &origin,
+        Duration::from_millis(50),
+        CallOptions::new(),
+    )
+    .await;
+    c.get_or_load(&"k".to_string(), origin.loader(Duration::ZERO))
+        .await
+        .unwrap();
     let s = c.stats();
     assert_eq!(s.loads_ok, 1);
     assert_eq!(s.loads_error, 0);
@@ -561,8 +697,18 @@ pub async fn undecodable_value_is_a_miss(h: &dyn Harness) {
     let c = cache(h, &ns).await;
     let origin = Origin::default();
     for garbage in [&b"\xff\x00garbage"[..], &b""[..]] {
-        backend.set(&keys, garbage, Duration::from_secs(60)).await.unwrap();
-        let got = c.fetch(&"k".to_string(), &CallOptions::new(), origin.loader(Duration::ZERO)).await.unwrap();
+        backend
+            .set(&keys, garbage, Duration::from_secs(60))
+            .await
+            .unwrap();
+        let got = c
+            .fetch(
+                &"k".to_string(),
+                &CallOptions::new(),
+                origin.loader(Duration::ZERO),
+            )
+            .await
+            .unwrap();
         assert_eq!(got.outcome, Outcome::Loaded);
     }
     // A valid envelope whose payload is another type (a deploy changed V):
@@ -573,12 +719,26 @@ pub async fn undecodable_value_is_a_miss(h: &dyn Harness) {
         .build()
         .unwrap();
     other.set(&"k".to_string(), vec![1, 2, 3]).await.unwrap();
-    let got = c.fetch(&"k".to_string(), &CallOptions::new(), origin.loader(Duration::ZERO)).await.unwrap();
+    let got = c
+        .fetch(
+            &"k".to_string(),
+            &CallOptions::new(),
+            origin.loader(Duration::ZERO),
+        )
+        .await
+        .unwrap();
     assert_eq!(got.outcome, Outcome::Loaded);
     assert_eq!(origin.count(), 3);
     assert_eq!(c.stats().decode_errors, 3);
     // ...and the fill replaced it.
-    let hit = c.fetch(&"k".to_string(), &CallOptions::new(), origin.loader(Duration::ZERO)).await.unwrap();
+    let hit = c
+        .fetch(
+            &"k".to_string(),
+            &CallOptions::new(),
+            origin.loader(Duration::ZERO),
+        )
+        .await
+        .unwrap();
     assert_eq!(hit.outcome, Outcome::Hit);
     assert_eq!(hit.value, "k-v3");
 }
@@ -600,7 +760,10 @@ pub async fn invalidate_fences_a_fill_in_flight(h: &dyn Harness) {
     c.invalidate(&"k".to_string()).await.unwrap();
     assert_eq!(task.await.unwrap().unwrap(), "k-v1");
     let keys = FillKeys::new(&ns, "k");
-    assert!(h.backend().await.get(&keys).await.unwrap().is_none(), "fenced out");
+    assert!(
+        h.backend().await.get(&keys).await.unwrap().is_none(),
+        "fenced out"
+    );
     assert_eq!(c.stats().lease_lost, 1);
 }
 
@@ -610,7 +773,10 @@ pub async fn invalidate_fences_a_fill_in_flight(h: &dyn Harness) {
 pub async fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) {
     let start = Instant::now();
     while !cond() {
-        assert!(start.elapsed() < limit, "condition not reached within {limit:?}");
+        assert!(
+            start.elapsed() < limit,
+            "condition not reached within {limit:?}"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
@@ -640,13 +806,32 @@ pub async fn stale_while_refresh_runs_once(h: &dyn Harness) {
     .await;
     let origin = Origin::default();
     let key = "k".to_string();
-    let first = pods[0].fetch(&key, &CallOptions::new(), origin.loader(Duration::from_millis(100))).await.unwrap();
+    let first = pods[0]
+        .fetch(
+            &key,
+            &CallOptions::new(),
+            origin.loader(Duration::from_millis(100)),
+        )
+        .await
+        .unwrap();
     assert_eq!(first.outcome, Outcome::Loaded);
     tokio::time::sleep(Duration::from_millis(1300)).await;
-    let results = herd(&pods, 60, "k", &origin, Duration::from_millis(300), CallOptions::new()).await;
+    let results = herd(
+        &pods,
+        60,
+        "k",
+        &origin,
+        Duration::from_millis(300),
+        CallOptions::new(),
+    )
+    .await;
     for r in &results {
         let f = r.as_ref().unwrap();
-        assert_eq!((f.outcome, f.value.as_str()), (Outcome::Stale, "k-v1"), "no caller waits for the refresh");
+        assert_eq!(
+            (f.outcome, f.value.as_str()),
+            (Outcome::Stale, "k-v1"),
+            "no caller waits for the refresh"
+        );
     }
     eventually(Duration::from_secs(5), || origin.count() == 2).await;
     let backend = h.backend().await;
@@ -654,7 +839,10 @@ pub async fn stale_while_refresh_runs_once(h: &dyn Harness) {
     // Wait for the refresh's fill to land, then everyone hits the new value.
     let start = Instant::now();
     loop {
-        let f = pods[1].fetch(&key, &CallOptions::new(), origin.loader(Duration::ZERO)).await.unwrap();
+        let f = pods[1]
+            .fetch(&key, &CallOptions::new(), origin.loader(Duration::ZERO))
+            .await
+            .unwrap();
         if f.outcome == Outcome::Hit {
             assert_eq!(f.value, "k-v2");
             break;
@@ -673,13 +861,32 @@ pub async fn stale_while_refresh_runs_once(h: &dyn Harness) {
 pub async fn early_refresh_before_expiry(h: &dyn Harness) {
     for beta in [100.0, 0.0] {
         let ns = unique_ns("xfetch");
-        let pods = pods_with(h, &ns, 3, |b| b.ttl(Duration::from_secs(2)).early_refresh_beta(beta)).await;
+        let pods = pods_with(h, &ns, 3, |b| {
+            b.ttl(Duration::from_secs(2)).early_refresh_beta(beta)
+        })
+        .await;
         let origin = Origin::default();
         let key = "k".to_string();
-        pods[0].get_or_load(&key, origin.loader(Duration::from_millis(100))).await.unwrap();
+        pods[0]
+            .get_or_load(&key, origin.loader(Duration::from_millis(100)))
+            .await
+            .unwrap();
         tokio::time::sleep(Duration::from_millis(1000)).await;
-        let results = herd(&pods, 30, "k", &origin, Duration::from_millis(100), CallOptions::new()).await;
-        assert!(results.iter().all(|r| r.as_ref().unwrap().outcome == Outcome::Hit), "beta {beta}");
+        let results = herd(
+            &pods,
+            30,
+            "k",
+            &origin,
+            Duration::from_millis(100),
+            CallOptions::new(),
+        )
+        .await;
+        assert!(
+            results
+                .iter()
+                .all(|r| r.as_ref().unwrap().outcome == Outcome::Hit),
+            "beta {beta}"
+        );
         if beta > 0.0 {
             // delta 100 ms × beta 100: the draw covers the remaining second
             // with probability ≈ 0.9 per call; 30 calls make it certain.
@@ -690,7 +897,14 @@ pub async fn early_refresh_before_expiry(h: &dyn Harness) {
             assert!(early >= 1);
             // The refreshed value is fresh again past the old expiry.
             tokio::time::sleep(Duration::from_millis(1200)).await;
-            let f = pods[2].fetch(&key, &CallOptions::new().early_refresh_beta(0.0), origin.loader(Duration::ZERO)).await.unwrap();
+            let f = pods[2]
+                .fetch(
+                    &key,
+                    &CallOptions::new().early_refresh_beta(0.0),
+                    origin.loader(Duration::ZERO),
+                )
+                .await
+                .unwrap();
             assert_eq!((f.outcome, f.value.as_str()), (Outcome::Hit, "k-v2"));
         } else {
             tokio::time::sleep(Duration::from_millis(300)).await;
@@ -715,10 +929,16 @@ pub async fn negative_caching_spares_a_failing_origin(h: &dyn Harness) {
         }
     };
     let key = "k".to_string();
-    let err = pods[0].get_or_load(&key, failing(calls.clone())).await.unwrap_err();
+    let err = pods[0]
+        .get_or_load(&key, failing(calls.clone()))
+        .await
+        .unwrap_err();
     assert!(matches!(err, Error::Loader(_)));
     for pod in &pods {
-        let err = pod.get_or_load(&key, failing(calls.clone())).await.unwrap_err();
+        let err = pod
+            .get_or_load(&key, failing(calls.clone()))
+            .await
+            .unwrap_err();
         match err {
             Error::CachedFailure(msg) => assert!(msg.contains("db down"), "{msg}"),
             other => panic!("expected a cached failure, got {other:?}"),
@@ -728,9 +948,16 @@ pub async fn negative_caching_spares_a_failing_origin(h: &dyn Harness) {
     let negative: u64 = pods.iter().map(|p| p.stats().negative_hits).sum();
     assert_eq!(negative, 2);
     tokio::time::sleep(Duration::from_millis(1100)).await;
-    let err = pods[1].get_or_load(&key, failing(calls.clone())).await.unwrap_err();
+    let err = pods[1]
+        .get_or_load(&key, failing(calls.clone()))
+        .await
+        .unwrap_err();
     assert!(matches!(err, Error::Loader(_)));
-    assert_eq!(calls.load(Ordering::SeqCst), 2, "called again after negative_ttl");
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        2,
+        "called again after negative_ttl"
+    );
 }
 
 /// The optional variant caches a key's absence.
@@ -751,7 +978,10 @@ pub async fn absence_is_cached(h: &dyn Harness) {
         assert_eq!(found, None);
     }
     assert_eq!(calls.load(Ordering::SeqCst), 1);
-    let err = c.get_or_load(&key, Origin::default().loader(Duration::ZERO)).await.unwrap_err();
+    let err = c
+        .get_or_load(&key, Origin::default().loader(Duration::ZERO))
+        .await
+        .unwrap_err();
     assert!(matches!(err, Error::NotFound));
 }
 
@@ -768,7 +998,9 @@ pub async fn fail_safe_serves_stale_and_throttles(h: &dyn Harness) {
     .await;
     let key = "k".to_string();
     let good = Origin::default();
-    c.get_or_load(&key, good.loader(Duration::ZERO)).await.unwrap();
+    c.get_or_load(&key, good.loader(Duration::ZERO))
+        .await
+        .unwrap();
     let calls = Arc::new(AtomicUsize::new(0));
     let failing = |calls: Arc<AtomicUsize>| {
         move |_k: String| async move {
@@ -777,28 +1009,43 @@ pub async fn fail_safe_serves_stale_and_throttles(h: &dyn Harness) {
         }
     };
     tokio::time::sleep(Duration::from_millis(1200)).await;
-    let f = c.fetch(&key, &CallOptions::new(), failing(calls.clone())).await.unwrap();
+    let f = c
+        .fetch(&key, &CallOptions::new(), failing(calls.clone()))
+        .await
+        .unwrap();
     assert_eq!((f.outcome, f.value.as_str()), (Outcome::Stale, "k-v1"));
     eventually(Duration::from_secs(3), || calls.load(Ordering::SeqCst) == 1).await;
     // The failed refresh re-stored the stale value for the throttle period:
     // callers hit it and the origin is left alone.
     let start = Instant::now();
     loop {
-        let f = c.fetch(&key, &CallOptions::new(), failing(calls.clone())).await.unwrap();
+        let f = c
+            .fetch(&key, &CallOptions::new(), failing(calls.clone()))
+            .await
+            .unwrap();
         assert_eq!(f.value, "k-v1");
         if f.outcome == Outcome::Hit {
             break;
         }
-        assert!(start.elapsed() < Duration::from_secs(1), "throttle entry not written");
+        assert!(
+            start.elapsed() < Duration::from_secs(1),
+            "throttle entry not written"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     for _ in 0..5 {
-        let f = c.fetch(&key, &CallOptions::new(), failing(calls.clone())).await.unwrap();
+        let f = c
+            .fetch(&key, &CallOptions::new(), failing(calls.clone()))
+            .await
+            .unwrap();
         assert_eq!(f.value, "k-v1");
     }
     assert_eq!(calls.load(Ordering::SeqCst), 1, "throttled");
     tokio::time::sleep(Duration::from_millis(2200)).await;
-    let f = c.fetch(&key, &CallOptions::new(), failing(calls.clone())).await.unwrap();
+    let f = c
+        .fetch(&key, &CallOptions::new(), failing(calls.clone()))
+        .await
+        .unwrap();
     assert_eq!((f.outcome, f.value.as_str()), (Outcome::Stale, "k-v1"));
     eventually(Duration::from_secs(3), || calls.load(Ordering::SeqCst) == 2).await;
     assert!(c.stats().stale_served >= 2);
@@ -813,14 +1060,26 @@ pub async fn jitter_spreads_expiry(h: &dyn Harness) {
     let mut ttls = Vec::new();
     for i in 0..30 {
         let key = format!("k{i}");
-        c.get_or_load(&key, origin.loader(Duration::ZERO)).await.unwrap();
-        let stored = backend.get(&FillKeys::new(&ns, &key)).await.unwrap().unwrap();
+        c.get_or_load(&key, origin.loader(Duration::ZERO))
+            .await
+            .unwrap();
+        let stored = backend
+            .get(&FillKeys::new(&ns, &key))
+            .await
+            .unwrap()
+            .unwrap();
         ttls.push(stored.ttl);
     }
     let min = *ttls.iter().min().unwrap();
     let max = *ttls.iter().max().unwrap();
-    assert!(min >= Duration::from_secs(79) && max <= Duration::from_secs(120), "{min:?}..{max:?}");
-    assert!(max - min >= Duration::from_secs(10), "spread {min:?}..{max:?}");
+    assert!(
+        min >= Duration::from_secs(79) && max <= Duration::from_secs(120),
+        "{min:?}..{max:?}"
+    );
+    assert!(
+        max - min >= Duration::from_secs(10),
+        "spread {min:?}..{max:?}"
+    );
 }
 
 /// `set` during a slow load: the load's callers get its value, the stored
@@ -866,7 +1125,7 @@ macro_rules! conformance_suite {
             #[$attr]
             async fn $name() {
                 let harness = $make.await;
-                conformance::$name(&harness).await;
+                $crate::conformance::$name(&harness).await;
             }
         )*
     };

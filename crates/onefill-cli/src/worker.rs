@@ -1,0 +1,344 @@
+//! `onefill worker`: one process of a fleet. Started by `onefill fleet`
+//! (and `demo --redis`), never by hand: it connects to Redis, optionally
+//! waits for a "go" line on stdin so every process starts together, runs its
+//! callers, and prints one JSON summary line on stdout.
+//!
+//! Loads are counted in Redis (`INCR` on a counter key next to the value),
+//! so the parent can count loads across processes without trusting them.
+
+use std::collections::BTreeMap;
+use std::io::BufRead;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use onefill::backend::FillKeys;
+use onefill::redis::RedisBackend;
+use onefill::{Cache, CallOptions, LeaseTtl, Outcome, WaitPolicy};
+use serde::{Deserialize, Serialize};
+
+use crate::cli::{FleetStrategy, RunArgs, WorkerArgs};
+use crate::report::percentile;
+
+/// The counter key of `key`'s loads; shares the value's hash tag.
+pub fn load_counter_key(namespace: &str, key: &str) -> String {
+    format!("{}:loads", FillKeys::new(namespace, key).value())
+}
+
+/// What one worker reports.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct WorkerReport {
+    /// The worker's process id.
+    pub pid: u32,
+    /// Calls made.
+    pub calls: u64,
+    /// Calls that returned an error.
+    pub errors: u64,
+    /// The first few error messages.
+    pub error_messages: Vec<String>,
+    /// Calls by outcome (`hit`, `stale`, `loaded`, `waited`, `degraded`;
+    /// `naive_hit`, `naive_load` for the naive strategy).
+    pub outcomes: BTreeMap<String, u64>,
+    /// Calls whose answer included a load or a wait (loaded, waited,
+    /// degraded, naive_load) that started after this process's first answer.
+    pub slow_after_first: u64,
+    /// Loads this process ran.
+    pub local_loads: u64,
+    /// Caller latency percentiles, milliseconds.
+    pub p50_ms: f64,
+    /// 99th percentile.
+    pub p99_ms: f64,
+    /// Slowest caller.
+    pub max_ms: f64,
+    /// The cache's counters at the end (onefill strategies).
+    pub stats: Option<onefill::Stats>,
+    /// Samples every 100 ms: `[t_ms, lease_acquired, loads_ok, degraded_loads, stale_served]`.
+    pub samples: Vec<[u64; 5]>,
+}
+
+struct Call {
+    started: Duration,
+    latency: Duration,
+    outcome: Result<&'static str, String>,
+}
+
+/// Runs the worker; the summary goes to stdout as one JSON line.
+pub fn run(args: &WorkerArgs) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the runtime")?;
+    let report = runtime.block_on(work(args))?;
+    println!("{}", serde_json::to_string(&report)?);
+    Ok(())
+}
+
+async fn connect(args: &RunArgs) -> anyhow::Result<RedisBackend> {
+    if args.cluster {
+        let urls: Vec<&str> = args.redis.iter().map(String::as_str).collect();
+        RedisBackend::connect_cluster(&urls)
+            .await
+            .context("connecting to the cluster")
+    } else {
+        RedisBackend::connect(&args.redis[0])
+            .await
+            .context("connecting to Redis")
+    }
+}
+
+/// A plain connection for the load counter and the naive strategy.
+enum Raw {
+    Single(redis::aio::MultiplexedConnection),
+    Cluster(redis::cluster_async::ClusterConnection),
+}
+
+impl Raw {
+    async fn connect(args: &RunArgs) -> anyhow::Result<Raw> {
+        if args.cluster {
+            let client = redis::cluster::ClusterClient::new(args.redis.clone())?;
+            Ok(Raw::Cluster(client.get_async_connection().await?))
+        } else {
+            let client = redis::Client::open(args.redis[0].as_str())?;
+            Ok(Raw::Single(
+                client.get_multiplexed_async_connection().await?,
+            ))
+        }
+    }
+    async fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> redis::RedisResult<T> {
+        match self {
+            Raw::Single(c) => cmd.query_async(&mut c.clone()).await,
+            Raw::Cluster(c) => cmd.query_async(&mut c.clone()).await,
+        }
+    }
+}
+
+async fn work(args: &WorkerArgs) -> anyhow::Result<WorkerReport> {
+    let raw = Arc::new(Raw::connect(&args.run).await?);
+    let cache = match args.run.strategy {
+        FleetStrategy::Naive => None,
+        strategy => {
+            let backend = connect(&args.run).await?;
+            let load = Duration::from_millis(args.run.load_ms);
+            let mut builder = Cache::<String, String>::builder()
+                .namespace(&args.namespace)
+                .backend(backend)
+                .ttl(Duration::from_millis(args.run.ttl_ms))
+                .grace(Duration::from_millis(args.run.grace_ms))
+                .backend_timeout(Duration::from_millis(args.run.backend_timeout_ms))
+                .max_load_time(load * 3 + Duration::from_secs(5));
+            if let Some(ms) = args.run.wait_deadline_ms {
+                builder = builder.wait(WaitPolicy::default().deadline(Duration::from_millis(ms)));
+            }
+            if let Some(ms) = args.run.lease_ttl_ms {
+                builder = builder.lease_ttl(LeaseTtl::Fixed(Duration::from_millis(ms)));
+            }
+            if strategy == FleetStrategy::CoalescingOnly {
+                builder = builder.no_lease();
+            }
+            Some(builder.build()?)
+        }
+    };
+    if args.sync {
+        println!("ready");
+        let mut line = String::new();
+        std::io::stdin().lock().read_line(&mut line)?;
+    }
+    let local_loads = Arc::new(AtomicU64::new(0));
+    let origin = Instant::now();
+    let samples = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let sampler = cache.clone().map(|cache| {
+        let samples = samples.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(100));
+            loop {
+                tick.tick().await;
+                let s = cache.stats();
+                let mut samples = samples.lock().unwrap_or_else(|p| p.into_inner());
+                if samples.len() < 100_000 {
+                    samples.push([
+                        origin.elapsed().as_millis() as u64,
+                        s.lease_acquired,
+                        s.loads_ok,
+                        s.degraded_loads,
+                        s.stale_served,
+                    ]);
+                }
+            }
+        })
+    });
+    let mut tasks = Vec::new();
+    let keys: Vec<String> = args.run.keys.clone();
+    let spawn_call = |i: usize| {
+        let key = keys[i % keys.len()].clone();
+        let cache = cache.clone();
+        let raw = raw.clone();
+        let local_loads = local_loads.clone();
+        let namespace = args.namespace.clone();
+        let load = Duration::from_millis(args.run.load_ms);
+        let ttl_ms = args.run.ttl_ms;
+        tokio::spawn(async move {
+            let started = origin.elapsed();
+            let t0 = Instant::now();
+            let loader = {
+                let raw = raw.clone();
+                let local_loads = local_loads.clone();
+                let counter = load_counter_key(&namespace, &key);
+                move |key: String| async move {
+                    local_loads.fetch_add(1, Ordering::SeqCst);
+                    let n: i64 = raw
+                        .query(redis::cmd("INCR").arg(&counter))
+                        .await
+                        .unwrap_or(-1);
+                    // Who loads, for fault tests that kill the holder.
+                    let _: redis::RedisResult<()> = raw
+                        .query(
+                            redis::cmd("SET")
+                                .arg(format!("{counter}:pid"))
+                                .arg(std::process::id()),
+                        )
+                        .await;
+                    tokio::time::sleep(load).await;
+                    Ok::<_, std::io::Error>(format!("{key}-v{n}"))
+                }
+            };
+            let outcome = match cache {
+                Some(cache) => cache
+                    .fetch(&key, &CallOptions::new(), loader)
+                    .await
+                    .map(|f| outcome_name(f.outcome))
+                    .map_err(|e| e.to_string()),
+                None => naive(&raw, &namespace, &key, ttl_ms, loader).await,
+            };
+            Call {
+                started,
+                latency: t0.elapsed(),
+                outcome,
+            }
+        })
+    };
+    match args.run.rate {
+        None => {
+            for i in 0..args.run.callers as usize {
+                tasks.push(spawn_call(i));
+            }
+        }
+        Some(rate) => {
+            let period = Duration::from_secs_f64(1.0 / rate.max(1) as f64);
+            let mut tick = tokio::time::interval(period);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let duration = Duration::from_millis(args.run.duration_ms);
+            let mut i = 0;
+            while origin.elapsed() < duration {
+                tick.tick().await;
+                tasks.push(spawn_call(i));
+                i += 1;
+            }
+        }
+    }
+    let mut calls = Vec::with_capacity(tasks.len());
+    for t in tasks {
+        calls.push(t.await.context("caller task")?);
+    }
+    if let Some(sampler) = sampler {
+        sampler.abort();
+    }
+    let samples = std::mem::take(&mut *samples.lock().unwrap_or_else(|p| p.into_inner()));
+    Ok(summarize(
+        calls,
+        local_loads.load(Ordering::SeqCst),
+        cache.map(|c| c.stats()),
+        samples,
+    ))
+}
+
+/// Naive cache-aside over the raw connection: GET, on a miss load and SET.
+async fn naive<F, Fut>(
+    raw: &Raw,
+    namespace: &str,
+    key: &str,
+    ttl_ms: u64,
+    loader: F,
+) -> Result<&'static str, String>
+where
+    F: FnOnce(String) -> Fut,
+    Fut: std::future::Future<Output = Result<String, std::io::Error>>,
+{
+    let value_key = format!("{}:naive", FillKeys::new(namespace, key).value());
+    let found: Option<String> = raw
+        .query(redis::cmd("GET").arg(&value_key))
+        .await
+        .map_err(|e| e.to_string())?;
+    if found.is_some() {
+        return Ok("naive_hit");
+    }
+    let value = loader(key.to_owned()).await.map_err(|e| e.to_string())?;
+    raw.query::<()>(
+        redis::cmd("SET")
+            .arg(&value_key)
+            .arg(value)
+            .arg("PX")
+            .arg(ttl_ms),
+    )
+    .await
+    .map_err(|e| e.to_string())?;
+    Ok("naive_load")
+}
+
+fn outcome_name(outcome: Outcome) -> &'static str {
+    match outcome {
+        Outcome::Hit => "hit",
+        Outcome::Stale => "stale",
+        Outcome::Loaded => "loaded",
+        Outcome::Waited => "waited",
+        Outcome::Degraded => "degraded",
+        _ => "other",
+    }
+}
+
+fn summarize(
+    calls: Vec<Call>,
+    local_loads: u64,
+    stats: Option<onefill::Stats>,
+    samples: Vec<[u64; 5]>,
+) -> WorkerReport {
+    let mut report = WorkerReport {
+        pid: std::process::id(),
+        calls: calls.len() as u64,
+        local_loads,
+        stats,
+        samples,
+        ..Default::default()
+    };
+    let first_answer = calls
+        .iter()
+        .filter(|c| c.outcome.is_ok())
+        .map(|c| c.started + c.latency)
+        .min();
+    let mut latencies: Vec<Duration> = Vec::with_capacity(calls.len());
+    for call in &calls {
+        latencies.push(call.latency);
+        match &call.outcome {
+            Ok(name) => {
+                *report.outcomes.entry((*name).to_owned()).or_default() += 1;
+                let slow = matches!(*name, "loaded" | "waited" | "degraded" | "naive_load");
+                if slow && first_answer.is_some_and(|first| call.started > first) {
+                    report.slow_after_first += 1;
+                }
+            }
+            Err(message) => {
+                report.errors += 1;
+                if report.error_messages.len() < 5 {
+                    report.error_messages.push(message.clone());
+                }
+            }
+        }
+    }
+    latencies.sort_unstable();
+    let ms = |d: Option<Duration>| d.map_or(0.0, |d| d.as_secs_f64() * 1000.0);
+    report.p50_ms = ms(percentile(&latencies, 50.0));
+    report.p99_ms = ms(percentile(&latencies, 99.0));
+    report.max_ms = ms(latencies.last().copied());
+    report
+}

@@ -1,0 +1,351 @@
+//! Real OS processes against real, private Redis servers: the `onefill`
+//! binary's `fleet` runs worker processes; loads are counted in Redis with
+//! INCR; commands are read from INFO commandstats; faults are real
+//! (SIGKILL of a worker, SIGSTOP/kill of the server).
+
+use std::process::{Child, Command, Stdio};
+use std::thread;
+use std::time::Duration;
+
+use onefill_testkit::{RedisCluster, RedisServer};
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_onefill");
+
+fn fleet(urls: &[String], extra: &[&str]) -> Value {
+    let mut cmd = Command::new(BIN);
+    cmd.args(["fleet", "--json", "--quiet"]);
+    for u in urls {
+        cmd.args(["--redis", u]);
+    }
+    let out = cmd.args(extra).output().expect("run onefill fleet");
+    assert!(
+        out.status.success(),
+        "fleet failed: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
+    );
+    serde_json::from_slice(&out.stdout).expect("fleet JSON")
+}
+
+fn n(v: &Value, field: &str) -> u64 {
+    v[field]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{field} in {v}"))
+}
+
+fn workers(v: &Value) -> &Vec<Value> {
+    v["workers"].as_array().expect("workers")
+}
+
+fn outcome(w: &Value, name: &str) -> u64 {
+    w["outcomes"][name].as_u64().unwrap_or(0)
+}
+
+/// 4 processes × 50 callers on one cold key, loader 200 ms: one load, every
+/// caller answered. The same with 500 callers each costs the same Redis
+/// commands within a small constant per process.
+#[test]
+fn four_processes_one_load_and_commands_grow_with_processes_not_callers() {
+    let server = RedisServer::start();
+    let small = fleet(
+        &[server.url()],
+        &["--processes", "4", "--callers", "50", "--load-ms", "200"],
+    );
+    assert_eq!(n(&small, "loads"), 1, "{small}");
+    assert_eq!(n(&small, "calls"), 200);
+    assert_eq!(n(&small, "errors"), 0);
+    for w in workers(&small) {
+        let answered = outcome(w, "loaded") + outcome(w, "waited") + outcome(w, "hit");
+        assert_eq!(answered, 50, "{w}");
+    }
+    let big = fleet(
+        &[server.url()],
+        &["--processes", "4", "--callers", "500", "--load-ms", "200"],
+    );
+    assert_eq!(n(&big, "loads"), 1);
+    assert_eq!(n(&big, "calls"), 2000);
+    assert_eq!(n(&big, "errors"), 0);
+    let (a, b) = (n(&small, "redis_commands"), n(&big, "redis_commands"));
+    assert!(
+        a.abs_diff(b) <= 4 * 8,
+        "commands: {a} for 4×50, {b} for 4×500"
+    );
+    assert!(
+        b <= 4 * 40,
+        "a herd costs a few dozen commands per process, not per caller: {b}"
+    );
+}
+
+/// A 6 s loader (longer than the lease TTL) across 4 processes: one load,
+/// the watchdog holding the lease; nobody timed out.
+#[test]
+fn six_second_loader_across_processes_is_one_load() {
+    let server = RedisServer::start();
+    let r = fleet(
+        &[server.url()],
+        &["--processes", "4", "--callers", "20", "--load-ms", "6000"],
+    );
+    assert_eq!(n(&r, "loads"), 1, "{r}");
+    assert_eq!(n(&r, "errors"), 0);
+    let extended: u64 = workers(&r)
+        .iter()
+        .map(|w| w["stats"]["lease_extended"].as_u64().unwrap())
+        .sum();
+    assert!(extended >= 3, "the watchdog renewed the lease: {extended}");
+    for w in workers(&r) {
+        assert_eq!(w["stats"]["wait_timeouts"].as_u64(), Some(0));
+        assert_eq!(w["stats"]["lease_lost"].as_u64(), Some(0));
+    }
+}
+
+/// Waiting processes learn of the fill by notification: each did at most
+/// the polls that fit in the load time (20+40+80 ms < 200 ms) and was woken
+/// by a notification, not by a fourth poll.
+#[test]
+fn waiters_in_other_processes_are_woken_by_the_fill_notification() {
+    let server = RedisServer::start();
+    let r = fleet(
+        &[server.url()],
+        &["--processes", "4", "--callers", "10", "--load-ms", "200"],
+    );
+    assert_eq!(n(&r, "loads"), 1);
+    let mut waiting = 0;
+    for w in workers(&r) {
+        let s = &w["stats"];
+        if s["waits"].as_u64().unwrap() > 0 {
+            waiting += 1;
+            assert!(s["wait_notified"].as_u64().unwrap() >= 1, "{s}");
+            assert!(s["wait_polls"].as_u64().unwrap() <= 3, "{s}");
+        }
+    }
+    assert!(waiting >= 2, "most processes waited: {r}");
+}
+
+/// SIGKILL the process that holds the lease mid-load: another process takes
+/// over when the lease expires; 2 loads in all; every surviving caller is
+/// answered, none by a timeout.
+#[test]
+fn killing_the_lease_holder_mid_load_hands_over_to_another_process() {
+    let server = RedisServer::start();
+    let ns = "killtest";
+    let mut children: Vec<Child> = (0..4)
+        .map(|_| {
+            Command::new(BIN)
+                .args([
+                    "worker",
+                    "--sync",
+                    "--namespace",
+                    ns,
+                    "--redis",
+                    &server.url(),
+                ])
+                .args([
+                    "--callers",
+                    "20",
+                    "--load-ms",
+                    "2000",
+                    "--lease-ttl-ms",
+                    "1000",
+                ])
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .spawn()
+                .expect("spawn worker")
+        })
+        .collect();
+    use std::io::{BufRead, BufReader, Write};
+    let mut outs: Vec<_> = children
+        .iter_mut()
+        .map(|c| BufReader::new(c.stdout.take().unwrap()))
+        .collect();
+    for o in &mut outs {
+        let mut line = String::new();
+        o.read_line(&mut line).unwrap();
+        assert_eq!(line.trim(), "ready");
+    }
+    for c in &mut children {
+        writeln!(c.stdin.as_mut().unwrap(), "go").unwrap();
+    }
+    let counter = format!("{ns}:{{hot}}:loads");
+    let mut holder = None;
+    for _ in 0..200 {
+        let pid = server.command(&["GET", &format!("{counter}:pid")]);
+        if let Ok(pid) = pid.trim().parse::<u32>() {
+            holder = Some(pid);
+            break;
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
+    let holder = holder.expect("a process started loading");
+    thread::sleep(Duration::from_millis(300));
+    let victim = children
+        .iter()
+        .position(|c| c.id() == holder)
+        .expect("holder is ours");
+    let mut dead = children.remove(victim);
+    outs.remove(victim);
+    dead.kill().unwrap();
+    dead.wait().unwrap();
+    let mut survivors = Vec::new();
+    for (c, o) in children.iter_mut().zip(outs.iter_mut()) {
+        let mut line = String::new();
+        o.read_line(&mut line).unwrap();
+        survivors.push(serde_json::from_str::<Value>(line.trim()).unwrap());
+        assert!(c.wait().unwrap().success());
+    }
+    assert_eq!(
+        server.command(&["GET", &counter]).trim(),
+        "2",
+        "the dead load and one takeover"
+    );
+    for w in &survivors {
+        assert_eq!(n(w, "errors"), 0, "{w}");
+        assert_eq!(n(w, "calls"), 20);
+        assert_eq!(
+            w["stats"]["wait_timeouts"].as_u64(),
+            Some(0),
+            "taken over, not timed out: {w}"
+        );
+        assert_eq!(w["stats"]["degraded_loads"].as_u64(), Some(0));
+    }
+    let loaded: u64 = survivors.iter().map(|w| outcome(w, "loaded")).sum();
+    assert_eq!(
+        loaded, 20,
+        "one surviving process loaded for its 20 callers"
+    );
+}
+
+/// The herd on a 3-master cluster with keys spread over every master: one
+/// load per key.
+#[test]
+fn cluster_herd_one_load_per_key() {
+    let cluster = RedisCluster::start(3);
+    let keys: Vec<String> = (0..12).map(|i| format!("k{i}")).collect();
+    let r = fleet(
+        &cluster.urls(),
+        &[
+            "--cluster",
+            "--processes",
+            "3",
+            "--callers",
+            "60",
+            "--load-ms",
+            "200",
+            "--keys",
+            &keys.join(","),
+        ],
+    );
+    assert_eq!(n(&r, "errors"), 0, "{r}");
+    for pair in r["loads_per_key"].as_array().unwrap() {
+        assert_eq!(pair[1].as_i64(), Some(1), "one load per key: {pair}");
+    }
+    let masters_used = cluster
+        .nodes()
+        .iter()
+        .filter(|node| node.command(&["DBSIZE"]).trim() != "0")
+        .count();
+    assert_eq!(masters_used, 3, "keys landed on every master");
+}
+
+fn steady(url: &str, extra: &[&str]) -> std::thread::JoinHandle<Value> {
+    let url = url.to_owned();
+    let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+    thread::spawn(move || {
+        let mut args = vec![
+            "--processes",
+            "4",
+            "--rate",
+            "200",
+            "--duration-ms",
+            "10000",
+            "--ttl-ms",
+            "1000",
+            "--grace-ms",
+            "5000",
+            "--load-ms",
+            "100",
+        ];
+        args.extend(extra.iter().map(String::as_str));
+        fleet(&[url], &args)
+    })
+}
+
+/// A hot key under steady load (4 processes × 200 req/s for 10 s, ttl 1 s,
+/// grace 5 s, loader 100 ms): at most 12 loads, and after the first fill no
+/// caller's answer included a load or a wait.
+#[test]
+fn hot_key_under_steady_load_serves_stale_while_refreshing() {
+    let server = RedisServer::start();
+    let r = steady(&server.url(), &[]).join().unwrap();
+    assert_eq!(n(&r, "errors"), 0, "{r}");
+    assert!(n(&r, "loads") <= 12, "loads: {}", n(&r, "loads"));
+    assert!(
+        n(&r, "calls") >= 4 * 1500,
+        "the load was sustained: {}",
+        n(&r, "calls")
+    );
+    for w in workers(&r) {
+        assert_eq!(n(w, "slow_after_first"), 0, "{}", w["outcomes"]);
+    }
+}
+
+/// The lease-acquisition count of every worker at `t_ms` (from its samples).
+fn leases_at(w: &Value, t_ms: u64) -> u64 {
+    w["samples"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s[0].as_u64().unwrap() <= t_ms)
+        .map(|s| s[1].as_u64().unwrap())
+        .next_back()
+        .unwrap_or(0)
+}
+
+/// SIGSTOP the server for 3 s under that load: no caller errors, no caller
+/// waits past the backend timeout plus one load (plus scheduling slack), few
+/// loads during the outage, and leases in use again after it.
+#[test]
+fn a_paused_redis_under_load_hangs_nobody() {
+    let server = RedisServer::start();
+    let run = steady(&server.url(), &["--backend-timeout-ms", "300"]);
+    thread::sleep(Duration::from_secs(3));
+    server.pause();
+    thread::sleep(Duration::from_secs(3));
+    server.resume();
+    let r = run.join().unwrap();
+    assert_eq!(n(&r, "errors"), 0, "{r}");
+    let max = r["max_ms"].as_f64().unwrap();
+    assert!(max <= 300.0 + 100.0 + 600.0, "worst caller {max} ms");
+    assert!(n(&r, "loads") <= 12 + 4, "loads {}", n(&r, "loads"));
+    for w in workers(&r) {
+        assert!(n(w, "local_loads") <= 12, "{w}");
+    }
+    let after: u64 = workers(&r)
+        .iter()
+        .map(|w| leases_at(w, 10_000) - leases_at(w, 7_000))
+        .sum();
+    assert!(after >= 1, "leases used again after the outage");
+}
+
+/// Kill the server and start it again on the same port under load: the
+/// processes recover by themselves (reconnect, scripts reloaded).
+#[test]
+fn a_restarted_redis_is_picked_up_without_restarting_the_application() {
+    let server = RedisServer::start();
+    let run = steady(&server.url(), &["--backend-timeout-ms", "300"]);
+    thread::sleep(Duration::from_secs(3));
+    server.kill();
+    thread::sleep(Duration::from_secs(1));
+    server.restart();
+    let r = run.join().unwrap();
+    assert_eq!(n(&r, "errors"), 0, "{r}");
+    let after: u64 = workers(&r)
+        .iter()
+        .map(|w| leases_at(w, 10_000) - leases_at(w, 7_000))
+        .sum();
+    assert!(
+        after >= 1,
+        "leases (and so scripts) work again after the restart"
+    );
+}

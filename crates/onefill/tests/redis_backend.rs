@@ -1,0 +1,663 @@
+//! `RedisBackend` against private Redis servers: every `Backend` method on a
+//! standalone server and on a 3-master cluster, then outages (kill and
+//! restart on the same port, pause).
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use onefill::backend::{Acquired, Backend, FillKeys, FillSubscription, Stored};
+use onefill::redis::{RedisBackend, RedisOptions, NO_EXPIRY_TTL};
+use onefill::{BackendErrorKind, LeaseToken};
+use onefill_testkit::{RedisCluster, RedisServer, Reply};
+
+/// A namespace no other test uses.
+fn unique_ns(name: &str) -> String {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    format!(
+        "t{}-{}-{name}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// A version-1 envelope (see `envelope.rs`): magic, version, kind, reserved,
+/// grace ms (u64 BE), delta ms (u32 BE), payload.
+fn envelope(grace: Duration, payload: &[u8]) -> Vec<u8> {
+    let mut out = vec![0xF1, 1, 0, 0];
+    out.extend_from_slice(&(grace.as_millis() as u64).to_be_bytes());
+    out.extend_from_slice(&7u32.to_be_bytes());
+    out.extend_from_slice(payload);
+    out
+}
+
+async fn notified_within(sub: &mut Box<dyn FillSubscription>, within: Duration) -> bool {
+    tokio::time::timeout(within, sub.notified()).await.is_ok()
+}
+
+/// Where raw commands for a key go: the server, or the key's cluster node.
+trait Raw {
+    fn node(&self, key: &str) -> &RedisServer;
+    fn cmd(&self, args: &[&str]) -> String {
+        self.node(args[1]).command(args)
+    }
+    fn pttl(&self, key: &str) -> i64 {
+        self.node(key)
+            .query(&["PTTL", key])
+            .as_int()
+            .expect("PTTL answers an integer")
+    }
+    fn numsub(&self, channel: &str) -> i64;
+}
+
+impl Raw for RedisServer {
+    fn node(&self, _key: &str) -> &RedisServer {
+        self
+    }
+    fn numsub(&self, channel: &str) -> i64 {
+        match self.query(&["PUBSUB", "NUMSUB", channel]) {
+            Reply::Array(Some(items)) => items[1].as_int().unwrap(),
+            other => panic!("PUBSUB NUMSUB answered {other:?}"),
+        }
+    }
+}
+
+impl Raw for RedisCluster {
+    fn node(&self, key: &str) -> &RedisServer {
+        self.node_for_key(key)
+    }
+    fn numsub(&self, channel: &str) -> i64 {
+        match self
+            .node_for_key(channel)
+            .query(&["PUBSUB", "SHARDNUMSUB", channel])
+        {
+            Reply::Array(Some(items)) => items[1].as_int().unwrap(),
+            other => panic!("PUBSUB SHARDNUMSUB answered {other:?}"),
+        }
+    }
+}
+
+fn fast() -> RedisOptions {
+    RedisOptions::new()
+        .connection_timeout(Duration::from_secs(1))
+        .response_timeout(Duration::from_secs(2))
+        .max_backoff(Duration::from_millis(300))
+        .ping_interval(Duration::from_millis(500))
+}
+
+async fn standalone(server: &RedisServer) -> RedisBackend {
+    RedisBackend::connect_with(&server.url(), fast())
+        .await
+        .expect("connect")
+}
+
+async fn clustered(cluster: &RedisCluster) -> RedisBackend {
+    let urls = cluster.urls();
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    RedisBackend::connect_cluster_with(&urls, fast())
+        .await
+        .expect("connect_cluster")
+}
+
+const LEASE: Duration = Duration::from_secs(10);
+const TTL: Duration = Duration::from_secs(60);
+
+async fn lease_lifecycle(backend: &RedisBackend, raw: &dyn Raw) {
+    let keys = FillKeys::new(&unique_ns("lease"), "k");
+    let a = LeaseToken::random();
+    let b = LeaseToken::random();
+
+    // Empty: the first acquire wins and writes its token with the lease TTL.
+    let won = backend
+        .acquire(&keys, &a, LEASE, Duration::ZERO)
+        .await
+        .unwrap();
+    assert_eq!(won, Acquired::Won { stale: None });
+    assert_eq!(raw.cmd(&["GET", keys.lock()]), a.as_str());
+    let pttl = raw.pttl(keys.lock());
+    assert!(pttl > 9_000 && pttl <= 10_000, "lease PTTL {pttl}");
+
+    // Another token: held, with the lease's remaining TTL.
+    match backend
+        .acquire(&keys, &b, LEASE, Duration::ZERO)
+        .await
+        .unwrap()
+    {
+        Acquired::Held {
+            stale: None,
+            lease_ttl,
+        } => {
+            assert!(
+                lease_ttl > Duration::from_secs(9) && lease_ttl <= LEASE,
+                "{lease_ttl:?}"
+            )
+        }
+        other => panic!("expected Held, got {other:?}"),
+    }
+
+    // A fill with the wrong token writes nothing.
+    let bytes = envelope(Duration::from_secs(5), b"v1");
+    assert!(!backend.fill(&keys, &b, &bytes, TTL).await.unwrap());
+    assert_eq!(raw.cmd(&["EXISTS", keys.value()]), "0");
+    assert_eq!(raw.cmd(&["GET", keys.lock()]), a.as_str());
+
+    // A subscriber made before the fill hears of it.
+    let mut sub = backend.subscribe(&keys).await.unwrap();
+    assert!(
+        !notified_within(&mut sub, Duration::from_millis(50)).await,
+        "no spurious wake right after subscribing"
+    );
+    assert!(backend.fill(&keys, &a, &bytes, TTL).await.unwrap());
+    assert!(
+        notified_within(&mut sub, Duration::from_secs(2)).await,
+        "fill notification"
+    );
+    assert_eq!(
+        raw.cmd(&["EXISTS", keys.lock()]),
+        "0",
+        "fill deletes the lease"
+    );
+    let pttl = raw.pttl(keys.value());
+    assert!(pttl > 59_000 && pttl <= 60_000, "value PTTL {pttl}");
+    let stored = backend.get(&keys).await.unwrap().expect("stored");
+    assert_eq!(stored.bytes, bytes);
+    assert!(stored.ttl > Duration::from_secs(59) && stored.ttl <= TTL);
+
+    // A late fill of the old lease is fenced out.
+    assert!(!backend.fill(&keys, &a, b"late", TTL).await.unwrap());
+    assert_eq!(backend.get(&keys).await.unwrap().unwrap().bytes, bytes);
+
+    // Now fresh: acquire returns it and takes no lease.
+    match backend
+        .acquire(&keys, &b, LEASE, Duration::ZERO)
+        .await
+        .unwrap()
+    {
+        Acquired::Fresh(Stored { bytes: got, ttl }) => {
+            assert_eq!(got, bytes);
+            assert!(ttl > Duration::from_secs(59));
+        }
+        other => panic!("expected Fresh, got {other:?}"),
+    }
+    assert_eq!(raw.cmd(&["EXISTS", keys.lock()]), "0");
+}
+
+async fn release_and_extend(backend: &RedisBackend, raw: &dyn Raw) {
+    let keys = FillKeys::new(&unique_ns("release"), "k");
+    let a = LeaseToken::random();
+    let b = LeaseToken::random();
+    let short = Duration::from_secs(2);
+    assert!(matches!(
+        backend
+            .acquire(&keys, &a, short, Duration::ZERO)
+            .await
+            .unwrap(),
+        Acquired::Won { stale: None }
+    ));
+
+    // Extend: only with our token.
+    assert!(!backend.extend(&keys, &b, LEASE).await.unwrap());
+    assert!(raw.pttl(keys.lock()) <= 2_000);
+    assert!(backend.extend(&keys, &a, LEASE).await.unwrap());
+    assert!(raw.pttl(keys.lock()) > 9_000);
+
+    // Release with the wrong token leaves the lease alone.
+    let mut sub = backend.subscribe(&keys).await.unwrap();
+    assert!(!backend.release(&keys, &b, None).await.unwrap());
+    assert_eq!(raw.cmd(&["GET", keys.lock()]), a.as_str());
+    assert!(!notified_within(&mut sub, Duration::from_millis(100)).await);
+
+    // Release with our token and a short negative entry.
+    let failure = {
+        let mut e = envelope(Duration::ZERO, b"origin down");
+        e[2] = 1;
+        e
+    };
+    let neg = Duration::from_secs(5);
+    assert!(backend
+        .release(&keys, &a, Some((&failure, neg)))
+        .await
+        .unwrap());
+    assert!(
+        notified_within(&mut sub, Duration::from_secs(2)).await,
+        "release notification"
+    );
+    assert_eq!(raw.cmd(&["EXISTS", keys.lock()]), "0");
+    let stored = backend.get(&keys).await.unwrap().expect("negative entry");
+    assert_eq!(stored.bytes, failure);
+    assert!(stored.ttl <= neg && stored.ttl > Duration::from_secs(2));
+
+    // Extend after release: not ours any more.
+    assert!(!backend.extend(&keys, &a, LEASE).await.unwrap());
+
+    // Release without an entry writes nothing.
+    let keys = FillKeys::new(&unique_ns("release-bare"), "k");
+    backend
+        .acquire(&keys, &a, LEASE, Duration::ZERO)
+        .await
+        .unwrap();
+    assert!(backend.release(&keys, &a, None).await.unwrap());
+    assert_eq!(raw.cmd(&["EXISTS", keys.value()]), "0");
+    assert_eq!(raw.cmd(&["EXISTS", keys.lock()]), "0");
+    assert!(!backend.release(&keys, &a, None).await.unwrap());
+}
+
+async fn set_and_invalidate(backend: &RedisBackend, raw: &dyn Raw) {
+    let keys = FillKeys::new(&unique_ns("set"), "k");
+    let a = LeaseToken::random();
+    let mut sub = backend.subscribe(&keys).await.unwrap();
+
+    backend
+        .acquire(&keys, &a, LEASE, Duration::ZERO)
+        .await
+        .unwrap();
+    let bytes = envelope(Duration::from_secs(1), b"written");
+    backend.set(&keys, &bytes, TTL).await.unwrap();
+    assert!(
+        notified_within(&mut sub, Duration::from_secs(2)).await,
+        "set notification"
+    );
+    assert_eq!(
+        raw.cmd(&["EXISTS", keys.lock()]),
+        "0",
+        "set fences out the lease"
+    );
+    assert!(raw.pttl(keys.value()) > 59_000);
+    assert!(!backend.fill(&keys, &a, b"late", TTL).await.unwrap());
+    assert_eq!(backend.get(&keys).await.unwrap().unwrap().bytes, bytes);
+
+    backend
+        .acquire(&keys, &a, LEASE, Duration::MAX)
+        .await
+        .unwrap();
+    assert_eq!(raw.cmd(&["GET", keys.lock()]), a.as_str());
+    backend.invalidate(&keys).await.unwrap();
+    assert!(
+        notified_within(&mut sub, Duration::from_secs(2)).await,
+        "invalidate notification"
+    );
+    assert_eq!(raw.cmd(&["EXISTS", keys.value()]), "0");
+    assert_eq!(raw.cmd(&["EXISTS", keys.lock()]), "0");
+    assert_eq!(backend.get(&keys).await.unwrap(), None);
+    // Invalidating nothing is fine.
+    backend.invalidate(&keys).await.unwrap();
+}
+
+async fn freshness(backend: &RedisBackend, raw: &dyn Raw) {
+    let ns = unique_ns("fresh");
+    let grace = Duration::from_secs(10);
+    let good = envelope(grace, b"ok");
+
+    // Fresh while PTTL > grace + window.
+    let keys = FillKeys::new(&ns, "window");
+    backend.set(&keys, &good, TTL).await.unwrap();
+    for (window, fresh) in [
+        (Duration::ZERO, true),
+        (Duration::from_secs(45), true),
+        (Duration::from_secs(55), false),
+        (Duration::MAX, false),
+    ] {
+        let got = backend
+            .acquire(&keys, &LeaseToken::random(), LEASE, window)
+            .await
+            .unwrap();
+        assert_eq!(
+            matches!(got, Acquired::Fresh(_)),
+            fresh,
+            "window {window:?}: {got:?}"
+        );
+        if let Acquired::Won { stale } = got {
+            assert_eq!(stale.unwrap().bytes, good);
+        }
+        raw.cmd(&["DEL", keys.lock()]);
+    }
+
+    // Within the grace period: stale, not fresh.
+    let keys = FillKeys::new(&ns, "stale");
+    backend
+        .set(&keys, &good, Duration::from_secs(9))
+        .await
+        .unwrap();
+    assert!(matches!(
+        backend
+            .acquire(&keys, &LeaseToken::random(), LEASE, Duration::ZERO)
+            .await
+            .unwrap(),
+        Acquired::Won { stale: Some(_) }
+    ));
+
+    // Bytes that are not a readable envelope are never fresh.
+    let mut bad_version = good.clone();
+    bad_version[1] = 2;
+    let mut bad_kind = good.clone();
+    bad_kind[2] = 9;
+    let mut bad_magic = good.clone();
+    bad_magic[0] = 0;
+    for (name, bytes) in [
+        ("garbage", b"not an envelope at all".to_vec()),
+        ("short", good[..15].to_vec()),
+        ("empty", Vec::new()),
+        ("version", bad_version),
+        ("kind", bad_kind),
+        ("magic", bad_magic),
+    ] {
+        let keys = FillKeys::new(&ns, name);
+        backend.set(&keys, &bytes, TTL).await.unwrap();
+        match backend
+            .acquire(&keys, &LeaseToken::random(), LEASE, Duration::ZERO)
+            .await
+            .unwrap()
+        {
+            Acquired::Won { stale: Some(stale) } => assert_eq!(stale.bytes, bytes, "{name}"),
+            other => panic!("{name}: expected Won with the unreadable value, got {other:?}"),
+        }
+    }
+
+    // A huge grace (more than any TTL) is never fresh.
+    let keys = FillKeys::new(&ns, "huge-grace");
+    let mut huge = good.clone();
+    huge[4..12].copy_from_slice(&u64::MAX.to_be_bytes());
+    backend.set(&keys, &huge, TTL).await.unwrap();
+    assert!(matches!(
+        backend
+            .acquire(&keys, &LeaseToken::random(), LEASE, Duration::ZERO)
+            .await
+            .unwrap(),
+        Acquired::Won { .. }
+    ));
+
+    // A key without expiry (written by someone else) has a huge TTL.
+    let keys = FillKeys::new(&ns, "persistent");
+    let node = raw.node(keys.value());
+    let value_key = keys.value().as_bytes();
+    assert_eq!(
+        node.query_bytes(&[b"SET", value_key, &good]),
+        Reply::Status("OK".into())
+    );
+    assert_eq!(
+        backend.get(&keys).await.unwrap().unwrap().ttl,
+        NO_EXPIRY_TTL
+    );
+    assert!(matches!(
+        backend
+            .acquire(&keys, &LeaseToken::random(), LEASE, Duration::ZERO)
+            .await
+            .unwrap(),
+        Acquired::Fresh(Stored {
+            ttl: NO_EXPIRY_TTL,
+            ..
+        })
+    ));
+    assert!(matches!(
+        backend
+            .acquire(&keys, &LeaseToken::random(), LEASE, Duration::MAX)
+            .await
+            .unwrap(),
+        Acquired::Won { .. }
+    ));
+
+    // Sub-millisecond TTLs round up to 1 ms instead of failing.
+    let keys = FillKeys::new(&ns, "tiny");
+    let a = LeaseToken::random();
+    backend
+        .acquire(&keys, &a, Duration::from_micros(10), Duration::ZERO)
+        .await
+        .unwrap();
+    backend
+        .set(&keys, &good, Duration::from_nanos(1))
+        .await
+        .unwrap();
+}
+
+async fn errors_are_classified(backend: &RedisBackend, raw: &dyn Raw) {
+    let keys = FillKeys::new(&unique_ns("wrongtype"), "k");
+    raw.cmd(&["LPUSH", keys.value(), "x"]);
+    let err = backend.get(&keys).await.unwrap_err();
+    assert_eq!(err.kind(), BackendErrorKind::Command, "{err}");
+    let err = backend
+        .acquire(&keys, &LeaseToken::random(), LEASE, Duration::ZERO)
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), BackendErrorKind::Command, "{err}");
+    assert!(!err.is_transient());
+}
+
+async fn shared_subscriptions(backend: &RedisBackend, raw: &dyn Raw) {
+    let keys = FillKeys::new(&unique_ns("shared"), "k");
+    let other = FillKeys::new(&unique_ns("shared"), "other");
+    let mut one = backend.subscribe(&keys).await.unwrap();
+    let mut two = backend.subscribe(&keys).await.unwrap();
+    let mut elsewhere = backend.subscribe(&other).await.unwrap();
+    assert_eq!(
+        raw.numsub(keys.channel()),
+        1,
+        "one server subscription per channel"
+    );
+
+    backend.invalidate(&keys).await.unwrap();
+    assert!(notified_within(&mut one, Duration::from_secs(2)).await);
+    assert!(notified_within(&mut two, Duration::from_secs(2)).await);
+    assert!(!notified_within(&mut elsewhere, Duration::from_millis(100)).await);
+
+    drop(one);
+    backend.invalidate(&keys).await.unwrap();
+    assert!(notified_within(&mut two, Duration::from_secs(2)).await);
+
+    // The last subscription gone, the channel is unsubscribed.
+    drop(two);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while raw.numsub(keys.channel()) != 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "channel never unsubscribed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(raw.numsub(other.channel()), 1);
+
+    // Subscribing again works.
+    let mut again = backend.subscribe(&keys).await.unwrap();
+    backend.invalidate(&keys).await.unwrap();
+    assert!(notified_within(&mut again, Duration::from_secs(2)).await);
+
+    // Many keys at once (a herd of different keys).
+    let herd: Vec<FillKeys> = (0..50)
+        .map(|i| FillKeys::new("herd", &format!("{}-{i}", unique_ns("h"))))
+        .collect();
+    let mut subs = Vec::new();
+    for keys in &herd {
+        subs.push(backend.subscribe(keys).await.unwrap());
+    }
+    for keys in &herd {
+        backend.invalidate(keys).await.unwrap();
+    }
+    for sub in &mut subs {
+        assert!(notified_within(sub, Duration::from_secs(2)).await);
+    }
+}
+
+/// Retries `op` until it succeeds (the driver reconnects in the background).
+async fn eventually<T, F, Fut>(what: &str, mut op: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, onefill::BackendError>>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        match op().await {
+            Ok(v) => return v,
+            Err(e) => {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "{what}: still failing: {e}"
+                );
+                assert!(e.is_transient(), "{what}: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+/// Kill the node of `keys` and restart it on its port: commands (and the
+/// scripts, which the new process does not have) and notifications work
+/// again.
+async fn survives_restart(backend: &RedisBackend, node: &RedisServer, keys: &FillKeys) {
+    let a = LeaseToken::random();
+    let bytes = envelope(Duration::ZERO, b"before");
+    assert!(matches!(
+        backend
+            .acquire(keys, &a, LEASE, Duration::ZERO)
+            .await
+            .unwrap(),
+        Acquired::Won { .. }
+    ));
+    let mut sub = backend.subscribe(keys).await.unwrap();
+
+    node.kill();
+    let err = backend.get(keys).await.unwrap_err();
+    assert!(err.is_transient(), "{err}");
+    node.restart();
+
+    // Commands work again; the scripts are loaded again after NOSCRIPT.
+    let b = LeaseToken::random();
+    let got = eventually("acquire after restart", || {
+        backend.acquire(keys, &b, LEASE, Duration::ZERO)
+    })
+    .await;
+    assert_eq!(
+        got,
+        Acquired::Won { stale: None },
+        "the restarted server is empty"
+    );
+    let stats = node.command(&["INFO", "commandstats"]);
+    assert!(
+        stats.contains("cmdstat_script|load"),
+        "scripts reloaded: {stats}"
+    );
+
+    // The subscription is renewed, and woken once for what it may have missed.
+    assert!(
+        notified_within(&mut sub, Duration::from_secs(15)).await,
+        "woken after resubscription"
+    );
+    assert!(backend.fill(keys, &b, &bytes, TTL).await.unwrap());
+    assert!(
+        notified_within(&mut sub, Duration::from_secs(2)).await,
+        "fill notification after the restart"
+    );
+    let mut fresh = backend.subscribe(keys).await.unwrap();
+    backend.invalidate(keys).await.unwrap();
+    assert!(notified_within(&mut fresh, Duration::from_secs(2)).await);
+    assert!(notified_within(&mut sub, Duration::from_secs(2)).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standalone_backend_methods() {
+    let server = RedisServer::start();
+    let backend = standalone(&server).await;
+    assert!(format!("{backend:?}").contains("standalone"));
+    lease_lifecycle(&backend, &server).await;
+    release_and_extend(&backend, &server).await;
+    set_and_invalidate(&backend, &server).await;
+    freshness(&backend, &server).await;
+    errors_are_classified(&backend, &server).await;
+    shared_subscriptions(&backend, &server).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_backend_methods() {
+    let cluster = RedisCluster::start(3);
+    let backend = clustered(&cluster).await;
+    assert!(format!("{backend:?}").contains("cluster"));
+    lease_lifecycle(&backend, &cluster).await;
+    release_and_extend(&backend, &cluster).await;
+    set_and_invalidate(&backend, &cluster).await;
+    freshness(&backend, &cluster).await;
+    errors_are_classified(&backend, &cluster).await;
+    shared_subscriptions(&backend, &cluster).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standalone_survives_a_restart_on_the_same_port() {
+    let server = RedisServer::start();
+    let backend = standalone(&server).await;
+    let keys = FillKeys::new(&unique_ns("restart"), "k");
+    survives_restart(&backend, &server, &keys).await;
+    // And a second time.
+    let keys = FillKeys::new(&unique_ns("restart"), "again");
+    survives_restart(&backend, &server, &keys).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_survives_a_node_restart() {
+    let cluster = RedisCluster::start(3);
+    let backend = clustered(&cluster).await;
+    let keys = FillKeys::new(&unique_ns("restart"), "k");
+    let node = cluster.node_for_key(keys.value());
+    survives_restart(&backend, node, &keys).await;
+    cluster.wait_until_ok();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_server_times_out_then_recovers() {
+    let server = RedisServer::start();
+    let backend = RedisBackend::connect_with(
+        &server.url(),
+        fast().response_timeout(Duration::from_millis(200)),
+    )
+    .await
+    .unwrap();
+    let keys = FillKeys::new(&unique_ns("pause"), "k");
+    backend.set(&keys, b"x", TTL).await.unwrap();
+
+    server.pause();
+    let started = std::time::Instant::now();
+    let err = backend.get(&keys).await.unwrap_err();
+    server.resume();
+    assert_eq!(err.kind(), BackendErrorKind::Timeout, "{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+
+    let got = eventually("get after resume", || backend.get(&keys)).await;
+    assert_eq!(got.unwrap().bytes, b"x");
+    let mut sub = backend.subscribe(&keys).await.unwrap();
+    backend.invalidate(&keys).await.unwrap();
+    assert!(notified_within(&mut sub, Duration::from_secs(5)).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_failures_are_reported() {
+    // Nothing listens on a port just freed.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let err = RedisBackend::connect_with(&format!("redis://127.0.0.1:{port}"), fast())
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), BackendErrorKind::Connection, "{err}");
+    let err = RedisBackend::connect_cluster_with(&[&format!("redis://127.0.0.1:{port}")], fast())
+        .await
+        .unwrap_err();
+    assert!(err.is_transient(), "{err}");
+
+    // Authentication comes from the URL.
+    let server = RedisServer::start_with(&["--requirepass", "s3cret"]);
+    let url = format!("redis://:s3cret@127.0.0.1:{}", server.port());
+    let backend = RedisBackend::connect_with(&url, fast()).await.unwrap();
+    assert!(!format!("{backend:?}").contains("s3cret"));
+    let keys = FillKeys::new(&unique_ns("auth"), "k");
+    let mut sub = backend.subscribe(&keys).await.unwrap();
+    backend.set(&keys, b"x", TTL).await.unwrap();
+    assert!(notified_within(&mut sub, Duration::from_secs(2)).await);
+    let err = RedisBackend::connect_with(&server.url(), fast())
+        .await
+        .unwrap_err();
+    assert!(
+        !err.is_transient(),
+        "a missing password is not transient: {err}"
+    );
+}
