@@ -85,16 +85,18 @@ impl<T: Clone> Flights<T> {
 }
 
 impl<T> Completion<T> {
-    /// Publishes the outcome; dropping `self` then removes the flight, so a
-    /// caller arriving from then on starts a new flight (and finds the value
-    /// just written). One joining in between gets this outcome.
+    /// Removes the flight from the map, then publishes the outcome. In that
+    /// order: a caller that arrives once the outcome is visible must start a
+    /// new flight (and read the backend), never pick up a finished answer;
+    /// otherwise a call made right after an `invalidate` or `set` could get
+    /// an answer from before it. Regression test: `flight::tests::
+    /// a_caller_after_completion_starts_a_new_flight`.
     pub(crate) fn complete(self, outcome: Result<T, Error>) {
+        self.remove();
         self.tx.send_replace(Some(outcome));
     }
-}
 
-impl<T> Drop for Completion<T> {
-    fn drop(&mut self) {
+    fn remove(&self) {
         let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
         if map
             .get(&self.key)
@@ -102,6 +104,12 @@ impl<T> Drop for Completion<T> {
         {
             map.remove(&self.key);
         }
+    }
+}
+
+impl<T> Drop for Completion<T> {
+    fn drop(&mut self) {
+        self.remove();
     }
 }
 
@@ -136,6 +144,33 @@ mod tests {
             matches!(flights.join("k"), Joined::Leader(..)),
             "a new flight after completion"
         );
+    }
+
+    /// Regression: the outcome used to be published before the flight left
+    /// the map, so a caller arriving in between (on another worker thread)
+    /// joined a finished flight and got a stale answer (seen as a flaky
+    /// "expected Hit, got Loaded" on real Redis). A thread that sees the
+    /// outcome must always find the flight gone.
+    #[test]
+    fn a_caller_after_completion_starts_a_new_flight() {
+        let flights = Arc::new(Flights::<u32>::default());
+        for _ in 0..2_000 {
+            let Joined::Leader(done, waiter) = flights.join("k") else {
+                panic!("previous flight still registered")
+            };
+            let observer = {
+                let flights = flights.clone();
+                let rx = waiter.rx.clone();
+                std::thread::spawn(move || {
+                    while rx.borrow().is_none() {
+                        std::hint::spin_loop();
+                    }
+                    matches!(flights.join("k"), Joined::Leader(..))
+                })
+            };
+            done.complete(Ok(1));
+            assert!(observer.join().unwrap(), "joined a finished flight");
+        }
     }
 
     #[tokio::test]

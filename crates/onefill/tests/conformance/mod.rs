@@ -157,7 +157,7 @@ pub async fn herd_in_process(h: &dyn Harness) {
     let c = cache(h, &unique_ns("herd")).await;
     let origin = Origin::default();
     let results = herd(
-        &[c.clone()],
+        std::slice::from_ref(&c),
         1000,
         "hot",
         &origin,
@@ -269,7 +269,7 @@ pub async fn dead_holder_is_taken_over(h: &dyn Harness) {
     let c = cache(h, &ns).await;
     let origin = Origin::default();
     let results = herd(
-        &[c.clone()],
+        std::slice::from_ref(&c),
         20,
         "k",
         &origin,
@@ -666,7 +666,7 @@ pub async fn stats_count_what_happened(h: &dyn Harness) {
     let c = cache(h, &unique_ns("stats")).await;
     let origin = Origin::default();
     herd(
-        &[c.clone()],
+        std::slice::from_ref(&c),
         10,
         "k",
         &origin,
