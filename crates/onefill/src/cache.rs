@@ -314,16 +314,19 @@ where
     }
 
     fn prepare(&self, key: &K, options: &CallOptions) -> Result<(String, Policy), Error> {
-        let key = key.to_string();
-        key::validate_key(&key, self.inner.policy.max_key_bytes)?;
+        let key = self.validated(key)?;
         let policy = self.inner.policy.with(options)?;
         Ok((key, policy))
     }
 
-    fn keys(&self, key: &K) -> Result<FillKeys, Error> {
+    fn validated(&self, key: &K) -> Result<String, Error> {
         let key = key.to_string();
         key::validate_key(&key, self.inner.policy.max_key_bytes)?;
-        Ok(FillKeys::new(&self.inner.namespace, &key))
+        Ok(key)
+    }
+
+    fn keys(&self, key: &K) -> Result<FillKeys, Error> {
+        Ok(FillKeys::new(&self.inner.namespace, &self.validated(key)?))
     }
 
     async fn call<T>(
@@ -363,10 +366,16 @@ where
     pub async fn set(&self, key: &K, value: V) -> Result<(), Error> {
         let keys = self.keys(key)?;
         let policy = &self.inner.policy;
-        let bytes = conversation::encode_value(&self.inner, policy, &Some(value), Duration::ZERO)?;
+        let value = Some(value);
+        let bytes = conversation::encode_value(&self.inner, policy, &value, Duration::ZERO)?;
         let ttl = freshness::written_ttl(policy.ttl, policy.jitter, policy.grace);
         self.call("set", self.inner.backend.set(&keys, &bytes, ttl))
-            .await
+            .await?;
+        // The outage fallback must not answer with what this write replaced.
+        self.inner
+            .fallback
+            .record(keys.value(), &value, policy.ttl + policy.grace);
+        Ok(())
     }
 
     /// Removes the value and any lease. A load already in flight (here or in

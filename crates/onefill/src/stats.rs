@@ -13,7 +13,10 @@ macro_rules! counters {
     ($( $(#[$doc:meta])* $name:ident ),* $(,)?) => {
         /// A snapshot of a cache's counters since it was built.
         ///
-        /// Counters only grow; subtract two snapshots to get a rate.
+        /// Counters only grow; subtract two snapshots to get a rate. Hits,
+        /// misses, stale answers and negative hits count *flights* (backend
+        /// conversations): callers that shared a flight are counted once in
+        /// `coalesced` each, and share the flight's outcome.
         #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
         #[serde(default)]
         #[non_exhaustive]

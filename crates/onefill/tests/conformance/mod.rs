@@ -59,6 +59,20 @@ impl Origin {
     }
 }
 
+/// A loader that counts its calls and always fails with "db down".
+pub fn failing_loader(
+    calls: &Arc<AtomicUsize>,
+) -> impl FnOnce(String) -> futures_lite::BoxedFuture<Result<String, OriginError>> + Send + 'static
+{
+    let calls = calls.clone();
+    move |_key: String| {
+        Box::pin(async move {
+            calls.fetch_add(1, Ordering::SeqCst);
+            Err(OriginError("db down".into()))
+        })
+    }
+}
+
 /// Minimal boxed future alias (no extra crate needed).
 pub mod futures_lite {
     pub type BoxedFuture<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send>>;
@@ -148,6 +162,23 @@ fn all_ok_with(results: &[Result<onefill::Fetched<String>, Error>], value: &str)
             Err(e) => panic!("caller failed: {e}"),
         }
     }
+}
+
+/// Starts a call for key `k` in the background and returns once its loader
+/// runs (so the lease is taken).
+async fn start_slow_load(
+    c: &Cache<String, String>,
+    origin: &Origin,
+    took: Duration,
+) -> tokio::task::JoinHandle<Result<onefill::Fetched<String>, Error>> {
+    let before = origin.count();
+    let task = {
+        let c = c.clone();
+        let loader = origin.loader(took);
+        tokio::spawn(async move { c.fetch(&"k".to_string(), &CallOptions::new(), loader).await })
+    };
+    eventually(Duration::from_secs(5), || origin.count() > before).await;
+    task
 }
 
 // ---------------------------------------------------------------- scenarios
@@ -341,19 +372,8 @@ pub async fn waiters_wake_on_fill_notification(h: &dyn Harness) {
     let waiter = cache_with(h, &ns, |b| b.wait(slow_polls)).await;
     let origin = Origin::default();
     let load = Duration::from_millis(500);
-    let h1 = {
-        let holder = holder.clone();
-        let loader = origin.loader(load);
-        tokio::spawn(async move {
-            holder
-                .fetch(&"k".to_string(), &CallOptions::new(), loader)
-                .await
-        })
-    };
     // Let the holder take the lease first.
-    while origin.count() == 0 {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    let h1 = start_slow_load(&holder, &origin, load).await;
     let started = Instant::now();
     let waited = waiter
         .fetch(&"k".to_string(), &CallOptions::new(), origin.loader(load))
@@ -556,14 +576,7 @@ pub async fn cancelling_the_leader_strands_nobody(h: &dyn Harness) {
     let ns = unique_ns("cancel");
     let c = cache(h, &ns).await;
     let origin = Origin::default();
-    let leader = {
-        let c = c.clone();
-        let loader = origin.loader(Duration::from_millis(300));
-        tokio::spawn(async move { c.get_or_load(&"k".to_string(), loader).await })
-    };
-    while origin.count() == 0 {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    let leader = start_slow_load(&c, &origin, Duration::from_millis(300)).await;
     let follower = {
         let c = c.clone();
         let loader = origin.loader(Duration::from_millis(300));
@@ -749,16 +762,9 @@ pub async fn invalidate_fences_a_fill_in_flight(h: &dyn Harness) {
     let ns = unique_ns("fence");
     let c = cache(h, &ns).await;
     let origin = Origin::default();
-    let task = {
-        let c = c.clone();
-        let loader = origin.loader(Duration::from_millis(500));
-        tokio::spawn(async move { c.get_or_load(&"k".to_string(), loader).await })
-    };
-    while origin.count() == 0 {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    let task = start_slow_load(&c, &origin, Duration::from_millis(500)).await;
     c.invalidate(&"k".to_string()).await.unwrap();
-    assert_eq!(task.await.unwrap().unwrap(), "k-v1");
+    assert_eq!(task.await.unwrap().unwrap().value, "k-v1");
     let keys = FillKeys::new(&ns, "k");
     assert!(
         h.backend().await.get(&keys).await.unwrap().is_none(),
@@ -922,21 +928,15 @@ pub async fn negative_caching_spares_a_failing_origin(h: &dyn Harness) {
     let ns = unique_ns("negative");
     let pods = pods_with(h, &ns, 2, |b| b.negative_ttl(Duration::from_secs(1))).await;
     let calls = Arc::new(AtomicUsize::new(0));
-    let failing = |calls: Arc<AtomicUsize>| {
-        move |_k: String| async move {
-            calls.fetch_add(1, Ordering::SeqCst);
-            Err::<String, _>(OriginError("db down".into()))
-        }
-    };
     let key = "k".to_string();
     let err = pods[0]
-        .get_or_load(&key, failing(calls.clone()))
+        .get_or_load(&key, failing_loader(&calls))
         .await
         .unwrap_err();
     assert!(matches!(err, Error::Loader(_)));
     for pod in &pods {
         let err = pod
-            .get_or_load(&key, failing(calls.clone()))
+            .get_or_load(&key, failing_loader(&calls))
             .await
             .unwrap_err();
         match err {
@@ -949,7 +949,7 @@ pub async fn negative_caching_spares_a_failing_origin(h: &dyn Harness) {
     assert_eq!(negative, 2);
     tokio::time::sleep(Duration::from_millis(1100)).await;
     let err = pods[1]
-        .get_or_load(&key, failing(calls.clone()))
+        .get_or_load(&key, failing_loader(&calls))
         .await
         .unwrap_err();
     assert!(matches!(err, Error::Loader(_)));
@@ -1002,15 +1002,9 @@ pub async fn fail_safe_serves_stale_and_throttles(h: &dyn Harness) {
         .await
         .unwrap();
     let calls = Arc::new(AtomicUsize::new(0));
-    let failing = |calls: Arc<AtomicUsize>| {
-        move |_k: String| async move {
-            calls.fetch_add(1, Ordering::SeqCst);
-            Err::<String, _>(OriginError("db down".into()))
-        }
-    };
     tokio::time::sleep(Duration::from_millis(1200)).await;
     let f = c
-        .fetch(&key, &CallOptions::new(), failing(calls.clone()))
+        .fetch(&key, &CallOptions::new(), failing_loader(&calls))
         .await
         .unwrap();
     assert_eq!((f.outcome, f.value.as_str()), (Outcome::Stale, "k-v1"));
@@ -1020,7 +1014,7 @@ pub async fn fail_safe_serves_stale_and_throttles(h: &dyn Harness) {
     let start = Instant::now();
     loop {
         let f = c
-            .fetch(&key, &CallOptions::new(), failing(calls.clone()))
+            .fetch(&key, &CallOptions::new(), failing_loader(&calls))
             .await
             .unwrap();
         assert_eq!(f.value, "k-v1");
@@ -1035,7 +1029,7 @@ pub async fn fail_safe_serves_stale_and_throttles(h: &dyn Harness) {
     }
     for _ in 0..5 {
         let f = c
-            .fetch(&key, &CallOptions::new(), failing(calls.clone()))
+            .fetch(&key, &CallOptions::new(), failing_loader(&calls))
             .await
             .unwrap();
         assert_eq!(f.value, "k-v1");
@@ -1043,7 +1037,7 @@ pub async fn fail_safe_serves_stale_and_throttles(h: &dyn Harness) {
     assert_eq!(calls.load(Ordering::SeqCst), 1, "throttled");
     tokio::time::sleep(Duration::from_millis(2200)).await;
     let f = c
-        .fetch(&key, &CallOptions::new(), failing(calls.clone()))
+        .fetch(&key, &CallOptions::new(), failing_loader(&calls))
         .await
         .unwrap();
     assert_eq!((f.outcome, f.value.as_str()), (Outcome::Stale, "k-v1"));
@@ -1089,14 +1083,9 @@ pub async fn set_fences_a_fill_in_flight(h: &dyn Harness) {
     let c = cache(h, &ns).await;
     let origin = Origin::default();
     let key = "k".to_string();
-    let task = {
-        let c = c.clone();
-        let loader = origin.loader(Duration::from_millis(400));
-        tokio::spawn(async move { c.get_or_load(&"k".to_string(), loader).await })
-    };
-    eventually(Duration::from_secs(2), || origin.count() == 1).await;
+    let task = start_slow_load(&c, &origin, Duration::from_millis(400)).await;
     c.set(&key, "manual".to_string()).await.unwrap();
-    assert_eq!(task.await.unwrap().unwrap(), "k-v1");
+    assert_eq!(task.await.unwrap().unwrap().value, "k-v1");
     assert_eq!(c.get(&key).await.unwrap().as_deref(), Some("manual"));
     assert_eq!(c.stats().lease_lost, 1);
 }
