@@ -73,8 +73,12 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<Envelope<'_>, DecodeError> {
         2 => Kind::Absent,
         other => return Err(DecodeError::UnknownKind(other)),
     };
-    let grace = u64::from_be_bytes(bytes[4..12].try_into().expect("8 bytes"));
-    let delta = u32::from_be_bytes(bytes[12..16].try_into().expect("4 bytes"));
+    // The length was checked above: these copies cannot fail.
+    let mut grace = [0u8; 8];
+    grace.copy_from_slice(&bytes[4..12]);
+    let mut delta = [0u8; 4];
+    delta.copy_from_slice(&bytes[12..16]);
+    let (grace, delta) = (u64::from_be_bytes(grace), u32::from_be_bytes(delta));
     Ok(Envelope {
         kind,
         grace: Duration::from_millis(grace),
