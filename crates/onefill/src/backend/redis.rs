@@ -140,6 +140,10 @@ pub struct RedisOptions {
     reconnect_retries: usize,
     max_backoff: Duration,
     ping_interval: Duration,
+    /// Extra trust roots and a client certificate for `rediss://` (its
+    /// `Debug` redacts them).
+    #[cfg(feature = "tls")]
+    tls: Option<redis::TlsCertificates>,
 }
 
 impl Default for RedisOptions {
@@ -152,6 +156,8 @@ impl Default for RedisOptions {
             reconnect_retries: 2,
             max_backoff: Duration::from_secs(2),
             ping_interval: Duration::from_secs(5),
+            #[cfg(feature = "tls")]
+            tls: None,
         }
     }
 }
@@ -196,6 +202,68 @@ impl RedisOptions {
         self.ping_interval = interval.max(Duration::from_millis(10));
         self
     }
+
+    /// Trusts this CA certificate (PEM) for `rediss://` URLs instead of the
+    /// system's trust store (feature `tls`).
+    #[cfg(feature = "tls")]
+    pub fn tls_root_cert(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        let certs = self.tls.get_or_insert(redis::TlsCertificates {
+            client_tls: None,
+            root_cert: None,
+        });
+        certs.root_cert = Some(pem.into());
+        self
+    }
+
+    /// Presents this client certificate and key (PEM) for mutual TLS
+    /// (feature `tls`).
+    #[cfg(feature = "tls")]
+    pub fn tls_client_cert(
+        mut self,
+        cert_pem: impl Into<Vec<u8>>,
+        key_pem: impl Into<Vec<u8>>,
+    ) -> Self {
+        let certs = self.tls.get_or_insert(redis::TlsCertificates {
+            client_tls: None,
+            root_cert: None,
+        });
+        certs.client_tls = Some(redis::ClientTlsConfig {
+            client_cert: cert_pem.into(),
+            client_key: key_pem.into(),
+        });
+        self
+    }
+}
+
+/// Opens a client for `url`, with the TLS settings of `options`.
+fn open_client(url: &str, options: &RedisOptions) -> Result<Client, BackendError> {
+    check_tls_support(url)?;
+    #[cfg(feature = "tls")]
+    if let Some(certs) = &options.tls {
+        return Client::build_with_tls(url, certs.clone()).map_err(|e| classify("connect", e));
+    }
+    let _ = options;
+    Client::open(url).map_err(|e| classify("connect", e))
+}
+
+/// `rediss://` needs the `tls` feature; say so instead of the driver's
+/// generic error. With the feature, make sure rustls has its crypto
+/// provider (ring) installed, once per process.
+fn check_tls_support(url: &str) -> Result<(), BackendError> {
+    if !url.starts_with("rediss://") {
+        return Ok(());
+    }
+    #[cfg(feature = "tls")]
+    {
+        // Fails only if a provider is already installed: fine either way.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        Ok(())
+    }
+    #[cfg(not(feature = "tls"))]
+    Err(BackendError::new(
+        BackendErrorKind::Command,
+        "rediss:// URLs need onefill's `tls` cargo feature",
+    ))
 }
 
 /// A [`Backend`] on Redis: standalone or Redis Cluster.
@@ -249,7 +317,7 @@ impl RedisBackend {
         url: &str,
         options: RedisOptions,
     ) -> Result<RedisBackend, BackendError> {
-        let client = Client::open(url).map_err(|e| classify("connect", e))?;
+        let client = open_client(url, &options)?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(options.connection_timeout))
             .set_response_timeout(Some(options.response_timeout))
@@ -302,8 +370,17 @@ impl RedisBackend {
         urls: &[&str],
         options: RedisOptions,
     ) -> Result<RedisBackend, BackendError> {
+        for url in urls {
+            check_tls_support(url)?;
+        }
         let builder = |urls: &[&str]| {
-            ClusterClientBuilder::new(urls.iter().copied())
+            let builder = ClusterClientBuilder::new(urls.iter().copied());
+            #[cfg(feature = "tls")]
+            let builder = match &options.tls {
+                Some(certs) => builder.certs(certs.clone()),
+                None => builder,
+            };
+            builder
                 .connection_timeout(options.connection_timeout)
                 .response_timeout(options.response_timeout)
                 // The driver computes `2^retry`: keep it far from overflowing.
