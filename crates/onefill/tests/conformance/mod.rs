@@ -1090,6 +1090,36 @@ pub async fn set_fences_a_fill_in_flight(h: &dyn Harness) {
     assert_eq!(c.stats().lease_lost, 1);
 }
 
+/// A value over the size limit is a clear error; nothing is written and the
+/// lease is released.
+pub async fn oversize_value_writes_nothing(h: &dyn Harness) {
+    let ns = unique_ns("oversize");
+    let c = cache_with(h, &ns, |b| b.max_value_bytes(64)).await;
+    let err = c
+        .get_or_load(&"k".to_string(), |_| async {
+            Ok::<_, OriginError>("x".repeat(100))
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::InvalidInput(onefill::InputError::ValueTooLarge { max: 64, .. })
+        ),
+        "{err}"
+    );
+    let backend = h.backend().await;
+    let keys = FillKeys::new(&ns, "k");
+    assert!(backend.get(&keys).await.unwrap().is_none());
+    assert!(!lease_held(&*backend, &keys).await);
+    assert!(c
+        .set(&"k".to_string(), "y".repeat(100))
+        .await
+        .unwrap_err()
+        .is_invalid_input());
+    assert!(backend.get(&keys).await.unwrap().is_none());
+}
+
 /// Instantiates every scenario as a `#[tokio::test]` with the given harness
 /// constructor and runtime flavour.
 #[macro_export]
@@ -1106,7 +1136,7 @@ macro_rules! conformance_suite {
             invalidate_fences_a_fill_in_flight, stale_while_refresh_runs_once,
             early_refresh_before_expiry, negative_caching_spares_a_failing_origin,
             absence_is_cached, fail_safe_serves_stale_and_throttles,
-            jitter_spreads_expiry, set_fences_a_fill_in_flight
+            jitter_spreads_expiry, set_fences_a_fill_in_flight, oversize_value_writes_nothing
         );
     };
     (@each $make:expr, $attr:meta, $($name:ident),* $(,)?) => {
