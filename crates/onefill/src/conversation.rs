@@ -142,6 +142,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
     /// [`Refresh`] asks the caller to run [`Flight::refresh`] after
     /// publishing the answer.
     pub(crate) async fn run(&mut self) -> (Result<Answer<V>, Error>, Option<Refresh>) {
+        self.rec().flight();
         let stored = match self.call("get", self.inner.backend.get(&self.keys)).await {
             Ok(stored) => stored,
             Err(e) => return (self.degrade(e, None).await, None),

@@ -85,6 +85,10 @@ counters! {
     circuit_rejected,
     /// Times the circuit breaker opened.
     circuit_opened,
+    /// Windows of 10 s in which at least half of this cache's flights (and
+    /// at least 20) had to wait for another process's lease: the lock is
+    /// doing the work a refresh strategy (grace, early refresh) should do.
+    contention_warnings,
 }
 
 /// Shared handle that records into both the snapshot and `metrics`.
@@ -92,6 +96,66 @@ counters! {
 pub(crate) struct Recorder {
     counters: Arc<Counters>,
     namespace: Arc<str>,
+    contention: Arc<Contention>,
+}
+
+/// The "contention approaches the request rate" guard rail: flights and
+/// waits in the current 10 s window, with lock-free counters (it sits on the
+/// hit path).
+#[derive(Debug)]
+struct Contention {
+    epoch: std::time::Instant,
+    window: AtomicU64,
+    flights: AtomicU64,
+    waits: AtomicU64,
+    warned_window: AtomicU64,
+}
+
+const CONTENTION_WINDOW: Duration = Duration::from_secs(10);
+const CONTENTION_MIN_FLIGHTS: u64 = 20;
+
+impl Contention {
+    fn new() -> Self {
+        Contention {
+            epoch: std::time::Instant::now(),
+            window: AtomicU64::new(0),
+            flights: AtomicU64::new(0),
+            waits: AtomicU64::new(0),
+            warned_window: AtomicU64::new(u64::MAX),
+        }
+    }
+
+    /// Moves to the current window, resetting the counts when it changed.
+    fn roll(&self) -> u64 {
+        let now = (self.epoch.elapsed().as_millis() / CONTENTION_WINDOW.as_millis()) as u64;
+        let seen = self.window.load(Relaxed);
+        if now != seen
+            && self
+                .window
+                .compare_exchange(seen, now, Relaxed, Relaxed)
+                .is_ok()
+        {
+            self.flights.store(0, Relaxed);
+            self.waits.store(0, Relaxed);
+        }
+        now
+    }
+
+    fn flight(&self) {
+        self.roll();
+        self.flights.fetch_add(1, Relaxed);
+    }
+
+    /// Records a wait; true the first time in a window that waits reach
+    /// half of the flights.
+    fn wait(&self) -> bool {
+        let window = self.roll();
+        let waits = self.waits.fetch_add(1, Relaxed) + 1;
+        let flights = self.flights.load(Relaxed);
+        flights >= CONTENTION_MIN_FLIGHTS
+            && waits * 2 >= flights
+            && self.warned_window.swap(window, Relaxed) != window
+    }
 }
 
 macro_rules! bump {
@@ -107,6 +171,7 @@ impl Recorder {
         Recorder {
             counters: Arc::default(),
             namespace: namespace.into(),
+            contention: Arc::new(Contention::new()),
         }
     }
     pub(crate) fn snapshot(&self) -> Stats {
@@ -149,8 +214,21 @@ impl Recorder {
     pub(crate) fn lease_extended(&self) {
         bump!(self, lease_extended)
     }
+    /// A flight starts (one backend conversation).
+    pub(crate) fn flight(&self) {
+        self.contention.flight();
+    }
     pub(crate) fn wait_started(&self) {
-        bump!(self, waits)
+        bump!(self, waits);
+        if self.contention.wait() {
+            bump!(self, contention_warnings);
+            tracing::warn!(
+                namespace = &*self.namespace,
+                "at least half of this cache's flights wait for another process's lease: \
+                 hot keys are expiring under load; consider a grace window (serve stale \
+                 while refreshing) or early refresh"
+            );
+        }
     }
     pub(crate) fn wait_finished(&self, waited: Duration, timed_out: bool) {
         if timed_out {
