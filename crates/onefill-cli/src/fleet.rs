@@ -71,15 +71,29 @@ pub fn run_command(args: &FleetArgs) -> anyhow::Result<()> {
         "starting {} worker processes ({:?}, namespace {namespace})…",
         args.processes, args.run.strategy
     ));
-    let report = run(&args.run, args.processes, &namespace)?;
+    let ticker = args
+        .run
+        .rate
+        .map(|_| Ticker::start(progress, args.run.duration_ms));
+    let report = run(&args.run, args.processes, &namespace);
+    drop(ticker);
+    let report = report?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
+        let shape = match args.run.rate {
+            Some(rate) => format!(
+                "{} processes × {rate} req/s for {} ms",
+                report.processes, args.run.duration_ms
+            ),
+            None => format!(
+                "{} processes × {} callers",
+                report.processes, report.callers_per_process
+            ),
+        };
         println!(
-            "{} processes × {} callers ({:?}): {} loads (counted in Redis), {} Redis commands, \
-             {} calls, {} errors, worst p99 {:.1} ms, max {:.1} ms",
-            report.processes,
-            report.callers_per_process,
+            "{shape} ({:?}): {} loads (counted in Redis), {} Redis commands, {} calls, \
+             {} errors, worst p99 {:.1} ms, max {:.1} ms",
             report.strategy,
             report.loads,
             report.redis_commands,
@@ -91,6 +105,46 @@ pub fn run_command(args: &FleetArgs) -> anyhow::Result<()> {
     }
     progress.say(format!("fleet done in {:.0} ms", report.wall_ms));
     Ok(())
+}
+
+/// Prints the elapsed time of a steady run every 2 s until dropped.
+struct Ticker {
+    done: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Ticker {
+    fn start(progress: Progress, duration_ms: u64) -> Ticker {
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = done.clone();
+        let thread = std::thread::spawn(move || {
+            let started = Instant::now();
+            let mut next = 2;
+            while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                std::thread::sleep(std::time::Duration::from_millis(100));
+                if started.elapsed().as_secs() >= next {
+                    progress.say(format!(
+                        "  {next} s of {:.1} s…",
+                        duration_ms as f64 / 1000.0
+                    ));
+                    next += 2;
+                }
+            }
+        });
+        Ticker {
+            done,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for Ticker {
+    fn drop(&mut self) {
+        self.done.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
 }
 
 /// A namespace no earlier run used.
