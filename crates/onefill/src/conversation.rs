@@ -364,7 +364,8 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         lease_ttl: Duration,
         stale: Option<Option<V>>,
     ) -> Result<Answer<V>, Error> {
-        let guard = HeldLease::new(self.inner.backend.clone(), self.keys.clone(), token.clone());
+        let mut guard =
+            HeldLease::new(self.inner.backend.clone(), self.keys.clone(), token.clone());
         let watchdog = Watchdog::start(
             self.inner.backend.clone(),
             self.keys.clone(),
@@ -477,7 +478,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
 
     async fn release(&self, mut lease: HeldLease, entry: Option<(&[u8], Duration)>) {
         let token = lease.token.clone();
-        lease.disarm_in_place();
+        lease.disarm();
         let _ = self
             .call(
                 "release",
@@ -747,10 +748,8 @@ impl HeldLease {
             armed: true,
         }
     }
-    fn disarm(mut self) {
-        self.armed = false;
-    }
-    fn disarm_in_place(&mut self) {
+    /// The lease was filled or released explicitly: nothing to do on drop.
+    fn disarm(&mut self) {
         self.armed = false;
     }
 }
