@@ -1,4 +1,6 @@
-//! The public face: [`Cache`] and its [`CacheBuilder`].
+//! The public face: [`Cache`]. It validates input, joins the key's flight
+//! (or spawns one), and awaits the answer; the protocol itself lives in
+//! `flight.rs` and the modules it uses.
 
 use std::fmt::{self, Display};
 use std::future::Future;
@@ -6,23 +8,17 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::de::DeserializeOwned;
-use serde::Serialize;
-
-use crate::backend::memory::MemoryBackend;
-use crate::backend::Backend;
-use crate::circuit::{Breaker, CircuitBreaker, CircuitState};
-use crate::codec::{Codec, JsonCodec};
-use crate::conversation::{self, Flight, Inner, Load, Outcome};
-use crate::error::{ConfigError, Error, LoaderError};
-use crate::fallback::Fallback;
-use crate::flight::Joined;
+use crate::builder::CacheBuilder;
+use crate::circuit::CircuitState;
+use crate::coalesce::Joined;
+use crate::error::{BackendError, Error, LoaderError};
+use crate::flight::{Flight, Outcome};
 use crate::freshness;
 use crate::key::{self, FillKeys};
-use crate::lease::LeaseTtl;
+use crate::loader::Load;
 use crate::options::{CallOptions, Policy};
-use crate::stats::{Recorder, Stats};
-use crate::wait::WaitPolicy;
+use crate::shared::Shared;
+use crate::stats::Stats;
 
 /// A value and how the call got it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -63,14 +59,20 @@ pub struct Fetched<V> {
 /// # Ok(()) }
 /// ```
 pub struct Cache<K, V> {
-    inner: Arc<Inner<V>>,
+    shared: Arc<Shared<V>>,
     _key: PhantomData<fn(K)>,
 }
 
 impl<K, V> Clone for Cache<K, V> {
     fn clone(&self) -> Self {
+        Cache::from_shared(self.shared.clone())
+    }
+}
+
+impl<K, V> Cache<K, V> {
+    pub(crate) fn from_shared(shared: Arc<Shared<V>>) -> Self {
         Cache {
-            inner: self.inner.clone(),
+            shared,
             _key: PhantomData,
         }
     }
@@ -79,9 +81,9 @@ impl<K, V> Clone for Cache<K, V> {
 impl<K, V> fmt::Debug for Cache<K, V> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Cache")
-            .field("namespace", &self.inner.namespace)
-            .field("backend", &self.inner.backend)
-            .field("policy", &self.inner.policy)
+            .field("namespace", &self.shared.namespace)
+            .field("backend", &self.shared.backend)
+            .field("policy", &self.shared.policy)
             .finish()
     }
 }
@@ -286,26 +288,18 @@ where
         load: Load<V>,
     ) -> Result<Fetched<Option<V>>, Error> {
         let (key, policy) = self.prepare(key, options)?;
-        let (waiter, coalesced) = match self.inner.flights.join(&key) {
-            Joined::Follower(waiter) => {
-                self.inner.recorder.coalesced();
-                (waiter, true)
+        let (awaiter, coalesced) = match self.shared.flights.join(&key) {
+            Joined::Follower(awaiter) => {
+                self.shared.recorder.coalesced();
+                (awaiter, true)
             }
-            Joined::Leader(completion, waiter) => {
-                let keys = FillKeys::new(&self.inner.namespace, &key);
-                let mut flight = Flight::new(self.inner.clone(), keys, policy, load);
-                tokio::spawn(async move {
-                    let (answer, refresh) = flight.run().await;
-                    flight.remember(&answer);
-                    completion.complete(answer);
-                    if let Some(why) = refresh {
-                        flight.refresh(why).await;
-                    }
-                });
-                (waiter, false)
+            Joined::Leader(completion, awaiter) => {
+                let keys = FillKeys::new(&self.shared.namespace, &key);
+                Flight::spawn(self.shared.clone(), keys, policy, load, completion);
+                (awaiter, false)
             }
         };
-        let (value, outcome) = waiter.outcome().await?;
+        let (value, outcome) = awaiter.outcome().await?;
         Ok(Fetched {
             value,
             outcome,
@@ -315,26 +309,31 @@ where
 
     fn prepare(&self, key: &K, options: &CallOptions) -> Result<(String, Policy), Error> {
         let key = self.validated(key)?;
-        let policy = self.inner.policy.with(options)?;
+        let policy = self
+            .shared
+            .policy
+            .with(options)
+            .map_err(crate::InputError::from)?;
         Ok((key, policy))
     }
 
     fn validated(&self, key: &K) -> Result<String, Error> {
         let key = key.to_string();
-        key::validate_key(&key, self.inner.policy.max_key_bytes)?;
+        key::validate_key(&key, self.shared.policy.max_key_bytes)?;
         Ok(key)
     }
 
     fn keys(&self, key: &K) -> Result<FillKeys, Error> {
-        Ok(FillKeys::new(&self.inner.namespace, &self.validated(key)?))
+        Ok(FillKeys::new(&self.shared.namespace, &self.validated(key)?))
     }
 
     async fn call<T>(
         &self,
         op: &'static str,
-        fut: impl Future<Output = Result<T, crate::BackendError>>,
+        fut: impl Future<Output = Result<T, BackendError>>,
     ) -> Result<T, Error> {
-        conversation::call_backend(&self.inner, self.inner.policy.backend_timeout, op, fut)
+        self.shared
+            .call(self.shared.policy.backend_timeout, op, fut)
             .await
             .map_err(Error::Backend)
     }
@@ -349,9 +348,9 @@ where
     /// backend fails.
     pub async fn get(&self, key: &K) -> Result<Option<V>, Error> {
         let keys = self.keys(key)?;
-        let stored = self.call("get", self.inner.backend.get(&keys)).await?;
+        let stored = self.call("get", self.shared.backend.get(&keys)).await?;
         Ok(stored
-            .and_then(|s| conversation::stored_value(&self.inner, &s, keys.value()))
+            .and_then(|s| self.shared.value_of(&s, Some(keys.value())))
             .flatten())
     }
 
@@ -365,14 +364,14 @@ where
     /// (nothing is written); [`Error::Encode`]; [`Error::Backend`].
     pub async fn set(&self, key: &K, value: V) -> Result<(), Error> {
         let keys = self.keys(key)?;
-        let policy = &self.inner.policy;
+        let policy = &self.shared.policy;
         let value = Some(value);
-        let bytes = conversation::encode_value(&self.inner, policy, &value, Duration::ZERO)?;
+        let bytes = self.shared.encode(policy, &value, Duration::ZERO)?;
         let ttl = freshness::written_ttl(policy.ttl, policy.jitter, policy.grace);
-        self.call("set", self.inner.backend.set(&keys, &bytes, ttl))
+        self.call("set", self.shared.backend.set(&keys, &bytes, ttl))
             .await?;
         // The outage fallback must not answer with what this write replaced.
-        self.inner
+        self.shared
             .fallback
             .record(keys.value(), &value, policy.ttl + policy.grace);
         Ok(())
@@ -387,232 +386,23 @@ where
     /// [`Error::InvalidInput`] for a bad key; [`Error::Backend`].
     pub async fn invalidate(&self, key: &K) -> Result<(), Error> {
         let keys = self.keys(key)?;
-        self.inner.fallback.forget(keys.value());
-        self.call("invalidate", self.inner.backend.invalidate(&keys))
+        self.shared.fallback.forget(keys.value());
+        self.call("invalidate", self.shared.backend.invalidate(&keys))
             .await
     }
 
     /// A snapshot of this cache's counters.
     pub fn stats(&self) -> Stats {
-        self.inner.recorder.snapshot()
+        self.shared.recorder.snapshot()
     }
 
     /// The circuit breaker's current state.
     pub fn circuit_state(&self) -> CircuitState {
-        self.inner.breaker.state()
+        self.shared.breaker.state()
     }
 
     /// This cache's namespace.
     pub fn namespace(&self) -> &str {
-        &self.inner.namespace
-    }
-}
-
-/// Builds a [`Cache`]. Every option has a default; [`build`](CacheBuilder::build)
-/// validates them all.
-///
-/// | option | default |
-/// | --- | --- |
-/// | namespace | `onefill` |
-/// | backend | a new [`MemoryBackend`] |
-/// | codec | [`JsonCodec`] |
-/// | ttl | 60 s |
-/// | grace (stale-while-refresh window) | 0 (off) |
-/// | jitter | ±10 % |
-/// | early refresh `beta` (XFetch) | 1.0 |
-/// | lease TTL | adaptive: 3 × p99 load time within [1 s, 30 s] |
-/// | max load time | 30 s |
-/// | wait | deadline 10 s, polls 20 ms → 500 ms, then stale or one degraded load |
-/// | backend timeout | 1 s |
-/// | negative TTL | none |
-/// | fail-safe | on, throttle 5 s |
-/// | strict | off |
-/// | max value / key size | 8 MiB / 1 KiB |
-/// | circuit breaker | open after 5 consecutive failures, for 2 s |
-/// | outage fallback | last values of 10,000 keys, each for `ttl + grace` |
-pub struct CacheBuilder<K, V> {
-    namespace: String,
-    backend: Option<Arc<dyn Backend>>,
-    codec: Option<Arc<dyn Codec<V>>>,
-    policy: Policy,
-    _key: PhantomData<fn(K)>,
-}
-
-impl<K, V> fmt::Debug for CacheBuilder<K, V> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("CacheBuilder")
-            .field("namespace", &self.namespace)
-            .field("policy", &self.policy)
-            .finish()
-    }
-}
-
-impl<K, V> Default for CacheBuilder<K, V> {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl<K, V> CacheBuilder<K, V> {
-    /// The defaults; see the table above.
-    pub fn new() -> Self {
-        CacheBuilder {
-            namespace: "onefill".to_owned(),
-            backend: None,
-            codec: None,
-            policy: Policy::default(),
-            _key: PhantomData,
-        }
-    }
-    /// The key prefix; must not be empty nor contain `{` or `}`.
-    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
-        self.namespace = namespace.into();
-        self
-    }
-    /// Where values and leases live.
-    pub fn backend(mut self, backend: impl Backend) -> Self {
-        self.backend = Some(Arc::new(backend));
-        self
-    }
-    /// A backend already shared behind an `Arc`.
-    pub fn shared_backend(mut self, backend: Arc<dyn Backend>) -> Self {
-        self.backend = Some(backend);
-        self
-    }
-    /// The value codec.
-    pub fn codec(mut self, codec: impl Codec<V>) -> Self {
-        self.codec = Some(Arc::new(codec));
-        self
-    }
-    /// How long a value stays fresh (1 ms to 1 year).
-    pub fn ttl(mut self, ttl: Duration) -> Self {
-        self.policy.ttl = ttl;
-        self
-    }
-    /// How long after `ttl` a value is still served (stale) while one
-    /// background refresh runs fleet-wide; also the window in which fail-safe
-    /// can serve it when the loader fails.
-    pub fn grace(mut self, grace: Duration) -> Self {
-        self.policy.grace = grace;
-        self
-    }
-    /// The ± fraction applied to every TTL written (0 to 0.5).
-    pub fn jitter(mut self, fraction: f64) -> Self {
-        self.policy.jitter = fraction;
-        self
-    }
-    /// XFetch's `beta`: 1.0 is the paper's optimum, larger refreshes earlier,
-    /// 0 turns early refresh off. Early refresh applies to caches without a
-    /// grace window: with one, the first stale read already refreshes in the
-    /// background without making anyone wait, and early refreshes would only
-    /// add loads.
-    pub fn early_refresh_beta(mut self, beta: f64) -> Self {
-        self.policy.beta = beta;
-        self
-    }
-    /// The lease TTL policy.
-    pub fn lease_ttl(mut self, lease: LeaseTtl) -> Self {
-        self.policy.lease = Some(lease);
-        self
-    }
-    /// No distributed lease (in-process coalescing only).
-    pub fn no_lease(mut self) -> Self {
-        self.policy.lease = None;
-        self
-    }
-    /// The longest a loader may run; then it is aborted and its lease released.
-    pub fn max_load_time(mut self, max: Duration) -> Self {
-        self.policy.max_load_time = max;
-        self
-    }
-    /// How losers of the lease race wait.
-    pub fn wait(mut self, wait: WaitPolicy) -> Self {
-        self.policy.wait = wait;
-        self
-    }
-    /// The bound on every backend call.
-    pub fn backend_timeout(mut self, timeout: Duration) -> Self {
-        self.policy.backend_timeout = timeout;
-        self
-    }
-    /// Remember loader failures for this long, so a failing origin is not
-    /// called by every successive winner.
-    pub fn negative_ttl(mut self, ttl: Duration) -> Self {
-        self.policy.negative_ttl = Some(ttl);
-        self
-    }
-    /// Serve the stale value when the loader fails (default on).
-    pub fn fail_safe(mut self, on: bool) -> Self {
-        self.policy.fail_safe = on;
-        self
-    }
-    /// After a fail-safe answer, the stale value is stored as fresh for this
-    /// long, so the failing origin is not retried at once.
-    pub fn fail_safe_throttle(mut self, throttle: Duration) -> Self {
-        self.policy.fail_safe_throttle = throttle;
-        self
-    }
-    /// Surface backend errors to callers instead of degrading.
-    pub fn strict(mut self, on: bool) -> Self {
-        self.policy.strict = on;
-        self
-    }
-    /// The largest encoded value accepted (bytes).
-    pub fn max_value_bytes(mut self, max: usize) -> Self {
-        self.policy.max_value_bytes = max;
-        self
-    }
-    /// The longest key accepted (bytes of its string form).
-    pub fn max_key_bytes(mut self, max: usize) -> Self {
-        self.policy.max_key_bytes = max;
-        self
-    }
-    /// How many keys' last values this process keeps to answer during a
-    /// backend outage (each for `ttl + grace` after it was seen); 0 turns it
-    /// off. Healthy reads never use it.
-    pub fn outage_fallback_capacity(mut self, keys: usize) -> Self {
-        self.policy.fallback_capacity = keys;
-        self
-    }
-    /// The circuit breaker in front of the backend.
-    pub fn circuit_breaker(mut self, breaker: CircuitBreaker) -> Self {
-        self.policy.circuit = breaker;
-        self
-    }
-}
-
-impl<K, V> CacheBuilder<K, V>
-where
-    V: Serialize + DeserializeOwned + Send + Sync + 'static,
-{
-    /// Validates the options and builds the cache.
-    ///
-    /// # Errors
-    ///
-    /// [`ConfigError`] naming the first invalid option: an empty namespace or
-    /// one with `{`/`}`, a zero or absurd TTL, a jitter outside [0, 0.5], …
-    pub fn build(self) -> Result<Cache<K, V>, ConfigError> {
-        key::validate_namespace(&self.namespace)?;
-        self.policy.validate()?;
-        let backend = self
-            .backend
-            .unwrap_or_else(|| Arc::new(MemoryBackend::new()));
-        let codec = self.codec.unwrap_or_else(|| Arc::new(JsonCodec));
-        let inner = Inner {
-            recorder: Recorder::new(&self.namespace),
-            breaker: Breaker::new(self.policy.circuit),
-            fallback: Fallback::new(self.policy.fallback_capacity),
-            namespace: self.namespace,
-            backend,
-            codec,
-            policy: self.policy,
-            load_times: Default::default(),
-            flights: Default::default(),
-            refreshing: Default::default(),
-        };
-        Ok(Cache {
-            inner: Arc::new(inner),
-            _key: PhantomData,
-        })
+        &self.shared.namespace
     }
 }

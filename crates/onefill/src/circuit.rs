@@ -2,12 +2,12 @@
 //! opens and calls skip the backend (callers are served from the flight and
 //! stale values), then one probe is let through; a success closes it.
 
-use std::sync::Mutex;
 use std::time::Duration;
 
+use parking_lot::Mutex;
 use tokio::time::Instant;
 
-use crate::error::InputError;
+use crate::error::InvalidOption;
 
 /// When the circuit breaker opens and how long it stays open.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,11 +42,11 @@ impl CircuitBreaker {
     pub fn disabled() -> Self {
         CircuitBreaker::new(0, Duration::from_secs(1))
     }
-    pub(crate) fn validate(&self) -> Result<(), InputError> {
+    pub(crate) fn validate(&self) -> Result<(), InvalidOption> {
         if self.failure_threshold > 0
             && (self.open_for.is_zero() || self.open_for > Duration::from_secs(3600))
         {
-            return Err(InputError::option(
+            return Err(InvalidOption::new(
                 "circuit_breaker.open_for",
                 format!("must be within (0, 1h], got {:?}", self.open_for),
             ));
@@ -100,8 +100,8 @@ impl Breaker {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, BreakerState> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> parking_lot::MutexGuard<'_, BreakerState> {
+        self.state.lock()
     }
 
     pub(crate) fn admit(&self) -> Admit {

@@ -3,17 +3,28 @@
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use crate::error::CodecError;
+
 /// Turns values into bytes and back. Implemented for every serde type by
 /// [`JsonCodec`] (the default) and, with the `postcard` feature, by
-/// [`PostcardCodec`].
+/// `PostcardCodec`.
 ///
 /// A decode failure is never an error to the caller: the stored value is
 /// treated as a miss, counted, and overwritten by the next fill.
 pub trait Codec<V>: Send + Sync + 'static {
-    /// Encodes a value; the error is a human-readable reason.
-    fn encode(&self, value: &V) -> Result<Vec<u8>, String>;
-    /// Decodes a value; the error is a human-readable reason.
-    fn decode(&self, bytes: &[u8]) -> Result<V, String>;
+    /// Encodes a value.
+    ///
+    /// # Errors
+    ///
+    /// The codec's own error, wrapped (the caller gets
+    /// [`Error::Encode`](crate::Error::Encode); nothing is written).
+    fn encode(&self, value: &V) -> Result<Vec<u8>, CodecError>;
+    /// Decodes a value.
+    ///
+    /// # Errors
+    ///
+    /// The codec's own error, wrapped (the stored value counts as a miss).
+    fn decode(&self, bytes: &[u8]) -> Result<V, CodecError>;
 }
 
 /// JSON through `serde_json`: readable in `redis-cli`, the default.
@@ -21,26 +32,27 @@ pub trait Codec<V>: Send + Sync + 'static {
 pub struct JsonCodec;
 
 impl<V: Serialize + DeserializeOwned> Codec<V> for JsonCodec {
-    fn encode(&self, value: &V) -> Result<Vec<u8>, String> {
-        serde_json::to_vec(value).map_err(|e| e.to_string())
+    fn encode(&self, value: &V) -> Result<Vec<u8>, CodecError> {
+        serde_json::to_vec(value).map_err(CodecError::new)
     }
-    fn decode(&self, bytes: &[u8]) -> Result<V, String> {
-        serde_json::from_slice(bytes).map_err(|e| e.to_string())
+    fn decode(&self, bytes: &[u8]) -> Result<V, CodecError> {
+        serde_json::from_slice(bytes).map_err(CodecError::new)
     }
 }
 
 /// Compact binary through `postcard` (feature `postcard`).
 #[cfg(feature = "postcard")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postcard")))]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct PostcardCodec;
 
 #[cfg(feature = "postcard")]
 impl<V: Serialize + DeserializeOwned> Codec<V> for PostcardCodec {
-    fn encode(&self, value: &V) -> Result<Vec<u8>, String> {
-        postcard::to_stdvec(value).map_err(|e| e.to_string())
+    fn encode(&self, value: &V) -> Result<Vec<u8>, CodecError> {
+        postcard::to_stdvec(value).map_err(CodecError::new)
     }
-    fn decode(&self, bytes: &[u8]) -> Result<V, String> {
-        postcard::from_bytes(bytes).map_err(|e| e.to_string())
+    fn decode(&self, bytes: &[u8]) -> Result<V, CodecError> {
+        postcard::from_bytes(bytes).map_err(CodecError::new)
     }
 }
 
@@ -55,7 +67,11 @@ mod tests {
             Codec::<Vec<u32>>::decode(&JsonCodec, &bytes).unwrap(),
             vec![1, 2]
         );
-        assert!(Codec::<Vec<u32>>::decode(&JsonCodec, b"\xff").is_err());
+        let err = Codec::<Vec<u32>>::decode(&JsonCodec, b"\xff").unwrap_err();
+        assert!(
+            err.get_ref().downcast_ref::<serde_json::Error>().is_some(),
+            "the codec's own error is kept: {err:?}"
+        );
     }
 
     #[cfg(feature = "postcard")]

@@ -42,7 +42,7 @@ pub enum Error {
     InvalidInput(#[from] InputError),
     /// The value could not be encoded by the codec; nothing was written.
     #[error("could not encode the value: {0}")]
-    Encode(String),
+    Encode(#[source] CodecError),
     /// A recent [`get_or_load_optional`](crate::Cache::get_or_load_optional)
     /// found nothing and cached the key's absence.
     #[error("the key's absence is cached")]
@@ -155,20 +155,15 @@ pub enum InputError {
     },
 }
 
-impl InputError {
-    pub(crate) fn option(option: &'static str, reason: impl Into<String>) -> Self {
-        InputError::Option {
-            option,
-            reason: reason.into(),
-        }
-    }
-}
-
 /// Building a [`Cache`](crate::Cache) failed: an option or the namespace is invalid.
+///
+/// Only options can be wrong at build time (keys and values are checked per
+/// call, as [`InputError`]), so this type has no key or value variants.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum ConfigError {
-    /// The namespace is empty or contains `{`, `}` (reserved for hash tags) or `:`-free junk.
+    /// The namespace is empty, too long, or contains `{` or `}` (reserved
+    /// for the Redis Cluster hash tag).
     #[error("invalid namespace {namespace:?}: {reason}")]
     Namespace {
         /// The rejected namespace.
@@ -176,9 +171,80 @@ pub enum ConfigError {
         /// Why it was rejected.
         reason: &'static str,
     },
-    /// An option is out of range.
-    #[error(transparent)]
-    Invalid(#[from] InputError),
+    /// An option is out of its accepted range.
+    #[error("option `{option}` {reason}")]
+    Option {
+        /// The option's name (as its builder method is named).
+        option: &'static str,
+        /// Why it was rejected.
+        reason: String,
+    },
+}
+
+/// An option out of range, before it is known whether it was given to the
+/// builder ([`ConfigError`]) or for one call ([`InputError`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct InvalidOption {
+    pub option: &'static str,
+    pub reason: String,
+}
+
+impl InvalidOption {
+    pub(crate) fn new(option: &'static str, reason: impl Into<String>) -> Self {
+        InvalidOption {
+            option,
+            reason: reason.into(),
+        }
+    }
+}
+
+impl From<InvalidOption> for ConfigError {
+    fn from(e: InvalidOption) -> Self {
+        ConfigError::Option {
+            option: e.option,
+            reason: e.reason,
+        }
+    }
+}
+
+impl From<InvalidOption> for InputError {
+    fn from(e: InvalidOption) -> Self {
+        InputError::Option {
+            option: e.option,
+            reason: e.reason,
+        }
+    }
+}
+
+/// A codec could not encode or decode a value.
+///
+/// Transparent over the codec's own error: it displays as that error and
+/// [`get_ref`](CodecError::get_ref) gives it back.
+#[derive(Clone, thiserror::Error)]
+#[error(transparent)]
+pub struct CodecError(Arc<dyn std::error::Error + Send + Sync>);
+
+impl CodecError {
+    /// Wraps a codec's error.
+    pub fn new<E: std::error::Error + Send + Sync + 'static>(error: E) -> Self {
+        CodecError(Arc::new(error))
+    }
+    /// A codec error from a message, for codecs whose failures are text.
+    pub fn msg(message: impl fmt::Display) -> Self {
+        CodecError(Arc::from(Box::<dyn std::error::Error + Send + Sync>::from(
+            message.to_string(),
+        )))
+    }
+    /// The codec's own error.
+    pub fn get_ref(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+        &*self.0
+    }
+}
+
+impl fmt::Debug for CodecError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&*self.0, f)
+    }
 }
 
 /// The kind of a [`BackendError`], for failure policies.

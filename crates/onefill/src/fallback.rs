@@ -8,9 +8,9 @@
 //! bounded by a capacity and recorded once per flight, not per caller.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
 use std::time::Duration;
 
+use parking_lot::Mutex;
 use tokio::time::Instant;
 
 #[derive(Debug)]
@@ -40,7 +40,7 @@ impl<V: Clone> Fallback<V> {
             return;
         }
         let now = Instant::now();
-        let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        let mut entries = self.entries.lock();
         if entries.len() >= self.capacity && !entries.contains_key(key) {
             entries.retain(|_, e| e.usable_until > now);
             if entries.len() >= self.capacity {
@@ -64,7 +64,7 @@ impl<V: Clone> Fallback<V> {
     }
 
     pub(crate) fn get(&self, key: &str) -> Option<Option<V>> {
-        let entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        let entries = self.entries.lock();
         entries
             .get(key)
             .filter(|e| e.usable_until > Instant::now())
@@ -72,10 +72,7 @@ impl<V: Clone> Fallback<V> {
     }
 
     pub(crate) fn forget(&self, key: &str) {
-        self.entries
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(key);
+        self.entries.lock().remove(key);
     }
 }
 

@@ -1,186 +1,496 @@
-//! In-process single-flight: per key, one task per process talks to the
-//! backend and every other local caller shares its outcome.
+//! One flight: a key's backend conversation in this process, from the first
+//! read to the answer every local caller shares, then any refresh.
 //!
-//! The map lookup and insert happen under one mutex, so exactly one caller
-//! becomes the leader however many arrive together. The leader does not run
-//! the flight itself: it spawns it, so dropping any caller (the leader
-//! included) neither cancels the load nor strands the others (the trap of
-//! moka#240 and of several single-flight crates).
+//! [`Flight::spawn`] is the only way in: the flight runs in a task of its
+//! own, so no caller's cancellation can stop it, and owns its whole
+//! lifecycle: run the protocol, remember the answer for outages, complete
+//! the callers, refresh in the background if asked.
+//!
+//! ```text
+//! GET+PTTL ── fresh ──────────────────────────────► Hit (maybe refresh early)
+//!    │ stale (in grace) ──────────────────────────► Stale + background refresh
+//!    ▼ miss
+//! acquire ── fresh (someone just filled) ─────────► Hit
+//!    │ won ── load (watchdog) ── fill (fenced) ───► Loaded
+//!    ▼ held
+//! subscribe, re-check with acquire on every notification or poll tick
+//!    │ fresh ─────────────────────────────────────► Waited
+//!    │ won (holder died or failed) ── load ───────► Loaded
+//!    ▼ deadline
+//! OnWaitTimeout: stale / one degraded load / error
+//! ```
+//!
+//! A backend failure at any step degrades (stale, else a load without the
+//! lease, at most one per process per key thanks to the coalescer) unless
+//! the policy is strict.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::time::Duration;
 
-use tokio::sync::watch;
+use parking_lot::Mutex;
 
-use crate::error::Error;
+use crate::backend::Stored;
+use crate::coalesce::Completion;
+use crate::envelope::{self, Kind};
+use crate::error::{BackendError, Error};
+use crate::freshness;
+use crate::key::FillKeys;
+use crate::lease::{Acquisition, Lease, LeaseTtl};
+use crate::loader::{self, Load};
+use crate::options::Policy;
+use crate::shared::{Read, Shared};
+use crate::stats::Recorder;
+use crate::wait::{AtDeadline, Next, Wait};
 
-type Slot<T> = Option<Result<T, Error>>;
-type Map<T> = Arc<Mutex<HashMap<String, (u64, watch::Receiver<Slot<T>>)>>>;
+/// What a flight hands every caller on success.
+pub(crate) type Answer<V> = (Option<V>, Outcome);
 
-/// The map of flights under way in one [`Cache`](crate::Cache).
-#[derive(Debug)]
-pub(crate) struct Flights<T> {
-    map: Map<T>,
-    next_id: AtomicU64,
+/// How a call was answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Outcome {
+    /// A fresh value was already stored.
+    Hit,
+    /// A stale value was served: within the grace window (a refresh runs in
+    /// the background), after a failed load (fail-safe), or while the backend
+    /// was failing.
+    Stale,
+    /// This process ran the loader under the lease and stored the result.
+    Loaded,
+    /// Another process loaded; this one waited for its fill.
+    Waited,
+    /// The loader ran without a lease: the wait deadline passed or the
+    /// backend failed. The result was not stored.
+    Degraded,
 }
 
-impl<T> Default for Flights<T> {
-    fn default() -> Self {
-        Flights {
-            map: Arc::default(),
-            next_id: AtomicU64::new(0),
-        }
-    }
+/// Why a background refresh runs (for the counters).
+#[derive(Debug, Clone, Copy)]
+enum Refresh {
+    /// Served stale in the grace window.
+    Stale,
+    /// XFetch drew an early refresh; the window is handed to `acquire`.
+    Early(Duration),
 }
 
-/// The caller's role in a flight.
-pub(crate) enum Joined<T> {
-    /// This caller started the flight: it must hand `Completion` to the task
-    /// that runs it.
-    Leader(Completion<T>, Waiter<T>),
-    /// A flight for the key was already under way.
-    Follower(Waiter<T>),
+/// One flight: a key, its policy and its (not yet run) loader.
+pub(crate) struct Flight<V> {
+    shared: Arc<Shared<V>>,
+    keys: FillKeys,
+    policy: Policy,
+    /// Taken by the one load this flight may run. In a mutex only to make
+    /// the flight `Sync` (its methods hold `&self` across awaits inside a
+    /// spawned task), since the caller's loader need not be.
+    load: Mutex<Option<Load<V>>>,
 }
 
-/// Publishes the flight's outcome once. Dropped without publishing, it still
-/// removes the flight and the waiters get [`Error::FlightAbandoned`].
-pub(crate) struct Completion<T> {
-    map: Map<T>,
-    key: String,
-    id: u64,
-    tx: watch::Sender<Slot<T>>,
-}
-
-/// Awaits a flight's outcome.
-pub(crate) struct Waiter<T> {
-    rx: watch::Receiver<Slot<T>>,
-}
-
-impl<T: Clone> Flights<T> {
-    pub(crate) fn join(&self, key: &str) -> Joined<T> {
-        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((_, rx)) = map.get(key) {
-            return Joined::Follower(Waiter { rx: rx.clone() });
-        }
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = watch::channel(None);
-        map.insert(key.to_owned(), (id, rx.clone()));
-        Joined::Leader(
-            Completion {
-                map: self.map.clone(),
-                key: key.to_owned(),
-                id,
-                tx,
-            },
-            Waiter { rx },
-        )
-    }
-
-    /// Flights under way.
-    #[cfg(test)]
-    pub(crate) fn len(&self) -> usize {
-        self.map.lock().unwrap_or_else(|p| p.into_inner()).len()
-    }
-}
-
-impl<T> Completion<T> {
-    /// Removes the flight from the map, then publishes the outcome. In that
-    /// order: a caller that arrives once the outcome is visible must start a
-    /// new flight (and read the backend), never pick up a finished answer;
-    /// otherwise a call made right after an `invalidate` or `set` could get
-    /// an answer from before it. Regression test: `flight::tests::
-    /// a_caller_after_completion_starts_a_new_flight`.
-    pub(crate) fn complete(self, outcome: Result<T, Error>) {
-        self.remove();
-        self.tx.send_replace(Some(outcome));
-    }
-
-    fn remove(&self) {
-        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
-        if map
-            .get(&self.key)
-            .is_some_and(|(current, _)| *current == self.id)
-        {
-            map.remove(&self.key);
-        }
-    }
-}
-
-impl<T> Drop for Completion<T> {
-    fn drop(&mut self) {
-        self.remove();
-    }
-}
-
-impl<T: Clone> Waiter<T> {
-    pub(crate) async fn outcome(mut self) -> Result<T, Error> {
-        match self.rx.wait_for(Option::is_some).await {
-            Ok(slot) => slot.clone().unwrap_or(Err(Error::FlightAbandoned)),
-            Err(_) => Err(Error::FlightAbandoned),
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[tokio::test]
-    async fn one_leader_and_shared_outcome() {
-        let flights = Flights::<u32>::default();
-        let Joined::Leader(done, w1) = flights.join("k") else {
-            panic!("first caller leads")
+impl<V: Clone + Send + Sync + 'static> Flight<V> {
+    /// Starts the flight for `keys` in a task of its own; `completion`
+    /// answers every caller that joined it.
+    pub(crate) fn spawn(
+        shared: Arc<Shared<V>>,
+        keys: FillKeys,
+        policy: Policy,
+        load: Load<V>,
+        completion: Completion<Answer<V>>,
+    ) {
+        let mut flight = Flight {
+            shared,
+            keys,
+            policy,
+            load: Mutex::new(Some(load)),
         };
-        let Joined::Follower(w2) = flights.join("k") else {
-            panic!("second caller follows")
-        };
-        assert_eq!(flights.len(), 1);
-        done.complete(Ok(7));
-        assert_eq!(flights.len(), 0);
-        assert_eq!(w1.outcome().await.unwrap(), 7);
-        assert_eq!(w2.outcome().await.unwrap(), 7);
-        assert!(
-            matches!(flights.join("k"), Joined::Leader(..)),
-            "a new flight after completion"
-        );
+        tokio::spawn(async move {
+            let (answer, refresh) = flight.run().await;
+            flight.remember(&answer);
+            completion.complete(answer);
+            if let Some(why) = refresh {
+                flight.refresh(why).await;
+            }
+        });
     }
 
-    /// Regression: the outcome used to be published before the flight left
-    /// the map, so a caller arriving in between (on another worker thread)
-    /// joined a finished flight and got a stale answer (seen as a flaky
-    /// "expected Hit, got Loaded" on real Redis). A thread that sees the
-    /// outcome must always find the flight gone.
-    #[test]
-    fn a_caller_after_completion_starts_a_new_flight() {
-        let flights = Arc::new(Flights::<u32>::default());
-        for _ in 0..2_000 {
-            let Joined::Leader(done, waiter) = flights.join("k") else {
-                panic!("previous flight still registered")
+    fn rec(&self) -> &Recorder {
+        &self.shared.recorder
+    }
+
+    /// Runs the conversation up to the callers' answer, and says whether a
+    /// background refresh should follow it.
+    async fn run(&mut self) -> (Result<Answer<V>, Error>, Option<Refresh>) {
+        self.rec().flight();
+        let stored = match self.call("get", self.shared.backend.get(&self.keys)).await {
+            Ok(stored) => stored,
+            Err(e) => return (self.degrade(e, None).await, None),
+        };
+        let mut unreadable = false;
+        if let Some(stored) = stored {
+            match self.read(&stored) {
+                Read::Value {
+                    value,
+                    fresh_for,
+                    delta,
+                } if !fresh_for.is_zero() => {
+                    self.rec().hit();
+                    // XFetch and the grace window answer the same question
+                    // (who pays for the refresh at expiry); with a grace
+                    // window the first stale read refreshes in the
+                    // background, so early refresh would only add loads.
+                    let early = if self.policy.grace.is_zero() {
+                        freshness::early_refresh(fresh_for, delta, self.policy.early_refresh_beta)
+                    } else {
+                        None
+                    };
+                    return (Ok((value, Outcome::Hit)), early.map(Refresh::Early));
+                }
+                Read::Value { value, .. } => {
+                    self.rec().stale_served();
+                    return (Ok((value, Outcome::Stale)), Some(Refresh::Stale));
+                }
+                Read::Failure {
+                    message,
+                    fresh: true,
+                } => {
+                    self.rec().negative_hit();
+                    return (Err(Error::CachedFailure(message)), None);
+                }
+                Read::Failure { fresh: false, .. } => {}
+                Read::Unreadable => unreadable = true,
+            }
+        }
+        self.rec().miss();
+        let answer = match self.policy.lease_ttl {
+            Some(lease) => self.lease_or_wait(lease, unreadable).await,
+            None => self.load_unleased(true).await,
+        };
+        (answer, None)
+    }
+
+    /// The miss path: take the lease and load, or wait for whoever has it.
+    async fn lease_or_wait(
+        &mut self,
+        lease: LeaseTtl,
+        mut unreadable: bool,
+    ) -> Result<Answer<V>, Error> {
+        let mut waiting: Option<Wait> = None;
+        let mut stale: Option<Option<V>> = None;
+        loop {
+            let lease_ttl = lease.ttl(&self.shared.load_times);
+            // A value that is fresh on the server but unreadable here (another
+            // type or version) must not block the lease: ask for it regardless.
+            let window = if unreadable {
+                Duration::MAX
+            } else {
+                Duration::ZERO
             };
-            let observer = {
-                let flights = flights.clone();
-                let rx = waiter.rx.clone();
-                std::thread::spawn(move || {
-                    while rx.borrow().is_none() {
-                        std::hint::spin_loop();
+            let acquired = Lease::acquire(
+                &self.shared,
+                &self.keys,
+                lease_ttl,
+                window,
+                self.policy.backend_timeout,
+            )
+            .await;
+            let (held_stale, holder_ttl) = match acquired {
+                Err(e) => {
+                    self.finish_wait(waiting, false);
+                    return self.degrade(e, stale).await;
+                }
+                Ok(Acquisition::Fresh(stored)) => match self.read(&stored) {
+                    Read::Value { value, .. } => {
+                        let outcome = if waiting.is_some() {
+                            Outcome::Waited
+                        } else {
+                            Outcome::Hit
+                        };
+                        self.finish_wait(waiting, false);
+                        return Ok((value, outcome));
                     }
-                    matches!(flights.join("k"), Joined::Leader(..))
-                })
+                    Read::Failure { message, .. } => {
+                        self.finish_wait(waiting, false);
+                        self.rec().negative_hit();
+                        return Err(Error::CachedFailure(message));
+                    }
+                    Read::Unreadable => {
+                        unreadable = true;
+                        continue;
+                    }
+                },
+                Ok(Acquisition::Won {
+                    lease,
+                    stale: won_stale,
+                }) => {
+                    self.finish_wait(waiting, false);
+                    let stale = self.stale_value(won_stale).or(stale);
+                    return self.load_leased(lease, stale).await;
+                }
+                Ok(Acquisition::Held { stale, lease_ttl }) => (stale, lease_ttl),
             };
-            done.complete(Ok(1));
-            assert!(observer.join().unwrap(), "joined a finished flight");
+            self.rec().lease_contended();
+            if let Some(value) = self.stale_value(held_stale) {
+                stale = Some(value);
+            }
+            let Some(wait) = waiting.as_mut() else {
+                // First contention: serve stale if there is one (the holder is
+                // refreshing it), else subscribe and re-check at once, so a
+                // fill between this acquire and the subscription is not lost.
+                if let Some(value) = stale.take() {
+                    self.rec().stale_served();
+                    return Ok((value, Outcome::Stale));
+                }
+                waiting = Some(
+                    Wait::start(
+                        &self.shared,
+                        &self.keys,
+                        &self.policy.wait,
+                        self.policy.backend_timeout,
+                    )
+                    .await,
+                );
+                continue;
+            };
+            if wait.until_recheck(&self.shared, holder_ttl).await == Next::Deadline {
+                self.finish_wait(waiting, true);
+                return match self.policy.wait.at_deadline(stale) {
+                    AtDeadline::Serve(value) => {
+                        self.rec().stale_served();
+                        Ok((value, Outcome::Stale))
+                    }
+                    AtDeadline::Load => self.load_unleased(false).await,
+                    AtDeadline::Fail(error) => Err(error),
+                };
+            }
         }
     }
 
-    #[tokio::test]
-    async fn abandoned_flight_releases_waiters() {
-        let flights = Flights::<u32>::default();
-        let Joined::Leader(done, w1) = flights.join("k") else {
-            panic!()
+    fn finish_wait(&self, waiting: Option<Wait>, timed_out: bool) {
+        if let Some(wait) = waiting {
+            wait.finish(&self.shared, timed_out);
+        }
+    }
+
+    /// The backend failed: strict mode surfaces it; otherwise serve stale,
+    /// else load without the lease (the coalescer keeps it to one per
+    /// process).
+    async fn degrade(
+        &mut self,
+        error: BackendError,
+        stale: Option<Option<V>>,
+    ) -> Result<Answer<V>, Error> {
+        if self.policy.strict {
+            return Err(Error::Backend(error));
+        }
+        if let Some(value) = stale.or_else(|| self.shared.fallback.get(self.keys.value())) {
+            self.rec().stale_served();
+            return Ok((value, Outcome::Stale));
+        }
+        self.load_unleased(false).await
+    }
+
+    /// Remembers the answer for outages (see `fallback.rs`).
+    fn remember(&self, answer: &Result<Answer<V>, Error>) {
+        if let Ok((value, _)) = answer {
+            let usable_for = self.policy.ttl + self.policy.grace;
+            self.shared
+                .fallback
+                .record(self.keys.value(), value, usable_for);
+        }
+    }
+
+    /// Runs the loader under our lease (its watchdog already running), then
+    /// fills (fenced on the token) or releases.
+    async fn load_leased(
+        &mut self,
+        mut lease: Lease,
+        stale: Option<Option<V>>,
+    ) -> Result<Answer<V>, Error> {
+        let (result, took) = self.run_loader().await;
+        lease.loader_done();
+        let value = match result {
+            Ok(value) => value,
+            Err(error) => return self.after_failed_load(Some(lease), error, stale).await,
         };
-        drop(done);
-        assert!(matches!(w1.outcome().await, Err(Error::FlightAbandoned)));
-        assert_eq!(flights.len(), 0);
+        let bytes = match self.shared.encode(&self.policy, &value, took) {
+            Ok(bytes) => bytes,
+            Err(error) => {
+                let _ = lease
+                    .release(&self.shared, self.policy.backend_timeout, None)
+                    .await;
+                return Err(error);
+            }
+        };
+        let ttl = self.written_ttl(value.is_some());
+        // `Ok(false)`: expired or invalidated while we loaded; our callers
+        // still get the value, but it must not overwrite what is there now
+        // (counted as a lost lease). An error: unknown whether it landed.
+        let _ = lease
+            .fill(&self.shared, self.policy.backend_timeout, &bytes, ttl)
+            .await;
+        Ok((value, Outcome::Loaded))
+    }
+
+    /// Loads without a lease. `store` writes the result unconditionally
+    /// (the no-lease policy); degraded loads (deadline, backend failure) do
+    /// not write, so they can never overwrite a newer fill.
+    async fn load_unleased(&mut self, store: bool) -> Result<Answer<V>, Error> {
+        if !store {
+            self.rec().degraded_load();
+        }
+        let (result, took) = self.run_loader().await;
+        let value = match result {
+            Ok(value) => value,
+            Err(error) => return self.after_failed_load(None, error, None).await,
+        };
+        if !store {
+            return Ok((value, Outcome::Degraded));
+        }
+        let bytes = self.shared.encode(&self.policy, &value, took)?;
+        let ttl = self.written_ttl(value.is_some());
+        let _ = self
+            .call("set", self.shared.backend.set(&self.keys, &bytes, ttl))
+            .await;
+        Ok((value, Outcome::Loaded))
+    }
+
+    /// A load failed: serve stale (fail-safe, re-stored for the throttle
+    /// period so the origin is not retried at once), or cache the failure
+    /// (negative caching), or just release; then answer.
+    async fn after_failed_load(
+        &mut self,
+        lease: Option<Lease>,
+        error: Error,
+        stale: Option<Option<V>>,
+    ) -> Result<Answer<V>, Error> {
+        let timeout = self.policy.backend_timeout;
+        if let (true, Some(value)) = (self.policy.fail_safe, stale) {
+            if let Some(lease) = lease {
+                let throttled = self
+                    .shared
+                    .encode(&self.policy, &value, Duration::ZERO)
+                    .ok()
+                    .map(|bytes| (bytes, self.policy.fail_safe_throttle + self.policy.grace));
+                let entry = throttled.as_ref().map(|(b, t)| (b.as_slice(), *t));
+                let _ = lease.release(&self.shared, timeout, entry).await;
+            }
+            tracing::warn!(key = self.keys.value(), %error, "loader failed; serving the stale value (fail-safe)");
+            self.rec().stale_served();
+            return Ok((value, Outcome::Stale));
+        }
+        if let Some(lease) = lease {
+            let negative = match (self.policy.negative_ttl, &error) {
+                (
+                    Some(ttl),
+                    Error::Loader(_) | Error::LoaderPanicked(_) | Error::LoadTimedOut(_),
+                ) => {
+                    let message = error.to_string();
+                    let bytes = envelope::encode(
+                        Kind::Failure,
+                        Duration::ZERO,
+                        Duration::ZERO,
+                        message.as_bytes(),
+                    );
+                    Some((bytes, ttl))
+                }
+                _ => None,
+            };
+            let entry = negative.as_ref().map(|(b, t)| (b.as_slice(), *t));
+            let _ = lease.release(&self.shared, timeout, entry).await;
+        }
+        Err(error)
+    }
+
+    /// Runs this flight's one load.
+    async fn run_loader(&mut self) -> (Result<Option<V>, Error>, Duration) {
+        let taken = self.load.lock().take();
+        let Some(load) = taken else {
+            // One flight runs at most one load; reaching here is a bug in
+            // this module, reported as an abandoned flight rather than a panic.
+            return (Err(Error::FlightAbandoned), Duration::ZERO);
+        };
+        loader::run(&self.shared, &self.policy, self.keys.value(), load).await
+    }
+
+    /// A background refresh after the callers were answered: one per key per
+    /// process (the `refreshing` set), one fleet-wide (the lease).
+    async fn refresh(mut self, why: Refresh) {
+        let key = self.keys.value().to_owned();
+        if !self.shared.refreshing.lock().insert(key.clone()) {
+            return;
+        }
+        let _done = RefreshingGuard {
+            shared: self.shared.clone(),
+            key,
+        };
+        let window = match why {
+            Refresh::Stale => {
+                self.rec().background_refresh();
+                Duration::ZERO
+            }
+            Refresh::Early(window) => {
+                self.rec().early_refresh();
+                window
+            }
+        };
+        let Some(lease) = self.policy.lease_ttl else {
+            let _ = self.load_unleased(true).await;
+            return;
+        };
+        let lease_ttl = lease.ttl(&self.shared.load_times);
+        let acquired = Lease::acquire(
+            &self.shared,
+            &self.keys,
+            lease_ttl,
+            window,
+            self.policy.backend_timeout,
+        )
+        .await;
+        match acquired {
+            Ok(Acquisition::Won { lease, stale }) => {
+                let stale = self.stale_value(stale);
+                let _ = self.load_leased(lease, stale).await;
+            }
+            Ok(Acquisition::Held { .. }) => self.rec().lease_contended(),
+            Ok(Acquisition::Fresh(_)) | Err(_) => {}
+        }
+    }
+
+    async fn call<T>(
+        &self,
+        op: &'static str,
+        fut: impl std::future::Future<Output = Result<T, BackendError>>,
+    ) -> Result<T, BackendError> {
+        self.shared.call(self.policy.backend_timeout, op, fut).await
+    }
+
+    /// Reads stored bytes, counting an unreadable value against the key.
+    fn read(&self, stored: &Stored) -> Read<V> {
+        self.shared.read(stored, Some(self.keys.value()))
+    }
+
+    /// A usable stale value from an acquire answer. Unreadable bytes were
+    /// already counted when the flight first read them, so not again here.
+    fn stale_value(&self, stored: Option<Stored>) -> Option<Option<V>> {
+        self.shared.value_of(&stored?, None)
+    }
+
+    fn written_ttl(&self, is_value: bool) -> Duration {
+        let ttl = if is_value {
+            self.policy.ttl
+        } else {
+            self.policy.negative_ttl.unwrap_or(self.policy.ttl)
+        };
+        freshness::written_ttl(ttl, self.policy.jitter, self.policy.grace)
+    }
+}
+
+/// Takes the key out of the `refreshing` set when the refresh ends, however
+/// it ends.
+struct RefreshingGuard<V> {
+    shared: Arc<Shared<V>>,
+    key: String,
+}
+
+impl<V> Drop for RefreshingGuard<V> {
+    fn drop(&mut self) {
+        self.shared.refreshing.lock().remove(&self.key);
     }
 }

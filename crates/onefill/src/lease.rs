@@ -1,4 +1,6 @@
-//! The distributed lease: tokens, its TTL policy and the watchdog.
+//! The distributed lease: its whole lifecycle, from the acquisition with a
+//! fresh token through the watchdog to the fenced fill or the release, and
+//! the policy that sizes its TTL.
 //!
 //! A lease is `SET lock token NX PX ttl` with a fresh random 128-bit token
 //! per acquisition; it is released by compare-and-delete and extended by
@@ -6,12 +8,15 @@
 
 use std::collections::VecDeque;
 use std::fmt;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use crate::backend::Backend;
-use crate::error::InputError;
+use parking_lot::Mutex;
+
+use crate::backend::{Acquired, Backend, Stored};
+use crate::error::{BackendError, BackendErrorKind, InvalidOption};
 use crate::key::FillKeys;
+use crate::shared::Shared;
 use crate::stats::Recorder;
 
 /// A random 128-bit lease token, fresh for every acquisition.
@@ -84,10 +89,10 @@ pub(crate) const MIN_LEASE_TTL: Duration = Duration::from_millis(30);
 pub(crate) const MAX_LEASE_TTL: Duration = Duration::from_secs(3600);
 
 impl LeaseTtl {
-    pub(crate) fn validate(&self) -> Result<(), InputError> {
+    pub(crate) fn validate(&self) -> Result<(), InvalidOption> {
         let in_range = |d: &Duration| (MIN_LEASE_TTL..=MAX_LEASE_TTL).contains(d);
         match self {
-            LeaseTtl::Fixed(d) if !in_range(d) => Err(InputError::option(
+            LeaseTtl::Fixed(d) if !in_range(d) => Err(InvalidOption::new(
                 "lease_ttl",
                 format!("must be between {MIN_LEASE_TTL:?} and {MAX_LEASE_TTL:?}, got {d:?}"),
             )),
@@ -97,13 +102,13 @@ impl LeaseTtl {
                 ceiling,
             } => {
                 if !(factor.is_finite() && *factor >= 1.0 && *factor <= 100.0) {
-                    return Err(InputError::option(
+                    return Err(InvalidOption::new(
                         "lease_ttl",
                         format!("adaptive factor must be within 1..=100, got {factor}"),
                     ));
                 }
                 if !in_range(floor) || !in_range(ceiling) || floor > ceiling {
-                    return Err(InputError::option(
+                    return Err(InvalidOption::new(
                         "lease_ttl",
                         format!(
                             "adaptive floor {floor:?} and ceiling {ceiling:?} must satisfy \
@@ -144,14 +149,14 @@ const LOAD_WINDOW: usize = 128;
 
 impl LoadTimes {
     pub(crate) fn record(&self, d: Duration) {
-        let mut recent = self.recent.lock().unwrap_or_else(|p| p.into_inner());
+        let mut recent = self.recent.lock();
         if recent.len() == LOAD_WINDOW {
             recent.pop_front();
         }
         recent.push_back(d);
     }
     pub(crate) fn p99(&self) -> Option<Duration> {
-        let recent = self.recent.lock().unwrap_or_else(|p| p.into_inner());
+        let recent = self.recent.lock();
         if recent.is_empty() {
             return None;
         }
@@ -162,16 +167,175 @@ impl LoadTimes {
     }
 }
 
+/// What an acquisition found.
+pub(crate) enum Acquisition {
+    /// The value is fresh beyond the refresh window: no lease was taken.
+    Fresh(Stored),
+    /// This process holds the lease now.
+    Won {
+        lease: Lease,
+        /// A stale (or unreadable) value present at the time, if any.
+        stale: Option<Stored>,
+    },
+    /// Another process holds the lease.
+    Held {
+        /// A stale (or unreadable) value present at the time, if any.
+        stale: Option<Stored>,
+        /// The holder's lease's remaining TTL.
+        lease_ttl: Duration,
+    },
+}
+
+/// A lease this process holds: its token, the watchdog that extends it
+/// while the loader runs, and the duty to end it.
+///
+/// Ended by [`fill`](Lease::fill) or [`release`](Lease::release), which
+/// consume it. Dropped without either (its flight was cancelled, e.g. by
+/// runtime shutdown, between acquire and fill), it releases the lease by
+/// compare-and-delete, best effort, in a task of its own: the model is
+/// moka's `WaiterGuard`, armed by an `Option` that the success path takes.
+pub(crate) struct Lease {
+    /// `Some` until the lease was filled or released.
+    held: Option<Held>,
+    /// Stops (by being dropped) when the loader is done.
+    watchdog: Option<Watchdog>,
+}
+
+struct Held {
+    backend: Arc<dyn Backend>,
+    keys: FillKeys,
+    token: LeaseToken,
+}
+
+impl Lease {
+    /// Asks for the lease of `keys` with a fresh token (`SET lock token NX
+    /// PX lease_ttl` unless the value is fresh beyond `refresh_window`). If
+    /// won, the watchdog starts extending it at once.
+    pub(crate) async fn acquire<V: 'static>(
+        shared: &Shared<V>,
+        keys: &FillKeys,
+        lease_ttl: Duration,
+        refresh_window: Duration,
+        timeout: Duration,
+    ) -> Result<Acquisition, BackendError> {
+        let token = LeaseToken::random();
+        let acquired = shared
+            .call(
+                timeout,
+                "acquire",
+                shared
+                    .backend
+                    .acquire(keys, &token, lease_ttl, refresh_window),
+            )
+            .await?;
+        Ok(match acquired {
+            Acquired::Fresh(stored) => Acquisition::Fresh(stored),
+            Acquired::Held { stale, lease_ttl } => Acquisition::Held { stale, lease_ttl },
+            Acquired::Won { stale } => {
+                shared.recorder.lease_acquired();
+                let watchdog = Watchdog::start(
+                    shared.backend.clone(),
+                    keys.clone(),
+                    token.clone(),
+                    lease_ttl,
+                    timeout,
+                    shared.recorder.clone(),
+                );
+                let lease = Lease {
+                    held: Some(Held {
+                        backend: shared.backend.clone(),
+                        keys: keys.clone(),
+                        token,
+                    }),
+                    watchdog: Some(watchdog),
+                };
+                Acquisition::Won { lease, stale }
+            }
+        })
+    }
+
+    /// The loader is done: stop extending the lease.
+    pub(crate) fn loader_done(&mut self) {
+        self.watchdog = None;
+    }
+
+    /// Stores `bytes` if the lease still holds our token (the fenced fill)
+    /// and ends the lease. `Ok(false)`: the lease was lost (expired or
+    /// invalidated) and nothing was written; counted as a lost lease.
+    pub(crate) async fn fill<V: 'static>(
+        mut self,
+        shared: &Shared<V>,
+        timeout: Duration,
+        bytes: &[u8],
+        ttl: Duration,
+    ) -> Result<bool, BackendError> {
+        self.loader_done();
+        let Some(held) = self.held.as_ref() else {
+            return Ok(false);
+        };
+        let filled = shared
+            .call(
+                timeout,
+                "fill",
+                held.backend.fill(&held.keys, &held.token, bytes, ttl),
+            )
+            .await;
+        if let Ok(false) = filled {
+            shared.recorder.lease_lost(held.keys.value());
+        }
+        // Done, or unknown whether it landed: either way the lease ends here
+        // (an unfilled one expires by itself).
+        self.held = None;
+        filled
+    }
+
+    /// Releases the lease by compare-and-delete, optionally leaving a short
+    /// entry behind (a cached failure, or a fail-safe value).
+    pub(crate) async fn release<V: 'static>(
+        mut self,
+        shared: &Shared<V>,
+        timeout: Duration,
+        entry: Option<(&[u8], Duration)>,
+    ) -> Result<bool, BackendError> {
+        self.loader_done();
+        let Some(held) = self.held.as_ref() else {
+            return Ok(false);
+        };
+        let released = shared
+            .call(
+                timeout,
+                "release",
+                held.backend.release(&held.keys, &held.token, entry),
+            )
+            .await;
+        self.held = None;
+        released
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        let Some(held) = self.held.take() else {
+            return;
+        };
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            handle.spawn(async move {
+                let _ = held.backend.release(&held.keys, &held.token, None).await;
+            });
+        }
+    }
+}
+
 /// Extends a held lease every third of its TTL until dropped.
 ///
 /// Dropping the watchdog stops it: it lives exactly as long as the load it
 /// guards (completion, error, panic, cancellation or the maximum load time).
-pub(crate) struct Watchdog {
+struct Watchdog {
     task: tokio::task::JoinHandle<()>,
 }
 
 impl Watchdog {
-    pub(crate) fn start(
+    fn start(
         backend: Arc<dyn Backend>,
         keys: FillKeys,
         token: LeaseToken,
@@ -200,10 +364,7 @@ impl Watchdog {
                     Ok(Err(e)) => recorder.backend_error("extend", &e),
                     Err(_) => recorder.backend_error(
                         "extend",
-                        &crate::error::BackendError::new(
-                            crate::error::BackendErrorKind::Timeout,
-                            "extend timed out",
-                        ),
+                        &BackendError::new(BackendErrorKind::Timeout, "extend timed out"),
                     ),
                 }
             }

@@ -54,10 +54,11 @@
 #![warn(missing_docs)]
 
 pub mod backend;
+mod builder;
 mod cache;
 mod circuit;
+mod coalesce;
 mod codec;
-mod conversation;
 mod envelope;
 mod error;
 mod fallback;
@@ -65,7 +66,9 @@ mod flight;
 mod freshness;
 mod key;
 mod lease;
+mod loader;
 mod options;
+mod shared;
 mod stats;
 mod wait;
 
@@ -74,13 +77,16 @@ pub use backend::redis;
 
 pub use backend::memory::MemoryBackend;
 pub use backend::Backend;
-pub use cache::{Cache, CacheBuilder, Fetched};
+pub use builder::CacheBuilder;
+pub use cache::{Cache, Fetched};
 pub use circuit::{CircuitBreaker, CircuitState};
 #[cfg(feature = "postcard")]
 pub use codec::PostcardCodec;
 pub use codec::{Codec, JsonCodec};
-pub use conversation::Outcome;
-pub use error::{BackendError, BackendErrorKind, ConfigError, Error, InputError, LoaderError};
+pub use error::{
+    BackendError, BackendErrorKind, CodecError, ConfigError, Error, InputError, LoaderError,
+};
+pub use flight::Outcome;
 pub use lease::{LeaseToken, LeaseTtl};
 pub use options::{CallOptions, MAX_TTL};
 pub use stats::Stats;

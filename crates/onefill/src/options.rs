@@ -1,12 +1,17 @@
 //! Policies: cache-wide defaults, overridable per call with [`CallOptions`].
 //!
-//! Every knob of the protocol lives here with its default; nothing a user
-//! may need to tune is a hidden constant.
+//! Every knob of the protocol is declared **once**, in the `options!` table
+//! below: its type, its default, how it is checked and its setters. The
+//! table generates the resolved [`Policy`], the per-call [`CallOptions`],
+//! the [`CacheBuilder`] setters and the merge of a call's overrides, so
+//! adding an option is one edit and nothing a user may tune is a hidden
+//! constant.
 
 use std::time::Duration;
 
+use crate::builder::CacheBuilder;
 use crate::circuit::CircuitBreaker;
-use crate::error::InputError;
+use crate::error::InvalidOption;
 use crate::lease::LeaseTtl;
 use crate::wait::WaitPolicy;
 
@@ -14,249 +19,289 @@ use crate::wait::WaitPolicy;
 /// longer is almost certainly a unit mistake.
 pub const MAX_TTL: Duration = Duration::from_secs(365 * 24 * 3600);
 
-/// The resolved policy of one call: the cache's defaults with the call's
-/// overrides applied.
-#[derive(Debug, Clone)]
-pub(crate) struct Policy {
-    pub ttl: Duration,
-    pub grace: Duration,
-    pub jitter: f64,
-    pub beta: f64,
-    pub lease: Option<LeaseTtl>,
-    pub max_load_time: Duration,
-    pub wait: WaitPolicy,
-    pub backend_timeout: Duration,
-    pub negative_ttl: Option<Duration>,
-    pub fail_safe: bool,
-    pub fail_safe_throttle: Duration,
-    pub strict: bool,
-    pub max_value_bytes: usize,
-    pub max_key_bytes: usize,
-    pub circuit: CircuitBreaker,
-    pub fallback_capacity: usize,
+const MS: Duration = Duration::from_millis(1);
+
+/// Declares the options. Each entry is
+///
+/// ```text
+/// field: Type = default, check(checker) {
+///     /// setter docs
+///     fn setter(args) = value_of_the_field;
+///     …
+/// }
+/// ```
+///
+/// in the `per_call` group (on the builder and on [`CallOptions`]) or the
+/// `cache_wide` group (on the builder only). A checker is called as
+/// `checker("field", &value)` and returns `Result<(), InvalidOption>`; the
+/// field is named after its main setter, so errors name what the user typed.
+macro_rules! options {
+    (
+        per_call { $( $pf:ident : $pty:ty = $pdefault:expr, check($pcheck:expr) {
+            $( $(#[$pdoc:meta])* fn $psetter:ident ( $( $parg:ident : $parg_ty:ty ),* ) = $pvalue:expr ; )+
+        } )* }
+        cache_wide { $( $cf:ident : $cty:ty = $cdefault:expr, check($ccheck:expr) {
+            $( $(#[$cdoc:meta])* fn $csetter:ident ( $( $carg:ident : $carg_ty:ty ),* ) = $cvalue:expr ; )+
+        } )* }
+    ) => {
+        /// The resolved policy of one call: the cache's defaults with the
+        /// call's overrides applied.
+        #[derive(Debug, Clone)]
+        pub(crate) struct Policy {
+            $( pub $pf: $pty, )*
+            $( pub $cf: $cty, )*
+        }
+
+        impl Default for Policy {
+            fn default() -> Self {
+                Policy {
+                    $( $pf: $pdefault, )*
+                    $( $cf: $cdefault, )*
+                }
+            }
+        }
+
+        impl Policy {
+            /// Checks every option.
+            pub(crate) fn validate(&self) -> Result<(), InvalidOption> {
+                $( ($pcheck)(stringify!($pf), &self.$pf)?; )*
+                $( ($ccheck)(stringify!($cf), &self.$cf)?; )*
+                Ok(())
+            }
+
+            /// The cache's policy with a call's overrides applied, validated.
+            pub(crate) fn with(&self, call: &CallOptions) -> Result<Policy, InvalidOption> {
+                if *call == CallOptions::default() {
+                    return Ok(self.clone());
+                }
+                let mut policy = self.clone();
+                $( if let Some(v) = &call.$pf { policy.$pf = v.clone(); } )*
+                policy.validate()?;
+                Ok(policy)
+            }
+        }
+
+        /// Per-call overrides of the cache's policy. Unset fields keep the
+        /// cache's default.
+        ///
+        /// A call that joins a load already under way in this process shares
+        /// that load's outcome, which was decided with the first caller's
+        /// options.
+        ///
+        /// ```
+        /// use std::time::Duration;
+        /// let cheap = onefill::CallOptions::new()
+        ///     .ttl(Duration::from_secs(5))
+        ///     .no_lease(); // in-process coalescing only
+        /// # drop(cheap);
+        /// ```
+        #[derive(Debug, Clone, Default, PartialEq)]
+        pub struct CallOptions {
+            $( $pf: Option<$pty>, )*
+        }
+
+        impl CallOptions {
+            /// No overrides.
+            pub fn new() -> Self {
+                Self::default()
+            }
+            $( $(
+                $(#[$pdoc])*
+                pub fn $psetter(mut self, $( $parg: $parg_ty ),* ) -> Self {
+                    self.$pf = Some($pvalue);
+                    self
+                }
+            )+ )*
+        }
+
+        impl<K, V> CacheBuilder<K, V> {
+            $( $(
+                $(#[$pdoc])*
+                pub fn $psetter(mut self, $( $parg: $parg_ty ),* ) -> Self {
+                    self.policy.$pf = $pvalue;
+                    self
+                }
+            )+ )*
+            $( $(
+                $(#[$cdoc])*
+                pub fn $csetter(mut self, $( $carg: $carg_ty ),* ) -> Self {
+                    self.policy.$cf = $cvalue;
+                    self
+                }
+            )+ )*
+        }
+    };
 }
 
-impl Default for Policy {
-    fn default() -> Self {
-        Policy {
-            ttl: Duration::from_secs(60),
-            grace: Duration::ZERO,
-            jitter: 0.1,
-            beta: 1.0,
-            lease: Some(LeaseTtl::default()),
-            max_load_time: Duration::from_secs(30),
-            wait: WaitPolicy::default(),
-            backend_timeout: Duration::from_secs(1),
-            negative_ttl: None,
-            fail_safe: true,
-            fail_safe_throttle: Duration::from_secs(5),
-            strict: false,
-            max_value_bytes: 8 * 1024 * 1024,
-            max_key_bytes: 1024,
-            circuit: CircuitBreaker::default(),
-            fallback_capacity: 10_000,
+options! {
+    per_call {
+        ttl: Duration = Duration::from_secs(60), check(duration_in(MS, MAX_TTL)) {
+            /// How long a value stays fresh (1 ms to 1 year).
+            fn ttl(ttl: Duration) = ttl;
+        }
+        grace: Duration = Duration::ZERO, check(duration_in(Duration::ZERO, MAX_TTL)) {
+            /// How long after `ttl` a value is still served (stale) while one
+            /// background refresh runs fleet-wide; also the window in which
+            /// fail-safe can serve it when the loader fails.
+            fn grace(grace: Duration) = grace;
+        }
+        jitter: f64 = 0.1, check(fraction_in(0.0, 0.5)) {
+            /// The ± fraction applied to every TTL written (0 to 0.5).
+            fn jitter(fraction: f64) = fraction;
+        }
+        early_refresh_beta: f64 = 1.0, check(fraction_in(0.0, 100.0)) {
+            /// XFetch's `beta`: 1.0 is the paper's optimum, larger refreshes
+            /// earlier, 0 turns early refresh off. Early refresh applies to
+            /// caches without a grace window: with one, the first stale read
+            /// already refreshes in the background without making anyone
+            /// wait, and early refreshes would only add loads.
+            fn early_refresh_beta(beta: f64) = beta;
+        }
+        lease_ttl: Option<LeaseTtl> = Some(LeaseTtl::default()), check(optional(|_, lease: &LeaseTtl| lease.validate())) {
+            /// The lease TTL policy (and the lease on, if it was off).
+            fn lease_ttl(lease: LeaseTtl) = Some(lease);
+            /// No distributed lease (in-process coalescing stays): for
+            /// loaders cheap enough that a few duplicate loads across
+            /// processes are fine.
+            fn no_lease() = None;
+        }
+        max_load_time: Duration = Duration::from_secs(30), check(duration_in(MS, Duration::from_secs(24 * 3600))) {
+            /// The longest a loader may run; then it is aborted and its lease
+            /// released.
+            fn max_load_time(max: Duration) = max;
+        }
+        wait: WaitPolicy = WaitPolicy::default(), check(|_, wait: &WaitPolicy| wait.validate()) {
+            /// How losers of the lease race wait for another process's load.
+            fn wait(wait: WaitPolicy) = wait;
+        }
+        negative_ttl: Option<Duration> = None, check(optional(duration_in(MS, MAX_TTL))) {
+            /// Remember loader failures for this long, so a failing origin is
+            /// not called by every successive winner.
+            fn negative_ttl(ttl: Duration) = Some(ttl);
+            /// Do not remember loader failures (the default).
+            fn no_negative_caching() = None;
+        }
+        fail_safe: bool = true, check(any) {
+            /// Serve the stale value when the loader fails (default on).
+            fn fail_safe(on: bool) = on;
+        }
+        strict: bool = false, check(any) {
+            /// Surface backend errors to callers instead of degrading.
+            fn strict(on: bool) = on;
+        }
+    }
+    cache_wide {
+        backend_timeout: Duration = Duration::from_secs(1), check(duration_in(MS, Duration::from_secs(60))) {
+            /// The bound on every backend call.
+            fn backend_timeout(timeout: Duration) = timeout;
+        }
+        fail_safe_throttle: Duration = Duration::from_secs(5), check(duration_in(MS, MAX_TTL)) {
+            /// After a fail-safe answer, the stale value is stored as fresh
+            /// for this long, so the failing origin is not retried at once.
+            fn fail_safe_throttle(throttle: Duration) = throttle;
+        }
+        max_value_bytes: usize = 8 * 1024 * 1024, check(count_in(1, 512 * 1024 * 1024)) {
+            /// The largest encoded value accepted (bytes).
+            fn max_value_bytes(max: usize) = max;
+        }
+        max_key_bytes: usize = 1024, check(count_in(1, 64 * 1024)) {
+            /// The longest key accepted (bytes of its string form).
+            fn max_key_bytes(max: usize) = max;
+        }
+        circuit_breaker: CircuitBreaker = CircuitBreaker::default(), check(|_, b: &CircuitBreaker| b.validate()) {
+            /// The circuit breaker in front of the backend.
+            fn circuit_breaker(breaker: CircuitBreaker) = breaker;
+        }
+        outage_fallback_capacity: usize = 10_000, check(any) {
+            /// How many keys' last values this process keeps to answer during
+            /// a backend outage (each for `ttl + grace` after it was seen); 0
+            /// turns it off. Healthy reads never use it.
+            fn outage_fallback_capacity(keys: usize) = keys;
         }
     }
 }
 
-fn check_range(
-    option: &'static str,
-    value: Duration,
-    min: Duration,
-    max: Duration,
-) -> Result<(), InputError> {
-    if value < min || value > max {
-        return Err(InputError::option(
-            option,
-            format!("must be within [{min:?}, {max:?}], got {value:?}"),
-        ));
-    }
+/// Accepts any value.
+fn any<T>(_: &'static str, _: &T) -> Result<(), InvalidOption> {
     Ok(())
 }
 
-impl Policy {
-    pub(crate) fn validate(&self) -> Result<(), InputError> {
-        let ms = Duration::from_millis(1);
-        check_range("ttl", self.ttl, ms, MAX_TTL)?;
-        check_range("grace", self.grace, Duration::ZERO, MAX_TTL)?;
-        if !(0.0..=0.5).contains(&self.jitter) {
-            return Err(InputError::option(
-                "jitter",
-                format!("must be a fraction within [0, 0.5], got {}", self.jitter),
-            ));
+/// A duration within `[min, max]`.
+fn duration_in(
+    min: Duration,
+    max: Duration,
+) -> impl Fn(&'static str, &Duration) -> Result<(), InvalidOption> {
+    move |option, value| {
+        if (min..=max).contains(value) {
+            return Ok(());
         }
-        if !(0.0..=100.0).contains(&self.beta) {
-            return Err(InputError::option(
-                "early_refresh_beta",
-                format!("must be within [0, 100], got {}", self.beta),
-            ));
-        }
-        if let Some(lease) = &self.lease {
-            lease.validate()?;
-        }
-        check_range(
-            "max_load_time",
-            self.max_load_time,
-            ms,
-            Duration::from_secs(24 * 3600),
-        )?;
-        self.wait.validate()?;
-        check_range(
-            "backend_timeout",
-            self.backend_timeout,
-            ms,
-            Duration::from_secs(60),
-        )?;
-        if let Some(neg) = self.negative_ttl {
-            check_range("negative_ttl", neg, ms, MAX_TTL)?;
-        }
-        check_range("fail_safe_throttle", self.fail_safe_throttle, ms, MAX_TTL)?;
-        if self.max_value_bytes == 0 || self.max_value_bytes > 512 * 1024 * 1024 {
-            return Err(InputError::option(
-                "max_value_bytes",
-                format!("must be within [1, 512 MiB], got {}", self.max_value_bytes),
-            ));
-        }
-        if self.max_key_bytes == 0 || self.max_key_bytes > 64 * 1024 {
-            return Err(InputError::option(
-                "max_key_bytes",
-                format!("must be within [1, 64 KiB], got {}", self.max_key_bytes),
-            ));
-        }
-        self.circuit.validate()
-    }
-
-    /// The cache's policy with a call's overrides applied, validated.
-    pub(crate) fn with(&self, call: &CallOptions) -> Result<Policy, InputError> {
-        if call.is_empty() {
-            return Ok(self.clone());
-        }
-        let mut p = self.clone();
-        if let Some(v) = call.ttl {
-            p.ttl = v;
-        }
-        if let Some(v) = call.grace {
-            p.grace = v;
-        }
-        if let Some(v) = call.jitter {
-            p.jitter = v;
-        }
-        if let Some(v) = call.beta {
-            p.beta = v;
-        }
-        if let Some(v) = call.lease {
-            p.lease = v;
-        }
-        if let Some(v) = call.max_load_time {
-            p.max_load_time = v;
-        }
-        if let Some(v) = call.wait {
-            p.wait = v;
-        }
-        if let Some(v) = call.negative_ttl {
-            p.negative_ttl = v;
-        }
-        if let Some(v) = call.fail_safe {
-            p.fail_safe = v;
-        }
-        if let Some(v) = call.strict {
-            p.strict = v;
-        }
-        p.validate()?;
-        Ok(p)
+        Err(InvalidOption::new(
+            option,
+            format!("must be within [{min:?}, {max:?}], got {value:?}"),
+        ))
     }
 }
 
-/// Per-call overrides of the cache's policy. Unset fields keep the cache's
-/// default.
-///
-/// A call that joins a load already under way in this process shares that
-/// load's outcome, which was decided with the first caller's options.
-///
-/// ```
-/// use std::time::Duration;
-/// let cheap = onefill::CallOptions::new()
-///     .ttl(Duration::from_secs(5))
-///     .no_lease(); // in-process coalescing only
-/// # drop(cheap);
-/// ```
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct CallOptions {
-    ttl: Option<Duration>,
-    grace: Option<Duration>,
-    jitter: Option<f64>,
-    beta: Option<f64>,
-    lease: Option<Option<LeaseTtl>>,
-    max_load_time: Option<Duration>,
-    wait: Option<WaitPolicy>,
-    negative_ttl: Option<Option<Duration>>,
-    fail_safe: Option<bool>,
-    strict: Option<bool>,
+/// A finite number within `[min, max]`.
+fn fraction_in(min: f64, max: f64) -> impl Fn(&'static str, &f64) -> Result<(), InvalidOption> {
+    move |option, value| {
+        if (min..=max).contains(value) {
+            return Ok(());
+        }
+        Err(InvalidOption::new(
+            option,
+            format!("must be within [{min}, {max}], got {value}"),
+        ))
+    }
 }
 
-impl CallOptions {
-    /// No overrides.
-    pub fn new() -> Self {
-        Self::default()
+/// A count within `[min, max]`.
+fn count_in(min: usize, max: usize) -> impl Fn(&'static str, &usize) -> Result<(), InvalidOption> {
+    move |option, value| {
+        if (min..=max).contains(value) {
+            return Ok(());
+        }
+        Err(InvalidOption::new(
+            option,
+            format!("must be within [{min}, {max}], got {value}"),
+        ))
     }
-    fn is_empty(&self) -> bool {
-        *self == CallOptions::default()
+}
+
+/// `check` for the value when there is one.
+fn optional<T>(
+    check: impl Fn(&'static str, &T) -> Result<(), InvalidOption>,
+) -> impl Fn(&'static str, &Option<T>) -> Result<(), InvalidOption> {
+    move |option, value| value.as_ref().map_or(Ok(()), |v| check(option, v))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_overrides_apply() {
+        let policy = Policy::default();
+        assert!(policy.validate().is_ok());
+        let call = CallOptions::new()
+            .ttl(Duration::from_secs(5))
+            .no_lease()
+            .negative_ttl(Duration::from_secs(1));
+        let merged = policy.with(&call).unwrap();
+        assert_eq!(merged.ttl, Duration::from_secs(5));
+        assert_eq!(merged.lease_ttl, None);
+        assert_eq!(merged.negative_ttl, Some(Duration::from_secs(1)));
+        assert_eq!(merged.backend_timeout, policy.backend_timeout);
     }
-    /// How long a written value stays fresh.
-    pub fn ttl(mut self, ttl: Duration) -> Self {
-        self.ttl = Some(ttl);
-        self
-    }
-    /// How long after `ttl` a value may still be served stale.
-    pub fn grace(mut self, grace: Duration) -> Self {
-        self.grace = Some(grace);
-        self
-    }
-    /// The ± fraction applied to every TTL written.
-    pub fn jitter(mut self, fraction: f64) -> Self {
-        self.jitter = Some(fraction);
-        self
-    }
-    /// XFetch's `beta` (0 turns early refresh off).
-    pub fn early_refresh_beta(mut self, beta: f64) -> Self {
-        self.beta = Some(beta);
-        self
-    }
-    /// Uses this lease TTL policy.
-    pub fn lease_ttl(mut self, lease: LeaseTtl) -> Self {
-        self.lease = Some(Some(lease));
-        self
-    }
-    /// No distributed lease for this call (in-process coalescing stays): for
-    /// loaders cheap enough that a few duplicate loads across processes are
-    /// fine.
-    pub fn no_lease(mut self) -> Self {
-        self.lease = Some(None);
-        self
-    }
-    /// The longest a loader may run before it is aborted.
-    pub fn max_load_time(mut self, max: Duration) -> Self {
-        self.max_load_time = Some(max);
-        self
-    }
-    /// How to wait for another process's load.
-    pub fn wait(mut self, wait: WaitPolicy) -> Self {
-        self.wait = Some(wait);
-        self
-    }
-    /// Remember loader failures for this long (`None`: do not).
-    pub fn negative_ttl(mut self, ttl: Option<Duration>) -> Self {
-        self.negative_ttl = Some(ttl);
-        self
-    }
-    /// Serve a stale value when the loader fails.
-    pub fn fail_safe(mut self, on: bool) -> Self {
-        self.fail_safe = Some(on);
-        self
-    }
-    /// Surface backend errors instead of degrading.
-    pub fn strict(mut self, on: bool) -> Self {
-        self.strict = Some(on);
-        self
+
+    #[test]
+    fn errors_name_the_setter() {
+        let call = CallOptions::new().early_refresh_beta(f64::NAN);
+        let err = Policy::default().with(&call).unwrap_err();
+        assert_eq!(err.option, "early_refresh_beta");
+        let err = Policy::default()
+            .with(&CallOptions::new().lease_ttl(LeaseTtl::Fixed(Duration::ZERO)))
+            .unwrap_err();
+        assert_eq!(err.option, "lease_ttl");
     }
 }

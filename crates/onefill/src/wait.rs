@@ -1,9 +1,19 @@
 //! How a process that lost the lease race waits: bounded, woken by the fill
 //! notification, with jittered exponential backoff polling as the fallback.
+//!
+//! The policy ([`WaitPolicy`], [`OnWaitTimeout`]) and the state machine of
+//! one wait ([`Wait`]): subscribe to the key's fill channel first, then
+//! re-check (the flight's `acquire`) at every notification, poll tick, or
+//! the moment the holder's lease would expire, until the deadline; then the
+//! configured outcome ([`WaitPolicy::at_deadline`]).
 
 use std::time::Duration;
 
-use crate::error::InputError;
+use tokio::time::Instant;
+
+use crate::backend::{FillKeys, FillSubscription};
+use crate::error::{Error, InvalidOption};
+use crate::shared::Shared;
 
 /// What a waiter does when its deadline passes without a fill.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -71,16 +81,16 @@ impl WaitPolicy {
         self
     }
 
-    pub(crate) fn validate(&self) -> Result<(), InputError> {
+    pub(crate) fn validate(&self) -> Result<(), InvalidOption> {
         let hour = Duration::from_secs(3600);
         if self.deadline.is_zero() || self.deadline > hour {
-            return Err(InputError::option(
+            return Err(InvalidOption::new(
                 "wait.deadline",
                 format!("must be within (0, 1h], got {:?}", self.deadline),
             ));
         }
         if self.poll_initial < Duration::from_millis(1) || self.poll_initial > self.poll_max {
-            return Err(InputError::option(
+            return Err(InvalidOption::new(
                 "wait.poll_initial",
                 format!(
                     "must be at least 1ms and at most poll_max ({:?}), got {:?}",
@@ -89,12 +99,119 @@ impl WaitPolicy {
             ));
         }
         if self.poll_max > Duration::from_secs(60) {
-            return Err(InputError::option(
+            return Err(InvalidOption::new(
                 "wait.poll_max",
                 format!("must be at most 60s, got {:?}", self.poll_max),
             ));
         }
         Ok(())
+    }
+}
+
+/// What a waiter does at its deadline.
+pub(crate) enum AtDeadline<T> {
+    /// Serve this stale value.
+    Serve(T),
+    /// Run one degraded load (without the lease).
+    Load,
+    /// Fail with this error.
+    Fail(Error),
+}
+
+impl WaitPolicy {
+    /// The configured outcome when the deadline passes, given the stale
+    /// value seen while waiting (if any).
+    pub(crate) fn at_deadline<T>(&self, stale: Option<T>) -> AtDeadline<T> {
+        match (self.on_timeout, stale) {
+            (OnWaitTimeout::StaleOrLoad | OnWaitTimeout::StaleOrError, Some(value)) => {
+                AtDeadline::Serve(value)
+            }
+            (OnWaitTimeout::StaleOrLoad | OnWaitTimeout::Load, _) => AtDeadline::Load,
+            (OnWaitTimeout::StaleOrError | OnWaitTimeout::Error, _) => {
+                AtDeadline::Fail(Error::WaitTimedOut(self.deadline))
+            }
+        }
+    }
+}
+
+/// One flight's wait for another process's fill.
+pub(crate) struct Wait {
+    /// `None` if subscribing failed: polling alone then.
+    subscription: Option<Box<dyn FillSubscription>>,
+    started: Instant,
+    deadline: Instant,
+    backoff: Backoff,
+}
+
+/// What to do after [`Wait::until_recheck`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Next {
+    /// Re-check the key (acquire again).
+    Recheck,
+    /// The deadline passed.
+    Deadline,
+}
+
+impl Wait {
+    /// Starts waiting: subscribes to the key's fills *before* the caller
+    /// re-checks, so a fill landing in between is not missed.
+    pub(crate) async fn start<V: 'static>(
+        shared: &Shared<V>,
+        keys: &FillKeys,
+        policy: &WaitPolicy,
+        backend_timeout: Duration,
+    ) -> Wait {
+        shared.recorder.wait_started();
+        let subscription = shared
+            .call(backend_timeout, "subscribe", shared.backend.subscribe(keys))
+            .await
+            .ok();
+        let started = Instant::now();
+        Wait {
+            subscription,
+            started,
+            deadline: started + policy.deadline,
+            backoff: Backoff::new(policy),
+        }
+    }
+
+    /// Waits until the next re-check is due: the fill is announced, the
+    /// next poll tick comes, or the holder's lease (`holder_ttl` left)
+    /// would expire, so a dead holder is taken over without delay. Returns
+    /// [`Next::Deadline`] once the deadline has passed.
+    pub(crate) async fn until_recheck<V>(
+        &mut self,
+        shared: &Shared<V>,
+        holder_ttl: Duration,
+    ) -> Next {
+        let now = Instant::now();
+        if now >= self.deadline {
+            return Next::Deadline;
+        }
+        let nap = self
+            .backoff
+            .next_interval()
+            .min(holder_ttl + Duration::from_millis(1))
+            .min(self.deadline - now);
+        let notified = match self.subscription.as_mut() {
+            Some(sub) => tokio::select! {
+                _ = sub.notified() => true,
+                _ = tokio::time::sleep(nap) => false,
+            },
+            None => {
+                tokio::time::sleep(nap).await;
+                false
+            }
+        };
+        shared.recorder.wait_poll(notified);
+        Next::Recheck
+    }
+
+    /// Ends the wait (counted, with its duration).
+    pub(crate) fn finish<V>(self, shared: &Shared<V>, timed_out: bool) {
+        shared
+            .recorder
+            .wait_finished(self.started.elapsed(), timed_out);
     }
 }
 

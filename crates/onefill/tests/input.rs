@@ -59,7 +59,7 @@ fn zero_or_absurd_options_are_rejected_at_build() {
     for (option, builder) in bad {
         let err = builder.build().unwrap_err();
         match &err {
-            ConfigError::Invalid(InputError::Option { option: got, .. }) => {
+            ConfigError::Option { option: got, .. } => {
                 assert_eq!(*got, option, "{err}")
             }
             other => panic!("{option}: unexpected {other:?}"),

@@ -1,0 +1,124 @@
+//! [`CacheBuilder`]: the cache's parts (namespace, backend, codec) and its
+//! policy. The policy setters are generated from the option table in
+//! `options.rs`, where each option is declared once.
+
+use std::fmt;
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::backend::memory::MemoryBackend;
+use crate::backend::Backend;
+use crate::cache::Cache;
+use crate::codec::{Codec, JsonCodec};
+use crate::error::ConfigError;
+use crate::key;
+use crate::options::Policy;
+use crate::shared::Shared;
+
+/// Builds a [`Cache`]. Every option has a default; [`build`](CacheBuilder::build)
+/// validates them all.
+///
+/// | option | default |
+/// | --- | --- |
+/// | namespace | `onefill` |
+/// | backend | a new [`MemoryBackend`] |
+/// | codec | [`JsonCodec`] |
+/// | ttl | 60 s |
+/// | grace (stale-while-refresh window) | 0 (off) |
+/// | jitter | ±10 % |
+/// | early refresh `beta` (XFetch) | 1.0 |
+/// | lease TTL | adaptive: 3 × p99 load time within [1 s, 30 s] |
+/// | max load time | 30 s |
+/// | wait | deadline 10 s, polls 20 ms → 500 ms, then stale or one degraded load |
+/// | backend timeout | 1 s |
+/// | negative TTL | none |
+/// | fail-safe | on, throttle 5 s |
+/// | strict | off |
+/// | max value / key size | 8 MiB / 1 KiB |
+/// | circuit breaker | open after 5 consecutive failures, for 2 s |
+/// | outage fallback | last values of 10,000 keys, each for `ttl + grace` |
+///
+/// The policy setters (all but `namespace`, `backend`, `shared_backend` and
+/// `codec`) also exist on [`CallOptions`](crate::CallOptions) where they make
+/// sense for one call.
+pub struct CacheBuilder<K, V> {
+    namespace: String,
+    backend: Option<Arc<dyn Backend>>,
+    codec: Option<Arc<dyn Codec<V>>>,
+    /// Set by the generated setters in `options.rs`.
+    pub(crate) policy: Policy,
+    _key: PhantomData<fn(K)>,
+}
+
+impl<K, V> fmt::Debug for CacheBuilder<K, V> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CacheBuilder")
+            .field("namespace", &self.namespace)
+            .field("policy", &self.policy)
+            .finish()
+    }
+}
+
+impl<K, V> Default for CacheBuilder<K, V> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<K, V> CacheBuilder<K, V> {
+    /// The defaults; see the table above.
+    pub fn new() -> Self {
+        CacheBuilder {
+            namespace: "onefill".to_owned(),
+            backend: None,
+            codec: None,
+            policy: Policy::default(),
+            _key: PhantomData,
+        }
+    }
+    /// The key prefix; must not be empty nor contain `{` or `}`.
+    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
+        self.namespace = namespace.into();
+        self
+    }
+    /// Where values and leases live.
+    pub fn backend(mut self, backend: impl Backend) -> Self {
+        self.backend = Some(Arc::new(backend));
+        self
+    }
+    /// A backend already shared behind an `Arc`.
+    pub fn shared_backend(mut self, backend: Arc<dyn Backend>) -> Self {
+        self.backend = Some(backend);
+        self
+    }
+    /// The value codec.
+    pub fn codec(mut self, codec: impl Codec<V>) -> Self {
+        self.codec = Some(Arc::new(codec));
+        self
+    }
+}
+
+impl<K, V> CacheBuilder<K, V>
+where
+    V: Serialize + DeserializeOwned + Send + Sync + 'static,
+{
+    /// Validates the options and builds the cache.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError`] naming the first invalid option: an empty namespace or
+    /// one with `{`/`}`, a zero or absurd TTL, a jitter outside [0, 0.5], …
+    pub fn build(self) -> Result<Cache<K, V>, ConfigError> {
+        key::validate_namespace(&self.namespace)?;
+        self.policy.validate()?;
+        let backend = self
+            .backend
+            .unwrap_or_else(|| Arc::new(MemoryBackend::new()));
+        let codec = self.codec.unwrap_or_else(|| Arc::new(JsonCodec));
+        let shared = Shared::new(self.namespace, backend, codec, self.policy);
+        Ok(Cache::from_shared(Arc::new(shared)))
+    }
+}

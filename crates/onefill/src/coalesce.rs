@@ -1,0 +1,189 @@
+//! In-process coalescing: per key, one flight per process talks to the
+//! backend and every other local caller shares its answer.
+//!
+//! The map lookup and insert happen under one mutex, so exactly one caller
+//! becomes the leader however many arrive together. The leader does not run
+//! the flight itself: it hands the [`Completion`] to a spawned
+//! [`Flight`](crate::flight::Flight), so dropping any caller (the leader
+//! included) neither cancels the load nor strands the others (the trap of
+//! moka#240 and of several single-flight crates).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use tokio::sync::watch;
+
+use crate::error::Error;
+
+type Slot<T> = Option<Result<T, Error>>;
+type Map<T> = Arc<Mutex<HashMap<String, (u64, watch::Receiver<Slot<T>>)>>>;
+
+/// The map of flights under way in one [`Cache`](crate::Cache).
+#[derive(Debug)]
+pub(crate) struct Coalescer<T> {
+    map: Map<T>,
+    next_id: AtomicU64,
+}
+
+impl<T> Default for Coalescer<T> {
+    fn default() -> Self {
+        Coalescer {
+            map: Arc::default(),
+            next_id: AtomicU64::new(0),
+        }
+    }
+}
+
+/// The caller's role in a flight.
+pub(crate) enum Joined<T> {
+    /// This caller started the flight: it must hand the `Completion` to the
+    /// flight that runs it.
+    Leader(Completion<T>, Awaiter<T>),
+    /// A flight for the key was already under way.
+    Follower(Awaiter<T>),
+}
+
+/// Publishes the flight's outcome once. Dropped without publishing, it still
+/// removes the flight and the waiters get [`Error::FlightAbandoned`].
+pub(crate) struct Completion<T> {
+    map: Map<T>,
+    key: String,
+    id: u64,
+    tx: watch::Sender<Slot<T>>,
+}
+
+/// Awaits a flight's outcome.
+pub(crate) struct Awaiter<T> {
+    rx: watch::Receiver<Slot<T>>,
+}
+
+impl<T: Clone> Coalescer<T> {
+    pub(crate) fn join(&self, key: &str) -> Joined<T> {
+        let mut map = self.map.lock();
+        if let Some((_, rx)) = map.get(key) {
+            return Joined::Follower(Awaiter { rx: rx.clone() });
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = watch::channel(None);
+        map.insert(key.to_owned(), (id, rx.clone()));
+        Joined::Leader(
+            Completion {
+                map: self.map.clone(),
+                key: key.to_owned(),
+                id,
+                tx,
+            },
+            Awaiter { rx },
+        )
+    }
+
+    /// Flights under way.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.map.lock().len()
+    }
+}
+
+impl<T> Completion<T> {
+    /// Removes the flight from the map, then publishes the outcome. In that
+    /// order: a caller that arrives once the outcome is visible must start a
+    /// new flight (and read the backend), never pick up a finished answer;
+    /// otherwise a call made right after an `invalidate` or `set` could get
+    /// an answer from before it. Regression test: `coalesce::tests::
+    /// a_caller_after_completion_starts_a_new_flight`.
+    pub(crate) fn complete(self, outcome: Result<T, Error>) {
+        self.remove();
+        self.tx.send_replace(Some(outcome));
+    }
+
+    fn remove(&self) {
+        let mut map = self.map.lock();
+        if map
+            .get(&self.key)
+            .is_some_and(|(current, _)| *current == self.id)
+        {
+            map.remove(&self.key);
+        }
+    }
+}
+
+impl<T> Drop for Completion<T> {
+    fn drop(&mut self) {
+        self.remove();
+    }
+}
+
+impl<T: Clone> Awaiter<T> {
+    pub(crate) async fn outcome(mut self) -> Result<T, Error> {
+        match self.rx.wait_for(Option::is_some).await {
+            Ok(slot) => slot.clone().unwrap_or(Err(Error::FlightAbandoned)),
+            Err(_) => Err(Error::FlightAbandoned),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn one_leader_and_shared_outcome() {
+        let flights = Coalescer::<u32>::default();
+        let Joined::Leader(done, w1) = flights.join("k") else {
+            panic!("first caller leads")
+        };
+        let Joined::Follower(w2) = flights.join("k") else {
+            panic!("second caller follows")
+        };
+        assert_eq!(flights.len(), 1);
+        done.complete(Ok(7));
+        assert_eq!(flights.len(), 0);
+        assert_eq!(w1.outcome().await.unwrap(), 7);
+        assert_eq!(w2.outcome().await.unwrap(), 7);
+        assert!(
+            matches!(flights.join("k"), Joined::Leader(..)),
+            "a new flight after completion"
+        );
+    }
+
+    /// Regression: the outcome used to be published before the flight left
+    /// the map, so a caller arriving in between (on another worker thread)
+    /// joined a finished flight and got a stale answer (seen as a flaky
+    /// "expected Hit, got Loaded" on real Redis). A thread that sees the
+    /// outcome must always find the flight gone.
+    #[test]
+    fn a_caller_after_completion_starts_a_new_flight() {
+        let flights = Arc::new(Coalescer::<u32>::default());
+        for _ in 0..2_000 {
+            let Joined::Leader(done, waiter) = flights.join("k") else {
+                panic!("previous flight still registered")
+            };
+            let observer = {
+                let flights = flights.clone();
+                let rx = waiter.rx.clone();
+                std::thread::spawn(move || {
+                    while rx.borrow().is_none() {
+                        std::hint::spin_loop();
+                    }
+                    matches!(flights.join("k"), Joined::Leader(..))
+                })
+            };
+            done.complete(Ok(1));
+            assert!(observer.join().unwrap(), "joined a finished flight");
+        }
+    }
+
+    #[tokio::test]
+    async fn abandoned_flight_releases_waiters() {
+        let flights = Coalescer::<u32>::default();
+        let Joined::Leader(done, w1) = flights.join("k") else {
+            panic!()
+        };
+        drop(done);
+        assert!(matches!(w1.outcome().await, Err(Error::FlightAbandoned)));
+        assert_eq!(flights.len(), 0);
+    }
+}

@@ -1,0 +1,72 @@
+//! The caller's loader: type-erased, run detached and bounded.
+//!
+//! The loader runs in a task of its own, so a panic is caught by the runtime
+//! (and becomes [`Error::LoaderPanicked`] for every caller) instead of
+//! unwinding through the flight, and a loader that never finishes is
+//! aborted at the maximum load time.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use crate::error::{Error, LoaderError};
+use crate::options::Policy;
+use crate::shared::Shared;
+
+/// What the loader returns once type-erased: `None` is "nothing there"
+/// (the optional variant).
+pub(crate) type Loaded<V> = Result<Option<V>, LoaderError>;
+
+/// The caller's loader, type-erased, with the key already captured.
+pub(crate) type Load<V> =
+    Box<dyn FnOnce() -> Pin<Box<dyn Future<Output = Loaded<V>> + Send>> + Send>;
+
+/// Runs `load` detached, bounded by the policy's maximum load time, and
+/// records how long it took (for the adaptive lease TTL and the counters).
+pub(crate) async fn run<V: Send + 'static>(
+    shared: &Shared<V>,
+    policy: &Policy,
+    key: &str,
+    load: Load<V>,
+) -> (Result<Option<V>, Error>, Duration) {
+    let started = Instant::now();
+    let span = tracing::debug_span!("onefill.load", key);
+    let mut task = tokio::spawn(async move { load().await }.instrument(span));
+    let max = policy.max_load_time;
+    let result = match tokio::time::timeout(max, &mut task).await {
+        Ok(Ok(Ok(value))) => Ok(value),
+        Ok(Ok(Err(error))) => Err(Error::Loader(error)),
+        Ok(Err(join)) => Err(Error::LoaderPanicked(panic_message(join))),
+        Err(_) => {
+            task.abort();
+            Err(Error::LoadTimedOut(max))
+        }
+    };
+    let took = started.elapsed();
+    shared.recorder.load_finished(result.is_ok(), took);
+    shared.load_times.record(took);
+    if result.is_ok() && took > policy.ttl {
+        tracing::warn!(
+            key,
+            ?took,
+            ttl = ?policy.ttl,
+            "the load took longer than the TTL: values expire before waiters can use them"
+        );
+    }
+    (result, took)
+}
+
+fn panic_message(join: tokio::task::JoinError) -> String {
+    if !join.is_panic() {
+        return "the load task was cancelled".to_owned();
+    }
+    let payload = join.into_panic();
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "non-string panic payload".to_owned())
+}

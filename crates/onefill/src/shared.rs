@@ -1,0 +1,187 @@
+//! The state one cache shares between its handles and its flights, and the
+//! two things every flight does with it: call the backend (bounded by the
+//! backend timeout, through the circuit breaker, counted) and turn stored
+//! envelopes into values and back with the cache's codec.
+
+use std::collections::HashSet;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use tracing::Instrument;
+
+use crate::backend::{Backend, Stored};
+use crate::circuit::{Admit, Breaker};
+use crate::coalesce::Coalescer;
+use crate::codec::Codec;
+use crate::envelope::{self, Kind};
+use crate::error::{BackendError, BackendErrorKind, Error, InputError};
+use crate::fallback::Fallback;
+use crate::flight::Answer;
+use crate::lease::LoadTimes;
+use crate::options::Policy;
+use crate::stats::Recorder;
+
+/// Shared state of one cache: everything a flight needs.
+pub(crate) struct Shared<V> {
+    pub namespace: String,
+    pub backend: Arc<dyn Backend>,
+    pub codec: Arc<dyn Codec<V>>,
+    /// The cache-wide defaults (a call's overrides make its own copy).
+    pub policy: Policy,
+    pub recorder: Recorder,
+    pub load_times: LoadTimes,
+    /// The flights under way in this process, one per key.
+    pub flights: Coalescer<Answer<V>>,
+    /// Keys with a background refresh under way in this process.
+    pub refreshing: Mutex<HashSet<String>>,
+    pub breaker: Breaker,
+    pub fallback: Fallback<V>,
+}
+
+/// What a stored value turned out to be, for this cache's codec.
+pub(crate) enum Read<V> {
+    /// A value (`None`: a cached absence) and how long it stays fresh.
+    Value {
+        value: Option<V>,
+        fresh_for: Duration,
+        /// How long the load that produced it took (for XFetch).
+        delta: Duration,
+    },
+    /// A cached loader failure (negative caching).
+    Failure { message: String, fresh: bool },
+    /// Not an envelope, or a payload this codec cannot decode.
+    Unreadable,
+}
+
+impl<V: 'static> Shared<V> {
+    pub(crate) fn new(
+        namespace: String,
+        backend: Arc<dyn Backend>,
+        codec: Arc<dyn Codec<V>>,
+        policy: Policy,
+    ) -> Self {
+        Shared {
+            recorder: Recorder::new(&namespace),
+            breaker: Breaker::new(policy.circuit_breaker),
+            fallback: Fallback::new(policy.outage_fallback_capacity),
+            namespace,
+            backend,
+            codec,
+            policy,
+            load_times: LoadTimes::default(),
+            flights: Coalescer::default(),
+            refreshing: Mutex::default(),
+        }
+    }
+
+    /// Calls the backend through the circuit breaker, bounded by `timeout`
+    /// (the driver's own timeouts are not trusted to fire), with counters
+    /// and a span.
+    pub(crate) async fn call<T>(
+        &self,
+        timeout: Duration,
+        op: &'static str,
+        fut: impl Future<Output = Result<T, BackendError>>,
+    ) -> Result<T, BackendError> {
+        if self.breaker.admit() == Admit::Reject {
+            self.recorder.circuit_rejected();
+            return Err(BackendError::new(
+                BackendErrorKind::CircuitOpen,
+                "circuit breaker open",
+            ));
+        }
+        let span = tracing::trace_span!("onefill.backend", op);
+        let result = match tokio::time::timeout(timeout, fut.instrument(span)).await {
+            Ok(result) => result,
+            Err(_) => Err(BackendError::new(
+                BackendErrorKind::Timeout,
+                format!("{op} did not answer within {timeout:?}"),
+            )),
+        };
+        match &result {
+            Ok(_) => self.breaker.success(),
+            Err(e) => {
+                self.recorder.backend_error(op, e);
+                if e.is_transient() && self.breaker.failure() {
+                    self.recorder.circuit_opened();
+                }
+            }
+        }
+        result
+    }
+
+    /// Decodes stored bytes; `count_as` names the key when an unreadable
+    /// value should be counted (once per flight, not at every re-read).
+    pub(crate) fn read(&self, stored: &Stored, count_as: Option<&str>) -> Read<V> {
+        let env = match envelope::decode(&stored.bytes) {
+            Ok(env) => env,
+            Err(why) => {
+                if let Some(key) = count_as {
+                    self.recorder.decode_error(key, &format!("{why:?}"));
+                }
+                return Read::Unreadable;
+            }
+        };
+        let fresh_for = stored.ttl.saturating_sub(env.grace);
+        match env.kind {
+            Kind::Value => match self.codec.decode(env.payload) {
+                Ok(value) => Read::Value {
+                    value: Some(value),
+                    fresh_for,
+                    delta: env.delta,
+                },
+                Err(why) => {
+                    if let Some(key) = count_as {
+                        self.recorder.decode_error(key, &why.to_string());
+                    }
+                    Read::Unreadable
+                }
+            },
+            Kind::Absent => Read::Value {
+                value: None,
+                fresh_for,
+                delta: env.delta,
+            },
+            Kind::Failure => Read::Failure {
+                message: String::from_utf8_lossy(env.payload).into_owned(),
+                fresh: !fresh_for.is_zero(),
+            },
+        }
+    }
+
+    /// The value of stored bytes, fresh or stale (`None`: not a value).
+    pub(crate) fn value_of(&self, stored: &Stored, count_as: Option<&str>) -> Option<Option<V>> {
+        match self.read(stored, count_as) {
+            Read::Value { value, .. } => Some(value),
+            _ => None,
+        }
+    }
+
+    /// The envelope for `value` (`None`: a cached absence) under `policy`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Encode`] if the codec fails, [`InputError::ValueTooLarge`]
+    /// over the size limit.
+    pub(crate) fn encode(
+        &self,
+        policy: &Policy,
+        value: &Option<V>,
+        took: Duration,
+    ) -> Result<Vec<u8>, Error> {
+        let (kind, payload) = match value {
+            Some(v) => (Kind::Value, self.codec.encode(v).map_err(Error::Encode)?),
+            None => (Kind::Absent, Vec::new()),
+        };
+        let bytes = envelope::encode(kind, policy.grace, took, &payload);
+        if bytes.len() > policy.max_value_bytes {
+            return Err(Error::InvalidInput(InputError::ValueTooLarge {
+                len: bytes.len(),
+                max: policy.max_value_bytes,
+            }));
+        }
+        Ok(bytes)
+    }
+}
