@@ -94,7 +94,7 @@ where
     V: Clone + Send + Sync + 'static,
 {
     /// A builder with the defaults (namespace `onefill`, the embedded
-    /// [`MemoryBackend`], JSON, TTL 60 s, see [`CacheBuilder`]).
+    /// [`MemoryBackend`](crate::MemoryBackend), JSON, TTL 60 s, see [`CacheBuilder`]).
     pub fn builder() -> CacheBuilder<K, V> {
         CacheBuilder::new()
     }

@@ -18,8 +18,8 @@
 //!   in-process coalescing;
 //! - **observability**: [`Stats`] and the `metrics` facade, `tracing` spans.
 //!
-//! The embedded [`MemoryBackend`] is the default; the `redis` feature adds
-//! [`redis::RedisBackend`] for a fleet.
+//! The embedded [`MemoryBackend`] is the default; the `redis` feature (on
+//! by default) adds `redis::RedisBackend` for a fleet.
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -41,6 +41,18 @@
 //! # Ok(()) }
 //! ```
 //!
+//! ## Cargo features
+//!
+//! | feature | default | what it adds |
+//! | --- | --- | --- |
+//! | `redis` | on | `redis::RedisBackend`: standalone Redis and Redis Cluster (7.0+) |
+//! | `tls` | off | `rediss://` URLs for the Redis backend (rustls with the ring provider) and `RedisOptions::tls_root_cert` / `tls_client_cert` |
+//! | `postcard` | off | `PostcardCodec`, a compact binary codec |
+//! | `test-support` | off | `onefill::testing`: the conformance suite every [`Backend`] must pass, for implementers of other backends; `MemoryBackend::put_raw` / `get_raw` |
+//!
+//! With `--no-default-features` the crate is the embedded [`MemoryBackend`]
+//! alone, with every policy.
+//!
 //! ## What the lease is not
 //!
 //! The lease is a best-effort mutex that turns N loads into one; it is not a
@@ -52,6 +64,7 @@
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod backend;
 mod builder;
@@ -73,6 +86,7 @@ mod stats;
 mod wait;
 
 #[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use backend::redis;
 
 pub use backend::memory::MemoryBackend;
@@ -81,6 +95,7 @@ pub use builder::CacheBuilder;
 pub use cache::{Cache, Fetched};
 pub use circuit::{CircuitBreaker, CircuitState};
 #[cfg(feature = "postcard")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postcard")))]
 pub use codec::PostcardCodec;
 pub use codec::{Codec, JsonCodec};
 pub use error::{

@@ -1,7 +1,9 @@
 //! Backend outages on the memory backend, in paused time: the backend is
 //! wrapped so a test can make it hang (like a SIGSTOPped Redis) or refuse
-//! (like a dead one). The same behaviour is proven on real Redis in
-//! `redis_outage.rs`.
+//! (like a dead one). The same behaviour is proven on real Redis by
+//! `redis_backend.rs` (a killed, restarted and paused server) and by the
+//! CLI's fleet tests (`crates/onefill-cli/tests/fleet.rs`: SIGSTOP and
+//! restart of Redis under load, with real processes).
 
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;

@@ -29,6 +29,7 @@ pub use crate::lease::LeaseToken;
 
 pub mod memory;
 #[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
 
 /// Stored bytes plus the server's remaining TTL for them.
@@ -74,8 +75,10 @@ pub trait FillSubscription: Send {
 /// A store for envelopes and leases. See the module docs for the contract.
 ///
 /// Implemented by [`MemoryBackend`](crate::MemoryBackend) and, with the
-/// `redis` feature, by [`RedisBackend`](crate::redis::RedisBackend). Several
-/// caches (namespaces) may share one backend.
+/// `redis` feature, by `onefill::redis::RedisBackend`. Several caches
+/// (namespaces) may share one backend. Another store can implement it too:
+/// the conformance suite (feature `test-support`) checks an implementation
+/// against the contract.
 #[async_trait]
 pub trait Backend: Debug + Send + Sync + 'static {
     /// The value and its remaining TTL, if present.
