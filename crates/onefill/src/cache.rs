@@ -209,11 +209,8 @@ where
         Fut: Future<Output = Result<V, E>> + Send + 'static,
         E: std::error::Error + Send + Sync + 'static,
     {
-        let owned = key.clone();
-        let load: Load<V> = Box::new(move || {
-            Box::pin(async move { loader(owned).await.map(Some).map_err(LoaderError::new) })
-        });
-        let fetched = self.fetch_erased(key, options, load).await?;
+        let found = move |key| async move { loader(key).await.map(Some) };
+        let fetched = self.fetch_optional(key, options, found).await?;
         match fetched.value {
             Some(value) => Ok(Fetched {
                 value,

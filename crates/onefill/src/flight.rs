@@ -174,7 +174,6 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         let mut waiting: Option<Wait> = None;
         let mut stale: Option<Option<V>> = None;
         loop {
-            let lease_ttl = lease.ttl(&self.shared.load_times);
             // A value that is fresh on the server but unreadable here (another
             // type or version) must not block the lease: ask for it regardless.
             let window = if unreadable {
@@ -182,14 +181,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
             } else {
                 Duration::ZERO
             };
-            let acquired = Lease::acquire(
-                &self.shared,
-                &self.keys,
-                lease_ttl,
-                window,
-                self.policy.backend_timeout,
-            )
-            .await;
+            let acquired = self.acquire(lease, window).await;
             let (held_stale, holder_ttl) = match acquired {
                 Err(e) => {
                     self.finish_wait(waiting, false);
@@ -434,16 +426,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
             let _ = self.load_unleased(true).await;
             return;
         };
-        let lease_ttl = lease.ttl(&self.shared.load_times);
-        let acquired = Lease::acquire(
-            &self.shared,
-            &self.keys,
-            lease_ttl,
-            window,
-            self.policy.backend_timeout,
-        )
-        .await;
-        match acquired {
+        match self.acquire(lease, window).await {
             Ok(Acquisition::Won { lease, stale }) => {
                 let stale = self.stale_value(stale);
                 let _ = self.load_leased(lease, stale).await;
@@ -451,6 +434,17 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
             Ok(Acquisition::Held { .. }) => self.rec().lease_contended(),
             Ok(Acquisition::Fresh(_)) | Err(_) => {}
         }
+    }
+
+    /// Asks for the lease, with a TTL sized from recent load times.
+    async fn acquire(
+        &self,
+        lease: LeaseTtl,
+        refresh_window: Duration,
+    ) -> Result<Acquisition, BackendError> {
+        let lease_ttl = lease.ttl(&self.shared.load_times);
+        let timeout = self.policy.backend_timeout;
+        Lease::acquire(&self.shared, &self.keys, lease_ttl, refresh_window, timeout).await
     }
 
     async fn call<T>(

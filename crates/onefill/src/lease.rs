@@ -263,54 +263,65 @@ impl Lease {
     /// and ends the lease. `Ok(false)`: the lease was lost (expired or
     /// invalidated) and nothing was written; counted as a lost lease.
     pub(crate) async fn fill<V: 'static>(
-        mut self,
+        self,
         shared: &Shared<V>,
         timeout: Duration,
         bytes: &[u8],
         ttl: Duration,
     ) -> Result<bool, BackendError> {
-        self.loader_done();
-        let Some(held) = self.held.as_ref() else {
-            return Ok(false);
-        };
-        let filled = shared
-            .call(
-                timeout,
-                "fill",
-                held.backend.fill(&held.keys, &held.token, bytes, ttl),
-            )
-            .await;
-        if let Ok(false) = filled {
-            shared.recorder.lease_lost(held.keys.value());
-        }
-        // Done, or unknown whether it landed: either way the lease ends here
-        // (an unfilled one expires by itself).
-        self.held = None;
-        filled
+        self.end(shared, timeout, Ending::Fill { bytes, ttl }).await
     }
 
     /// Releases the lease by compare-and-delete, optionally leaving a short
     /// entry behind (a cached failure, or a fail-safe value).
     pub(crate) async fn release<V: 'static>(
-        mut self,
+        self,
         shared: &Shared<V>,
         timeout: Duration,
         entry: Option<(&[u8], Duration)>,
+    ) -> Result<bool, BackendError> {
+        self.end(shared, timeout, Ending::Release { entry }).await
+    }
+
+    /// Runs the token-checked step that ends the lease, then disarms the
+    /// drop guard: done, or unknown whether it landed (an unended lease
+    /// expires by itself). Dropped before the step answers, the guard still
+    /// releases.
+    async fn end<V: 'static>(
+        mut self,
+        shared: &Shared<V>,
+        timeout: Duration,
+        ending: Ending<'_>,
     ) -> Result<bool, BackendError> {
         self.loader_done();
         let Some(held) = self.held.as_ref() else {
             return Ok(false);
         };
-        let released = shared
-            .call(
-                timeout,
+        let (op, step) = match ending {
+            Ending::Fill { bytes, ttl } => (
+                "fill",
+                held.backend.fill(&held.keys, &held.token, bytes, ttl),
+            ),
+            Ending::Release { entry } => (
                 "release",
                 held.backend.release(&held.keys, &held.token, entry),
-            )
-            .await;
+            ),
+        };
+        let ended = shared.call(timeout, op, step).await;
+        if op == "fill" && matches!(ended, Ok(false)) {
+            shared.recorder.lease_lost(held.keys.value());
+        }
         self.held = None;
-        released
+        ended
     }
+}
+
+/// How a lease ends.
+enum Ending<'a> {
+    /// Write the loaded value (fenced on the token).
+    Fill { bytes: &'a [u8], ttl: Duration },
+    /// Delete the lease, optionally leaving a short entry.
+    Release { entry: Option<(&'a [u8], Duration)> },
 }
 
 impl Drop for Lease {

@@ -7,6 +7,7 @@
 //! adding an option is one edit and nothing a user may tune is a hidden
 //! constant.
 
+use std::fmt;
 use std::time::Duration;
 
 use crate::builder::CacheBuilder;
@@ -135,21 +136,21 @@ macro_rules! options {
 
 options! {
     per_call {
-        ttl: Duration = Duration::from_secs(60), check(duration_in(MS, MAX_TTL)) {
+        ttl: Duration = Duration::from_secs(60), check(within(MS, MAX_TTL)) {
             /// How long a value stays fresh (1 ms to 1 year).
             fn ttl(ttl: Duration) = ttl;
         }
-        grace: Duration = Duration::ZERO, check(duration_in(Duration::ZERO, MAX_TTL)) {
+        grace: Duration = Duration::ZERO, check(within(Duration::ZERO, MAX_TTL)) {
             /// How long after `ttl` a value is still served (stale) while one
             /// background refresh runs fleet-wide; also the window in which
             /// fail-safe can serve it when the loader fails.
             fn grace(grace: Duration) = grace;
         }
-        jitter: f64 = 0.1, check(fraction_in(0.0, 0.5)) {
+        jitter: f64 = 0.1, check(within(0.0, 0.5)) {
             /// The ± fraction applied to every TTL written (0 to 0.5).
             fn jitter(fraction: f64) = fraction;
         }
-        early_refresh_beta: f64 = 1.0, check(fraction_in(0.0, 100.0)) {
+        early_refresh_beta: f64 = 1.0, check(within(0.0, 100.0)) {
             /// XFetch's `beta`: 1.0 is the paper's optimum, larger refreshes
             /// earlier, 0 turns early refresh off. Early refresh applies to
             /// caches without a grace window: with one, the first stale read
@@ -165,7 +166,7 @@ options! {
             /// processes are fine.
             fn no_lease() = None;
         }
-        max_load_time: Duration = Duration::from_secs(30), check(duration_in(MS, Duration::from_secs(24 * 3600))) {
+        max_load_time: Duration = Duration::from_secs(30), check(within(MS, Duration::from_secs(24 * 3600))) {
             /// The longest a loader may run; then it is aborted and its lease
             /// released.
             fn max_load_time(max: Duration) = max;
@@ -174,7 +175,7 @@ options! {
             /// How losers of the lease race wait for another process's load.
             fn wait(wait: WaitPolicy) = wait;
         }
-        negative_ttl: Option<Duration> = None, check(optional(duration_in(MS, MAX_TTL))) {
+        negative_ttl: Option<Duration> = None, check(optional(within(MS, MAX_TTL))) {
             /// Remember loader failures for this long, so a failing origin is
             /// not called by every successive winner.
             fn negative_ttl(ttl: Duration) = Some(ttl);
@@ -191,20 +192,20 @@ options! {
         }
     }
     cache_wide {
-        backend_timeout: Duration = Duration::from_secs(1), check(duration_in(MS, Duration::from_secs(60))) {
+        backend_timeout: Duration = Duration::from_secs(1), check(within(MS, Duration::from_secs(60))) {
             /// The bound on every backend call.
             fn backend_timeout(timeout: Duration) = timeout;
         }
-        fail_safe_throttle: Duration = Duration::from_secs(5), check(duration_in(MS, MAX_TTL)) {
+        fail_safe_throttle: Duration = Duration::from_secs(5), check(within(MS, MAX_TTL)) {
             /// After a fail-safe answer, the stale value is stored as fresh
             /// for this long, so the failing origin is not retried at once.
             fn fail_safe_throttle(throttle: Duration) = throttle;
         }
-        max_value_bytes: usize = 8 * 1024 * 1024, check(count_in(1, 512 * 1024 * 1024)) {
+        max_value_bytes: usize = 8 * 1024 * 1024, check(within(1, 512 * 1024 * 1024)) {
             /// The largest encoded value accepted (bytes).
             fn max_value_bytes(max: usize) = max;
         }
-        max_key_bytes: usize = 1024, check(count_in(1, 64 * 1024)) {
+        max_key_bytes: usize = 1024, check(within(1, 64 * 1024)) {
             /// The longest key accepted (bytes of its string form).
             fn max_key_bytes(max: usize) = max;
         }
@@ -226,11 +227,11 @@ fn any<T>(_: &'static str, _: &T) -> Result<(), InvalidOption> {
     Ok(())
 }
 
-/// A duration within `[min, max]`.
-fn duration_in(
-    min: Duration,
-    max: Duration,
-) -> impl Fn(&'static str, &Duration) -> Result<(), InvalidOption> {
+/// A value within `[min, max]` (a NaN is never within).
+fn within<T: PartialOrd + Copy + fmt::Debug>(
+    min: T,
+    max: T,
+) -> impl Fn(&'static str, &T) -> Result<(), InvalidOption> {
     move |option, value| {
         if (min..=max).contains(value) {
             return Ok(());
@@ -238,32 +239,6 @@ fn duration_in(
         Err(InvalidOption::new(
             option,
             format!("must be within [{min:?}, {max:?}], got {value:?}"),
-        ))
-    }
-}
-
-/// A finite number within `[min, max]`.
-fn fraction_in(min: f64, max: f64) -> impl Fn(&'static str, &f64) -> Result<(), InvalidOption> {
-    move |option, value| {
-        if (min..=max).contains(value) {
-            return Ok(());
-        }
-        Err(InvalidOption::new(
-            option,
-            format!("must be within [{min}, {max}], got {value}"),
-        ))
-    }
-}
-
-/// A count within `[min, max]`.
-fn count_in(min: usize, max: usize) -> impl Fn(&'static str, &usize) -> Result<(), InvalidOption> {
-    move |option, value| {
-        if (min..=max).contains(value) {
-            return Ok(());
-        }
-        Err(InvalidOption::new(
-            option,
-            format!("must be within [{min}, {max}], got {value}"),
         ))
     }
 }
