@@ -6,7 +6,6 @@
 //! Loads are counted in Redis (`INCR` on a counter key next to the value),
 //! so the parent can count loads across processes without trusting them.
 
-use std::collections::BTreeMap;
 use std::io::BufRead;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -16,45 +15,14 @@ use anyhow::Context;
 use onefill::backend::FillKeys;
 use onefill::redis::RedisBackend;
 use onefill::{Cache, CallOptions, LeaseTtl, Outcome, WaitPolicy};
-use serde::{Deserialize, Serialize};
 
-use crate::cli::{FleetStrategy, RunArgs, WorkerArgs};
-use crate::report::percentile;
+use super::args::{FleetStrategy, RunArgs, WorkerArgs};
+use super::report::WorkerReport;
+use crate::shared::percentile::percentile;
 
 /// The counter key of `key`'s loads; shares the value's hash tag.
 pub fn load_counter_key(namespace: &str, key: &str) -> String {
     format!("{}:loads", FillKeys::new(namespace, key).value())
-}
-
-/// What one worker reports.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct WorkerReport {
-    /// The worker's process id.
-    pub pid: u32,
-    /// Calls made.
-    pub calls: u64,
-    /// Calls that returned an error.
-    pub errors: u64,
-    /// The first few error messages.
-    pub error_messages: Vec<String>,
-    /// Calls by outcome (`hit`, `stale`, `loaded`, `waited`, `degraded`;
-    /// `naive_hit`, `naive_load` for the naive strategy).
-    pub outcomes: BTreeMap<String, u64>,
-    /// Calls whose answer included a load or a wait (loaded, waited,
-    /// degraded, naive_load) that started after this process's first answer.
-    pub slow_after_first: u64,
-    /// Loads this process ran.
-    pub local_loads: u64,
-    /// Caller latency percentiles, milliseconds.
-    pub p50_ms: f64,
-    /// 99th percentile.
-    pub p99_ms: f64,
-    /// Slowest caller.
-    pub max_ms: f64,
-    /// The cache's counters at the end (onefill strategies).
-    pub stats: Option<onefill::Stats>,
-    /// Samples every 100 ms: `[t_ms, lease_acquired, loads_ok, degraded_loads, stale_served]`.
-    pub samples: Vec<[u64; 5]>,
 }
 
 struct Call {

@@ -5,49 +5,26 @@
 //! statistics, releases them together ("go"), and then reads back from Redis
 //! itself how many loads ran (the workers' `INCR` counters) and how many
 //! commands the run cost (`INFO commandstats`).
+//!
+//! The hidden `onefill worker` subcommand is one such process ([`worker`]).
+
+mod args;
+mod redis_admin;
+mod report;
+pub mod worker;
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::Instant;
 
 use anyhow::{bail, Context};
-use serde::Serialize;
 
-use crate::cli::{FleetArgs, FleetStrategy, RunArgs};
-use crate::progress::Progress;
-use crate::worker::{load_counter_key, WorkerReport};
-
-/// The measured result of one fleet run.
-#[derive(Debug, Clone, Serialize)]
-pub struct FleetReport {
-    /// Strategy of every process.
-    pub strategy: FleetStrategy,
-    /// Worker processes.
-    pub processes: u32,
-    /// Callers per process (herd mode).
-    pub callers_per_process: u32,
-    /// Namespace used.
-    pub namespace: String,
-    /// Loads per key, counted in Redis.
-    pub loads_per_key: Vec<(String, i64)>,
-    /// All loads, counted in Redis.
-    pub loads: i64,
-    /// Commands the server executed during the run (all nodes), excluding
-    /// the parent's own CONFIG/INFO.
-    pub redis_commands: u64,
-    /// Calls made by all processes.
-    pub calls: u64,
-    /// Calls that failed.
-    pub errors: u64,
-    /// Worst caller latency over all processes, ms.
-    pub max_ms: f64,
-    /// Highest per-process p99, ms.
-    pub p99_ms: f64,
-    /// Each process's own report.
-    pub workers: Vec<WorkerReport>,
-    /// From "go" to the last report, ms.
-    pub wall_ms: f64,
-}
+pub use self::args::{FleetArgs, FleetStrategy, RunArgs, WorkerArgs};
+use self::redis_admin::{admin, command_count};
+pub use self::report::FleetReport;
+use self::report::WorkerReport;
+use self::worker::load_counter_key;
+use crate::shared::progress::Progress;
 
 struct Worker {
     child: Child,
@@ -81,27 +58,7 @@ pub fn run_command(args: &FleetArgs) -> anyhow::Result<()> {
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
-        let shape = match args.run.rate {
-            Some(rate) => format!(
-                "{} processes × {rate} req/s for {} ms",
-                report.processes, args.run.duration_ms
-            ),
-            None => format!(
-                "{} processes × {} callers",
-                report.processes, report.callers_per_process
-            ),
-        };
-        println!(
-            "{shape} ({:?}): {} loads (counted in Redis), {} Redis commands, {} calls, \
-             {} errors, worst p99 {:.1} ms, max {:.1} ms",
-            report.strategy,
-            report.loads,
-            report.redis_commands,
-            report.calls,
-            report.errors,
-            report.p99_ms,
-            report.max_ms
-        );
+        println!("{}", report.to_text(&args.run));
     }
     progress.say(format!("fleet done in {:.0} ms", report.wall_ms));
     Ok(())
@@ -258,80 +215,4 @@ fn spawn(exe: &std::path::Path, args: &RunArgs, namespace: &str) -> anyhow::Resu
         stdin,
         stdout,
     })
-}
-
-/// Runs one command on every node (or the one server) with a short-lived
-/// connection and returns the first node's reply as text.
-fn admin(args: &RunArgs, cmd: &[&str]) -> anyhow::Result<String> {
-    let mut first = None;
-    let single_key_command = cmd[0] == "GET";
-    for url in &args.redis {
-        let client = redis::Client::open(url.as_str())?;
-        let mut con = client.get_connection()?;
-        let mut c = redis::cmd(cmd[0]);
-        for a in &cmd[1..] {
-            c.arg(*a);
-        }
-        if single_key_command && args.cluster {
-            // Route by asking every node; only the owner answers a value.
-            let reply: redis::RedisResult<Option<String>> = c.query(&mut con);
-            if let Ok(Some(v)) = reply {
-                return Ok(v);
-            }
-            continue;
-        }
-        let reply: redis::Value = c.query(&mut con)?;
-        if first.is_none() {
-            first = Some(match reply {
-                redis::Value::BulkString(b) => String::from_utf8_lossy(&b).into_owned(),
-                redis::Value::VerbatimString { text, .. } => text,
-                redis::Value::SimpleString(s) => s,
-                redis::Value::Nil => String::new(),
-                other => format!("{other:?}"),
-            });
-        }
-        if single_key_command {
-            break;
-        }
-    }
-    Ok(first.unwrap_or_default())
-}
-
-/// Sum of `calls=` over INFO commandstats of every node, less the parent's
-/// own admin commands.
-fn command_count(args: &RunArgs) -> anyhow::Result<u64> {
-    let mut total = 0;
-    for url in &args.redis {
-        let client = redis::Client::open(url.as_str())?;
-        let mut con = client.get_connection()?;
-        let info: String = redis::cmd("INFO").arg("commandstats").query(&mut con)?;
-        total += parse_commandstats(&info);
-    }
-    Ok(total)
-}
-
-/// `cmdstat_get:calls=12,usec=…` lines → total calls, without the `info`
-/// and `config` commands the measurement itself sends.
-pub fn parse_commandstats(info: &str) -> u64 {
-    info.lines()
-        .filter_map(|line| line.strip_prefix("cmdstat_"))
-        .filter(|line| !line.starts_with("info:") && !line.starts_with("config"))
-        .filter_map(|line| {
-            let calls = line.split_once(":calls=")?.1;
-            calls.split(',').next()?.parse::<u64>().ok()
-        })
-        .sum()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn commandstats_are_summed_without_our_own_commands() {
-        let info = "# Commandstats\r\ncmdstat_get:calls=12,usec=30,usec_per_call=2.5\r\n\
-                    cmdstat_evalsha:calls=3,usec=9\r\ncmdstat_info:calls=2,usec=1\r\n\
-                    cmdstat_config|resetstat:calls=1,usec=1\r\n";
-        assert_eq!(parse_commandstats(info), 15);
-    }
 }
