@@ -112,9 +112,10 @@ pub fn fresh_namespace() -> String {
 /// Runs one fleet and measures it.
 pub fn run(args: &RunArgs, processes: u32, namespace: &str) -> anyhow::Result<FleetReport> {
     let exe = std::env::current_exe().context("locating the onefill binary")?;
+    let run_json = args.to_json().context("encoding the run for the workers")?;
     let mut workers = Vec::new();
     for _ in 0..processes {
-        workers.push(spawn(&exe, args, namespace)?);
+        workers.push(spawn(&exe, &run_json, namespace)?);
     }
     for w in &mut workers {
         let mut line = String::new();
@@ -168,40 +169,10 @@ pub fn run(args: &RunArgs, processes: u32, namespace: &str) -> anyhow::Result<Fl
     })
 }
 
-fn spawn(exe: &std::path::Path, args: &RunArgs, namespace: &str) -> anyhow::Result<Worker> {
+/// Starts one worker, with the run as one JSON value.
+fn spawn(exe: &std::path::Path, run_json: &str, namespace: &str) -> anyhow::Result<Worker> {
     let mut cmd = Command::new(exe);
-    cmd.arg("worker")
-        .arg("--sync")
-        .arg("--namespace")
-        .arg(namespace);
-    for url in &args.redis {
-        cmd.arg("--redis").arg(url);
-    }
-    if args.cluster {
-        cmd.arg("--cluster");
-    }
-    let strategy = match args.strategy {
-        FleetStrategy::Naive => "naive",
-        FleetStrategy::CoalescingOnly => "coalescing-only",
-        FleetStrategy::Onefill => "onefill",
-    };
-    cmd.args(["--strategy", strategy])
-        .args(["--keys", &args.keys.join(",")])
-        .args(["--callers", &args.callers.to_string()])
-        .args(["--load-ms", &args.load_ms.to_string()])
-        .args(["--duration-ms", &args.duration_ms.to_string()])
-        .args(["--ttl-ms", &args.ttl_ms.to_string()])
-        .args(["--grace-ms", &args.grace_ms.to_string()])
-        .args(["--backend-timeout-ms", &args.backend_timeout_ms.to_string()]);
-    if let Some(rate) = args.rate {
-        cmd.args(["--rate", &rate.to_string()]);
-    }
-    if let Some(ms) = args.lease_ttl_ms {
-        cmd.args(["--lease-ttl-ms", &ms.to_string()]);
-    }
-    if let Some(ms) = args.wait_deadline_ms {
-        cmd.args(["--wait-deadline-ms", &ms.to_string()]);
-    }
+    cmd.args(WorkerArgs::command_line(run_json, namespace));
     let mut child = cmd
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())

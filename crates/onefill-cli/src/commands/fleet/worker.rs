@@ -83,23 +83,24 @@ impl Raw {
 }
 
 async fn work(args: &WorkerArgs) -> anyhow::Result<WorkerReport> {
-    let raw = Arc::new(Raw::connect(&args.run).await?);
-    let cache = match args.run.strategy {
+    let run = args.run();
+    let raw = Arc::new(Raw::connect(run).await?);
+    let cache = match run.strategy {
         FleetStrategy::Naive => None,
         strategy => {
-            let backend = connect(&args.run).await?;
-            let load = Duration::from_millis(args.run.load_ms);
+            let backend = connect(run).await?;
+            let load = Duration::from_millis(run.load_ms);
             let mut builder = Cache::<String, String>::builder()
                 .namespace(&args.namespace)
                 .backend(backend)
-                .ttl(Duration::from_millis(args.run.ttl_ms))
-                .grace(Duration::from_millis(args.run.grace_ms))
-                .backend_timeout(Duration::from_millis(args.run.backend_timeout_ms))
+                .ttl(Duration::from_millis(run.ttl_ms))
+                .grace(Duration::from_millis(run.grace_ms))
+                .backend_timeout(Duration::from_millis(run.backend_timeout_ms))
                 .max_load_time(load * 3 + Duration::from_secs(5));
-            if let Some(ms) = args.run.wait_deadline_ms {
+            if let Some(ms) = run.wait_deadline_ms {
                 builder = builder.wait(WaitPolicy::default().deadline(Duration::from_millis(ms)));
             }
-            if let Some(ms) = args.run.lease_ttl_ms {
+            if let Some(ms) = run.lease_ttl_ms {
                 builder = builder.lease_ttl(LeaseTtl::Fixed(Duration::from_millis(ms)));
             }
             if strategy == FleetStrategy::CoalescingOnly {
@@ -137,15 +138,15 @@ async fn work(args: &WorkerArgs) -> anyhow::Result<WorkerReport> {
         })
     });
     let mut tasks = Vec::new();
-    let keys: Vec<String> = args.run.keys.clone();
+    let keys: Vec<String> = run.keys.clone();
     let spawn_call = |i: usize| {
         let key = keys[i % keys.len()].clone();
         let cache = cache.clone();
         let raw = raw.clone();
         let local_loads = local_loads.clone();
         let namespace = args.namespace.clone();
-        let load = Duration::from_millis(args.run.load_ms);
-        let ttl_ms = args.run.ttl_ms;
+        let load = Duration::from_millis(run.load_ms);
+        let ttl_ms = run.ttl_ms;
         tokio::spawn(async move {
             let started = origin.elapsed();
             let t0 = Instant::now();
@@ -186,9 +187,9 @@ async fn work(args: &WorkerArgs) -> anyhow::Result<WorkerReport> {
             }
         })
     };
-    match args.run.rate {
+    match run.rate {
         None => {
-            for i in 0..args.run.callers as usize {
+            for i in 0..run.callers as usize {
                 tasks.push(spawn_call(i));
             }
         }
@@ -196,7 +197,7 @@ async fn work(args: &WorkerArgs) -> anyhow::Result<WorkerReport> {
             let period = Duration::from_secs_f64(1.0 / rate.max(1) as f64);
             let mut tick = tokio::time::interval(period);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            let duration = Duration::from_millis(args.run.duration_ms);
+            let duration = Duration::from_millis(run.duration_ms);
             let mut i = 0;
             while origin.elapsed() < duration {
                 tick.tick().await;
