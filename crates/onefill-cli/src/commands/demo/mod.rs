@@ -40,7 +40,7 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
     let strategies = runtime.block_on(herds(&config, progress))?;
     drop(runtime);
 
-    progress.say("running the unsafe-release lesson (lease TTL 100 ms, tokio's paused clock)…");
+    progress.say("running the unsafe-release lesson (lease TTL 100 ms, about 0.2 s)…");
     let lesson = lesson::run()?;
 
     let report = DemoReport {
