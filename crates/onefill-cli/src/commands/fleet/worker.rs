@@ -15,6 +15,7 @@ use anyhow::Context;
 use onefill::backend::FillKeys;
 use onefill::redis::RedisBackend;
 use onefill::{Cache, CallOptions, LeaseTtl, Outcome, WaitPolicy};
+use tokio::sync::oneshot;
 
 use super::args::{FleetStrategy, RunArgs, WorkerArgs};
 use super::report::WorkerReport;
@@ -82,16 +83,15 @@ impl Raw {
     }
 }
 
-async fn work(args: &WorkerArgs) -> anyhow::Result<WorkerReport> {
-    let run = args.run();
-    let raw = Arc::new(Raw::connect(run).await?);
-    let cache = match run.strategy {
+/// The onefill cache of the strategy (none for the naive one).
+async fn cache(run: &RunArgs, namespace: &str) -> anyhow::Result<Option<Cache<String, String>>> {
+    Ok(match run.strategy {
         FleetStrategy::Naive => None,
         strategy => {
             let backend = connect(run).await?;
             let load = Duration::from_millis(run.load_ms);
             let mut builder = Cache::<String, String>::builder()
-                .namespace(&args.namespace)
+                .namespace(namespace)
                 .backend(backend)
                 .ttl(Duration::from_millis(run.ttl_ms))
                 .grace(Duration::from_millis(run.grace_ms))
@@ -108,7 +108,13 @@ async fn work(args: &WorkerArgs) -> anyhow::Result<WorkerReport> {
             }
             Some(builder.build()?)
         }
-    };
+    })
+}
+
+async fn work(args: &WorkerArgs) -> anyhow::Result<WorkerReport> {
+    let run = args.run();
+    let raw = Arc::new(Raw::connect(run).await?);
+    let cache = cache(run, &args.namespace).await?;
     if args.sync {
         println!("ready");
         let mut line = String::new();
@@ -116,27 +122,7 @@ async fn work(args: &WorkerArgs) -> anyhow::Result<WorkerReport> {
     }
     let local_loads = Arc::new(AtomicU64::new(0));
     let origin = Instant::now();
-    let samples = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let sampler = cache.clone().map(|cache| {
-        let samples = samples.clone();
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_millis(100));
-            loop {
-                tick.tick().await;
-                let s = cache.stats();
-                let mut samples = samples.lock().unwrap_or_else(|p| p.into_inner());
-                if samples.len() < 100_000 {
-                    samples.push([
-                        origin.elapsed().as_millis() as u64,
-                        s.lease_acquired,
-                        s.loads_ok,
-                        s.degraded_loads,
-                        s.stale_served,
-                    ]);
-                }
-            }
-        })
-    });
+    let sampler = cache.clone().map(|cache| Sampler::start(cache, origin));
     let mut tasks = Vec::new();
     let keys: Vec<String> = run.keys.clone();
     let spawn_call = |i: usize| {
@@ -210,16 +196,64 @@ async fn work(args: &WorkerArgs) -> anyhow::Result<WorkerReport> {
     for t in tasks {
         calls.push(t.await.context("caller task")?);
     }
-    if let Some(sampler) = sampler {
-        sampler.abort();
-    }
-    let samples = std::mem::take(&mut *samples.lock().unwrap_or_else(|p| p.into_inner()));
+    let samples = match sampler {
+        Some(sampler) => sampler.finish().await?,
+        None => Vec::new(),
+    };
     Ok(summarize(
         calls,
         local_loads.load(Ordering::SeqCst),
         cache.map(|c| c.stats()),
         samples,
     ))
+}
+
+/// One sample: `[t_ms, lease_acquired, loads_ok, degraded_loads, stale_served]`.
+type Sample = [u64; 5];
+
+/// The most samples one worker keeps (almost three hours' worth).
+const MAX_SAMPLES: usize = 100_000;
+
+/// Samples a cache's counters every 100 ms into a buffer of its own, which
+/// [`Sampler::finish`] hands back.
+struct Sampler {
+    stop: oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<Vec<Sample>>,
+}
+
+impl Sampler {
+    /// Starts sampling; `origin` is t = 0 of the samples.
+    fn start(cache: Cache<String, String>, origin: Instant) -> Sampler {
+        let (stop, mut stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            let mut samples = Vec::new();
+            let mut tick = tokio::time::interval(Duration::from_millis(100));
+            loop {
+                tokio::select! {
+                    biased;
+                    _ = &mut stopped => return samples,
+                    _ = tick.tick() => {}
+                }
+                if samples.len() < MAX_SAMPLES {
+                    let s = cache.stats();
+                    samples.push([
+                        origin.elapsed().as_millis() as u64,
+                        s.lease_acquired,
+                        s.loads_ok,
+                        s.degraded_loads,
+                        s.stale_served,
+                    ]);
+                }
+            }
+        });
+        Sampler { stop, task }
+    }
+
+    /// Stops sampling and returns the samples.
+    async fn finish(self) -> anyhow::Result<Vec<Sample>> {
+        drop(self.stop);
+        self.task.await.context("the sampler task")
+    }
 }
 
 /// Naive cache-aside over the raw connection: GET, on a miss load and SET.
@@ -270,7 +304,7 @@ fn summarize(
     calls: Vec<Call>,
     local_loads: u64,
     stats: Option<onefill::Stats>,
-    samples: Vec<[u64; 5]>,
+    samples: Vec<Sample>,
 ) -> WorkerReport {
     let mut report = WorkerReport {
         pid: std::process::id(),
