@@ -4,23 +4,19 @@
 //! strategies, then the unsafe-release lesson; `--redis URL` runs it with
 //! real worker processes), `fleet` (worker processes against Redis, herd or
 //! steady load, measured), and the hidden `worker` (one fleet process).
-//! A new subcommand is a variant of [`cli::Command`] plus a module.
+//! A new subcommand is a variant of [`cli::Command`] plus a folder under
+//! `commands/`; what several commands use lives in `shared/`.
 
 mod cli;
-mod demo;
-mod fleet;
-mod herd;
-mod lesson;
-mod origin;
-mod progress;
-mod report;
-mod worker;
+mod commands;
+mod shared;
 
 use std::process::ExitCode;
 
 use clap::Parser;
 
 use crate::cli::{Cli, Command};
+use crate::commands::{demo, fleet};
 
 /// Exit status for arguments that parse but do not make sense together
 /// (clap itself uses the same code for the errors it detects).
@@ -37,7 +33,7 @@ fn main() -> ExitCode {
             demo::run(args)
         }
         Command::Fleet(args) => fleet::run_command(args),
-        Command::Worker(args) => worker::run(args),
+        Command::Worker(args) => fleet::worker::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

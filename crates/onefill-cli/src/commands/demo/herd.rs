@@ -10,7 +10,7 @@ use onefill::backend::FillKeys;
 use onefill::{Backend, Cache, MemoryBackend, WaitPolicy};
 use tokio::sync::Barrier;
 
-use crate::origin::Origin;
+use super::origin::Origin;
 
 /// The namespace of the demo's caches.
 pub const NAMESPACE: &str = "demo";

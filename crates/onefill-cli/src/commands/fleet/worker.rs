@@ -6,7 +6,6 @@
 //! Loads are counted in Redis (`INCR` on a counter key next to the value),
 //! so the parent can count loads across processes without trusting them.
 
-use std::collections::BTreeMap;
 use std::io::BufRead;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -16,45 +15,15 @@ use anyhow::Context;
 use onefill::backend::FillKeys;
 use onefill::redis::RedisBackend;
 use onefill::{Cache, CallOptions, LeaseTtl, Outcome, WaitPolicy};
-use serde::{Deserialize, Serialize};
+use tokio::sync::oneshot;
 
-use crate::cli::{FleetStrategy, RunArgs, WorkerArgs};
-use crate::report::percentile;
+use super::args::{FleetStrategy, RunArgs, WorkerArgs};
+use super::report::WorkerReport;
+use crate::shared::percentile::percentile;
 
 /// The counter key of `key`'s loads; shares the value's hash tag.
 pub fn load_counter_key(namespace: &str, key: &str) -> String {
     format!("{}:loads", FillKeys::new(namespace, key).value())
-}
-
-/// What one worker reports.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct WorkerReport {
-    /// The worker's process id.
-    pub pid: u32,
-    /// Calls made.
-    pub calls: u64,
-    /// Calls that returned an error.
-    pub errors: u64,
-    /// The first few error messages.
-    pub error_messages: Vec<String>,
-    /// Calls by outcome (`hit`, `stale`, `loaded`, `waited`, `degraded`;
-    /// `naive_hit`, `naive_load` for the naive strategy).
-    pub outcomes: BTreeMap<String, u64>,
-    /// Calls whose answer included a load or a wait (loaded, waited,
-    /// degraded, naive_load) that started after this process's first answer.
-    pub slow_after_first: u64,
-    /// Loads this process ran.
-    pub local_loads: u64,
-    /// Caller latency percentiles, milliseconds.
-    pub p50_ms: f64,
-    /// 99th percentile.
-    pub p99_ms: f64,
-    /// Slowest caller.
-    pub max_ms: f64,
-    /// The cache's counters at the end (onefill strategies).
-    pub stats: Option<onefill::Stats>,
-    /// Samples every 100 ms: `[t_ms, lease_acquired, loads_ok, degraded_loads, stale_served]`.
-    pub samples: Vec<[u64; 5]>,
 }
 
 struct Call {
@@ -114,24 +83,24 @@ impl Raw {
     }
 }
 
-async fn work(args: &WorkerArgs) -> anyhow::Result<WorkerReport> {
-    let raw = Arc::new(Raw::connect(&args.run).await?);
-    let cache = match args.run.strategy {
+/// The onefill cache of the strategy (none for the naive one).
+async fn cache(run: &RunArgs, namespace: &str) -> anyhow::Result<Option<Cache<String, String>>> {
+    Ok(match run.strategy {
         FleetStrategy::Naive => None,
         strategy => {
-            let backend = connect(&args.run).await?;
-            let load = Duration::from_millis(args.run.load_ms);
+            let backend = connect(run).await?;
+            let load = Duration::from_millis(run.load_ms);
             let mut builder = Cache::<String, String>::builder()
-                .namespace(&args.namespace)
+                .namespace(namespace)
                 .backend(backend)
-                .ttl(Duration::from_millis(args.run.ttl_ms))
-                .grace(Duration::from_millis(args.run.grace_ms))
-                .backend_timeout(Duration::from_millis(args.run.backend_timeout_ms))
+                .ttl(Duration::from_millis(run.ttl_ms))
+                .grace(Duration::from_millis(run.grace_ms))
+                .backend_timeout(Duration::from_millis(run.backend_timeout_ms))
                 .max_load_time(load * 3 + Duration::from_secs(5));
-            if let Some(ms) = args.run.wait_deadline_ms {
+            if let Some(ms) = run.wait_deadline_ms {
                 builder = builder.wait(WaitPolicy::default().deadline(Duration::from_millis(ms)));
             }
-            if let Some(ms) = args.run.lease_ttl_ms {
+            if let Some(ms) = run.lease_ttl_ms {
                 builder = builder.lease_ttl(LeaseTtl::Fixed(Duration::from_millis(ms)));
             }
             if strategy == FleetStrategy::CoalescingOnly {
@@ -139,7 +108,13 @@ async fn work(args: &WorkerArgs) -> anyhow::Result<WorkerReport> {
             }
             Some(builder.build()?)
         }
-    };
+    })
+}
+
+async fn work(args: &WorkerArgs) -> anyhow::Result<WorkerReport> {
+    let run = args.run();
+    let raw = Arc::new(Raw::connect(run).await?);
+    let cache = cache(run, &args.namespace).await?;
     if args.sync {
         println!("ready");
         let mut line = String::new();
@@ -147,37 +122,17 @@ async fn work(args: &WorkerArgs) -> anyhow::Result<WorkerReport> {
     }
     let local_loads = Arc::new(AtomicU64::new(0));
     let origin = Instant::now();
-    let samples = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let sampler = cache.clone().map(|cache| {
-        let samples = samples.clone();
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_millis(100));
-            loop {
-                tick.tick().await;
-                let s = cache.stats();
-                let mut samples = samples.lock().unwrap_or_else(|p| p.into_inner());
-                if samples.len() < 100_000 {
-                    samples.push([
-                        origin.elapsed().as_millis() as u64,
-                        s.lease_acquired,
-                        s.loads_ok,
-                        s.degraded_loads,
-                        s.stale_served,
-                    ]);
-                }
-            }
-        })
-    });
+    let sampler = cache.clone().map(|cache| Sampler::start(cache, origin));
     let mut tasks = Vec::new();
-    let keys: Vec<String> = args.run.keys.clone();
+    let keys: Vec<String> = run.keys.clone();
     let spawn_call = |i: usize| {
         let key = keys[i % keys.len()].clone();
         let cache = cache.clone();
         let raw = raw.clone();
         let local_loads = local_loads.clone();
         let namespace = args.namespace.clone();
-        let load = Duration::from_millis(args.run.load_ms);
-        let ttl_ms = args.run.ttl_ms;
+        let load = Duration::from_millis(run.load_ms);
+        let ttl_ms = run.ttl_ms;
         tokio::spawn(async move {
             let started = origin.elapsed();
             let t0 = Instant::now();
@@ -218,9 +173,9 @@ async fn work(args: &WorkerArgs) -> anyhow::Result<WorkerReport> {
             }
         })
     };
-    match args.run.rate {
+    match run.rate {
         None => {
-            for i in 0..args.run.callers as usize {
+            for i in 0..run.callers as usize {
                 tasks.push(spawn_call(i));
             }
         }
@@ -228,7 +183,7 @@ async fn work(args: &WorkerArgs) -> anyhow::Result<WorkerReport> {
             let period = Duration::from_secs_f64(1.0 / rate.max(1) as f64);
             let mut tick = tokio::time::interval(period);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            let duration = Duration::from_millis(args.run.duration_ms);
+            let duration = Duration::from_millis(run.duration_ms);
             let mut i = 0;
             while origin.elapsed() < duration {
                 tick.tick().await;
@@ -241,16 +196,64 @@ async fn work(args: &WorkerArgs) -> anyhow::Result<WorkerReport> {
     for t in tasks {
         calls.push(t.await.context("caller task")?);
     }
-    if let Some(sampler) = sampler {
-        sampler.abort();
-    }
-    let samples = std::mem::take(&mut *samples.lock().unwrap_or_else(|p| p.into_inner()));
+    let samples = match sampler {
+        Some(sampler) => sampler.finish().await?,
+        None => Vec::new(),
+    };
     Ok(summarize(
         calls,
         local_loads.load(Ordering::SeqCst),
         cache.map(|c| c.stats()),
         samples,
     ))
+}
+
+/// One sample: `[t_ms, lease_acquired, loads_ok, degraded_loads, stale_served]`.
+type Sample = [u64; 5];
+
+/// The most samples one worker keeps (almost three hours' worth).
+const MAX_SAMPLES: usize = 100_000;
+
+/// Samples a cache's counters every 100 ms into a buffer of its own, which
+/// [`Sampler::finish`] hands back.
+struct Sampler {
+    stop: oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<Vec<Sample>>,
+}
+
+impl Sampler {
+    /// Starts sampling; `origin` is t = 0 of the samples.
+    fn start(cache: Cache<String, String>, origin: Instant) -> Sampler {
+        let (stop, mut stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            let mut samples = Vec::new();
+            let mut tick = tokio::time::interval(Duration::from_millis(100));
+            loop {
+                tokio::select! {
+                    biased;
+                    _ = &mut stopped => return samples,
+                    _ = tick.tick() => {}
+                }
+                if samples.len() < MAX_SAMPLES {
+                    let s = cache.stats();
+                    samples.push([
+                        origin.elapsed().as_millis() as u64,
+                        s.lease_acquired,
+                        s.loads_ok,
+                        s.degraded_loads,
+                        s.stale_served,
+                    ]);
+                }
+            }
+        });
+        Sampler { stop, task }
+    }
+
+    /// Stops sampling and returns the samples.
+    async fn finish(self) -> anyhow::Result<Vec<Sample>> {
+        drop(self.stop);
+        self.task.await.context("the sampler task")
+    }
 }
 
 /// Naive cache-aside over the raw connection: GET, on a miss load and SET.
@@ -301,7 +304,7 @@ fn summarize(
     calls: Vec<Call>,
     local_loads: u64,
     stats: Option<onefill::Stats>,
-    samples: Vec<[u64; 5]>,
+    samples: Vec<Sample>,
 ) -> WorkerReport {
     let mut report = WorkerReport {
         pid: std::process::id(),

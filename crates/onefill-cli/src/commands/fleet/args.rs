@@ -1,0 +1,365 @@
+//! Flags of `onefill fleet` and of its hidden `onefill worker` processes.
+//!
+//! The parent hands each worker its [`RunArgs`] as one JSON document
+//! (`worker --run-json`), so a flag added to `RunArgs` reaches the workers
+//! without anyone rebuilding a command line; by hand (and in tests) a worker
+//! takes the same flags as `fleet`.
+
+use std::fmt::Display;
+use std::ops::RangeInclusive;
+
+use clap::Args;
+use serde::{Deserialize, Serialize};
+
+use crate::cli::{parse_key, MAX_CALLERS, MAX_LOAD_MS};
+
+// The bounds of the numeric run flags, enforced by clap on the command line
+// and by `RunArgs::check` on `--run-json`. (clap bounds `u32` flags with
+// `i64` ranges and `u64` flags with `u64` ranges.)
+const CALLERS: RangeInclusive<i64> = 1..=MAX_CALLERS as i64;
+const LOAD_MS: RangeInclusive<u64> = 1..=MAX_LOAD_MS;
+const RATE: RangeInclusive<i64> = 1..=100_000;
+const DURATION_MS: RangeInclusive<u64> = 1..=3_600_000;
+const TTL_MS: RangeInclusive<u64> = 1..=86_400_000;
+const GRACE_MS: RangeInclusive<u64> = 0..=86_400_000;
+const BACKEND_TIMEOUT_MS: RangeInclusive<u64> = 1..=60_000;
+const LEASE_TTL_MS: RangeInclusive<u64> = 30..=3_600_000;
+const WAIT_DEADLINE_MS: RangeInclusive<u64> = 1..=3_600_000;
+
+/// Which way the fleet's callers get the value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FleetStrategy {
+    /// GET; on a miss, load and SET (no coalescing at all).
+    Naive,
+    /// onefill without the lease: one load per process.
+    CoalescingOnly,
+    /// onefill: in-process coalescing plus the Redis lease.
+    Onefill,
+}
+
+/// The flags shared by `fleet` and each `worker`.
+#[derive(Debug, Clone, PartialEq, Eq, Args, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunArgs {
+    /// Redis URL (repeat for the nodes of a cluster, with --cluster).
+    #[arg(long = "redis", value_name = "URL", required = true)]
+    pub redis: Vec<String>,
+    /// The URLs are nodes of a Redis Cluster.
+    #[arg(long)]
+    pub cluster: bool,
+    /// Strategy of every process.
+    #[arg(long, value_enum, default_value_t = FleetStrategy::Onefill)]
+    pub strategy: FleetStrategy,
+    /// Keys asked for (comma-separated); callers are spread over them.
+    #[arg(long, value_delimiter = ',', default_value = "hot", value_parser = parse_key)]
+    pub keys: Vec<String>,
+    /// Callers per process in herd mode.
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(CALLERS))]
+    pub callers: u32,
+    /// How long one origin load takes, in milliseconds.
+    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u64).range(LOAD_MS))]
+    pub load_ms: u64,
+    /// Steady mode: requests per second per process (instead of a herd).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(RATE))]
+    pub rate: Option<u32>,
+    /// Steady mode: how long each process sends requests, in milliseconds.
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(DURATION_MS))]
+    pub duration_ms: u64,
+    /// Value TTL in milliseconds.
+    #[arg(long, default_value_t = 60_000, value_parser = clap::value_parser!(u64).range(TTL_MS))]
+    pub ttl_ms: u64,
+    /// Grace (serve-stale window) in milliseconds.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(GRACE_MS))]
+    pub grace_ms: u64,
+    /// Bound on every backend call, in milliseconds.
+    #[arg(long, default_value_t = 1_000, value_parser = clap::value_parser!(u64).range(BACKEND_TIMEOUT_MS))]
+    pub backend_timeout_ms: u64,
+    /// A fixed lease TTL in milliseconds (default: adaptive).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(LEASE_TTL_MS))]
+    pub lease_ttl_ms: Option<u64>,
+    /// The waiters' deadline in milliseconds (default 10 s).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(WAIT_DEADLINE_MS))]
+    pub wait_deadline_ms: Option<u64>,
+}
+
+impl RunArgs {
+    /// The run as the one JSON value a worker takes (`--run-json`).
+    pub fn to_json(&self) -> serde_json::Result<String> {
+        serde_json::to_string(self)
+    }
+
+    /// Reads `--run-json`: the JSON of [`RunArgs::to_json`], held to the
+    /// same bounds as the flags.
+    pub fn from_json(json: &str) -> Result<RunArgs, String> {
+        let run: RunArgs =
+            serde_json::from_str(json).map_err(|e| format!("not the JSON of a run: {e}"))?;
+        run.check()?;
+        Ok(run)
+    }
+
+    /// The bounds clap enforces on the flags, for a run that did not come
+    /// through them.
+    fn check(&self) -> Result<(), String> {
+        if self.redis.is_empty() {
+            return Err("at least one Redis URL is needed".to_owned());
+        }
+        if self.keys.is_empty() {
+            return Err("at least one key is needed".to_owned());
+        }
+        for key in &self.keys {
+            parse_key(key)?;
+        }
+        within("callers", i64::from(self.callers), CALLERS)?;
+        within("load_ms", self.load_ms, LOAD_MS)?;
+        if let Some(rate) = self.rate {
+            within("rate", i64::from(rate), RATE)?;
+        }
+        within("duration_ms", self.duration_ms, DURATION_MS)?;
+        within("ttl_ms", self.ttl_ms, TTL_MS)?;
+        within("grace_ms", self.grace_ms, GRACE_MS)?;
+        within(
+            "backend_timeout_ms",
+            self.backend_timeout_ms,
+            BACKEND_TIMEOUT_MS,
+        )?;
+        if let Some(ms) = self.lease_ttl_ms {
+            within("lease_ttl_ms", ms, LEASE_TTL_MS)?;
+        }
+        if let Some(ms) = self.wait_deadline_ms {
+            within("wait_deadline_ms", ms, WAIT_DEADLINE_MS)?;
+        }
+        Ok(())
+    }
+}
+
+fn within<T: PartialOrd + Display>(
+    field: &str,
+    value: T,
+    range: RangeInclusive<T>,
+) -> Result<(), String> {
+    if range.contains(&value) {
+        Ok(())
+    } else {
+        Err(format!(
+            "{field} is {value}, not in {}..={}",
+            range.start(),
+            range.end()
+        ))
+    }
+}
+
+/// Flags of `onefill fleet`.
+#[derive(Debug, Clone, Args)]
+pub struct FleetArgs {
+    /// What every worker runs.
+    #[command(flatten)]
+    pub run: RunArgs,
+    /// Worker processes.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub processes: u32,
+    /// Namespace of the run's keys (default: a fresh random one).
+    #[arg(long)]
+    pub namespace: Option<String>,
+    /// Print the results as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+    /// No progress messages on stderr.
+    #[arg(long, short)]
+    pub quiet: bool,
+}
+
+/// Flags of `onefill worker`: what to run, either as the run flags or as
+/// one `--run-json` value (how `fleet` starts its workers).
+#[derive(Debug, Clone, Args)]
+#[command(mut_arg("redis", |redis| redis.required(false).required_unless_present("run_json")))]
+pub struct WorkerArgs {
+    /// What to run, given as flags.
+    #[command(flatten)]
+    flags: RunArgs,
+    /// What to run, as one JSON value (instead of the run flags).
+    #[arg(long, value_name = "JSON", value_parser = RunArgs::from_json, conflicts_with = "RunArgs")]
+    run_json: Option<RunArgs>,
+    /// Namespace of the run's keys.
+    #[arg(long)]
+    pub namespace: String,
+    /// Print "ready", then wait for a line on stdin before starting.
+    #[arg(long)]
+    pub sync: bool,
+}
+
+impl WorkerArgs {
+    /// The worker's start command after the program name: `worker`, then
+    /// its flags, with `run` as one JSON value.
+    pub fn command_line(run_json: &str, namespace: &str) -> [String; 6] {
+        [
+            "worker".to_owned(),
+            "--sync".to_owned(),
+            "--namespace".to_owned(),
+            namespace.to_owned(),
+            "--run-json".to_owned(),
+            run_json.to_owned(),
+        ]
+    }
+
+    /// What to run, however it was given.
+    pub fn run(&self) -> &RunArgs {
+        self.run_json.as_ref().unwrap_or(&self.flags)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+    use crate::cli::{Cli, Command};
+
+    fn worker(argv: &[&str]) -> Result<WorkerArgs, clap::Error> {
+        let argv = ["onefill", "worker"].iter().chain(argv);
+        match Cli::try_parse_from(argv)?.command {
+            Command::Worker(args) => Ok(args),
+            other => panic!("not a worker: {other:?}"),
+        }
+    }
+
+    /// Every field away from its default. A struct literal, so a new field
+    /// does not compile until it is set here too.
+    fn every_field_set() -> RunArgs {
+        RunArgs {
+            redis: vec!["redis://a:7000".to_owned(), "redis://b:7001".to_owned()],
+            cluster: true,
+            strategy: FleetStrategy::CoalescingOnly,
+            keys: vec!["k1".to_owned(), "user:42".to_owned()],
+            callers: 7,
+            load_ms: 123,
+            rate: Some(250),
+            duration_ms: 4_321,
+            ttl_ms: 9_876,
+            grace_ms: 555,
+            backend_timeout_ms: 333,
+            lease_ttl_ms: Some(1_234),
+            wait_deadline_ms: Some(2_468),
+        }
+    }
+
+    #[test]
+    fn run_args_reach_the_worker_exactly_as_json() {
+        let run = every_field_set();
+        let json = run.to_json().expect("encodes");
+        let argv = WorkerArgs::command_line(&json, "ns");
+        let cli =
+            Cli::try_parse_from(std::iter::once("onefill").chain(argv.iter().map(String::as_str)))
+                .expect("the worker's command line parses");
+        let Command::Worker(args) = cli.command else {
+            panic!("not a worker")
+        };
+        assert_eq!(args.run(), &run);
+        assert_eq!(args.namespace, "ns");
+        assert!(args.sync);
+    }
+
+    #[test]
+    fn a_worker_still_takes_the_run_flags() {
+        let args = worker(&[
+            "--namespace",
+            "ns",
+            "--redis",
+            "redis://x",
+            "--callers",
+            "20",
+            "--lease-ttl-ms",
+            "1000",
+        ])
+        .expect("parses");
+        assert_eq!(args.run().redis, ["redis://x"]);
+        assert_eq!(args.run().callers, 20);
+        assert_eq!(args.run().lease_ttl_ms, Some(1_000));
+        assert_eq!(args.run().keys, ["hot"]);
+    }
+
+    #[test]
+    fn a_worker_needs_its_run_once() {
+        let json = every_field_set().to_json().expect("encodes");
+        assert!(worker(&["--namespace", "ns"]).is_err(), "no run at all");
+        assert!(
+            worker(&["--namespace", "ns", "--run-json", &json, "--callers", "3"]).is_err(),
+            "a run both as JSON and as flags"
+        );
+    }
+
+    #[test]
+    fn run_json_is_held_to_the_bounds_of_the_flags() {
+        let good = every_field_set();
+        for (what, bad) in [
+            (
+                "no URL",
+                RunArgs {
+                    redis: vec![],
+                    ..good.clone()
+                },
+            ),
+            (
+                "no key",
+                RunArgs {
+                    keys: vec![],
+                    ..good.clone()
+                },
+            ),
+            (
+                "empty key",
+                RunArgs {
+                    keys: vec![String::new()],
+                    ..good.clone()
+                },
+            ),
+            (
+                "0 callers",
+                RunArgs {
+                    callers: 0,
+                    ..good.clone()
+                },
+            ),
+            (
+                "long load",
+                RunArgs {
+                    load_ms: MAX_LOAD_MS + 1,
+                    ..good.clone()
+                },
+            ),
+            (
+                "0 rate",
+                RunArgs {
+                    rate: Some(0),
+                    ..good.clone()
+                },
+            ),
+            (
+                "short lease",
+                RunArgs {
+                    lease_ttl_ms: Some(29),
+                    ..good.clone()
+                },
+            ),
+            (
+                "0 deadline",
+                RunArgs {
+                    wait_deadline_ms: Some(0),
+                    ..good.clone()
+                },
+            ),
+        ] {
+            let json = bad.to_json().expect("encodes");
+            assert!(RunArgs::from_json(&json).is_err(), "{what} accepted");
+        }
+        assert!(RunArgs::from_json("{}").is_err());
+        assert!(RunArgs::from_json("not json").is_err());
+        let mut extra: serde_json::Value =
+            serde_json::from_str(&good.to_json().expect("encodes")).expect("JSON");
+        extra["no_such_field"] = 1.into();
+        assert!(
+            RunArgs::from_json(&extra.to_string()).is_err(),
+            "unknown field accepted"
+        );
+    }
+}

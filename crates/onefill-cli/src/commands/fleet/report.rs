@@ -1,0 +1,97 @@
+//! What a fleet run reports: each worker's JSON line, and the parent's sum.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::args::{FleetStrategy, RunArgs};
+
+/// The measured result of one fleet run.
+#[derive(Debug, Clone, Serialize)]
+pub struct FleetReport {
+    /// Strategy of every process.
+    pub strategy: FleetStrategy,
+    /// Worker processes.
+    pub processes: u32,
+    /// Callers per process (herd mode).
+    pub callers_per_process: u32,
+    /// Namespace used.
+    pub namespace: String,
+    /// Loads per key, counted in Redis.
+    pub loads_per_key: Vec<(String, i64)>,
+    /// All loads, counted in Redis.
+    pub loads: i64,
+    /// Commands the server executed during the run (all nodes), excluding
+    /// the parent's own CONFIG/INFO.
+    pub redis_commands: u64,
+    /// Calls made by all processes.
+    pub calls: u64,
+    /// Calls that failed.
+    pub errors: u64,
+    /// Worst caller latency over all processes, ms.
+    pub max_ms: f64,
+    /// Highest per-process p99, ms.
+    pub p99_ms: f64,
+    /// Each process's own report.
+    pub workers: Vec<WorkerReport>,
+    /// From "go" to the last report, ms.
+    pub wall_ms: f64,
+}
+
+impl FleetReport {
+    /// The one-line text summary of `onefill fleet` (without `--json`).
+    pub fn to_text(&self, run: &RunArgs) -> String {
+        let shape = match run.rate {
+            Some(rate) => format!(
+                "{} processes × {rate} req/s for {} ms",
+                self.processes, run.duration_ms
+            ),
+            None => format!(
+                "{} processes × {} callers",
+                self.processes, self.callers_per_process
+            ),
+        };
+        format!(
+            "{shape} ({:?}): {} loads (counted in Redis), {} Redis commands, {} calls, \
+             {} errors, worst p99 {:.1} ms, max {:.1} ms",
+            self.strategy,
+            self.loads,
+            self.redis_commands,
+            self.calls,
+            self.errors,
+            self.p99_ms,
+            self.max_ms
+        )
+    }
+}
+
+/// What one worker reports.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct WorkerReport {
+    /// The worker's process id.
+    pub pid: u32,
+    /// Calls made.
+    pub calls: u64,
+    /// Calls that returned an error.
+    pub errors: u64,
+    /// The first few error messages.
+    pub error_messages: Vec<String>,
+    /// Calls by outcome (`hit`, `stale`, `loaded`, `waited`, `degraded`;
+    /// `naive_hit`, `naive_load` for the naive strategy).
+    pub outcomes: BTreeMap<String, u64>,
+    /// Calls whose answer included a load or a wait (loaded, waited,
+    /// degraded, naive_load) that started after this process's first answer.
+    pub slow_after_first: u64,
+    /// Loads this process ran.
+    pub local_loads: u64,
+    /// Caller latency percentiles, milliseconds.
+    pub p50_ms: f64,
+    /// 99th percentile.
+    pub p99_ms: f64,
+    /// Slowest caller.
+    pub max_ms: f64,
+    /// The cache's counters at the end (onefill strategies).
+    pub stats: Option<onefill::Stats>,
+    /// Samples every 100 ms: `[t_ms, lease_acquired, loads_ok, degraded_loads, stale_served]`.
+    pub samples: Vec<[u64; 5]>,
+}
