@@ -115,18 +115,21 @@ macro_rules! options {
             )+ )*
         }
 
+        options!(@builder
+            $( $pf { $( $(#[$pdoc])* fn $psetter ( $( $parg : $parg_ty ),* ) = $pvalue ; )+ } )*
+            $( $cf { $( $(#[$cdoc])* fn $csetter ( $( $carg : $carg_ty ),* ) = $cvalue ; )+ } )*
+        );
+    };
+    // Every option has its setters on the builder, per-call ones and
+    // cache-wide ones alike.
+    (@builder $( $f:ident {
+        $( $(#[$doc:meta])* fn $setter:ident ( $( $arg:ident : $arg_ty:ty ),* ) = $value:expr ; )+
+    } )*) => {
         impl<K, V> CacheBuilder<K, V> {
             $( $(
-                $(#[$pdoc])*
-                pub fn $psetter(mut self, $( $parg: $parg_ty ),* ) -> Self {
-                    self.policy.$pf = $pvalue;
-                    self
-                }
-            )+ )*
-            $( $(
-                $(#[$cdoc])*
-                pub fn $csetter(mut self, $( $carg: $carg_ty ),* ) -> Self {
-                    self.policy.$cf = $cvalue;
+                $(#[$doc])*
+                pub fn $setter(mut self, $( $arg: $arg_ty ),* ) -> Self {
+                    self.policy.$f = $value;
                     self
                 }
             )+ )*
