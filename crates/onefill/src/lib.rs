@@ -54,6 +54,7 @@
 #![warn(missing_docs)]
 
 pub mod backend;
+mod backoff;
 mod cache;
 mod circuit;
 mod codec;
