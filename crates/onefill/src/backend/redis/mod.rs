@@ -91,32 +91,28 @@ use async_trait::async_trait;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
-use redis::{Client, FromRedisValue, ProtocolVersion, RedisError, ScriptInvocation};
+use redis::{Client, FromRedisValue, ProtocolVersion, RedisError, Script, ScriptInvocation};
 use tokio::sync::mpsc::unbounded_channel;
 
 use super::{Acquired, Backend, BackendError, FillKeys, FillSubscription, LeaseToken, Stored};
 use crate::error::BackendErrorKind;
 
-/// Driver errors as [`BackendError`]s, deadlines.
 mod errors;
-/// [`RedisOptions`], TLS, opening a client.
+mod link;
 mod options;
-/// The Lua scripts (their source is in `scripts/*.lua`).
 mod scripts;
-/// The fill-notification subscriber: shared state, connection, task.
 mod subscriber;
-/// Durations to and from Redis milliseconds.
 mod ttl;
-/// Checking and redacting connection URLs.
 mod urls;
 
 pub use options::RedisOptions;
 pub use ttl::NO_EXPIRY_TTL;
 
 use errors::{classify, with_deadline};
+use link::{ClusterLink, Link, SingleLink};
 use options::{connect_deadline, open_client};
 use scripts::{Scripts, CLUSTER_SCRIPTS, STANDALONE_SCRIPTS};
-use subscriber::{ClusterLink, Link, PubSubShared, SingleLink};
+use subscriber::PubSubShared;
 use ttl::{ms_ceil, px, ttl_from_ms};
 use urls::redact;
 
@@ -309,6 +305,17 @@ impl RedisBackend {
     }
 }
 
+/// An invocation of `script` on the key's value, lock and channel: the
+/// `KEYS` of every script that announces a change, in that order.
+fn announcing<'a>(script: &'a Script, keys: &FillKeys) -> ScriptInvocation<'a> {
+    let mut invocation = script.prepare_invoke();
+    invocation
+        .key(keys.value())
+        .key(keys.lock())
+        .key(keys.channel());
+    invocation
+}
+
 #[async_trait]
 impl Backend for RedisBackend {
     async fn get(&self, keys: &FillKeys) -> Result<Option<Stored>, BackendError> {
@@ -372,14 +379,8 @@ impl Backend for RedisBackend {
         bytes: &[u8],
         ttl: Duration,
     ) -> Result<bool, BackendError> {
-        let mut invocation = self.inner.scripts.fill.prepare_invoke();
-        invocation
-            .key(keys.value())
-            .key(keys.lock())
-            .key(keys.channel())
-            .arg(token.as_bytes())
-            .arg(bytes)
-            .arg(px(ttl));
+        let mut invocation = announcing(&self.inner.scripts.fill, keys);
+        invocation.arg(token.as_bytes()).arg(bytes).arg(px(ttl));
         self.eval_flag("fill", &invocation).await
     }
 
@@ -389,12 +390,8 @@ impl Backend for RedisBackend {
         token: &LeaseToken,
         entry: Option<(&[u8], Duration)>,
     ) -> Result<bool, BackendError> {
-        let mut invocation = self.inner.scripts.release.prepare_invoke();
-        invocation
-            .key(keys.value())
-            .key(keys.lock())
-            .key(keys.channel())
-            .arg(token.as_bytes());
+        let mut invocation = announcing(&self.inner.scripts.release, keys);
+        invocation.arg(token.as_bytes());
         if let Some((bytes, ttl)) = entry {
             invocation.arg(bytes).arg(px(ttl));
         }
@@ -416,22 +413,13 @@ impl Backend for RedisBackend {
     }
 
     async fn set(&self, keys: &FillKeys, bytes: &[u8], ttl: Duration) -> Result<(), BackendError> {
-        let mut invocation = self.inner.scripts.set.prepare_invoke();
-        invocation
-            .key(keys.value())
-            .key(keys.lock())
-            .key(keys.channel())
-            .arg(bytes)
-            .arg(px(ttl));
+        let mut invocation = announcing(&self.inner.scripts.set, keys);
+        invocation.arg(bytes).arg(px(ttl));
         self.eval_flag("set", &invocation).await.map(drop)
     }
 
     async fn invalidate(&self, keys: &FillKeys) -> Result<(), BackendError> {
-        let mut invocation = self.inner.scripts.invalidate.prepare_invoke();
-        invocation
-            .key(keys.value())
-            .key(keys.lock())
-            .key(keys.channel());
+        let invocation = announcing(&self.inner.scripts.invalidate, keys);
         self.eval_flag("invalidate", &invocation).await.map(drop)
     }
 

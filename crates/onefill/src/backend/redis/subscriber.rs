@@ -9,8 +9,8 @@
 //!
 //! - after the standalone subscriber connection drops (a restart, a network
 //!   failure, or a health-check `PING` that fails), it reconnects with
-//!   jittered exponential backoff ([`Backoff`]) and subscribes every live
-//!   channel again;
+//!   jittered exponential backoff (see [`link`](super::link)) and
+//!   subscribes every live channel again;
 //! - on a cluster, the `redis` crate reconnects lost nodes and resubscribes
 //!   their channels itself;
 //! - either way every subscription is woken once when its channel is
@@ -30,18 +30,14 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use parking_lot::Mutex;
-use redis::aio::MultiplexedConnection;
-use redis::cluster_async::ClusterConnection;
-use redis::{AsyncConnectionConfig, Client, PushInfo, PushKind, RedisError, Value};
+use redis::{PushInfo, PushKind, Value};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
-use super::errors::{classify, with_deadline, within};
-use super::options::{RedisOptions, MIN_BACKOFF};
+use super::link::{Link, SingleLink};
+use super::options::RedisOptions;
 use crate::backend::FillSubscription;
-use crate::backoff::Backoff;
-use crate::error::BackendError;
 
 /// How long a cluster subscription that failed waits before it is retried.
 const SUBSCRIBE_RETRY: Duration = Duration::from_millis(500);
@@ -197,158 +193,6 @@ impl Drop for RedisSubscription {
     }
 }
 
-/// The subscriber connection, owned by the subscriber task.
-pub(super) enum Link {
-    Single(Box<SingleLink>),
-    Cluster(ClusterLink),
-}
-
-pub(super) struct SingleLink {
-    client: Client,
-    options: RedisOptions,
-    conn: Option<MultiplexedConnection>,
-    /// The pushes of the current connection (each connection gets its own
-    /// channel, so a dead one's late messages cannot be mistaken).
-    pushes: Option<UnboundedReceiver<PushInfo>>,
-    /// Paces reconnections; reset once connected.
-    backoff: Backoff,
-}
-
-pub(super) struct ClusterLink {
-    conn: ClusterConnection,
-    /// `None` once the driver dropped its push sender (it never should).
-    pushes: Option<UnboundedReceiver<PushInfo>>,
-    options: RedisOptions,
-}
-
-impl SingleLink {
-    /// A link for `client` (which must speak RESP3, for pushes), not yet
-    /// connected.
-    pub(super) fn new(client: Client, options: RedisOptions) -> SingleLink {
-        let backoff = Backoff::new(MIN_BACKOFF, options.max_backoff);
-        SingleLink {
-            client,
-            options,
-            conn: None,
-            pushes: None,
-            backoff,
-        }
-    }
-
-    pub(super) async fn connect(&mut self) -> Result<(), BackendError> {
-        let (tx, rx) = unbounded_channel();
-        let config = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(self.options.connection_timeout))
-            .set_response_timeout(Some(self.options.response_timeout))
-            .set_push_sender(tx);
-        let deadline = self
-            .options
-            .connection_timeout
-            .saturating_add(self.options.response_timeout);
-        let conn = with_deadline(
-            "subscriber connect",
-            deadline,
-            self.client
-                .get_multiplexed_async_connection_with_config(&config),
-        )
-        .await?;
-        self.conn = Some(conn);
-        self.pushes = Some(rx);
-        Ok(())
-    }
-
-    fn disconnect(&mut self) {
-        self.conn = None;
-        self.pushes = None;
-    }
-
-    /// When to try to reconnect next. The jitter keeps a fleet that lost
-    /// the same server from reconnecting in lockstep; the interval never
-    /// exceeds [`RedisOptions::max_backoff`], as documented there.
-    fn retry_at(&mut self) -> Instant {
-        Instant::now() + self.backoff.next_interval().min(self.options.max_backoff)
-    }
-
-    async fn command(
-        &mut self,
-        op: &'static str,
-        channels: &[String],
-        subscribe: bool,
-    ) -> Result<(), BackendError> {
-        let Some(conn) = self.conn.as_mut() else {
-            let disconnected =
-                std::io::Error::new(std::io::ErrorKind::NotConnected, "subscriber disconnected");
-            return Err(classify(op, RedisError::from(disconnected)));
-        };
-        let call = async {
-            if subscribe {
-                conn.subscribe(channels).await
-            } else {
-                conn.unsubscribe(channels).await
-            }
-        };
-        within(self.options.response_timeout, call)
-            .await
-            .map_err(|e| classify(op, e))
-    }
-
-    async fn ping(&mut self) -> Result<(), BackendError> {
-        let Some(conn) = self.conn.as_mut() else {
-            return Ok(());
-        };
-        let cmd = redis::cmd("PING");
-        let ping = cmd.query_async::<Value>(conn);
-        within(self.options.response_timeout, ping)
-            .await
-            .map(drop)
-            .map_err(|e| classify("subscriber ping", e))
-    }
-}
-
-impl ClusterLink {
-    /// A link on `conn`, a RESP3 cluster connection whose pushes arrive on
-    /// `pushes`.
-    pub(super) fn new(
-        conn: ClusterConnection,
-        pushes: UnboundedReceiver<PushInfo>,
-        options: RedisOptions,
-    ) -> ClusterLink {
-        ClusterLink {
-            conn,
-            pushes: Some(pushes),
-            options,
-        }
-    }
-
-    /// `SSUBSCRIBE`/`SUNSUBSCRIBE` one channel at a time (each is routed to
-    /// its slot's node), concurrently. Returns the channels that failed.
-    async fn command(&self, channels: Vec<String>, subscribe: bool) -> Vec<String> {
-        let mut calls = tokio::task::JoinSet::new();
-        for channel in channels {
-            let mut conn = self.conn.clone();
-            let timeout = self.options.response_timeout;
-            calls.spawn(async move {
-                let call = async {
-                    if subscribe {
-                        conn.ssubscribe(&channel).await
-                    } else {
-                        conn.sunsubscribe(&channel).await
-                    }
-                };
-                let ok = within(timeout, call).await.is_ok();
-                (channel, ok)
-            });
-        }
-        let mut failed = Vec::new();
-        while let Some(joined) = calls.join_next().await {
-            if let Ok((channel, false)) = joined {
-                failed.push(channel);
-            }
-        }
-        failed
-    }
-}
-
 /// What the subscriber task should do next.
 enum Step {
     Wake(Option<()>),
@@ -498,7 +342,6 @@ async fn reconnect(shared: &PubSubShared, l: &mut SingleLink) -> Option<Instant>
     match l.connect().await {
         Ok(()) => {
             tracing::info!("redis subscriber reconnected");
-            l.backoff.reset();
             shared.state.lock().connected = true;
             None
         }
