@@ -4,6 +4,8 @@
 //! that the driver keeps alive itself. Both deliver their pushes (messages,
 //! subscription confirmations) on a channel of their own.
 
+use std::time::Duration;
+
 use redis::aio::MultiplexedConnection;
 use redis::cluster_async::ClusterConnection;
 use redis::{AsyncConnectionConfig, Client, PushInfo, RedisError, Value};
@@ -86,7 +88,12 @@ impl SingleLink {
     /// the same server from reconnecting in lockstep; the interval never
     /// exceeds [`RedisOptions::max_backoff`], as documented there.
     pub(super) fn retry_at(&mut self) -> Instant {
-        Instant::now() + self.backoff.next_interval().min(self.options.max_backoff)
+        let wait = self.backoff.next_interval().min(self.options.max_backoff);
+        let now = Instant::now();
+        // A `max_backoff` of centuries must not panic on overflow: a year
+        // is as good as never.
+        now.checked_add(wait)
+            .unwrap_or_else(|| now + Duration::from_secs(365 * 24 * 3600))
     }
 
     pub(super) async fn command(

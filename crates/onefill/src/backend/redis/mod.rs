@@ -110,7 +110,7 @@ pub use ttl::NO_EXPIRY_TTL;
 
 use errors::{classify, with_deadline};
 use link::{ClusterLink, Link, SingleLink};
-use options::{connect_deadline, open_client};
+use options::{check_url_and_tls, connect_deadline, open_client};
 use scripts::{Scripts, CLUSTER_SCRIPTS, STANDALONE_SCRIPTS};
 use subscriber::PubSubShared;
 use ttl::{ms_ceil, px, ttl_from_ms};
@@ -157,7 +157,9 @@ impl RedisBackend {
     /// Connects to a standalone Redis with the default [`RedisOptions`].
     ///
     /// `url` is a redis-rs connection URL: `redis://[user:password@]host[:port][/db]`
-    /// (or `redis+unix:///path`). Fails if the server cannot be reached.
+    /// (or `redis+unix:///path`). Fails if the server cannot be reached, or
+    /// if the URL is malformed (the error says what is wrong with it,
+    /// without quoting it).
     pub async fn connect(url: &str) -> Result<RedisBackend, BackendError> {
         Self::connect_with(url, RedisOptions::default()).await
     }
@@ -215,7 +217,7 @@ impl RedisBackend {
         options: RedisOptions,
     ) -> Result<RedisBackend, BackendError> {
         for url in urls {
-            options::check(url)?;
+            check_url_and_tls(url)?;
         }
         let builder = |urls: &[&str]| {
             let builder = ClusterClientBuilder::new(urls.iter().copied());

@@ -137,14 +137,14 @@ impl RedisOptions {
 
 /// Checks `url` (what is wrong with it, TLS support) before the driver sees
 /// it.
-pub(super) fn check(url: &str) -> Result<(), BackendError> {
+pub(super) fn check_url_and_tls(url: &str) -> Result<(), BackendError> {
     check_url(url)?;
     check_tls_support(url)
 }
 
 /// Opens a client for `url`, with the TLS settings of `options`.
 pub(super) fn open_client(url: &str, options: &RedisOptions) -> Result<Client, BackendError> {
-    check(url)?;
+    check_url_and_tls(url)?;
     #[cfg(feature = "tls")]
     if let Some(certs) = &options.tls {
         return Client::build_with_tls(url, certs.clone()).map_err(|e| classify("connect", e));
