@@ -265,20 +265,52 @@ pub enum BackendErrorKind {
     CircuitOpen,
 }
 
+impl fmt::Display for BackendErrorKind {
+    /// The kind in words, e.g. "timed out".
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            BackendErrorKind::Timeout => "timed out",
+            BackendErrorKind::Connection => "connection failed",
+            BackendErrorKind::Busy => "server busy",
+            BackendErrorKind::Command => "command rejected",
+            BackendErrorKind::Protocol => "protocol error",
+            BackendErrorKind::CircuitOpen => "circuit open",
+        })
+    }
+}
+
 /// A backend (Redis or memory) call failed.
-#[derive(Debug, Clone, thiserror::Error)]
-#[error("{kind:?}: {message}")]
+///
+/// Cheap to clone: the underlying error, if any, is shared. It displays as
+/// the kind in words and the message (`timed out: get: no answer within
+/// 1s`); [`source`](std::error::Error::source) is the underlying error, for
+/// the Redis backend the driver's `redis::RedisError`.
+#[derive(Debug, Clone)]
 pub struct BackendError {
     kind: BackendErrorKind,
     message: String,
+    source: Option<Arc<dyn std::error::Error + Send + Sync>>,
 }
 
 impl BackendError {
-    /// A new error of the given kind.
+    /// A new error of the given kind, without an underlying error.
     pub fn new(kind: BackendErrorKind, message: impl Into<String>) -> Self {
         BackendError {
             kind,
             message: message.into(),
+            source: None,
+        }
+    }
+    /// A new error of the given kind, caused by `source` (returned by
+    /// [`source`](std::error::Error::source)).
+    pub fn with_source<E>(kind: BackendErrorKind, message: impl Into<String>, source: E) -> Self
+    where
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        BackendError {
+            kind,
+            message: message.into(),
+            source: Some(Arc::new(source)),
         }
     }
     /// What kind of failure this is.
@@ -297,8 +329,71 @@ impl BackendError {
             BackendErrorKind::Command | BackendErrorKind::Protocol
         )
     }
-    /// The human-readable message.
+    /// The human-readable message, without the kind.
     pub fn message(&self) -> &str {
         &self.message
+    }
+}
+
+impl fmt::Display for BackendError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.message.is_empty() {
+            write!(f, "{}", self.kind)
+        } else {
+            write!(f, "{}: {}", self.kind, self.message)
+        }
+    }
+}
+
+impl std::error::Error for BackendError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        // Returns the error itself, not the `Arc`, so callers can downcast
+        // it to its own type.
+        self.source
+            .as_deref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}
+
+#[cfg(test)]
+mod backend_error_tests {
+    use std::error::Error as _;
+
+    use super::*;
+
+    #[test]
+    fn backend_errors_name_their_kind_in_words() {
+        for (kind, words) in [
+            (BackendErrorKind::Timeout, "timed out"),
+            (BackendErrorKind::Connection, "connection failed"),
+            (BackendErrorKind::Busy, "server busy"),
+            (BackendErrorKind::Command, "command rejected"),
+            (BackendErrorKind::Protocol, "protocol error"),
+            (BackendErrorKind::CircuitOpen, "circuit open"),
+        ] {
+            let err = BackendError::new(kind, "get: no answer");
+            assert_eq!(err.to_string(), format!("{words}: get: no answer"));
+            assert_eq!(BackendError::new(kind, "").to_string(), words);
+        }
+    }
+
+    #[test]
+    fn backend_errors_keep_their_cause() {
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset by peer");
+        let err = BackendError::with_source(BackendErrorKind::Connection, "get: reset", io);
+        let cloned = err.clone();
+        let source = cloned.source().expect("a source");
+        let io = source
+            .downcast_ref::<std::io::Error>()
+            .expect("the io error");
+        assert_eq!(io.kind(), std::io::ErrorKind::ConnectionReset);
+        assert_eq!(err.message(), "get: reset");
+        assert!(BackendError::new(BackendErrorKind::Busy, "x")
+            .source()
+            .is_none());
+        // Through the caller-facing error too.
+        let caller = Error::from(err);
+        let chain = caller.source().and_then(|b| b.source());
+        assert!(chain.is_some_and(|e| e.is::<std::io::Error>()));
     }
 }

@@ -67,6 +67,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod backend;
+mod backoff;
 mod builder;
 mod cache;
 mod circuit;

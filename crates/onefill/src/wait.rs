@@ -12,6 +12,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::backend::{FillKeys, FillSubscription};
+use crate::backoff::Backoff;
 use crate::error::{Error, InvalidOption};
 use crate::shared::Shared;
 
@@ -171,7 +172,7 @@ impl Wait {
             subscription,
             started,
             deadline: started + policy.deadline,
-            backoff: Backoff::new(policy),
+            backoff: Backoff::new(policy.poll_initial, policy.poll_max),
         }
     }
 
@@ -215,46 +216,9 @@ impl Wait {
     }
 }
 
-/// Jittered exponential backoff: each interval is the current base ±25 %,
-/// and the base doubles up to `poll_max`.
-#[derive(Debug)]
-pub(crate) struct Backoff {
-    base: Duration,
-    max: Duration,
-}
-
-impl Backoff {
-    pub(crate) fn new(policy: &WaitPolicy) -> Self {
-        Backoff {
-            base: policy.poll_initial,
-            max: policy.poll_max,
-        }
-    }
-    pub(crate) fn next_interval(&mut self) -> Duration {
-        let factor = 0.75 + rand::random::<f64>() * 0.5;
-        let interval = self.base.mul_f64(factor);
-        self.base = (self.base * 2).min(self.max);
-        interval
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn backoff_grows_with_jitter_up_to_the_max() {
-        let policy = WaitPolicy::default();
-        let mut b = Backoff::new(&policy);
-        let first = b.next_interval();
-        assert!(first >= Duration::from_millis(15) && first <= Duration::from_millis(25));
-        for _ in 0..20 {
-            let i = b.next_interval();
-            assert!(i <= policy.poll_max.mul_f64(1.25));
-        }
-        let late = b.next_interval();
-        assert!(late >= policy.poll_max.mul_f64(0.75));
-    }
 
     #[test]
     fn bad_wait_policies_are_rejected() {

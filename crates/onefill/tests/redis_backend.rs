@@ -419,6 +419,17 @@ async fn errors_are_classified(backend: &RedisBackend, raw: &dyn Raw) {
         .unwrap_err();
     assert_eq!(err.kind(), BackendErrorKind::Command, "{err}");
     assert!(!err.is_transient());
+    // The driver's error is kept as the cause; the message says the kind in
+    // words, then the operation.
+    let source = std::error::Error::source(&err).expect("the driver's error");
+    let redis_error = source
+        .downcast_ref::<redis::RedisError>()
+        .expect("a RedisError");
+    assert_eq!(redis_error.code(), Some("WRONGTYPE"), "{redis_error}");
+    assert!(
+        err.to_string().starts_with("command rejected: acquire: "),
+        "{err}"
+    );
 }
 
 async fn shared_subscriptions(backend: &RedisBackend, raw: &dyn Raw) {
@@ -660,4 +671,25 @@ async fn connection_failures_are_reported() {
         !err.is_transient(),
         "a missing password is not transient: {err}"
     );
+}
+
+#[tokio::test]
+async fn a_bad_url_says_what_is_wrong_without_the_password() {
+    for (url, problem) in [
+        ("redis://user:hunter2@host:notaport", "invalid port number"),
+        ("http://user:hunter2@host:6379", "unknown scheme `http`"),
+        ("redis://user:hunter2@127.0.0.1:6379/notadb", "database"),
+    ] {
+        let err = RedisBackend::connect_with(url, fast()).await.unwrap_err();
+        let shown = format!("{err} / {err:?}");
+        assert!(err.message().contains(problem), "{url}: {shown}");
+        assert!(!shown.contains("hunter2"), "{url}: {shown}");
+        assert!(!err.is_transient(), "{url}: {shown}");
+        let err = RedisBackend::connect_cluster_with(&["redis://127.0.0.1:7000", url], fast())
+            .await
+            .unwrap_err();
+        let shown = format!("{err} / {err:?}");
+        assert!(err.message().contains(problem), "{url}: {shown}");
+        assert!(!shown.contains("hunter2"), "{url}: {shown}");
+    }
 }

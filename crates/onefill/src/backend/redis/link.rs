@@ -1,0 +1,177 @@
+//! The subscriber's connection, owned by the subscriber task: on a
+//! standalone server one RESP3 connection that the task replaces when it
+//! drops, paced by a [`Backoff`]; on a cluster a RESP3 cluster connection
+//! that the driver keeps alive itself. Both deliver their pushes (messages,
+//! subscription confirmations) on a channel of their own.
+
+use std::time::Duration;
+
+use redis::aio::MultiplexedConnection;
+use redis::cluster_async::ClusterConnection;
+use redis::{AsyncConnectionConfig, Client, PushInfo, RedisError, Value};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+use tokio::time::Instant;
+
+use super::errors::{classify, with_deadline, within};
+use super::options::{RedisOptions, MIN_BACKOFF};
+use crate::backoff::Backoff;
+use crate::error::BackendError;
+
+/// The subscriber connection, owned by the subscriber task.
+pub(super) enum Link {
+    Single(Box<SingleLink>),
+    Cluster(ClusterLink),
+}
+
+pub(super) struct SingleLink {
+    client: Client,
+    options: RedisOptions,
+    pub(super) conn: Option<MultiplexedConnection>,
+    /// The pushes of the current connection (each connection gets its own
+    /// channel, so a dead one's late messages cannot be mistaken).
+    pub(super) pushes: Option<UnboundedReceiver<PushInfo>>,
+    /// Paces reconnections; reset once connected.
+    backoff: Backoff,
+}
+
+pub(super) struct ClusterLink {
+    conn: ClusterConnection,
+    /// `None` once the driver dropped its push sender (it never should).
+    pub(super) pushes: Option<UnboundedReceiver<PushInfo>>,
+    options: RedisOptions,
+}
+
+impl SingleLink {
+    /// A link for `client` (which must speak RESP3, for pushes), not yet
+    /// connected.
+    pub(super) fn new(client: Client, options: RedisOptions) -> SingleLink {
+        let backoff = Backoff::new(MIN_BACKOFF, options.max_backoff);
+        SingleLink {
+            client,
+            options,
+            conn: None,
+            pushes: None,
+            backoff,
+        }
+    }
+
+    pub(super) async fn connect(&mut self) -> Result<(), BackendError> {
+        let (tx, rx) = unbounded_channel();
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.options.connection_timeout))
+            .set_response_timeout(Some(self.options.response_timeout))
+            .set_push_sender(tx);
+        let deadline = self
+            .options
+            .connection_timeout
+            .saturating_add(self.options.response_timeout);
+        let conn = with_deadline(
+            "subscriber connect",
+            deadline,
+            self.client
+                .get_multiplexed_async_connection_with_config(&config),
+        )
+        .await?;
+        self.conn = Some(conn);
+        self.pushes = Some(rx);
+        // The next loss of this connection is retried quickly again.
+        self.backoff.reset();
+        Ok(())
+    }
+
+    pub(super) fn disconnect(&mut self) {
+        self.conn = None;
+        self.pushes = None;
+    }
+
+    /// When to try to reconnect next. The jitter keeps a fleet that lost
+    /// the same server from reconnecting in lockstep; the interval never
+    /// exceeds [`RedisOptions::max_backoff`], as documented there.
+    pub(super) fn retry_at(&mut self) -> Instant {
+        let wait = self.backoff.next_interval().min(self.options.max_backoff);
+        let now = Instant::now();
+        // A `max_backoff` of centuries must not panic on overflow: a year
+        // is as good as never.
+        now.checked_add(wait)
+            .unwrap_or_else(|| now + Duration::from_secs(365 * 24 * 3600))
+    }
+
+    pub(super) async fn command(
+        &mut self,
+        op: &'static str,
+        channels: &[String],
+        subscribe: bool,
+    ) -> Result<(), BackendError> {
+        let Some(conn) = self.conn.as_mut() else {
+            let disconnected =
+                std::io::Error::new(std::io::ErrorKind::NotConnected, "subscriber disconnected");
+            return Err(classify(op, RedisError::from(disconnected)));
+        };
+        let call = async {
+            if subscribe {
+                conn.subscribe(channels).await
+            } else {
+                conn.unsubscribe(channels).await
+            }
+        };
+        within(self.options.response_timeout, call)
+            .await
+            .map_err(|e| classify(op, e))
+    }
+
+    pub(super) async fn ping(&mut self) -> Result<(), BackendError> {
+        let Some(conn) = self.conn.as_mut() else {
+            return Ok(());
+        };
+        let cmd = redis::cmd("PING");
+        let ping = cmd.query_async::<Value>(conn);
+        within(self.options.response_timeout, ping)
+            .await
+            .map(drop)
+            .map_err(|e| classify("subscriber ping", e))
+    }
+}
+
+impl ClusterLink {
+    /// A link on `conn`, a RESP3 cluster connection whose pushes arrive on
+    /// `pushes`.
+    pub(super) fn new(
+        conn: ClusterConnection,
+        pushes: UnboundedReceiver<PushInfo>,
+        options: RedisOptions,
+    ) -> ClusterLink {
+        ClusterLink {
+            conn,
+            pushes: Some(pushes),
+            options,
+        }
+    }
+
+    /// `SSUBSCRIBE`/`SUNSUBSCRIBE` one channel at a time (each is routed to
+    /// its slot's node), concurrently. Returns the channels that failed.
+    pub(super) async fn command(&self, channels: Vec<String>, subscribe: bool) -> Vec<String> {
+        let mut calls = tokio::task::JoinSet::new();
+        for channel in channels {
+            let mut conn = self.conn.clone();
+            let timeout = self.options.response_timeout;
+            calls.spawn(async move {
+                let call = async {
+                    if subscribe {
+                        conn.ssubscribe(&channel).await
+                    } else {
+                        conn.sunsubscribe(&channel).await
+                    }
+                };
+                let ok = within(timeout, call).await.is_ok();
+                (channel, ok)
+            });
+        }
+        let mut failed = Vec::new();
+        while let Some(joined) = calls.join_next().await {
+            if let Ok((channel, false)) = joined {
+                failed.push(channel);
+            }
+        }
+        failed
+    }
+}

@@ -1,0 +1,432 @@
+//! The Redis backend: standalone Redis or Redis Cluster (7.0 or later).
+//!
+//! Every [`Backend`] step is one server-side Lua script, so it is atomic
+//! exactly like the [`MemoryBackend`](crate::MemoryBackend)'s critical
+//! sections; the hit path [`get`](Backend::get) is a pipelined `GET` + `PTTL`
+//! (one round trip, no script).
+//!
+//! | step | server side |
+//! | --- | --- |
+//! | `acquire` | value readable and `PTTL > grace + window`? return it : `SET lock token NX PX ttl` |
+//! | `fill` | `GET lock == token`? `SET value PX ttl`, `DEL lock`, publish |
+//! | `release` | `GET lock == token`? `DEL lock` (+ `SET value PX ttl`), publish |
+//! | `extend` | `GET lock == token`? `PEXPIRE lock ttl` |
+//! | `set` / `invalidate` | `SET value PX ttl` / `DEL value`, `DEL lock`, publish |
+//!
+//! The scripts read the grace period from the envelope header; bytes that
+//! are not a version-1 envelope are never fresh. Scripts are sent with
+//! `EVALSHA` and loaded again on `NOSCRIPT` (after a server restart or
+//! failover).
+//!
+//! # Connections
+//!
+//! - **Standalone**: a [`ConnectionManager`] (one multiplexed connection that
+//!   reconnects by itself) for commands, plus one dedicated RESP3 connection
+//!   for fill notifications (`SUBSCRIBE`/`PUBLISH`).
+//! - **Cluster**: an async [`ClusterConnection`] for commands (routed by the
+//!   hash-tagged key, so all keys of one script share a slot), plus a second
+//!   RESP3 cluster connection for notifications through **sharded** pub/sub
+//!   (`SSUBSCRIBE`/`SPUBLISH`, Redis 7.0+), routed by the channel's slot.
+//!
+//! Authentication (`redis://user:password@host:port`), the database
+//! (`redis://host/2`, standalone only) and the protocol (`?protocol=resp3`)
+//! come from the URL. A URL that does not parse is an error that says what
+//! is wrong with it, without quoting it (it may hold a password).
+//!
+//! TLS (`rediss://`) needs onefill's `tls` cargo feature (rustls with the
+//! ring provider). The server's certificate is checked against the system's
+//! trust store, or against the CA given to `RedisOptions::tls_root_cert`;
+//! `RedisOptions::tls_client_cert` adds a client certificate for mutual TLS.
+//! Without the feature, a `rediss://` URL is an error that says so.
+//!
+//! # Fill notifications
+//!
+//! One subscriber connection per backend is shared by every waiting key; a
+//! background task keeps it subscribed to the channels in use. After the
+//! connection drops (a restart, a network failure, a failed health-check
+//! `PING`), it reconnects with jittered exponential backoff and subscribes
+//! again; on a cluster the `redis` crate reconnects nodes and resubscribes
+//! itself. Either way every subscription is woken once when its channel is
+//! subscribed again, because fills announced meanwhile were lost. While the
+//! subscriber is disconnected, [`subscribe`](Backend::subscribe) returns at
+//! once and the cache's polling covers the gap.
+//!
+//! Limits: notifications are best effort (Redis pub/sub has no delivery
+//! guarantee; callers poll as well). On a cluster, a channel whose node
+//! cannot be reached is retried every half second, and while a node is
+//! unreachable, each retry round waits up to the response timeout for it,
+//! which can delay new subscriptions on healthy nodes by as much; a slot that
+//! migrates relies on the `redis` crate moving its subscriptions.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), onefill::BackendError> {
+//! use std::time::Duration;
+//! use onefill::redis::{RedisBackend, RedisOptions};
+//!
+//! // Standalone, with the default timeouts (1 s connect, 1 s response).
+//! let backend = RedisBackend::connect("redis://:secret@127.0.0.1:6379/0").await?;
+//!
+//! // Cluster: any reachable nodes; the rest of the topology is discovered.
+//! let options = RedisOptions::new().response_timeout(Duration::from_millis(250));
+//! let cluster = RedisBackend::connect_cluster_with(
+//!     &["redis://10.0.0.1:7000", "redis://10.0.0.2:7000"],
+//!     options,
+//! )
+//! .await?;
+//!
+//! let users = onefill::Cache::<u64, String>::builder()
+//!     .namespace("users")
+//!     .backend(backend)
+//!     .build()
+//!     .expect("valid options");
+//! # drop((users, cluster));
+//! # Ok(()) }
+//! ```
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClientBuilder;
+use redis::cluster_async::ClusterConnection;
+use redis::{Client, FromRedisValue, ProtocolVersion, RedisError, Script, ScriptInvocation};
+use tokio::sync::mpsc::unbounded_channel;
+
+use super::{Acquired, Backend, BackendError, FillKeys, FillSubscription, LeaseToken, Stored};
+use crate::error::BackendErrorKind;
+
+mod errors;
+mod link;
+mod options;
+mod scripts;
+mod subscriber;
+mod ttl;
+mod urls;
+
+pub use options::RedisOptions;
+pub use ttl::NO_EXPIRY_TTL;
+
+use errors::{classify, with_deadline};
+use link::{ClusterLink, Link, SingleLink};
+use options::{check_url_and_tls, connect_deadline, open_client};
+use scripts::{Scripts, CLUSTER_SCRIPTS, STANDALONE_SCRIPTS};
+use subscriber::PubSubShared;
+use ttl::{ms_ceil, px, ttl_from_ms};
+use urls::redact;
+
+/// A [`Backend`] on Redis: standalone or Redis Cluster.
+///
+/// Cheap to clone; clones share the connections. See the
+/// [module docs](self) for the scripts, the connections and how fill
+/// notifications work.
+#[derive(Clone)]
+pub struct RedisBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    conn: Conn,
+    scripts: &'static Scripts,
+    pubsub: Arc<PubSubShared>,
+    /// Where we are connected, without credentials (for `Debug`).
+    target: String,
+}
+
+#[derive(Clone)]
+enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl fmt::Debug for RedisBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mode = match self.inner.conn {
+            Conn::Single(_) => "standalone",
+            Conn::Cluster(_) => "cluster",
+        };
+        f.debug_struct("RedisBackend")
+            .field("mode", &mode)
+            .field("target", &self.inner.target)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisBackend {
+    /// Connects to a standalone Redis with the default [`RedisOptions`].
+    ///
+    /// `url` is a redis-rs connection URL: `redis://[user:password@]host[:port][/db]`
+    /// (or `redis+unix:///path`). Fails if the server cannot be reached, or
+    /// if the URL is malformed (the error says what is wrong with it,
+    /// without quoting it).
+    pub async fn connect(url: &str) -> Result<RedisBackend, BackendError> {
+        Self::connect_with(url, RedisOptions::default()).await
+    }
+
+    /// Connects to a standalone Redis with the given options.
+    pub async fn connect_with(
+        url: &str,
+        options: RedisOptions,
+    ) -> Result<RedisBackend, BackendError> {
+        let client = open_client(url, &options)?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(options.connection_timeout))
+            .set_response_timeout(Some(options.response_timeout))
+            .set_number_of_retries(options.reconnect_retries)
+            .set_max_delay(options.max_backoff);
+        let manager = with_deadline(
+            "connect",
+            connect_deadline(&options),
+            client.get_connection_manager_with_config(config),
+        )
+        .await?;
+
+        // Fill notifications use RESP3 pushes on a connection of their own.
+        let info = client.get_connection_info().clone();
+        let settings = info
+            .redis_settings()
+            .clone()
+            .set_protocol(ProtocolVersion::RESP3);
+        let sub_client =
+            Client::open(info.set_redis_settings(settings)).map_err(|e| classify("connect", e))?;
+        let mut link = SingleLink::new(sub_client, options.clone());
+        link.connect().await?;
+
+        Ok(Self::assemble(
+            Conn::Single(manager),
+            &STANDALONE_SCRIPTS,
+            Link::Single(Box::new(link)),
+            options,
+            redact(url),
+        ))
+    }
+
+    /// Connects to a Redis Cluster with the default [`RedisOptions`].
+    ///
+    /// `urls` are some of the cluster's nodes (`redis://[user:password@]host:port`);
+    /// the rest of the topology is discovered. Fails if no node can be
+    /// reached.
+    pub async fn connect_cluster(urls: &[&str]) -> Result<RedisBackend, BackendError> {
+        Self::connect_cluster_with(urls, RedisOptions::default()).await
+    }
+
+    /// Connects to a Redis Cluster with the given options.
+    pub async fn connect_cluster_with(
+        urls: &[&str],
+        options: RedisOptions,
+    ) -> Result<RedisBackend, BackendError> {
+        for url in urls {
+            check_url_and_tls(url)?;
+        }
+        let builder = |urls: &[&str]| {
+            let builder = ClusterClientBuilder::new(urls.iter().copied());
+            #[cfg(feature = "tls")]
+            let builder = match &options.tls {
+                Some(certs) => builder.certs(certs.clone()),
+                None => builder,
+            };
+            builder
+                .connection_timeout(options.connection_timeout)
+                .response_timeout(options.response_timeout)
+                // The driver computes `2^retry`: keep it far from overflowing.
+                .retries(options.reconnect_retries.min(16) as u32)
+                .min_retry_wait(10)
+                .max_retry_wait(
+                    u64::try_from(options.max_backoff.as_millis())
+                        .unwrap_or(u64::MAX)
+                        .max(11),
+                )
+        };
+        let deadline = connect_deadline(&options);
+        let client = builder(urls).build().map_err(|e| classify("connect", e))?;
+        let conn = with_deadline("connect", deadline, client.get_async_connection()).await?;
+
+        let (push_tx, push_rx) = unbounded_channel();
+        let sub_client = builder(urls)
+            .use_protocol(ProtocolVersion::RESP3)
+            .push_sender(push_tx)
+            .build()
+            .map_err(|e| classify("connect", e))?;
+        let sub_conn =
+            with_deadline("connect", deadline, sub_client.get_async_connection()).await?;
+        let link = ClusterLink::new(sub_conn, push_rx, options.clone());
+
+        let target = urls.iter().map(|u| redact(u)).collect::<Vec<_>>().join(",");
+        Ok(Self::assemble(
+            Conn::Cluster(conn),
+            &CLUSTER_SCRIPTS,
+            Link::Cluster(link),
+            options,
+            target,
+        ))
+    }
+
+    fn assemble(
+        conn: Conn,
+        scripts: &'static Scripts,
+        link: Link,
+        options: RedisOptions,
+        target: String,
+    ) -> RedisBackend {
+        RedisBackend {
+            inner: Arc::new(Inner {
+                conn,
+                scripts,
+                pubsub: PubSubShared::start(link, options),
+                target,
+            }),
+        }
+    }
+
+    async fn eval<T: FromRedisValue>(
+        &self,
+        op: &'static str,
+        invocation: &ScriptInvocation<'_>,
+    ) -> Result<T, BackendError> {
+        let result = match self.inner.conn.clone() {
+            Conn::Single(mut c) => invocation.invoke_async(&mut c).await,
+            Conn::Cluster(mut c) => invocation.invoke_async(&mut c).await,
+        };
+        result.map_err(|e| classify(op, e))
+    }
+
+    async fn eval_flag(
+        &self,
+        op: &'static str,
+        invocation: &ScriptInvocation<'_>,
+    ) -> Result<bool, BackendError> {
+        match self.eval::<i64>(op, invocation).await? {
+            0 => Ok(false),
+            1 => Ok(true),
+            other => Err(BackendError::new(
+                BackendErrorKind::Protocol,
+                format!("{op}: the script answered {other}, expected 0 or 1"),
+            )),
+        }
+    }
+}
+
+/// An invocation of `script` on the key's value, lock and channel: the
+/// `KEYS` of every script that announces a change, in that order.
+fn announcing<'a>(script: &'a Script, keys: &FillKeys) -> ScriptInvocation<'a> {
+    let mut invocation = script.prepare_invoke();
+    invocation
+        .key(keys.value())
+        .key(keys.lock())
+        .key(keys.channel());
+    invocation
+}
+
+#[async_trait]
+impl Backend for RedisBackend {
+    async fn get(&self, keys: &FillKeys) -> Result<Option<Stored>, BackendError> {
+        let mut pipe = redis::pipe();
+        pipe.cmd("GET")
+            .arg(keys.value())
+            .cmd("PTTL")
+            .arg(keys.value());
+        let result: Result<(Option<Vec<u8>>, i64), RedisError> = match self.inner.conn.clone() {
+            Conn::Single(mut c) => pipe.query_async(&mut c).await,
+            Conn::Cluster(mut c) => pipe.query_async(&mut c).await,
+        };
+        let (bytes, pttl) = result.map_err(|e| classify("get", e))?;
+        // A value that expired between GET and PTTL (-2) is gone.
+        Ok(bytes.and_then(|bytes| ttl_from_ms(pttl).map(|ttl| Stored { bytes, ttl })))
+    }
+
+    async fn acquire(
+        &self,
+        keys: &FillKeys,
+        token: &LeaseToken,
+        lease_ttl: Duration,
+        refresh_window: Duration,
+    ) -> Result<Acquired, BackendError> {
+        let mut invocation = self.inner.scripts.acquire.prepare_invoke();
+        invocation
+            .key(keys.value())
+            .key(keys.lock())
+            .arg(token.as_bytes())
+            .arg(px(lease_ttl))
+            .arg(ms_ceil(refresh_window))
+            .arg(NO_EXPIRY_TTL.as_millis() as u64);
+        let (status, bytes, value_ttl, lease_ms): (i64, Option<Vec<u8>>, i64, i64) =
+            self.eval("acquire", &invocation).await?;
+        let value = bytes.and_then(|bytes| ttl_from_ms(value_ttl).map(|ttl| Stored { bytes, ttl }));
+        match status {
+            0 => value.map(Acquired::Fresh).ok_or_else(|| {
+                BackendError::new(
+                    BackendErrorKind::Protocol,
+                    "acquire: the script answered fresh without a value",
+                )
+            }),
+            1 => Ok(Acquired::Won { stale: value }),
+            2 => Ok(Acquired::Held {
+                stale: value,
+                // The lease vanished between the `SET NX` and the `PTTL`
+                // only if it had expired: report it as expiring now.
+                lease_ttl: ttl_from_ms(lease_ms).unwrap_or(Duration::ZERO),
+            }),
+            other => Err(BackendError::new(
+                BackendErrorKind::Protocol,
+                format!("acquire: unknown status {other} from the script"),
+            )),
+        }
+    }
+
+    async fn fill(
+        &self,
+        keys: &FillKeys,
+        token: &LeaseToken,
+        bytes: &[u8],
+        ttl: Duration,
+    ) -> Result<bool, BackendError> {
+        let mut invocation = announcing(&self.inner.scripts.fill, keys);
+        invocation.arg(token.as_bytes()).arg(bytes).arg(px(ttl));
+        self.eval_flag("fill", &invocation).await
+    }
+
+    async fn release(
+        &self,
+        keys: &FillKeys,
+        token: &LeaseToken,
+        entry: Option<(&[u8], Duration)>,
+    ) -> Result<bool, BackendError> {
+        let mut invocation = announcing(&self.inner.scripts.release, keys);
+        invocation.arg(token.as_bytes());
+        if let Some((bytes, ttl)) = entry {
+            invocation.arg(bytes).arg(px(ttl));
+        }
+        self.eval_flag("release", &invocation).await
+    }
+
+    async fn extend(
+        &self,
+        keys: &FillKeys,
+        token: &LeaseToken,
+        lease_ttl: Duration,
+    ) -> Result<bool, BackendError> {
+        let mut invocation = self.inner.scripts.extend.prepare_invoke();
+        invocation
+            .key(keys.lock())
+            .arg(token.as_bytes())
+            .arg(px(lease_ttl));
+        self.eval_flag("extend", &invocation).await
+    }
+
+    async fn set(&self, keys: &FillKeys, bytes: &[u8], ttl: Duration) -> Result<(), BackendError> {
+        let mut invocation = announcing(&self.inner.scripts.set, keys);
+        invocation.arg(bytes).arg(px(ttl));
+        self.eval_flag("set", &invocation).await.map(drop)
+    }
+
+    async fn invalidate(&self, keys: &FillKeys) -> Result<(), BackendError> {
+        let invocation = announcing(&self.inner.scripts.invalidate, keys);
+        self.eval_flag("invalidate", &invocation).await.map(drop)
+    }
+
+    async fn subscribe(&self, keys: &FillKeys) -> Result<Box<dyn FillSubscription>, BackendError> {
+        let channel = keys.channel().to_owned();
+        Ok(self.inner.pubsub.subscribe(channel).await)
+    }
+}

@@ -1,0 +1,34 @@
+-- acquire: return the value if it is fresh, else try to take the lease.
+--
+-- KEYS: value, lock.
+-- ARGV: token, lease ms, refresh window ms, the ms that stand for "no expiry".
+-- Returns {status, value or nil, value PTTL, lease PTTL};
+-- status 0 fresh, 1 won, 2 held.
+--
+-- The grace period is read from the envelope header: byte 1 is the magic
+-- 0xF1 (241), byte 2 the version (1), byte 3 the kind (0..2), bytes 5..12
+-- the grace in big-endian milliseconds. Bytes that are not such an
+-- envelope are never fresh.
+local v = redis.call('GET', KEYS[1])
+local vttl = -2
+if v then
+  vttl = redis.call('PTTL', KEYS[1])
+  if #v >= 16 and string.byte(v, 1) == 241 and string.byte(v, 2) == 1
+      and string.byte(v, 3) <= 2 then
+    local grace = 0
+    for i = 5, 12 do
+      grace = grace * 256 + string.byte(v, i)
+    end
+    local left = vttl
+    if left == -1 then
+      left = tonumber(ARGV[4])
+    end
+    if left > grace + tonumber(ARGV[3]) then
+      return {0, v, vttl, 0}
+    end
+  end
+end
+if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return {1, v, vttl, 0}
+end
+return {2, v, vttl, redis.call('PTTL', KEYS[2])}

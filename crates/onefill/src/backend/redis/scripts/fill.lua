@@ -1,0 +1,14 @@
+-- fill: write the loaded value only while the lease still holds our token.
+--
+-- KEYS: value, lock, channel. ARGV: token, bytes, ttl ms.
+-- Returns 1 if the lease was ours (value written, lease deleted, fill
+-- announced), else 0 (nothing written).
+-- The publish command is filled in when the script is loaded: PUBLISH, or
+-- SPUBLISH (sharded) on a cluster.
+if redis.call('GET', KEYS[2]) == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+  redis.call('DEL', KEYS[2])
+  redis.call('__PUBLISH__', KEYS[3], 'fill')
+  return 1
+end
+return 0

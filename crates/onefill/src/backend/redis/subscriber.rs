@@ -1,0 +1,452 @@
+//! Fill notifications: one subscriber connection per backend, shared by
+//! every waiting key, owned by a background task.
+//!
+//! The first [`subscribe`](PubSubShared::subscribe) for a channel
+//! subscribes on the server (and returns only once the server confirmed
+//! it), later ones for the same channel share it, and the channel is
+//! unsubscribed once its last subscription is dropped. The task
+//! ([`run_subscriber`]) owns the connection:
+//!
+//! - after the standalone subscriber connection drops (a restart, a network
+//!   failure, or a health-check `PING` that fails), it reconnects with
+//!   jittered exponential backoff (see [`link`](super::link)) and
+//!   subscribes every live channel again;
+//! - on a cluster, the `redis` crate reconnects lost nodes and resubscribes
+//!   their channels itself;
+//! - either way every subscription is woken once when its channel is
+//!   subscribed again, because fills announced meanwhile were lost.
+//!
+//! While the subscriber is disconnected, `subscribe` returns at once with a
+//! subscription that fires only after the channel is subscribed again; the
+//! cache's polling covers the gap. On a cluster, a channel whose node cannot
+//! be reached is retried every [`SUBSCRIBE_RETRY`].
+//!
+//! The task ends once the backend and every subscription are gone: it holds
+//! the shared state only weakly, and the wake channel's sender lives in it.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use parking_lot::Mutex;
+use redis::{PushInfo, PushKind, Value};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
+use tokio::sync::{oneshot, watch};
+use tokio::time::Instant;
+
+use super::link::{Link, SingleLink};
+use super::options::RedisOptions;
+use crate::backend::FillSubscription;
+
+/// How long a cluster subscription that failed waits before it is retried.
+const SUBSCRIBE_RETRY: Duration = Duration::from_millis(500);
+
+/// State shared by the backend, its subscriptions and the subscriber task.
+pub(super) struct PubSubShared {
+    state: Mutex<SubState>,
+    /// Wakes the subscriber task to (un)subscribe. Held only here, so the
+    /// task ends when the backend and all its subscriptions are gone.
+    wake: UnboundedSender<()>,
+}
+
+struct SubState {
+    /// Whether the subscriber connection is up (always true on a cluster,
+    /// whose connection reconnects nodes by itself).
+    connected: bool,
+    channels: HashMap<String, Channel>,
+}
+
+struct Channel {
+    /// Bumped at every message; one receiver per subscription.
+    tx: watch::Sender<u64>,
+    /// The server confirmed the subscription (and has not lost it since).
+    confirmed: bool,
+    /// Subscriptions may have missed messages: wake them once confirmed.
+    fire_on_confirm: bool,
+    /// `subscribe` calls waiting for the confirmation.
+    waiters: Vec<oneshot::Sender<()>>,
+    /// Cluster: `ssubscribe` confirmations we asked for and have not seen
+    /// yet (other confirmations are the driver's resubscriptions).
+    expected_confirmations: u32,
+}
+
+impl Channel {
+    fn new() -> Channel {
+        Channel {
+            tx: watch::channel(0).0,
+            confirmed: false,
+            fire_on_confirm: false,
+            waiters: Vec::new(),
+            expected_confirmations: 0,
+        }
+    }
+
+    fn fire(&self) {
+        self.tx.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    fn in_use(&self) -> bool {
+        self.tx.receiver_count() > 0 || !self.waiters.is_empty()
+    }
+}
+
+impl PubSubShared {
+    /// The shared state of a backend whose subscriber connection is `link`
+    /// (already connected), with its subscriber task started.
+    pub(super) fn start(link: Link, options: RedisOptions) -> Arc<PubSubShared> {
+        let (wake_tx, wake_rx) = unbounded_channel();
+        let pubsub = Arc::new(PubSubShared {
+            state: Mutex::new(SubState {
+                connected: true,
+                channels: HashMap::new(),
+            }),
+            wake: wake_tx,
+        });
+        tokio::spawn(run_subscriber(
+            Arc::downgrade(&pubsub),
+            wake_rx,
+            link,
+            options,
+        ));
+        pubsub
+    }
+
+    /// A subscription to `channel`, confirmed by the server unless the
+    /// subscriber is disconnected (then it fires once the channel is
+    /// subscribed again).
+    pub(super) async fn subscribe(self: &Arc<Self>, channel: String) -> Box<dyn FillSubscription> {
+        let (subscription, confirmed) = {
+            let mut state = self.state.lock();
+            let connected = state.connected;
+            let chan = state
+                .channels
+                .entry(channel.clone())
+                .or_insert_with(Channel::new);
+            let rx = chan.tx.subscribe();
+            let confirmed = if chan.confirmed {
+                None
+            } else if !connected {
+                // Subscribed (and this subscription woken) once the
+                // subscriber is back.
+                chan.fire_on_confirm = true;
+                None
+            } else {
+                let (tx, rx) = oneshot::channel();
+                chan.waiters.push(tx);
+                Some(rx)
+            };
+            // Built before any await: if this future is dropped, the
+            // subscription's `Drop` still releases the channel.
+            let subscription = RedisSubscription {
+                shared: self.clone(),
+                channel,
+                rx: Some(rx),
+            };
+            (subscription, confirmed)
+        };
+        if let Some(confirmed) = confirmed {
+            let _ = self.wake.send(());
+            // An error means the subscriber lost its connection meanwhile:
+            // the channel is marked to fire once it is subscribed again.
+            let _ = confirmed.await;
+        }
+        Box::new(subscription)
+    }
+}
+
+struct RedisSubscription {
+    shared: Arc<PubSubShared>,
+    channel: String,
+    rx: Option<watch::Receiver<u64>>,
+}
+
+#[async_trait]
+impl FillSubscription for RedisSubscription {
+    async fn notified(&mut self) {
+        let fired = match self.rx.as_mut() {
+            Some(rx) => rx.changed().await.is_ok(),
+            None => false,
+        };
+        if !fired {
+            // Unreachable in practice (the sender lives while we hold a
+            // receiver); never resolve rather than spin.
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+impl Drop for RedisSubscription {
+    fn drop(&mut self) {
+        let unused = {
+            let state = self.shared.state.lock();
+            drop(self.rx.take());
+            state
+                .channels
+                .get(&self.channel)
+                .is_some_and(|c| !c.in_use())
+        };
+        if unused {
+            // The subscriber task unsubscribes channels nobody uses.
+            let _ = self.shared.wake.send(());
+        }
+    }
+}
+
+/// What the subscriber task should do next.
+enum Step {
+    Wake(Option<()>),
+    Push(Option<PushInfo>),
+    Retry,
+    Ping,
+}
+
+/// The subscriber task: (un)subscribes channels as subscriptions come and
+/// go, dispatches messages, and keeps the connection alive.
+async fn run_subscriber(
+    shared: Weak<PubSubShared>,
+    mut wake: UnboundedReceiver<()>,
+    mut link: Link,
+    options: RedisOptions,
+) {
+    let mut ping = tokio::time::interval_at(
+        Instant::now() + options.ping_interval,
+        options.ping_interval,
+    );
+    ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // When to reconnect (standalone) or retry failed subscriptions.
+    let mut retry_at: Option<Instant> = None;
+    loop {
+        let retry_sleep = tokio::time::sleep_until(retry_at.unwrap_or_else(Instant::now));
+        let step = {
+            let pushes = match &mut link {
+                Link::Single(l) => l.pushes.as_mut(),
+                Link::Cluster(l) => l.pushes.as_mut(),
+            };
+            let has_pushes = pushes.is_some();
+            let next_push = async move {
+                match pushes {
+                    Some(rx) => rx.recv().await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                w = wake.recv() => Step::Wake(w),
+                p = next_push, if has_pushes => Step::Push(p),
+                _ = retry_sleep, if retry_at.is_some() => Step::Retry,
+                _ = ping.tick() => Step::Ping,
+            }
+        };
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        match step {
+            Step::Wake(None) => return,
+            Step::Wake(Some(())) => {
+                while wake.try_recv().is_ok() {}
+                retry_at = reconcile(&shared, &mut link).await.or(retry_at);
+            }
+            Step::Push(Some(push)) => handle_push(&shared, push),
+            Step::Push(None) => {
+                // The connection's driver is gone: treat as a disconnection.
+                retry_at = lost(&shared, &mut link);
+            }
+            Step::Retry => {
+                if let Link::Single(l) = &mut link {
+                    if l.conn.is_none() {
+                        retry_at = reconnect(&shared, l).await;
+                        if retry_at.is_some() {
+                            continue;
+                        }
+                    }
+                }
+                retry_at = reconcile(&shared, &mut link).await;
+            }
+            Step::Ping => {
+                if let Link::Single(l) = &mut link {
+                    if l.conn.is_some() {
+                        if let Err(e) = l.ping().await {
+                            tracing::debug!(error = %e, "redis subscriber ping failed");
+                            retry_at = lost(&shared, &mut link);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Dispatches one push message.
+fn handle_push(shared: &PubSubShared, push: PushInfo) {
+    let channel = match push.data.first() {
+        Some(Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
+        Some(Value::SimpleString(s)) => s.clone(),
+        _ => String::new(),
+    };
+    match push.kind {
+        PushKind::Message | PushKind::SMessage => {
+            if let Some(chan) = shared.state.lock().channels.get(&channel) {
+                chan.fire();
+            }
+        }
+        PushKind::SSubscribe => {
+            let mut state = shared.state.lock();
+            if let Some(chan) = state.channels.get_mut(&channel) {
+                if chan.expected_confirmations > 0 {
+                    chan.expected_confirmations -= 1;
+                } else if chan.confirmed {
+                    // The driver resubscribed after a reconnection: fills
+                    // announced meanwhile were lost, so wake everyone once.
+                    chan.fire();
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+/// The standalone subscriber connection is gone: mark every channel
+/// unconfirmed (to be subscribed and fired again) and schedule a reconnect.
+/// Returns when to retry.
+fn lost(shared: &PubSubShared, link: &mut Link) -> Option<Instant> {
+    let l = match link {
+        Link::Single(l) => l,
+        Link::Cluster(l) => {
+            // The driver reconnects nodes itself; its push channel closes
+            // only if it is torn down. Notifications are gone for good then
+            // (callers still poll).
+            if l.pushes.take().is_some() {
+                tracing::error!("redis cluster subscriber stopped delivering messages");
+            }
+            return None;
+        }
+    };
+    if l.conn.is_some() {
+        tracing::warn!("redis subscriber connection lost; reconnecting");
+    }
+    l.disconnect();
+    let mut state = shared.state.lock();
+    state.connected = false;
+    for chan in state.channels.values_mut() {
+        chan.confirmed = false;
+        chan.fire_on_confirm = true;
+        // Dropping the senders lets waiting `subscribe` calls return.
+        chan.waiters.clear();
+    }
+    Some(l.retry_at())
+}
+
+/// One reconnection attempt of the standalone subscriber. Returns when to
+/// retry, or `None` once connected and resubscribed.
+async fn reconnect(shared: &PubSubShared, l: &mut SingleLink) -> Option<Instant> {
+    match l.connect().await {
+        Ok(()) => {
+            tracing::info!("redis subscriber reconnected");
+            shared.state.lock().connected = true;
+            None
+        }
+        Err(e) => {
+            tracing::debug!(error = %e, "redis subscriber reconnection failed");
+            Some(l.retry_at())
+        }
+    }
+}
+
+/// Brings the server's subscriptions in line with the channels in use:
+/// unsubscribes the unused ones and subscribes the new (or lost) ones.
+/// Returns when to try again if something failed.
+async fn reconcile(shared: &PubSubShared, link: &mut Link) -> Option<Instant> {
+    let cluster = matches!(link, Link::Cluster(_));
+    let (to_unsubscribe, to_subscribe) = {
+        let mut state = shared.state.lock();
+        if !state.connected {
+            return None;
+        }
+        let mut to_unsubscribe = Vec::new();
+        state.channels.retain(|name, chan| {
+            if chan.in_use() {
+                return true;
+            }
+            if chan.confirmed {
+                to_unsubscribe.push(name.clone());
+            }
+            false
+        });
+        let mut to_subscribe = Vec::new();
+        for (name, chan) in state.channels.iter_mut() {
+            if !chan.confirmed {
+                if cluster {
+                    chan.expected_confirmations += 1;
+                }
+                to_subscribe.push(name.clone());
+            }
+        }
+        (to_unsubscribe, to_subscribe)
+    };
+
+    let failed = match link {
+        Link::Single(l) => {
+            let mut result = Ok(());
+            if !to_unsubscribe.is_empty() {
+                result = l.command("unsubscribe", &to_unsubscribe, false).await;
+            }
+            if result.is_ok() && !to_subscribe.is_empty() {
+                result = l.command("subscribe", &to_subscribe, true).await;
+            }
+            if let Err(e) = result {
+                tracing::debug!(error = %e, "redis subscriber command failed");
+                return lost(shared, link);
+            }
+            Vec::new()
+        }
+        Link::Cluster(l) => {
+            if !to_unsubscribe.is_empty() {
+                // A failure leaves a subscription nobody listens to; it goes
+                // with the connection.
+                let _ = l.command(to_unsubscribe, false).await;
+            }
+            if to_subscribe.is_empty() {
+                Vec::new()
+            } else {
+                l.command(to_subscribe.clone(), true).await
+            }
+        }
+    };
+
+    let mut state = shared.state.lock();
+    for name in &to_subscribe {
+        let Some(chan) = state.channels.get_mut(name) else {
+            continue;
+        };
+        let ok = !failed.contains(name);
+        if ok {
+            chan.confirmed = true;
+            for waiter in chan.waiters.drain(..) {
+                let _ = waiter.send(());
+            }
+            if chan.fire_on_confirm {
+                chan.fire_on_confirm = false;
+                chan.fire();
+            }
+        } else {
+            chan.fire_on_confirm = true;
+            chan.expected_confirmations = chan.expected_confirmations.saturating_sub(1);
+            chan.waiters.clear();
+        }
+    }
+    let unused = state.channels.values().any(|c| !c.in_use());
+    drop(state);
+    if unused {
+        // Subscriptions dropped while we were busy: clean up next round.
+        let _ = shared.wake.send(());
+    }
+    if failed.is_empty() {
+        None
+    } else {
+        tracing::debug!(
+            channels = failed.len(),
+            "redis subscriptions failed; retrying"
+        );
+        Some(Instant::now() + SUBSCRIBE_RETRY)
+    }
+}
