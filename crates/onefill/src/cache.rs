@@ -8,6 +8,8 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use crate::builder::CacheBuilder;
 use crate::circuit::CircuitState;
 use crate::coalesce::Joined;
@@ -360,17 +362,22 @@ where
     /// [`Error::InvalidInput`] for a bad key or a value over the size limit
     /// (nothing is written); [`Error::Encode`]; [`Error::Backend`].
     pub async fn set(&self, key: &K, value: V) -> Result<(), Error> {
-        let keys = self.keys(key)?;
+        let key = self.validated(key)?;
+        let keys = FillKeys::new(&self.shared.namespace, &key);
         let policy = &self.shared.policy;
         let value = Some(value);
         let bytes = self.shared.encode(policy, &value, Duration::ZERO)?;
         let ttl = freshness::written_ttl(policy.ttl, policy.jitter, policy.grace);
-        self.call("set", self.shared.backend.set(&keys, &bytes, ttl))
-            .await?;
+        let written = self
+            .call("set", self.shared.backend.set(&keys, &bytes, ttl))
+            .await;
+        let epoch = self.shared.written(&key);
+        written?;
         // The outage fallback must not answer with what this write replaced.
+        let usable_until = Instant::now() + policy.ttl + policy.grace;
         self.shared
             .fallback
-            .record(keys.value(), &value, policy.ttl + policy.grace);
+            .record(keys.value(), &value, usable_until, epoch);
         Ok(())
     }
 
@@ -382,10 +389,17 @@ where
     ///
     /// [`Error::InvalidInput`] for a bad key; [`Error::Backend`].
     pub async fn invalidate(&self, key: &K) -> Result<(), Error> {
-        let keys = self.keys(key)?;
-        self.shared.fallback.forget(keys.value());
-        self.call("invalidate", self.shared.backend.invalidate(&keys))
-            .await
+        let key = self.validated(key)?;
+        let keys = FillKeys::new(&self.shared.namespace, &key);
+        let invalidated = self
+            .call("invalidate", self.shared.backend.invalidate(&keys))
+            .await;
+        // Even if the backend failed: what this process remembers of the
+        // key goes, and older flights cannot put it back.
+        let epoch = self.shared.written(&key);
+        let until = Instant::now() + self.shared.policy.longest_flight();
+        self.shared.fallback.forget(keys.value(), until, epoch);
+        invalidated
     }
 
     /// A snapshot of this cache's counters.

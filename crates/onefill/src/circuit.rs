@@ -81,11 +81,19 @@ struct BreakerState {
     probing: bool,
 }
 
-/// The breaker's verdict on one call.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Admit {
-    Yes,
-    Reject,
+/// Leave to make one backend call, from [`Breaker::admit`].
+///
+/// The call's outcome must be reported with [`succeeded`](Permit::succeeded)
+/// or [`failed`](Permit::failed). A permit dropped without either (the
+/// caller's future was dropped mid-call) reports nothing; if it was the
+/// half-open probe, the probe slot is freed, so the next call probes: a
+/// probe ends one way or the other whatever happens to it, and the breaker
+/// can never stay half-open.
+#[must_use]
+pub(crate) struct Permit<'a> {
+    breaker: &'a Breaker,
+    /// `Some` for the half-open probe until its outcome is reported.
+    probe: Option<()>,
 }
 
 impl Breaker {
@@ -104,20 +112,26 @@ impl Breaker {
         self.state.lock()
     }
 
-    pub(crate) fn admit(&self) -> Admit {
+    /// A permit for one call, or `None` while the circuit is open (or its
+    /// one probe is under way).
+    pub(crate) fn admit(&self) -> Option<Permit<'_>> {
         let mut s = self.lock();
-        match s.open_until {
-            None => Admit::Yes,
-            Some(until) if Instant::now() < until => Admit::Reject,
-            Some(_) if s.probing => Admit::Reject,
+        let probe = match s.open_until {
+            None => None,
+            Some(until) if Instant::now() < until => return None,
+            Some(_) if s.probing => return None,
             Some(_) => {
                 s.probing = true;
-                Admit::Yes
+                Some(())
             }
-        }
+        };
+        Some(Permit {
+            breaker: self,
+            probe,
+        })
     }
 
-    pub(crate) fn success(&self) {
+    fn success(&self) {
         let mut s = self.lock();
         s.consecutive_failures = 0;
         s.open_until = None;
@@ -125,7 +139,7 @@ impl Breaker {
     }
 
     /// Records a transient failure; returns true when this one opened the circuit.
-    pub(crate) fn failure(&self) -> bool {
+    fn failure(&self) -> bool {
         if self.config.failure_threshold == 0 {
             return false;
         }
@@ -152,40 +166,81 @@ impl Breaker {
     }
 }
 
+impl Permit<'_> {
+    /// The backend answered (an answer that is an error, such as a script
+    /// error or `NOAUTH`, still proves it alive): closes the circuit.
+    pub(crate) fn succeeded(mut self) {
+        self.probe = None;
+        self.breaker.success();
+    }
+
+    /// The call failed transiently (timeout, connection, busy); returns true
+    /// when this failure opened the circuit.
+    pub(crate) fn failed(mut self) -> bool {
+        self.probe = None;
+        self.breaker.failure()
+    }
+}
+
+impl Drop for Permit<'_> {
+    fn drop(&mut self) {
+        if self.probe.take().is_some() {
+            // The probe was abandoned: free the slot so the next call probes.
+            self.breaker.lock().probing = false;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn fail(b: &Breaker) -> bool {
+        b.admit().expect("admitted").failed()
+    }
+
     #[tokio::test(start_paused = true)]
     async fn opens_probes_and_closes() {
         let b = Breaker::new(CircuitBreaker::new(3, Duration::from_secs(1)));
-        assert_eq!(b.admit(), Admit::Yes);
-        assert!(!b.failure());
-        assert!(!b.failure());
-        assert!(b.failure(), "third consecutive failure opens");
+        assert!(!fail(&b));
+        assert!(!fail(&b));
+        assert!(fail(&b), "third consecutive failure opens");
         assert_eq!(b.state(), CircuitState::Open);
-        assert_eq!(b.admit(), Admit::Reject);
+        assert!(b.admit().is_none());
         tokio::time::advance(Duration::from_millis(1001)).await;
-        assert_eq!(b.admit(), Admit::Yes, "one probe after open_for");
-        assert_eq!(b.admit(), Admit::Reject, "only one probe at a time");
+        let probe = b.admit().expect("one probe after open_for");
+        assert!(b.admit().is_none(), "only one probe at a time");
         assert!(
-            !b.failure(),
+            !probe.failed(),
             "a failed probe re-opens without counting as a new opening"
         );
-        assert_eq!(b.admit(), Admit::Reject);
+        assert!(b.admit().is_none());
         tokio::time::advance(Duration::from_millis(1001)).await;
-        assert_eq!(b.admit(), Admit::Yes);
-        b.success();
+        b.admit().expect("probe").succeeded();
         assert_eq!(b.state(), CircuitState::Closed);
-        assert_eq!(b.admit(), Admit::Yes);
+        assert!(b.admit().is_some());
+    }
+
+    /// Regression (issue 8, fault 1a): a probe whose caller dropped its
+    /// future left the breaker half-open for good.
+    #[tokio::test(start_paused = true)]
+    async fn a_dropped_probe_frees_the_probe_slot() {
+        let b = Breaker::new(CircuitBreaker::new(1, Duration::from_secs(1)));
+        assert!(fail(&b));
+        tokio::time::advance(Duration::from_millis(1001)).await;
+        drop(b.admit().expect("probe"));
+        assert_eq!(b.state(), CircuitState::HalfOpen);
+        let probe = b.admit().expect("the next call probes again");
+        probe.succeeded();
+        assert_eq!(b.state(), CircuitState::Closed);
     }
 
     #[test]
     fn disabled_never_opens() {
         let b = Breaker::new(CircuitBreaker::disabled());
         for _ in 0..100 {
-            b.failure();
+            fail(&b);
         }
-        assert_eq!(b.admit(), Admit::Yes);
+        assert!(b.admit().is_some());
     }
 }

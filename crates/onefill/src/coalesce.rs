@@ -60,6 +60,16 @@ pub(crate) struct Awaiter<T> {
     rx: watch::Receiver<Slot<T>>,
 }
 
+impl<T> Coalescer<T> {
+    /// Detaches the key's flight (if any): it still answers the callers
+    /// that joined it, but later callers start a new one. `set` and
+    /// `invalidate` call this once their write is done, so no call that
+    /// starts after they return gets an answer from before them.
+    pub(crate) fn detach(&self, key: &str) {
+        self.map.lock().remove(key);
+    }
+}
+
 impl<T: Clone> Coalescer<T> {
     pub(crate) fn join(&self, key: &str) -> Joined<T> {
         let mut map = self.map.lock();

@@ -24,10 +24,12 @@
 //! lease, at most one per process per key thanks to the coalescer) unless
 //! the policy is strict.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
+use tokio::time::Instant;
 
 use crate::backend::Stored;
 use crate::coalesce::Completion;
@@ -36,7 +38,7 @@ use crate::error::{BackendError, Error};
 use crate::freshness;
 use crate::key::FillKeys;
 use crate::lease::{Acquisition, Lease, LeaseTtl};
-use crate::loader::{self, Load};
+use crate::loader::{self, Load, Loaded};
 use crate::options::Policy;
 use crate::shared::{Read, Shared};
 use crate::stats::Recorder;
@@ -82,6 +84,12 @@ pub(crate) struct Flight<V> {
     /// the flight `Sync` (its methods hold `&self` across awaits inside a
     /// spawned task), since the caller's loader need not be.
     load: Mutex<Option<Load<V>>>,
+    /// The cache's write epoch when the flight started (see `fallback.rs`).
+    epoch: u64,
+    /// The answer came from the outage fallback: not recorded again, so a
+    /// value is never served longer than `ttl + grace` after it was read or
+    /// loaded.
+    from_fallback: bool,
 }
 
 impl<V: Clone + Send + Sync + 'static> Flight<V> {
@@ -95,10 +103,12 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         completion: Completion<Answer<V>>,
     ) {
         let mut flight = Flight {
+            epoch: shared.epoch.load(Ordering::SeqCst),
             shared,
             keys,
             policy,
             load: Mutex::new(Some(load)),
+            from_fallback: false,
         };
         tokio::spawn(async move {
             let (answer, refresh) = flight.run().await;
@@ -175,8 +185,12 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         let mut stale: Option<Option<V>> = None;
         loop {
             // A value that is fresh on the server but unreadable here (another
-            // type or version) must not block the lease: ask for it regardless.
-            let window = if unreadable {
+            // type or version) must not block the lease: ask for it regardless,
+            // once. Only once: if someone else holds the lease, they are
+            // replacing it, and their fill must count as fresh again, or this
+            // flight would win the lease they just freed and load a second
+            // time (issue 8, fault 2).
+            let window = if std::mem::take(&mut unreadable) {
                 Duration::MAX
             } else {
                 Duration::ZERO
@@ -271,7 +285,12 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         if self.policy.strict {
             return Err(Error::Backend(error));
         }
-        if let Some(value) = stale.or_else(|| self.shared.fallback.get(self.keys.value())) {
+        if let Some(value) = stale {
+            self.rec().stale_served();
+            return Ok((value, Outcome::Stale));
+        }
+        if let Some(value) = self.shared.fallback.get(self.keys.value()) {
+            self.from_fallback = true;
             self.rec().stale_served();
             return Ok((value, Outcome::Stale));
         }
@@ -280,11 +299,15 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
 
     /// Remembers the answer for outages (see `fallback.rs`).
     fn remember(&self, answer: &Result<Answer<V>, Error>) {
+        if self.from_fallback {
+            return;
+        }
         if let Ok((value, _)) = answer {
-            let usable_for = self.policy.ttl + self.policy.grace;
+            let usable_until = Instant::now() + self.policy.ttl + self.policy.grace;
+            let epoch = self.epoch;
             self.shared
                 .fallback
-                .record(self.keys.value(), value, usable_for);
+                .record(self.keys.value(), value, usable_until, epoch);
         }
     }
 
@@ -295,10 +318,10 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         mut lease: Lease,
         stale: Option<Option<V>>,
     ) -> Result<Answer<V>, Error> {
-        let (result, took) = self.run_loader().await;
+        let loaded = self.run_loader().await;
         lease.loader_done();
-        let value = match result {
-            Ok(value) => value,
+        let (value, took) = match loaded {
+            Ok(loaded) => loaded,
             Err(error) => return self.after_failed_load(Some(lease), error, stale).await,
         };
         let bytes = match self.shared.encode(&self.policy, &value, took) {
@@ -327,9 +350,8 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         if !store {
             self.rec().degraded_load();
         }
-        let (result, took) = self.run_loader().await;
-        let value = match result {
-            Ok(value) => value,
+        let (value, took) = match self.run_loader().await {
+            Ok(loaded) => loaded,
             Err(error) => return self.after_failed_load(None, error, None).await,
         };
         if !store {
@@ -391,12 +413,12 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
     }
 
     /// Runs this flight's one load.
-    async fn run_loader(&mut self) -> (Result<Option<V>, Error>, Duration) {
+    async fn run_loader(&mut self) -> Result<Loaded<V>, Error> {
         let taken = self.load.lock().take();
         let Some(load) = taken else {
             // One flight runs at most one load; reaching here is a bug in
             // this module, reported as an abandoned flight rather than a panic.
-            return (Err(Error::FlightAbandoned), Duration::ZERO);
+            return Err(Error::FlightAbandoned);
         };
         loader::run(&self.shared, &self.policy, self.keys.value(), load).await
     }

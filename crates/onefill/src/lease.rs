@@ -8,6 +8,7 @@
 
 use std::collections::VecDeque;
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -199,6 +200,9 @@ pub(crate) struct Lease {
     held: Option<Held>,
     /// Stops (by being dropped) when the loader is done.
     watchdog: Option<Watchdog>,
+    /// Set by whoever first learns the lease was lost (the watchdog or the
+    /// fill), so a lost lease is counted once.
+    lost: Arc<AtomicBool>,
 }
 
 struct Held {
@@ -227,12 +231,33 @@ impl Lease {
                     .backend
                     .acquire(keys, &token, lease_ttl, refresh_window),
             )
-            .await?;
+            .await;
+        let acquired = match acquired {
+            Ok(acquired) => acquired,
+            Err(error) => {
+                // The command may have run on the server with its reply lost:
+                // then the lease is ours and nobody would ever release it, so
+                // the fleet would wait out its whole TTL. Release the token,
+                // best effort and off the caller's path (issue 8, fault 6).
+                if matches!(
+                    error.kind(),
+                    BackendErrorKind::Timeout | BackendErrorKind::Connection
+                ) {
+                    release_in_background(Held {
+                        backend: shared.backend.clone(),
+                        keys: keys.clone(),
+                        token,
+                    });
+                }
+                return Err(error);
+            }
+        };
         Ok(match acquired {
             Acquired::Fresh(stored) => Acquisition::Fresh(stored),
             Acquired::Held { stale, lease_ttl } => Acquisition::Held { stale, lease_ttl },
             Acquired::Won { stale } => {
                 shared.recorder.lease_acquired();
+                let lost = Arc::new(AtomicBool::new(false));
                 let watchdog = Watchdog::start(
                     shared.backend.clone(),
                     keys.clone(),
@@ -240,6 +265,7 @@ impl Lease {
                     lease_ttl,
                     timeout,
                     shared.recorder.clone(),
+                    lost.clone(),
                 );
                 let lease = Lease {
                     held: Some(Held {
@@ -248,6 +274,7 @@ impl Lease {
                         token,
                     }),
                     watchdog: Some(watchdog),
+                    lost,
                 };
                 Acquisition::Won { lease, stale }
             }
@@ -308,7 +335,7 @@ impl Lease {
             ),
         };
         let ended = shared.call(timeout, op, step).await;
-        if op == "fill" && matches!(ended, Ok(false)) {
+        if op == "fill" && matches!(ended, Ok(false)) && !self.lost.swap(true, Ordering::SeqCst) {
             shared.recorder.lease_lost(held.keys.value());
         }
         self.held = None;
@@ -326,14 +353,19 @@ enum Ending<'a> {
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        let Some(held) = self.held.take() else {
-            return;
-        };
-        if let Ok(handle) = tokio::runtime::Handle::try_current() {
-            handle.spawn(async move {
-                let _ = held.backend.release(&held.keys, &held.token, None).await;
-            });
+        if let Some(held) = self.held.take() {
+            release_in_background(held);
         }
+    }
+}
+
+/// Releases a lease by compare-and-delete in a task of its own, best
+/// effort (nothing to do without a runtime: the lease expires by itself).
+fn release_in_background(held: Held) {
+    if let Ok(handle) = tokio::runtime::Handle::try_current() {
+        handle.spawn(async move {
+            let _ = held.backend.release(&held.keys, &held.token, None).await;
+        });
     }
 }
 
@@ -353,6 +385,7 @@ impl Watchdog {
         ttl: Duration,
         timeout: Duration,
         recorder: Recorder,
+        lost: Arc<AtomicBool>,
     ) -> Self {
         let task = tokio::spawn(async move {
             let period = ttl / 3;
@@ -367,7 +400,9 @@ impl Watchdog {
                     Ok(Ok(false)) => {
                         // Expired or invalidated: another process may be
                         // loading now. The fill will be fenced out.
-                        recorder.lease_lost(keys.value());
+                        if !lost.swap(true, Ordering::SeqCst) {
+                            recorder.lease_lost(keys.value());
+                        }
                         return;
                     }
                     // A failed renewal is retried at the next period; the

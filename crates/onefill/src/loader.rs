@@ -12,26 +12,47 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::Instrument;
 
+use crate::coalesce::Joined;
 use crate::error::{Error, LoaderError};
 use crate::options::Policy;
 use crate::shared::Shared;
 
-/// What the loader returns once type-erased: `None` is "nothing there"
-/// (the optional variant).
-pub(crate) type Loaded<V> = Result<Option<V>, LoaderError>;
+/// The caller's loader, type-erased, with the key already captured: `None`
+/// is "nothing there" (the optional variant).
+pub(crate) type Load<V> = Box<
+    dyn FnOnce() -> Pin<Box<dyn Future<Output = Result<Option<V>, LoaderError>> + Send>> + Send,
+>;
 
-/// The caller's loader, type-erased, with the key already captured.
-pub(crate) type Load<V> =
-    Box<dyn FnOnce() -> Pin<Box<dyn Future<Output = Loaded<V>> + Send>> + Send>;
+/// A load's result and how long it took.
+pub(crate) type Loaded<V> = (Option<V>, Duration);
 
-/// Runs `load` detached, bounded by the policy's maximum load time, and
-/// records how long it took (for the adaptive lease TTL and the counters).
-pub(crate) async fn run<V: Send + 'static>(
+/// Runs `load`, unless a load of the key is already under way in this
+/// process (a background refresh's, say): then its result is shared and
+/// `load` is dropped, so one process never loads a key twice at once.
+pub(crate) async fn run<V: Clone + Send + Sync + 'static>(
     shared: &Shared<V>,
     policy: &Policy,
     key: &str,
     load: Load<V>,
-) -> (Result<Option<V>, Error>, Duration) {
+) -> Result<Loaded<V>, Error> {
+    match shared.loads.join(key) {
+        Joined::Follower(awaiter) => awaiter.outcome().await,
+        Joined::Leader(completion, _) => {
+            let loaded = run_alone(shared, policy, key, load).await;
+            completion.complete(loaded.clone());
+            loaded
+        }
+    }
+}
+
+/// Runs `load` detached, bounded by the policy's maximum load time, and
+/// records how long it took (for the adaptive lease TTL and the counters).
+async fn run_alone<V: Send + 'static>(
+    shared: &Shared<V>,
+    policy: &Policy,
+    key: &str,
+    load: Load<V>,
+) -> Result<Loaded<V>, Error> {
     let started = Instant::now();
     let span = tracing::debug_span!("onefill.load", key);
     let mut task = tokio::spawn(async move { load().await }.instrument(span));
@@ -56,7 +77,7 @@ pub(crate) async fn run<V: Send + 'static>(
             "the load took longer than the TTL: values expire before waiters can use them"
         );
     }
-    (result, took)
+    result.map(|value| (value, took))
 }
 
 fn panic_message(join: tokio::task::JoinError) -> String {

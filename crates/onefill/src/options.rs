@@ -225,6 +225,14 @@ options! {
     }
 }
 
+impl Policy {
+    /// The longest one flight can take: waiting, then loading, with a few
+    /// backend calls around them.
+    pub(crate) fn longest_flight(&self) -> Duration {
+        self.wait.deadline + self.max_load_time + self.backend_timeout * 4
+    }
+}
+
 /// Accepts any value.
 fn any<T>(_: &'static str, _: &T) -> Result<(), InvalidOption> {
     Ok(())

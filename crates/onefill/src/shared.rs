@@ -5,6 +5,7 @@
 
 use std::collections::HashSet;
 use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,7 +13,7 @@ use parking_lot::Mutex;
 use tracing::Instrument;
 
 use crate::backend::{Backend, Stored};
-use crate::circuit::{Admit, Breaker};
+use crate::circuit::Breaker;
 use crate::coalesce::Coalescer;
 use crate::codec::Codec;
 use crate::envelope::{self, Kind};
@@ -20,6 +21,7 @@ use crate::error::{BackendError, BackendErrorKind, Error, InputError};
 use crate::fallback::Fallback;
 use crate::flight::Answer;
 use crate::lease::LoadTimes;
+use crate::loader::Loaded;
 use crate::options::Policy;
 use crate::stats::Recorder;
 
@@ -34,6 +36,14 @@ pub(crate) struct Shared<V> {
     pub load_times: LoadTimes,
     /// The flights under way in this process, one per key.
     pub flights: Coalescer<Answer<V>>,
+    /// The loads under way in this process, one per key: a flight that
+    /// needs a load while another flight's (a background refresh's) is
+    /// still running shares it instead of running a second one.
+    pub loads: Coalescer<Loaded<V>>,
+    /// Bumped by every `set` and `invalidate` once its write is done; a
+    /// flight notes it when it starts, so what it read or loaded can be
+    /// told apart from what those writes put there (see `fallback.rs`).
+    pub epoch: AtomicU64,
     /// Keys with a background refresh under way in this process.
     pub refreshing: Mutex<HashSet<String>>,
     pub breaker: Breaker,
@@ -72,8 +82,20 @@ impl<V: 'static> Shared<V> {
             policy,
             load_times: LoadTimes::default(),
             flights: Coalescer::default(),
+            loads: Coalescer::default(),
+            epoch: AtomicU64::new(0),
             refreshing: Mutex::default(),
         }
+    }
+
+    /// This process wrote `key` (`set` or `invalidate`, done or failed):
+    /// detaches the key's flight and load, so a call that starts after the
+    /// write never gets an answer from before it, and returns the new epoch.
+    pub(crate) fn written(&self, key: &str) -> u64 {
+        let epoch = self.epoch.fetch_add(1, Ordering::SeqCst) + 1;
+        self.flights.detach(key);
+        self.loads.detach(key);
+        epoch
     }
 
     /// Calls the backend through the circuit breaker, bounded by `timeout`
@@ -85,13 +107,13 @@ impl<V: 'static> Shared<V> {
         op: &'static str,
         fut: impl Future<Output = Result<T, BackendError>>,
     ) -> Result<T, BackendError> {
-        if self.breaker.admit() == Admit::Reject {
+        let Some(permit) = self.breaker.admit() else {
             self.recorder.circuit_rejected();
             return Err(BackendError::new(
                 BackendErrorKind::CircuitOpen,
                 "circuit breaker open",
             ));
-        }
+        };
         let span = tracing::trace_span!("onefill.backend", op);
         let result = match tokio::time::timeout(timeout, fut.instrument(span)).await {
             Ok(result) => result,
@@ -101,10 +123,15 @@ impl<V: 'static> Shared<V> {
             )),
         };
         match &result {
-            Ok(_) => self.breaker.success(),
+            Ok(_) => permit.succeeded(),
             Err(e) => {
                 self.recorder.backend_error(op, e);
-                if e.is_transient() && self.breaker.failure() {
+                // A non-transient error (a script error, OOM, NOAUTH) is an
+                // answer: the server is up, so the breaker closes (and a
+                // half-open probe ends) rather than waiting for a success.
+                if !e.is_transient() {
+                    permit.succeeded();
+                } else if permit.failed() {
                     self.recorder.circuit_opened();
                 }
             }
