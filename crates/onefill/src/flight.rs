@@ -170,7 +170,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         self.rec().miss();
         let answer = match self.policy.lease_ttl {
             Some(lease) => self.lease_or_wait(lease, unreadable).await,
-            None => self.load_unleased(true).await,
+            None => self.load_without_waiting(unreadable).await,
         };
         (answer, None)
     }
@@ -261,7 +261,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
                         self.rec().stale_served();
                         Ok((value, Outcome::Stale))
                     }
-                    AtDeadline::Load => self.load_unleased(false).await,
+                    AtDeadline::Load => self.load_unstored().await,
                     AtDeadline::Fail(error) => Err(error),
                 };
             }
@@ -294,7 +294,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
             self.rec().stale_served();
             return Ok((value, Outcome::Stale));
         }
-        self.load_unleased(false).await
+        self.load_unstored().await
     }
 
     /// Remembers the answer for outages (see `fallback.rs`).
@@ -343,26 +343,44 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         Ok((value, Outcome::Loaded))
     }
 
-    /// Loads without a lease. `store` writes the result unconditionally
-    /// (the no-lease policy); degraded loads (deadline, backend failure) do
-    /// not write, so they can never overwrite a newer fill.
-    async fn load_unleased(&mut self, store: bool) -> Result<Answer<V>, Error> {
-        if !store {
-            self.rec().degraded_load();
-        }
-        let (value, took) = match self.run_loader().await {
-            Ok(loaded) => loaded,
-            Err(error) => return self.after_failed_load(None, error, None).await,
+    /// The `no_lease` policy: load without waiting for anyone, but store
+    /// only under a lease taken on the way if it was free, so the write is
+    /// fenced on our token like every fill (a `set`, an `invalidate` or a
+    /// newer holder fences it out). If another process holds the lease, the
+    /// result is not stored: that holder's fill will be (issue 8, fault 4).
+    async fn load_without_waiting(&mut self, unreadable: bool) -> Result<Answer<V>, Error> {
+        let window = if unreadable {
+            Duration::MAX
+        } else {
+            Duration::ZERO
         };
-        if !store {
-            return Ok((value, Outcome::Degraded));
+        match self.acquire(LeaseTtl::default(), window).await {
+            Ok(Acquisition::Won { lease, stale }) => {
+                let stale = self.stale_value(stale);
+                self.load_leased(lease, stale).await
+            }
+            Ok(Acquisition::Fresh(stored)) => match self.read(&stored) {
+                Read::Value { value, .. } => Ok((value, Outcome::Hit)),
+                Read::Failure { message, .. } => {
+                    self.rec().negative_hit();
+                    Err(Error::CachedFailure(message))
+                }
+                Read::Unreadable => self.load_unstored().await,
+            },
+            Ok(Acquisition::Held { .. }) => self.load_unstored().await,
+            Err(e) => self.degrade(e, None).await,
         }
-        let bytes = self.shared.encode(&self.policy, &value, took)?;
-        let ttl = self.written_ttl(value.is_some());
-        let _ = self
-            .call("set", self.shared.backend.set(&self.keys, &bytes, ttl))
-            .await;
-        Ok((value, Outcome::Loaded))
+    }
+
+    /// Loads without a lease and without storing the result: a degraded
+    /// load (the wait deadline passed, the backend failed, or another
+    /// process holds the lease), so it can never overwrite a newer fill.
+    async fn load_unstored(&mut self) -> Result<Answer<V>, Error> {
+        self.rec().degraded_load();
+        match self.run_loader().await {
+            Ok((value, _)) => Ok((value, Outcome::Degraded)),
+            Err(error) => self.after_failed_load(None, error, None).await,
+        }
     }
 
     /// A load failed: serve stale (fail-safe, re-stored for the throttle
@@ -444,10 +462,9 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
                 window
             }
         };
-        let Some(lease) = self.policy.lease_ttl else {
-            let _ = self.load_unleased(true).await;
-            return;
-        };
+        // Without the lease policy the refresh still needs a free lease: it
+        // fences the write, and nobody waits for it anyway.
+        let lease = self.policy.lease_ttl.unwrap_or_default();
         match self.acquire(lease, window).await {
             Ok(Acquisition::Won { lease, stale }) => {
                 let stale = self.stale_value(stale);

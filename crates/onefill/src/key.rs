@@ -4,6 +4,13 @@
 //! `ns:{k}:lock` and fill notifications go to `ns:{k}:filled`. The braces are
 //! a Redis Cluster hash tag, so all three always share one slot and one Lua
 //! script may touch them together.
+//!
+//! Redis takes the tag from the first `{` to the first `}` after it, so a key
+//! with braces of its own (`}x`, `a{b}c`) would make a different or empty
+//! tag and split its keys across slots. Inside the tag the key is therefore
+//! escaped: `%` becomes `%25`, `{` becomes `%7B` and `}` becomes `%7D`. The
+//! escape is injective (two keys never share backend keys), and keys
+//! without those three bytes are stored exactly as they are.
 
 use crate::error::{ConfigError, InputError};
 
@@ -19,7 +26,18 @@ impl FillKeys {
     /// The keys for `key` in `namespace` (not validated: the cache checks
     /// namespaces and keys before building these).
     pub fn new(namespace: &str, key: &str) -> Self {
-        let value = format!("{namespace}:{{{key}}}");
+        let mut value = String::with_capacity(namespace.len() + key.len() + 3);
+        value.push_str(namespace);
+        value.push_str(":{");
+        for c in key.chars() {
+            match c {
+                '%' => value.push_str("%25"),
+                '{' => value.push_str("%7B"),
+                '}' => value.push_str("%7D"),
+                c => value.push(c),
+            }
+        }
+        value.push('}');
         FillKeys {
             lock: format!("{value}:lock"),
             channel: format!("{value}:filled"),
@@ -83,12 +101,43 @@ mod tests {
         assert_eq!(keys.channel(), "users:{42}:filled");
     }
 
+    /// The hash tag Redis Cluster hashes: from the first `{` to the first
+    /// `}` after it, if that is not empty; else the whole key.
+    fn hash_tag(key: &str) -> &str {
+        if let Some(open) = key.find('{') {
+            if let Some(len) = key[open + 1..].find('}') {
+                if len > 0 {
+                    return &key[open + 1..open + 1 + len];
+                }
+            }
+        }
+        key
+    }
+
+    /// Regression (issue 8, fault 5): a key beginning with `}` made an empty
+    /// tag, so its value and lease landed in different slots.
     #[test]
-    fn key_with_braces_still_shares_one_tag() {
-        // Redis hashes the first `{...}`: `a{b` is the tag of all three.
-        let keys = FillKeys::new("ns", "a{b}c");
-        for k in [keys.value(), keys.lock(), keys.channel()] {
-            assert!(k.starts_with("ns:{a{b}"), "{k}");
+    fn hostile_keys_keep_one_tag_for_all_their_keys() {
+        let long = "}{".repeat(512);
+        for key in [
+            "}x", "{", "}", "}{", "{}", "a{b}c", "%7D", "\n", "\0", &long,
+        ] {
+            let keys = FillKeys::new("ns", key);
+            let tag = hash_tag(keys.value());
+            assert!(!tag.is_empty(), "{key:?}");
+            assert!(!tag.contains(['{', '}']), "{key:?}: {tag}");
+            for k in [keys.lock(), keys.channel()] {
+                assert_eq!(hash_tag(k), tag, "{key:?}: {k}");
+            }
+        }
+        assert_eq!(FillKeys::new("ns", "plain:42").value(), "ns:{plain:42}");
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn the_escape_is_injective(a in ".{1,12}", b in ".{1,12}") {
+            proptest::prop_assume!(a != b);
+            proptest::prop_assert_ne!(FillKeys::new("ns", &a), FillKeys::new("ns", &b));
         }
     }
 
