@@ -24,7 +24,8 @@
 //! lease, at most one per process per key thanks to the coalescer) unless
 //! the policy is strict.
 
-use std::sync::atomic::Ordering;
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -34,7 +35,7 @@ use tokio::time::Instant;
 use crate::backend::Stored;
 use crate::coalesce::Completion;
 use crate::envelope::{self, Kind};
-use crate::error::{BackendError, Error};
+use crate::error::{BackendError, BackendErrorKind, Error};
 use crate::freshness;
 use crate::key::FillKeys;
 use crate::lease::{Acquisition, Lease, LeaseTtl};
@@ -90,6 +91,54 @@ pub(crate) struct Flight<V> {
     /// value is never served longer than `ttl + grace` after it was read or
     /// loaded.
     from_fallback: bool,
+    /// The backend time left before the callers must be answered.
+    budget: Budget,
+    /// A fill put off until after the callers were answered, because the
+    /// budget was spent by then.
+    deferred_fill: Option<DeferredFill>,
+}
+
+/// A fill to run once the callers have their answer.
+struct DeferredFill {
+    lease: Lease,
+    bytes: Vec<u8>,
+    ttl: Duration,
+}
+
+/// The backend time a flight may spend before its callers are answered:
+/// one backend timeout in all, however many calls it makes (get, acquire,
+/// subscribe, re-checks, fill), so a hung backend costs a caller one
+/// timeout plus its load, never a chain of timeouts (issue 8, fault 11).
+struct Budget {
+    total: Duration,
+    left_micros: AtomicU64,
+}
+
+impl Budget {
+    fn new(total: Duration) -> Self {
+        let budget = Budget {
+            total,
+            left_micros: AtomicU64::new(0),
+        };
+        budget.refill();
+        budget
+    }
+    fn left(&self) -> Duration {
+        Duration::from_micros(self.left_micros.load(Ordering::Relaxed))
+    }
+    fn charge(&self, spent: Duration) {
+        let spent = u64::try_from(spent.as_micros()).unwrap_or(u64::MAX);
+        let _ = self
+            .left_micros
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |left| {
+                Some(left.saturating_sub(spent))
+            });
+    }
+    /// A full budget again (for work after the callers were answered).
+    fn refill(&self) {
+        let total = u64::try_from(self.total.as_micros()).unwrap_or(u64::MAX);
+        self.left_micros.store(total, Ordering::Relaxed);
+    }
 }
 
 impl<V: Clone + Send + Sync + 'static> Flight<V> {
@@ -106,14 +155,25 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
             epoch: shared.epoch.load(Ordering::SeqCst),
             shared,
             keys,
-            policy,
+            budget: Budget::new(policy.backend_timeout),
             load: Mutex::new(Some(load)),
             from_fallback: false,
+            deferred_fill: None,
+            policy,
         };
         tokio::spawn(async move {
             let (answer, refresh) = flight.run().await;
             flight.remember(&answer);
             completion.complete(answer);
+            // Off the callers' path from here: a full budget again.
+            flight.budget.refill();
+            if let Some(fill) = flight.deferred_fill.take() {
+                let timeout = flight.policy.backend_timeout;
+                let _ = fill
+                    .lease
+                    .fill(&flight.shared, timeout, &fill.bytes, fill.ttl)
+                    .await;
+            }
             if let Some(why) = refresh {
                 flight.refresh(why).await;
             }
@@ -243,15 +303,11 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
                     self.rec().stale_served();
                     return Ok((value, Outcome::Stale));
                 }
-                waiting = Some(
-                    Wait::start(
-                        &self.shared,
-                        &self.keys,
-                        &self.policy.wait,
-                        self.policy.backend_timeout,
-                    )
-                    .await,
-                );
+                let started = Instant::now();
+                let timeout = self.budget.left();
+                waiting =
+                    Some(Wait::start(&self.shared, &self.keys, &self.policy.wait, timeout).await);
+                self.budget.charge(started.elapsed());
                 continue;
             };
             if wait.until_recheck(&self.shared, holder_ttl).await == Next::Deadline {
@@ -327,8 +383,8 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         let bytes = match self.shared.encode(&self.policy, &value, took) {
             Ok(bytes) => bytes,
             Err(error) => {
-                let _ = lease
-                    .release(&self.shared, self.policy.backend_timeout, None)
+                let _ = self
+                    .budgeted("release", |t| lease.release(&self.shared, t, None))
                     .await;
                 return Err(error);
             }
@@ -337,9 +393,13 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         // `Ok(false)`: expired or invalidated while we loaded; our callers
         // still get the value, but it must not overwrite what is there now
         // (counted as a lost lease). An error: unknown whether it landed.
-        let _ = lease
-            .fill(&self.shared, self.policy.backend_timeout, &bytes, ttl)
-            .await;
+        if self.budget.left().is_zero() {
+            self.deferred_fill = Some(DeferredFill { lease, bytes, ttl });
+        } else {
+            let _ = self
+                .budgeted("fill", |t| lease.fill(&self.shared, t, &bytes, ttl))
+                .await;
+        }
         Ok((value, Outcome::Loaded))
     }
 
@@ -392,7 +452,6 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         error: Error,
         stale: Option<Option<V>>,
     ) -> Result<Answer<V>, Error> {
-        let timeout = self.policy.backend_timeout;
         if let (true, Some(value)) = (self.policy.fail_safe, stale) {
             if let Some(lease) = lease {
                 let throttled = self
@@ -401,7 +460,9 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
                     .ok()
                     .map(|bytes| (bytes, self.policy.fail_safe_throttle + self.policy.grace));
                 let entry = throttled.as_ref().map(|(b, t)| (b.as_slice(), *t));
-                let _ = lease.release(&self.shared, timeout, entry).await;
+                let _ = self
+                    .budgeted("release", |t| lease.release(&self.shared, t, entry))
+                    .await;
             }
             tracing::warn!(key = self.keys.value(), %error, "loader failed; serving the stale value (fail-safe)");
             self.rec().stale_served();
@@ -425,7 +486,9 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
                 _ => None,
             };
             let entry = negative.as_ref().map(|(b, t)| (b.as_slice(), *t));
-            let _ = lease.release(&self.shared, timeout, entry).await;
+            let _ = self
+                .budgeted("release", |t| lease.release(&self.shared, t, entry))
+                .await;
         }
         Err(error)
     }
@@ -482,16 +545,47 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         refresh_window: Duration,
     ) -> Result<Acquisition, BackendError> {
         let lease_ttl = lease.ttl(&self.shared.load_times);
-        let timeout = self.policy.backend_timeout;
-        Lease::acquire(&self.shared, &self.keys, lease_ttl, refresh_window, timeout).await
+        self.budgeted("acquire", |timeout| {
+            Lease::acquire(&self.shared, &self.keys, lease_ttl, refresh_window, timeout)
+        })
+        .await
     }
 
     async fn call<T>(
         &self,
         op: &'static str,
-        fut: impl std::future::Future<Output = Result<T, BackendError>>,
+        fut: impl Future<Output = Result<T, BackendError>>,
     ) -> Result<T, BackendError> {
-        self.shared.call(self.policy.backend_timeout, op, fut).await
+        self.budgeted(op, |timeout| self.shared.call(timeout, op, fut))
+            .await
+    }
+
+    /// Runs a backend step bounded by what is left of the flight's budget
+    /// (never more than one backend timeout), and charges the time it took.
+    /// With the budget spent, the step is not attempted: it fails at once
+    /// as a timeout, and the flight degrades.
+    async fn budgeted<T, F>(
+        &self,
+        op: &'static str,
+        step: impl FnOnce(Duration) -> F,
+    ) -> Result<T, BackendError>
+    where
+        F: Future<Output = Result<T, BackendError>>,
+    {
+        let left = self.budget.left();
+        if left.is_zero() {
+            return Err(BackendError::new(
+                BackendErrorKind::Timeout,
+                format!(
+                    "{op}: not attempted, this flight already spent its backend time ({:?})",
+                    self.budget.total
+                ),
+            ));
+        }
+        let started = Instant::now();
+        let result = step(left).await;
+        self.budget.charge(started.elapsed());
+        result
     }
 
     /// Reads stored bytes, counting an unreadable value against the key.

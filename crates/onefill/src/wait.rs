@@ -155,18 +155,24 @@ pub(crate) enum Next {
 
 impl Wait {
     /// Starts waiting: subscribes to the key's fills *before* the caller
-    /// re-checks, so a fill landing in between is not missed.
+    /// re-checks, so a fill landing in between is not missed. The
+    /// subscription may take up to `timeout`; with none left, or if it
+    /// fails, the wait polls alone.
     pub(crate) async fn start<V: 'static>(
         shared: &Shared<V>,
         keys: &FillKeys,
         policy: &WaitPolicy,
-        backend_timeout: Duration,
+        timeout: Duration,
     ) -> Wait {
         shared.recorder.wait_started();
-        let subscription = shared
-            .call(backend_timeout, "subscribe", shared.backend.subscribe(keys))
-            .await
-            .ok();
+        let subscription = if timeout.is_zero() {
+            None
+        } else {
+            shared
+                .call(timeout, "subscribe", shared.backend.subscribe(keys))
+                .await
+                .ok()
+        };
         let started = Instant::now();
         Wait {
             subscription,
