@@ -67,6 +67,8 @@ mod key;
 mod lease;
 mod options;
 mod stats;
+#[cfg(feature = "test-support")]
+pub mod testing;
 mod wait;
 
 #[cfg(feature = "redis")]

@@ -1,13 +1,12 @@
-//! The conformance suite on the embedded backend, in paused tokio time:
-//! every wait, lease expiry and poll is virtual, so timings are exact.
-
-mod conformance;
+//! The conformance suite (`onefill::testing`) on the embedded backend, in
+//! paused tokio time: every wait, lease expiry and poll is virtual, so
+//! timings are exact.
 
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use conformance::Harness;
 use onefill::backend::Backend;
+use onefill::testing::Harness;
 use onefill::MemoryBackend;
 
 struct Memory(MemoryBackend);
@@ -26,4 +25,4 @@ async fn memory() -> Memory {
     Memory(MemoryBackend::new())
 }
 
-conformance_suite!(memory(), tokio::test(start_paused = true));
+onefill::conformance_suite!(memory(), tokio::test(start_paused = true));

@@ -1,16 +1,15 @@
-//! The conformance suite, unchanged, on real Redis: a private standalone
-//! server per test, and a private 3-master cluster shared by the tests that
-//! run at the same time. Real time here (tokio's paused clock cannot drive
-//! a server's TTLs), so only counts and outcomes are asserted.
-
-mod conformance;
+//! The conformance suite (`onefill::testing`), unchanged, on real Redis: a
+//! private standalone server per test, and a private 3-master cluster
+//! shared by the tests that run at the same time. Real time here (tokio's
+//! paused clock cannot drive a server's TTLs), so only counts and outcomes
+//! are asserted.
 
 use std::sync::{Arc, Mutex, Weak};
 
 use async_trait::async_trait;
-use conformance::Harness;
 use onefill::backend::Backend;
 use onefill::redis::RedisBackend;
+use onefill::testing::Harness;
 use onefill_testkit::{RedisCluster, RedisServer};
 
 /// A standalone server; every `backend()` is a new connection, as a new
@@ -64,7 +63,7 @@ async fn cluster() -> Cluster {
 
 mod standalone {
     use super::*;
-    conformance_suite!(
+    onefill::conformance_suite!(
         standalone(),
         tokio::test(flavor = "multi_thread", worker_threads = 2)
     );
@@ -72,7 +71,7 @@ mod standalone {
 
 mod cluster {
     use super::*;
-    conformance_suite!(
+    onefill::conformance_suite!(
         cluster(),
         tokio::test(flavor = "multi_thread", worker_threads = 2)
     );

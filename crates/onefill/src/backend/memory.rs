@@ -139,15 +139,34 @@ impl MemoryBackend {
         self.len() == 0
     }
 
-    /// Writes raw bytes under a backend key, bypassing the protocol: for tests
-    /// that plant corrupt data or a lease of a process that died.
-    #[doc(hidden)]
+    /// Writes raw bytes under a backend key (a value, a lease: any key of
+    /// [`FillKeys`]) with a TTL, bypassing the protocol: no token check, no
+    /// fill notification. For tests that plant corrupt data or the lease of
+    /// a process that died.
+    ///
+    /// Only with the `test-support` feature.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use onefill::backend::FillKeys;
+    ///
+    /// let store = onefill::MemoryBackend::new();
+    /// let keys = FillKeys::new("users", "42");
+    /// store.put_raw(keys.lock(), b"a dead process's token", Duration::from_secs(5));
+    /// let (bytes, ttl) = store.get_raw(keys.lock()).unwrap();
+    /// assert_eq!(bytes, b"a dead process's token");
+    /// assert!(ttl <= Duration::from_secs(5));
+    /// ```
+    #[cfg(feature = "test-support")]
     pub fn put_raw(&self, key: &str, bytes: &[u8], ttl: Duration) {
         self.state().put(key, bytes.to_vec(), ttl, Instant::now());
     }
 
-    /// Reads raw bytes and the remaining TTL of a backend key.
-    #[doc(hidden)]
+    /// Reads the raw bytes and the remaining TTL of a backend key, if it is
+    /// live, bypassing the protocol.
+    ///
+    /// Only with the `test-support` feature.
+    #[cfg(feature = "test-support")]
     pub fn get_raw(&self, key: &str) -> Option<(Vec<u8>, Duration)> {
         self.state()
             .get(key, Instant::now())
