@@ -11,7 +11,7 @@ use async_trait::async_trait;
 use onefill::backend::{
     Acquired, Backend, BackendError, FillKeys, FillSubscription, LeaseToken, Stored,
 };
-use onefill::testing::Harness;
+use onefill::testing::CloneHarness;
 use onefill::MemoryBackend;
 
 /// Another store, for all the suite knows: every call goes through here.
@@ -80,21 +80,12 @@ impl Backend for Relay {
     }
 }
 
-/// One relayed store; each `backend()` is a handle on it.
-struct RelayHarness(Relay);
-
-#[async_trait]
-impl Harness for RelayHarness {
-    async fn backend(&self) -> Arc<dyn Backend> {
-        Arc::new(self.0.clone())
+/// One relayed store; each `backend()` is a clone of it.
+async fn relay() -> CloneHarness<Relay> {
+    CloneHarness {
+        backend: Relay::default(),
+        paused: true,
     }
-    fn paused(&self) -> bool {
-        true
-    }
-}
-
-async fn relay() -> RelayHarness {
-    RelayHarness(Relay::default())
 }
 
 onefill::conformance_suite!(relay(), tokio::test(start_paused = true));
@@ -105,7 +96,7 @@ onefill::conformance_suite!(relay(), tokio::test(start_paused = true));
 async fn scenarios_talk_to_the_backend_under_test() {
     let harness = relay().await;
     onefill::testing::conformance::herd_across_pods(&harness).await;
-    let calls = harness.0.calls.load(Ordering::Relaxed);
+    let calls = harness.backend.calls.load(Ordering::Relaxed);
     assert!(calls >= 8, "8 pods' worth of calls, got {calls}");
 }
 

@@ -144,6 +144,8 @@
 //! `[dev-dependencies]`. A store in real time is instantiated with a
 //! multi-threaded runtime instead:
 //! `onefill::conformance_suite!(my_server(), tokio::test(flavor = "multi_thread", worker_threads = 2));`.
+//! For a backend whose clones share one store, as here, [`CloneHarness`]
+//! is that harness ready-made.
 //!
 //! The helpers below ([`Origin`], [`herd`], [`lease_held`], …) are the ones
 //! the scenarios use, for writing scenarios of your own in the same terms;
@@ -175,6 +177,39 @@ pub trait Harness: Send + Sync {
     async fn backend(&self) -> Arc<dyn Backend>;
     /// Whether tokio time is paused (then virtual durations may be asserted).
     fn paused(&self) -> bool;
+}
+
+/// A [`Harness`] for a backend whose clones share one store (as
+/// [`MemoryBackend`](crate::MemoryBackend)'s do): every
+/// [`backend`](Harness::backend) is a clone of `backend`. A store reached
+/// over a network is better tested with a harness of its own that opens a
+/// new connection per call.
+///
+/// ```
+/// # use onefill::{testing::CloneHarness, MemoryBackend};
+/// async fn memory() -> CloneHarness<MemoryBackend> {
+///     CloneHarness { backend: MemoryBackend::new(), paused: true }
+/// }
+/// onefill::conformance_suite!(memory(), tokio::test(start_paused = true));
+/// # fn main() {}
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct CloneHarness<B> {
+    /// The backend, cloned for every simulated process.
+    pub backend: B,
+    /// What [`Harness::paused`] answers: whether the tests run in paused
+    /// tokio time.
+    pub paused: bool,
+}
+
+#[async_trait]
+impl<B: Backend + Clone> Harness for CloneHarness<B> {
+    async fn backend(&self) -> Arc<dyn Backend> {
+        Arc::new(self.backend.clone())
+    }
+    fn paused(&self) -> bool {
+        self.paused
+    }
 }
 
 /// The error of the simulated origin: the loaders of [`failing_loader`] fail

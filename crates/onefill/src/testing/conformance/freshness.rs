@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::pods_with;
+use super::{fetch_now, pods_with};
 use crate::backend::FillKeys;
 use crate::testing::{
     cache, cache_with, eventually, failing_loader, herd, lease_held, unique_ns, Harness, Origin,
@@ -62,10 +62,7 @@ scenarios! { $ __onefill_conformance_freshness;
         // Wait for the refresh's fill to land, then everyone hits the new value.
         let start = Instant::now();
         loop {
-            let f = pods[1]
-                .fetch(&key, &CallOptions::new(), origin.loader(Duration::ZERO))
-                .await
-                .unwrap();
+            let f = fetch_now(&pods[1], &key, &origin).await;
             if f.outcome == Outcome::Hit {
                 assert_eq!(f.value, "k-v2");
                 break;

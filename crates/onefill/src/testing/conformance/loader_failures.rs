@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::sync::Barrier;
 use tokio::time::Instant;
 
-use super::start_slow_load;
+use super::{fetch_now, start_slow_load};
 use crate::backend::FillKeys;
 use crate::testing::{cache, cache_with, lease_held, unique_ns, Harness, Origin, OriginError};
 use crate::{CallOptions, Error, Outcome};
@@ -99,14 +99,7 @@ scenarios! { $ __onefill_conformance_loader_failures;
         assert_eq!(got.value, "k-v1");
         assert!(got.coalesced);
         assert_eq!(origin.count(), 1);
-        let again = c
-            .fetch(
-                &"k".to_string(),
-                &CallOptions::new(),
-                origin.loader(Duration::ZERO),
-            )
-            .await
-            .unwrap();
+        let again = fetch_now(&c, "k", &origin).await;
         assert_eq!(
             again.outcome,
             Outcome::Hit,

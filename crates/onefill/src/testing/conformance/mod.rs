@@ -10,13 +10,14 @@
 //! hung loader), freshness (stale-while-refresh, early refresh, negative
 //! caching, fail-safe, jitter) and writes (undecodable values, fenced fills,
 //! the size limit).
-//!
-//! Each theme's file declares its scenarios once, inside `scenarios!`,
-//! which emits the functions and the list the suite instantiates; the
-//! themes are listed once, in `themes!`, which emits `conformance_suite!`.
-//! A scenario therefore cannot exist without running in the suite: a theme
-//! missing from `themes!` leaves its `NAMES` unused, which does not compile
-//! (`deny(dead_code)`), and a theme whose macro is misnamed does not either.
+
+// How the suite is declared: each theme's file declares its scenarios once,
+// inside `scenarios!`, which emits the functions and the list the suite
+// instantiates; the themes are listed once, in `themes!`, which emits
+// `conformance_suite!`. A scenario therefore cannot exist without running
+// in the suite: a theme missing from `themes!` leaves its `NAMES` unused,
+// which does not compile (`deny(dead_code)`), and a theme whose macro is
+// misnamed does not either.
 
 use std::time::Duration;
 
@@ -89,9 +90,21 @@ macro_rules! themes {
         /// server in real time. Needs the `test-support` feature; see the
         /// [`testing`](crate::testing) module for a complete example.
         ///
-        /// ```ignore
-        /// async fn memory() -> Memory { Memory(onefill::MemoryBackend::new()) }
+        /// ```
+        /// # use std::sync::Arc;
+        /// # use onefill::{backend::Backend, testing::Harness, MemoryBackend};
+        /// # struct Memory(MemoryBackend);
+        /// # #[async_trait::async_trait]
+        /// # impl Harness for Memory {
+        /// #     async fn backend(&self) -> Arc<dyn Backend> { Arc::new(self.0.clone()) }
+        /// #     fn paused(&self) -> bool { true }
+        /// # }
+        /// async fn memory() -> Memory {
+        ///     Memory(MemoryBackend::new())
+        /// }
+        ///
         /// onefill::conformance_suite!(memory(), tokio::test(start_paused = true));
+        /// # fn main() {}
         /// ```
         #[macro_export]
         macro_rules! conformance_suite {
@@ -150,6 +163,18 @@ async fn start_slow_load(
     };
     eventually(Duration::from_secs(5), || origin.count() > before).await;
     task
+}
+
+/// One call for `key` with the default options and an instant loader of
+/// `origin`, which must answer.
+async fn fetch_now(c: &Cache<String, String>, key: &str, origin: &Origin) -> Fetched<String> {
+    c.fetch(
+        &key.to_owned(),
+        &CallOptions::new(),
+        origin.loader(Duration::ZERO),
+    )
+    .await
+    .expect("an answer")
 }
 
 async fn pods_with(

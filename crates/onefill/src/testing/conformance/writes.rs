@@ -3,10 +3,10 @@
 
 use std::time::Duration;
 
-use super::start_slow_load;
+use super::{fetch_now, start_slow_load};
 use crate::backend::FillKeys;
 use crate::testing::{cache, cache_with, lease_held, unique_ns, Harness, Origin, OriginError};
-use crate::{Cache, CallOptions, Error, Outcome};
+use crate::{Cache, Error, Outcome};
 
 scenarios! { $ __onefill_conformance_writes;
 
@@ -23,14 +23,7 @@ scenarios! { $ __onefill_conformance_writes;
                 .set(&keys, garbage, Duration::from_secs(60))
                 .await
                 .unwrap();
-            let got = c
-                .fetch(
-                    &"k".to_string(),
-                    &CallOptions::new(),
-                    origin.loader(Duration::ZERO),
-                )
-                .await
-                .unwrap();
+            let got = fetch_now(&c, "k", &origin).await;
             assert_eq!(got.outcome, Outcome::Loaded);
         }
         // A valid envelope whose payload is another type (a deploy changed V):
@@ -41,26 +34,12 @@ scenarios! { $ __onefill_conformance_writes;
             .build()
             .unwrap();
         other.set(&"k".to_string(), vec![1, 2, 3]).await.unwrap();
-        let got = c
-            .fetch(
-                &"k".to_string(),
-                &CallOptions::new(),
-                origin.loader(Duration::ZERO),
-            )
-            .await
-            .unwrap();
+        let got = fetch_now(&c, "k", &origin).await;
         assert_eq!(got.outcome, Outcome::Loaded);
         assert_eq!(origin.count(), 3);
         assert_eq!(c.stats().decode_errors, 3);
         // ...and the fill replaced it.
-        let hit = c
-            .fetch(
-                &"k".to_string(),
-                &CallOptions::new(),
-                origin.loader(Duration::ZERO),
-            )
-            .await
-            .unwrap();
+        let hit = fetch_now(&c, "k", &origin).await;
         assert_eq!(hit.outcome, Outcome::Hit);
         assert_eq!(hit.value, "k-v3");
     }
