@@ -183,16 +183,8 @@ pub trait Harness: Send + Sync {
 /// [`MemoryBackend`](crate::MemoryBackend)'s do): every
 /// [`backend`](Harness::backend) is a clone of `backend`. A store reached
 /// over a network is better tested with a harness of its own that opens a
-/// new connection per call.
-///
-/// ```
-/// # use onefill::{testing::CloneHarness, MemoryBackend};
-/// async fn memory() -> CloneHarness<MemoryBackend> {
-///     CloneHarness { backend: MemoryBackend::new(), paused: true }
-/// }
-/// onefill::conformance_suite!(memory(), tokio::test(start_paused = true));
-/// # fn main() {}
-/// ```
+/// new connection per call. Example:
+/// [`conformance_suite!`](crate::conformance_suite).
 #[derive(Debug, Clone, Default)]
 pub struct CloneHarness<B> {
     /// The backend, cloned for every simulated process.

@@ -91,16 +91,10 @@ macro_rules! themes {
         /// [`testing`](crate::testing) module for a complete example.
         ///
         /// ```
-        /// # use std::sync::Arc;
-        /// # use onefill::{backend::Backend, testing::Harness, MemoryBackend};
-        /// # struct Memory(MemoryBackend);
-        /// # #[async_trait::async_trait]
-        /// # impl Harness for Memory {
-        /// #     async fn backend(&self) -> Arc<dyn Backend> { Arc::new(self.0.clone()) }
-        /// #     fn paused(&self) -> bool { true }
-        /// # }
-        /// async fn memory() -> Memory {
-        ///     Memory(MemoryBackend::new())
+        /// use onefill::{testing::CloneHarness, MemoryBackend};
+        ///
+        /// async fn memory() -> CloneHarness<MemoryBackend> {
+        ///     CloneHarness { backend: MemoryBackend::new(), paused: true }
         /// }
         ///
         /// onefill::conformance_suite!(memory(), tokio::test(start_paused = true));
