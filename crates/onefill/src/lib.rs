@@ -84,6 +84,8 @@ mod loader;
 mod options;
 mod shared;
 mod stats;
+#[cfg(feature = "test-support")]
+pub mod testing;
 mod wait;
 
 #[cfg(feature = "redis")]

@@ -1,16 +1,17 @@
-//! The conformance suite, unchanged, on real Redis: a private standalone
-//! server per test, and a private 3-master cluster shared by the tests that
-//! run at the same time. Real time here (tokio's paused clock cannot drive
-//! a server's TTLs), so only counts and outcomes are asserted.
+//! The conformance suite (`onefill::testing`), unchanged, on real Redis: a
+//! private standalone server per test, and a private 3-master cluster
+//! shared by the tests that run at the same time. Real time here (tokio's
+//! paused clock cannot drive a server's TTLs), so only counts and outcomes
+//! are asserted.
 
-mod conformance;
+use std::sync::{Arc, Weak};
 
-use std::sync::{Arc, Mutex, Weak};
+use parking_lot::Mutex;
 
 use async_trait::async_trait;
-use conformance::Harness;
 use onefill::backend::Backend;
 use onefill::redis::RedisBackend;
+use onefill::testing::Harness;
 use onefill_testkit::{RedisCluster, RedisServer};
 
 /// A standalone server; every `backend()` is a new connection, as a new
@@ -53,7 +54,7 @@ impl Harness for Cluster {
 /// namespace); it is shut down when the last of them ends.
 async fn cluster() -> Cluster {
     static SHARED: Mutex<Weak<RedisCluster>> = Mutex::new(Weak::new());
-    let mut shared = SHARED.lock().unwrap_or_else(|p| p.into_inner());
+    let mut shared = SHARED.lock();
     if let Some(c) = shared.upgrade() {
         return Cluster(c);
     }
@@ -64,7 +65,7 @@ async fn cluster() -> Cluster {
 
 mod standalone {
     use super::*;
-    conformance_suite!(
+    onefill::conformance_suite!(
         standalone(),
         tokio::test(flavor = "multi_thread", worker_threads = 2)
     );
@@ -72,7 +73,7 @@ mod standalone {
 
 mod cluster {
     use super::*;
-    conformance_suite!(
+    onefill::conformance_suite!(
         cluster(),
         tokio::test(flavor = "multi_thread", worker_threads = 2)
     );

@@ -5,10 +5,11 @@
 //! is tokio's, so tests under `tokio::time::pause` drive expiry.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use parking_lot::{Mutex, MutexGuard};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -102,18 +103,11 @@ impl MemoryBackend {
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
-        // A panic while holding the lock cannot leave the map half-written
-        // (every step is a plain insert or remove), so a poisoned lock is safe
-        // to keep using.
-        self.inner.state.lock().unwrap_or_else(|p| p.into_inner())
+        self.inner.state.lock()
     }
 
     fn publish(&self, channel: &str) {
-        let mut channels = self
-            .inner
-            .channels
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+        let mut channels = self.inner.channels.lock();
         if let Some(tx) = channels.get(channel) {
             if tx.receiver_count() == 0 {
                 channels.remove(channel);
@@ -139,15 +133,34 @@ impl MemoryBackend {
         self.len() == 0
     }
 
-    /// Writes raw bytes under a backend key, bypassing the protocol: for tests
-    /// that plant corrupt data or a lease of a process that died.
-    #[doc(hidden)]
+    /// Writes raw bytes under a backend key (a value, a lease: any key of
+    /// [`FillKeys`]) with a TTL, bypassing the protocol: no token check, no
+    /// fill notification. For tests that plant corrupt data or the lease of
+    /// a process that died.
+    ///
+    /// Only with the `test-support` feature.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use onefill::backend::FillKeys;
+    ///
+    /// let store = onefill::MemoryBackend::new();
+    /// let keys = FillKeys::new("users", "42");
+    /// store.put_raw(keys.lock(), b"a dead process's token", Duration::from_secs(5));
+    /// let (bytes, ttl) = store.get_raw(keys.lock()).unwrap();
+    /// assert_eq!(bytes, b"a dead process's token");
+    /// assert!(ttl <= Duration::from_secs(5));
+    /// ```
+    #[cfg(feature = "test-support")]
     pub fn put_raw(&self, key: &str, bytes: &[u8], ttl: Duration) {
         self.state().put(key, bytes.to_vec(), ttl, Instant::now());
     }
 
-    /// Reads raw bytes and the remaining TTL of a backend key.
-    #[doc(hidden)]
+    /// Reads the raw bytes and the remaining TTL of a backend key, if it is
+    /// live, bypassing the protocol.
+    ///
+    /// Only with the `test-support` feature.
+    #[cfg(feature = "test-support")]
     pub fn get_raw(&self, key: &str) -> Option<(Vec<u8>, Duration)> {
         self.state()
             .get(key, Instant::now())
@@ -272,11 +285,7 @@ impl Backend for MemoryBackend {
     }
 
     async fn subscribe(&self, keys: &FillKeys) -> Result<Box<dyn FillSubscription>, BackendError> {
-        let mut channels = self
-            .inner
-            .channels
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+        let mut channels = self.inner.channels.lock();
         if channels.len() >= SWEEP_EVERY {
             channels.retain(|_, tx| tx.receiver_count() > 0);
         }
