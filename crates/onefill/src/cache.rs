@@ -371,7 +371,7 @@ where
         let written = self
             .call("set", self.shared.backend.set(&keys, &bytes, ttl))
             .await;
-        let epoch = self.shared.written(&key);
+        let epoch = self.shared.written(&key, &keys);
         written?;
         // The outage fallback must not answer with what this write replaced.
         let usable_until = Instant::now() + policy.ttl + policy.grace;
@@ -396,7 +396,7 @@ where
             .await;
         // Even if the backend failed: what this process remembers of the
         // key goes, and older flights cannot put it back.
-        let epoch = self.shared.written(&key);
+        let epoch = self.shared.written(&key, &keys);
         let until = Instant::now() + self.shared.policy.longest_flight();
         self.shared.fallback.forget(keys.value(), until, epoch);
         invalidated

@@ -12,7 +12,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use tracing::Instrument;
 
-use crate::backend::{Backend, Stored};
+use crate::backend::{Backend, FillKeys, Stored};
 use crate::circuit::Breaker;
 use crate::coalesce::Coalescer;
 use crate::codec::Codec;
@@ -91,10 +91,11 @@ impl<V: 'static> Shared<V> {
     /// This process wrote `key` (`set` or `invalidate`, done or failed):
     /// detaches the key's flight and load, so a call that starts after the
     /// write never gets an answer from before it, and returns the new epoch.
-    pub(crate) fn written(&self, key: &str) -> u64 {
+    /// (Flights are keyed by the user's key, loads by the value key.)
+    pub(crate) fn written(&self, key: &str, keys: &FillKeys) -> u64 {
         let epoch = self.epoch.fetch_add(1, Ordering::SeqCst) + 1;
         self.flights.detach(key);
-        self.loads.detach(key);
+        self.loads.detach(keys.value());
         epoch
     }
 

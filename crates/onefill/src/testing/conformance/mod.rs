@@ -8,8 +8,10 @@
 //! token checks, the adaptive TTL), waiting (the fill notification, the
 //! deadline's outcomes), loader failures (errors, panics, cancellation, a
 //! hung loader), freshness (stale-while-refresh, early refresh, negative
-//! caching, fail-safe, jitter) and writes (undecodable values, fenced fills,
-//! the size limit).
+//! caching, fail-safe, jitter), writes (undecodable values, fenced fills,
+//! the size limit) and regressions (the faults of issue 8 that any backend
+//! could bring back: unreadable values, read-your-writes, unfenced no-lease
+//! fills, hostile keys, two loads in one process, a lease lost twice).
 
 // How the suite is declared: each theme's file declares its scenarios once,
 // inside `scenarios!`, which emits the functions and the list the suite
@@ -118,6 +120,8 @@ mod leases;
 #[macro_use]
 mod loader_failures;
 #[macro_use]
+mod regressions;
+#[macro_use]
 mod waiting;
 #[macro_use]
 mod writes;
@@ -129,6 +133,7 @@ themes! { $
     loader_failures => __onefill_conformance_loader_failures,
     freshness => __onefill_conformance_freshness,
     writes => __onefill_conformance_writes,
+    regressions => __onefill_conformance_regressions,
 }
 
 // ------------------------------------------- helpers of the scenarios only
