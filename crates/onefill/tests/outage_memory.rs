@@ -1,6 +1,9 @@
 //! Backend outages on the memory backend, in paused time: the backend is
-//! wrapped so a test can make it hang (like a SIGSTOPped Redis) or refuse
-//! (like a dead one). The same behaviour is proven on real Redis by
+//! wrapped so a test can make it hang (like a SIGSTOPped Redis), refuse
+//! (like a dead one), answer slowly, reject commands, or lose a reply. The
+//! regression tests of issue 8's faults that need such a switch are here,
+//! named after their case (the others are in the conformance suite's
+//! `regressions` theme). The same behaviour is proven on real Redis by
 //! `redis_backend.rs` (a killed, restarted and paused server) and by the
 //! CLI's fleet tests (`crates/onefill-cli/tests/fleet.rs`: SIGSTOP and
 //! restart of Redis under load, with real processes).
@@ -20,6 +23,12 @@ use tokio::time::Instant;
 const HEALTHY: u8 = 0;
 const HANG: u8 = 1;
 const REFUSE: u8 = 2;
+/// Every call fails with a non-transient error (as OOM, NOAUTH, CROSSSLOT).
+const COMMAND: u8 = 3;
+/// `acquire` runs on the store, then its reply is lost (a timeout).
+const LOSE_ACQUIRE_REPLY: u8 = 4;
+/// Every call answers, after 150 ms.
+const SLOW: u8 = 5;
 
 /// A real MemoryBackend behind a switch.
 #[derive(Debug, Clone, Default)]
@@ -30,10 +39,22 @@ struct Switched {
 }
 
 impl Switched {
+    /// Another process's view of the same store, with its own switch.
+    fn peer(&self) -> Switched {
+        Switched {
+            inner: self.inner.clone(),
+            ..Switched::default()
+        }
+    }
     fn set(&self, mode: u8) {
         self.mode.store(mode, Ordering::SeqCst);
     }
-    async fn gate(&self) -> Result<(), BackendError> {
+    /// Runs `call` on the store as the switch says.
+    async fn pass<T>(
+        &self,
+        acquire: bool,
+        call: impl std::future::Future<Output = Result<T, BackendError>>,
+    ) -> Result<T, BackendError> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         match self.mode.load(Ordering::SeqCst) {
             HANG => std::future::pending().await,
@@ -41,7 +62,16 @@ impl Switched {
                 BackendErrorKind::Connection,
                 "connection refused",
             )),
-            _ => Ok(()),
+            COMMAND => Err(BackendError::new(BackendErrorKind::Command, "OOM")),
+            LOSE_ACQUIRE_REPLY if acquire => {
+                let _ = call.await;
+                Err(BackendError::new(BackendErrorKind::Timeout, "reply lost"))
+            }
+            SLOW => {
+                tokio::time::sleep(Duration::from_millis(150)).await;
+                call.await
+            }
+            _ => call.await,
         }
     }
 }
@@ -49,8 +79,7 @@ impl Switched {
 #[async_trait]
 impl Backend for Switched {
     async fn get(&self, keys: &FillKeys) -> Result<Option<Stored>, BackendError> {
-        self.gate().await?;
-        self.inner.get(keys).await
+        self.pass(false, self.inner.get(keys)).await
     }
     async fn acquire(
         &self,
@@ -59,8 +88,7 @@ impl Backend for Switched {
         ttl: Duration,
         w: Duration,
     ) -> Result<Acquired, BackendError> {
-        self.gate().await?;
-        self.inner.acquire(k, t, ttl, w).await
+        self.pass(true, self.inner.acquire(k, t, ttl, w)).await
     }
     async fn fill(
         &self,
@@ -69,8 +97,7 @@ impl Backend for Switched {
         b: &[u8],
         ttl: Duration,
     ) -> Result<bool, BackendError> {
-        self.gate().await?;
-        self.inner.fill(k, t, b, ttl).await
+        self.pass(false, self.inner.fill(k, t, b, ttl)).await
     }
     async fn release(
         &self,
@@ -78,8 +105,7 @@ impl Backend for Switched {
         t: &LeaseToken,
         e: Option<(&[u8], Duration)>,
     ) -> Result<bool, BackendError> {
-        self.gate().await?;
-        self.inner.release(k, t, e).await
+        self.pass(false, self.inner.release(k, t, e)).await
     }
     async fn extend(
         &self,
@@ -87,20 +113,16 @@ impl Backend for Switched {
         t: &LeaseToken,
         ttl: Duration,
     ) -> Result<bool, BackendError> {
-        self.gate().await?;
-        self.inner.extend(k, t, ttl).await
+        self.pass(false, self.inner.extend(k, t, ttl)).await
     }
     async fn set(&self, k: &FillKeys, b: &[u8], ttl: Duration) -> Result<(), BackendError> {
-        self.gate().await?;
-        self.inner.set(k, b, ttl).await
+        self.pass(false, self.inner.set(k, b, ttl)).await
     }
     async fn invalidate(&self, k: &FillKeys) -> Result<(), BackendError> {
-        self.gate().await?;
-        self.inner.invalidate(k).await
+        self.pass(false, self.inner.invalidate(k)).await
     }
     async fn subscribe(&self, k: &FillKeys) -> Result<Box<dyn FillSubscription>, BackendError> {
-        self.gate().await?;
-        self.inner.subscribe(k).await
+        self.pass(false, self.inner.subscribe(k)).await
     }
 }
 
@@ -310,4 +332,198 @@ async fn strict_mode_surfaces_backend_errors() {
         .await
         .unwrap_err();
     assert!(err.is_timeout() && err.is_backend(), "{err}");
+}
+
+/// Opens the breaker of `c` (threshold 1) and lets `open_for` pass, so the
+/// next call is the half-open probe.
+async fn open_then_wait_for_the_probe(backend: &Switched, c: &Cache<String, String>) {
+    backend.set(REFUSE);
+    let _ = c.get(&"any".to_string()).await;
+    assert_eq!(c.circuit_state(), CircuitState::Open);
+    tokio::time::sleep(Duration::from_millis(1001)).await;
+}
+
+fn breaker_pod(backend: &Switched) -> Cache<String, String> {
+    pod(backend, |b| {
+        b.circuit_breaker(CircuitBreaker::new(1, Duration::from_secs(1)))
+    })
+}
+
+/// Fault 1a: the half-open probe's caller dropped its future (its own
+/// timeout around `get`): the breaker stayed half-open and rejected every
+/// call for good. Now the next call probes, and a healthy backend is used.
+#[tokio::test(start_paused = true)]
+async fn a_dropped_probe_does_not_leave_the_breaker_half_open() {
+    let backend = Switched::default();
+    let c = breaker_pod(&backend);
+    open_then_wait_for_the_probe(&backend, &c).await;
+    backend.set(HANG);
+    let dropped = tokio::time::timeout(Duration::from_millis(10), c.get(&"k".to_string())).await;
+    assert!(dropped.is_err(), "the probe's caller gave up");
+    backend.set(HEALTHY);
+    let loads = Arc::new(AtomicUsize::new(0));
+    let f = c
+        .fetch(
+            &"k".to_string(),
+            &CallOptions::new(),
+            counting_loader(&loads, Duration::ZERO),
+        )
+        .await
+        .unwrap();
+    assert_eq!(f.outcome, Outcome::Loaded, "the backend is used again");
+    assert_eq!(c.circuit_state(), CircuitState::Closed);
+}
+
+/// Fault 1b: the probe met a non-transient error (OOM, NOAUTH, CROSSSLOT):
+/// neither a success nor a failure, so the breaker stayed half-open. An
+/// error the server answered proves it up: the probe ends, the circuit
+/// closes.
+#[tokio::test(start_paused = true)]
+async fn a_probe_meeting_a_command_error_ends_the_half_open_state() {
+    let backend = Switched::default();
+    let c = breaker_pod(&backend);
+    open_then_wait_for_the_probe(&backend, &c).await;
+    backend.set(COMMAND);
+    let _ = c.get(&"k".to_string()).await;
+    backend.set(HEALTHY);
+    let loads = Arc::new(AtomicUsize::new(0));
+    let f = c
+        .fetch(
+            &"k".to_string(),
+            &CallOptions::new(),
+            counting_loader(&loads, Duration::ZERO),
+        )
+        .await
+        .unwrap();
+    assert_eq!(f.outcome, Outcome::Loaded, "the backend is used again");
+    assert_eq!(c.circuit_state(), CircuitState::Closed);
+}
+
+/// Fault 6: `acquire` ran on the server and its reply was lost; the flight
+/// degraded without releasing the token it sent, so another process waited
+/// the lease's whole TTL and a second load ran after it. Now the token is
+/// released in the background: the other process wins at once, no wait.
+#[tokio::test(start_paused = true)]
+async fn an_acquire_whose_reply_is_lost_releases_its_lease() {
+    let backend = Switched::default();
+    let peer = backend.peer();
+    let fixed = |b: onefill::CacheBuilder<String, String>| {
+        b.lease_ttl(onefill::LeaseTtl::Fixed(Duration::from_secs(10)))
+    };
+    let (a, b) = (pod(&backend, fixed), pod(&peer, fixed));
+    backend.set(LOSE_ACQUIRE_REPLY);
+    let loads = Arc::new(AtomicUsize::new(0));
+    let key = "k".to_string();
+    let first = a
+        .fetch(
+            &key,
+            &CallOptions::new(),
+            counting_loader(&loads, Duration::ZERO),
+        )
+        .await
+        .unwrap();
+    assert_eq!(first.outcome, Outcome::Degraded);
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let start = Instant::now();
+    let second = b
+        .fetch(
+            &key,
+            &CallOptions::new(),
+            counting_loader(&loads, Duration::ZERO),
+        )
+        .await
+        .unwrap();
+    assert_eq!(second.outcome, Outcome::Loaded);
+    assert_eq!(b.stats().waits, 0, "the orphaned lease was released");
+    assert!(start.elapsed() < Duration::from_secs(1));
+}
+
+/// Fault 7: a value served from the outage fallback was recorded again,
+/// renewing its `ttl + grace`; with ttl 1 s a value seen 29.5 s earlier was
+/// still served. Now the bound counts from when it was loaded or read.
+#[tokio::test(start_paused = true)]
+async fn the_fallback_never_serves_a_value_older_than_ttl_plus_grace() {
+    let backend = Switched::default();
+    let c = pod(&backend, |b| b.ttl(Duration::from_secs(1)));
+    let loads = Arc::new(AtomicUsize::new(0));
+    let key = "k".to_string();
+    let load = || counting_loader(&loads, Duration::ZERO);
+    assert_eq!(
+        c.fetch(&key, &CallOptions::new(), load())
+            .await
+            .unwrap()
+            .outcome,
+        Outcome::Loaded
+    );
+    backend.set(REFUSE);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let served = c.fetch(&key, &CallOptions::new(), load()).await.unwrap();
+    assert_eq!(
+        (served.value.as_str(), served.outcome),
+        ("k-v1", Outcome::Stale)
+    );
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let later = c.fetch(&key, &CallOptions::new(), load()).await.unwrap();
+    assert_eq!(
+        later.outcome,
+        Outcome::Degraded,
+        "k-v1 is 1.1 s old: past ttl + grace"
+    );
+}
+
+/// Fault 8: a flight that started before `invalidate` recorded its value
+/// in the outage fallback after it; a later outage served the invalidated
+/// value.
+#[tokio::test(start_paused = true)]
+async fn invalidate_keeps_its_value_out_of_the_fallback() {
+    let backend = Switched::default();
+    let c = pod(&backend, |b| b);
+    let loads = Arc::new(AtomicUsize::new(0));
+    let key = "k".to_string();
+    let slow = {
+        let c = c.clone();
+        let loader = counting_loader(&loads, Duration::from_millis(500));
+        tokio::spawn(async move { c.fetch(&"k".to_string(), &CallOptions::new(), loader).await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    c.invalidate(&key).await.unwrap();
+    assert_eq!(slow.await.unwrap().unwrap().value, "k-v1");
+    backend.set(REFUSE);
+    let f = c
+        .fetch(
+            &key,
+            &CallOptions::new(),
+            counting_loader(&loads, Duration::ZERO),
+        )
+        .await
+        .unwrap();
+    assert_eq!((f.value.as_str(), f.outcome), ("k-v2", Outcome::Degraded));
+}
+
+/// Fault 11: a backend that answers every call just under the timeout used
+/// to cost a caller one near-timeout per step (get, acquire, fill). A
+/// flight now spends at most one backend timeout (200 ms here) on backend
+/// calls before answering: get (150 ms), then an acquire bounded by the
+/// 50 ms left, then the load (100 ms).
+#[tokio::test(start_paused = true)]
+async fn a_slow_backend_costs_a_caller_one_backend_timeout() {
+    let backend = Switched::default();
+    let c = pod(&backend, |b| b);
+    backend.set(SLOW);
+    let loads = Arc::new(AtomicUsize::new(0));
+    let start = Instant::now();
+    let f = c
+        .fetch(
+            &"k".to_string(),
+            &CallOptions::new(),
+            counting_loader(&loads, Duration::from_millis(100)),
+        )
+        .await
+        .unwrap();
+    let took = start.elapsed();
+    assert_eq!(f.outcome, Outcome::Degraded);
+    assert!(
+        took <= Duration::from_millis(301),
+        "{took:?} > one timeout + the load"
+    );
 }
