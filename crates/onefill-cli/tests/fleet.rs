@@ -1,6 +1,6 @@
 //! Real OS processes against real, private Redis servers: the `onefill`
 //! binary's `fleet` runs worker processes; loads are counted in Redis with
-//! INCR; commands are read from INFO commandstats; faults are real
+//! a set of load ids (`SADD`); commands are read from INFO commandstats; faults are real
 //! (SIGKILL of a worker, SIGSTOP/kill of the server).
 
 use std::process::{Child, Command, Stdio};
@@ -195,7 +195,7 @@ fn killing_the_lease_holder_mid_load_hands_over_to_another_process() {
         assert!(c.wait().unwrap().success());
     }
     assert_eq!(
-        server.command(&["GET", &counter]).trim(),
+        server.command(&["SCARD", &counter]).trim(),
         "2",
         "the dead load and one takeover"
     );
@@ -248,6 +248,8 @@ fn cluster_herd_one_load_per_key() {
     assert_eq!(masters_used, 3, "keys landed on every master");
 }
 
+/// 4 processes × 200 req/s for 10 s on one hot key, ttl 1 s, loader
+/// 100 ms, every other option as `extra` says (or the defaults).
 fn steady(url: &str, extra: &[&str]) -> std::thread::JoinHandle<Value> {
     let url = url.to_owned();
     let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
@@ -261,8 +263,6 @@ fn steady(url: &str, extra: &[&str]) -> std::thread::JoinHandle<Value> {
             "10000",
             "--ttl-ms",
             "1000",
-            "--grace-ms",
-            "5000",
             "--load-ms",
             "100",
         ];
@@ -277,7 +277,9 @@ fn steady(url: &str, extra: &[&str]) -> std::thread::JoinHandle<Value> {
 #[test]
 fn hot_key_under_steady_load_serves_stale_while_refreshing() {
     let server = RedisServer::start();
-    let r = steady(&server.url(), &[]).join().unwrap();
+    let r = steady(&server.url(), &["--grace-ms", "5000"])
+        .join()
+        .unwrap();
     assert_eq!(n(&r, "errors"), 0, "{r}");
     assert!(n(&r, "loads") <= 12, "loads: {}", n(&r, "loads"));
     assert!(
@@ -302,13 +304,17 @@ fn leases_at(w: &Value, t_ms: u64) -> u64 {
         .unwrap_or(0)
 }
 
-/// SIGSTOP the server for 3 s under that load: no caller errors, no caller
-/// waits past the backend timeout plus one load (plus scheduling slack), few
-/// loads during the outage, and leases in use again after it.
+/// SIGSTOP the server for 3 s under that load (grace 5 s, backend timeout
+/// 300 ms): no caller errors, no caller waits past the backend timeout plus
+/// one load (plus scheduling slack), few loads during the outage, and
+/// leases in use again after it.
 #[test]
 fn a_paused_redis_under_load_hangs_nobody() {
     let server = RedisServer::start();
-    let run = steady(&server.url(), &["--backend-timeout-ms", "300"]);
+    let run = steady(
+        &server.url(),
+        &["--grace-ms", "5000", "--backend-timeout-ms", "300"],
+    );
     thread::sleep(Duration::from_secs(3));
     server.pause();
     thread::sleep(Duration::from_secs(3));
@@ -328,12 +334,35 @@ fn a_paused_redis_under_load_hangs_nobody() {
     assert!(after >= 1, "leases used again after the outage");
 }
 
+/// Issue 8, fault 11: the same SIGSTOP with every option at its default
+/// (no grace): a caller's path used to chain timeouts (get, acquire,
+/// fill, …) and the slowest caller took 2.6 s with a 1 s timeout. A flight
+/// now spends at most one backend timeout before answering: the slowest
+/// caller takes one timeout plus its load (measured: about 0.35 s with the
+/// 250 ms default), asserted here against the issue's 1.2 s bound.
+#[test]
+fn a_paused_redis_with_the_defaults_costs_a_caller_one_timeout() {
+    let server = RedisServer::start();
+    let run = steady(&server.url(), &[]);
+    thread::sleep(Duration::from_secs(3));
+    server.pause();
+    thread::sleep(Duration::from_secs(3));
+    server.resume();
+    let r = run.join().unwrap();
+    assert_eq!(n(&r, "errors"), 0, "{r}");
+    let max = r["max_ms"].as_f64().unwrap();
+    assert!(max <= 1200.0, "worst caller {max} ms");
+}
+
 /// Kill the server and start it again on the same port under load: the
 /// processes recover by themselves (reconnect, scripts reloaded).
 #[test]
 fn a_restarted_redis_is_picked_up_without_restarting_the_application() {
     let server = RedisServer::start();
-    let run = steady(&server.url(), &["--backend-timeout-ms", "300"]);
+    let run = steady(
+        &server.url(),
+        &["--grace-ms", "5000", "--backend-timeout-ms", "300"],
+    );
     thread::sleep(Duration::from_secs(3));
     server.kill();
     thread::sleep(Duration::from_secs(1));

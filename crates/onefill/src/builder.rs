@@ -33,7 +33,7 @@ use crate::shared::Shared;
 /// | lease TTL | adaptive: 3 × p99 load time within [1 s, 30 s] |
 /// | max load time | 30 s |
 /// | wait | deadline 10 s, polls 20 ms → 500 ms, then stale or one degraded load |
-/// | backend timeout | 1 s |
+/// | backend timeout (for all the calls of one flight) | 250 ms |
 /// | negative TTL | none |
 /// | fail-safe | on, throttle 5 s |
 /// | strict | off |

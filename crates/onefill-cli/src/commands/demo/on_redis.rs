@@ -7,7 +7,7 @@ use crate::commands::fleet::{self, FleetStrategy, RunArgs};
 use crate::shared::progress::Progress;
 
 /// `demo --redis URL`: the same herd with real worker processes on a real
-/// server, measured from Redis itself (loads by `INCR`, commands by
+/// server, measured from Redis itself (loads by a set of load ids, commands by
 /// `INFO commandstats`).
 pub fn run(args: &DemoArgs, url: &str) -> anyhow::Result<()> {
     let progress = Progress::new(!args.quiet);
@@ -36,7 +36,7 @@ pub fn run(args: &DemoArgs, url: &str) -> anyhow::Result<()> {
             duration_ms: 1,
             ttl_ms: 600_000,
             grace_ms: 0,
-            backend_timeout_ms: 1_000,
+            backend_timeout_ms: None,
             lease_ttl_ms: None,
             wait_deadline_ms: Some(args.load_ms * 3 + 5_000),
         };

@@ -72,9 +72,10 @@ pub struct RunArgs {
     /// Grace (serve-stale window) in milliseconds.
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(GRACE_MS))]
     pub grace_ms: u64,
-    /// Bound on every backend call, in milliseconds.
-    #[arg(long, default_value_t = 1_000, value_parser = clap::value_parser!(u64).range(BACKEND_TIMEOUT_MS))]
-    pub backend_timeout_ms: u64,
+    /// Bound on the backend calls of one flight, in milliseconds (default:
+    /// the library's).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(BACKEND_TIMEOUT_MS))]
+    pub backend_timeout_ms: Option<u64>,
     /// A fixed lease TTL in milliseconds (default: adaptive).
     #[arg(long, value_parser = clap::value_parser!(u64).range(LEASE_TTL_MS))]
     pub lease_ttl_ms: Option<u64>,
@@ -118,11 +119,9 @@ impl RunArgs {
         within("duration_ms", self.duration_ms, DURATION_MS)?;
         within("ttl_ms", self.ttl_ms, TTL_MS)?;
         within("grace_ms", self.grace_ms, GRACE_MS)?;
-        within(
-            "backend_timeout_ms",
-            self.backend_timeout_ms,
-            BACKEND_TIMEOUT_MS,
-        )?;
+        if let Some(ms) = self.backend_timeout_ms {
+            within("backend_timeout_ms", ms, BACKEND_TIMEOUT_MS)?;
+        }
         if let Some(ms) = self.lease_ttl_ms {
             within("lease_ttl_ms", ms, LEASE_TTL_MS)?;
         }
@@ -237,7 +236,7 @@ mod tests {
             duration_ms: 4_321,
             ttl_ms: 9_876,
             grace_ms: 555,
-            backend_timeout_ms: 333,
+            backend_timeout_ms: Some(333),
             lease_ttl_ms: Some(1_234),
             wait_deadline_ms: Some(2_468),
         }

@@ -3,7 +3,7 @@
 //! The parent starts `--processes` copies of this binary as `onefill worker`,
 //! waits until each has connected ("ready"), resets the server's command
 //! statistics, releases them together ("go"), and then reads back from Redis
-//! itself how many loads ran (the workers' `INCR` counters) and how many
+//! itself how many loads ran (the workers' load-id sets) and how many
 //! commands the run cost (`INFO commandstats`).
 //!
 //! The hidden `onefill worker` subcommand is one such process ([`worker`]).
@@ -146,7 +146,7 @@ pub fn run(args: &RunArgs, processes: u32, namespace: &str) -> anyhow::Result<Fl
     let redis_commands = command_count(args)?;
     let mut loads_per_key = Vec::new();
     for key in &args.keys {
-        let n = admin(args, &["GET", &load_counter_key(namespace, key)])?
+        let n = admin(args, &["SCARD", &load_counter_key(namespace, key)])?
             .trim()
             .parse::<i64>()
             .unwrap_or(0);

@@ -7,7 +7,7 @@ use super::args::RunArgs;
 /// connection and returns the first node's reply as text.
 pub fn admin(args: &RunArgs, cmd: &[&str]) -> anyhow::Result<String> {
     let mut first = None;
-    let single_key_command = cmd[0] == "GET";
+    let single_key_command = matches!(cmd[0], "GET" | "SCARD");
     for url in &args.redis {
         let client = redis::Client::open(url.as_str())?;
         let mut con = client.get_connection()?;
@@ -30,6 +30,7 @@ pub fn admin(args: &RunArgs, cmd: &[&str]) -> anyhow::Result<String> {
                 redis::Value::VerbatimString { text, .. } => text,
                 redis::Value::SimpleString(s) => s,
                 redis::Value::Nil => String::new(),
+                redis::Value::Int(n) => n.to_string(),
                 other => format!("{other:?}"),
             });
         }

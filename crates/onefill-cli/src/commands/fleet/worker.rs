@@ -3,7 +3,7 @@
 //! waits for a "go" line on stdin so every process starts together, runs its
 //! callers, and prints one JSON summary line on stdout.
 //!
-//! Loads are counted in Redis (`INCR` on a counter key next to the value),
+//! Loads are counted in Redis (a set of load ids next to the value),
 //! so the parent can count loads across processes without trusting them.
 
 use std::io::BufRead;
@@ -15,7 +15,7 @@ use anyhow::Context;
 use onefill::backend::FillKeys;
 use onefill::redis::RedisBackend;
 use onefill::{Cache, CallOptions, LeaseTtl, Outcome, WaitPolicy};
-use tokio::sync::oneshot;
+use tokio::sync::{mpsc, oneshot};
 
 use super::args::{FleetStrategy, RunArgs, WorkerArgs};
 use super::report::WorkerReport;
@@ -95,8 +95,10 @@ async fn cache(run: &RunArgs, namespace: &str) -> anyhow::Result<Option<Cache<St
                 .backend(backend)
                 .ttl(Duration::from_millis(run.ttl_ms))
                 .grace(Duration::from_millis(run.grace_ms))
-                .backend_timeout(Duration::from_millis(run.backend_timeout_ms))
                 .max_load_time(load * 3 + Duration::from_secs(5));
+            if let Some(ms) = run.backend_timeout_ms {
+                builder = builder.backend_timeout(Duration::from_millis(ms));
+            }
             if let Some(ms) = run.wait_deadline_ms {
                 builder = builder.wait(WaitPolicy::default().deadline(Duration::from_millis(ms)));
             }
@@ -121,6 +123,7 @@ async fn work(args: &WorkerArgs) -> anyhow::Result<WorkerReport> {
         std::io::stdin().lock().read_line(&mut line)?;
     }
     let local_loads = Arc::new(AtomicU64::new(0));
+    let (counts, counting) = LoadCounter::start(raw.clone());
     let origin = Instant::now();
     let sampler = cache.clone().map(|cache| Sampler::start(cache, origin));
     let mut tasks = Vec::new();
@@ -130,6 +133,7 @@ async fn work(args: &WorkerArgs) -> anyhow::Result<WorkerReport> {
         let cache = cache.clone();
         let raw = raw.clone();
         let local_loads = local_loads.clone();
+        let counts = counts.clone();
         let namespace = args.namespace.clone();
         let load = Duration::from_millis(run.load_ms);
         let ttl_ms = run.ttl_ms;
@@ -137,25 +141,16 @@ async fn work(args: &WorkerArgs) -> anyhow::Result<WorkerReport> {
             let started = origin.elapsed();
             let t0 = Instant::now();
             let loader = {
-                let raw = raw.clone();
                 let local_loads = local_loads.clone();
+                let counts = counts.clone();
                 let counter = load_counter_key(&namespace, &key);
                 move |key: String| async move {
-                    local_loads.fetch_add(1, Ordering::SeqCst);
-                    let n: i64 = raw
-                        .query(redis::cmd("INCR").arg(&counter))
-                        .await
-                        .unwrap_or(-1);
-                    // Who loads, for fault tests that kill the holder.
-                    let _: redis::RedisResult<()> = raw
-                        .query(
-                            redis::cmd("SET")
-                                .arg(format!("{counter}:pid"))
-                                .arg(std::process::id()),
-                        )
-                        .await;
+                    let n = local_loads.fetch_add(1, Ordering::SeqCst) + 1;
+                    // Counted in Redis off the loader's path: the simulated
+                    // origin takes `load`, whatever state Redis is in.
+                    let _ = counts.send((counter, n));
                     tokio::time::sleep(load).await;
-                    Ok::<_, std::io::Error>(format!("{key}-v{n}"))
+                    Ok::<_, std::io::Error>(format!("{key}-{}-v{n}", std::process::id()))
                 }
             };
             let outcome = match cache {
@@ -196,6 +191,8 @@ async fn work(args: &WorkerArgs) -> anyhow::Result<WorkerReport> {
     for t in tasks {
         calls.push(t.await.context("caller task")?);
     }
+    drop(counts);
+    counting.finish().await;
     let samples = match sampler {
         Some(sampler) => sampler.finish().await?,
         None => Vec::new(),
@@ -206,6 +203,54 @@ async fn work(args: &WorkerArgs) -> anyhow::Result<WorkerReport> {
         cache.map(|c| c.stats()),
         samples,
     ))
+}
+
+/// Counts loads in Redis (`SADD` of the load's `pid:n` to the key's
+/// counter set, and `SET` of the loading pid beside it, for fault tests that
+/// kill the holder), in a task of its own: a load is never slowed by a hung
+/// Redis, and a count that fails is retried until Redis answers, so none is
+/// lost to an outage; `SADD` makes a retry whose first try did land (its
+/// reply lost) count once.
+struct LoadCounter {
+    task: tokio::task::JoinHandle<()>,
+}
+
+/// How long a count is retried before it is given up (and reported).
+const COUNT_PATIENCE: Duration = Duration::from_secs(30);
+
+impl LoadCounter {
+    fn start(raw: Arc<Raw>) -> (mpsc::UnboundedSender<(String, u64)>, LoadCounter) {
+        let (tx, mut rx) = mpsc::unbounded_channel::<(String, u64)>();
+        let task = tokio::spawn(async move {
+            while let Some((counter, n)) = rx.recv().await {
+                let given_up = Instant::now() + COUNT_PATIENCE;
+                let id = format!("{}:{n}", std::process::id());
+                while raw
+                    .query::<i64>(redis::cmd("SADD").arg(&counter).arg(&id))
+                    .await
+                    .is_err()
+                {
+                    if Instant::now() > given_up {
+                        eprintln!("worker: a load could not be counted in Redis");
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                let pid = redis::cmd("SET")
+                    .arg(format!("{counter}:pid"))
+                    .arg(std::process::id())
+                    .clone();
+                let _ = raw.query::<()>(&pid).await;
+            }
+        });
+        (tx, LoadCounter { task })
+    }
+
+    /// Waits until every load sent so far is counted (the senders must be
+    /// dropped first).
+    async fn finish(self) {
+        let _ = self.task.await;
+    }
 }
 
 /// One sample: `[t_ms, lease_acquired, loads_ok, degraded_loads, stale_served]`.

@@ -22,9 +22,11 @@ pub(super) const MIN_BACKOFF: Duration = Duration::from_millis(50);
 
 /// Timeouts and reconnection settings of a [`RedisBackend`](super::RedisBackend).
 ///
-/// The cache above wraps every backend call in its own timeout
-/// ([`CacheBuilder::backend_timeout`](crate::CacheBuilder::backend_timeout)),
-/// so these are a second line of defence; keep them at or below it.
+/// The cache above bounds every backend call with its own timeout
+/// ([`CacheBuilder::backend_timeout`](crate::CacheBuilder::backend_timeout),
+/// 250 ms by default, shared by all the calls of one flight), which fires
+/// first with the defaults: these are a second line of defence, for the
+/// driver's own connections and reconnections.
 ///
 /// ```
 /// use std::time::Duration;
