@@ -62,8 +62,9 @@ pub enum Outcome {
     Loaded,
     /// Another process loaded; this one waited for its fill.
     Waited,
-    /// The loader ran without a lease: the wait deadline passed or the
-    /// backend failed. The result was not stored.
+    /// The loader ran without a lease: the wait deadline passed, the
+    /// backend failed, or (with `no_lease`) another process held the lease.
+    /// The result was not stored.
     Degraded,
 }
 

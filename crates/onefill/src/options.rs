@@ -164,9 +164,15 @@ options! {
         lease_ttl: Option<LeaseTtl> = Some(LeaseTtl::default()), check(optional(|_, lease: &LeaseTtl| lease.validate())) {
             /// The lease TTL policy (and the lease on, if it was off).
             fn lease_ttl(lease: LeaseTtl) = Some(lease);
-            /// No distributed lease (in-process coalescing stays): for
-            /// loaders cheap enough that a few duplicate loads across
-            /// processes are fine.
+            /// No waiting for another process's load (in-process coalescing
+            /// stays): for loaders cheap enough that a few duplicate loads
+            /// across processes are fine. The result is stored only if the
+            /// key's lease was free, taken on the way so that the write is
+            /// fenced on its token like every fill (a `set`, an `invalidate`
+            /// or a newer holder keeps an older load out); while another
+            /// process holds it, the result answers this process's callers
+            /// ([`Outcome::Degraded`](crate::Outcome::Degraded)) and that
+            /// holder fills.
             fn no_lease() = None;
         }
         max_load_time: Duration = Duration::from_secs(30), check(within(MS, Duration::from_secs(24 * 3600))) {
