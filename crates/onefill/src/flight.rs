@@ -99,6 +99,15 @@ pub(crate) struct Flight<V> {
     deferred_fill: Option<DeferredFill>,
 }
 
+/// Which of a step's time counts against the flight's budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Charge {
+    /// All of it.
+    All,
+    /// Only if the step failed (a wait's re-checks).
+    Failures,
+}
+
 /// A fill to run once the callers have their answer.
 struct DeferredFill {
     lease: Lease,
@@ -256,7 +265,15 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
             } else {
                 Duration::ZERO
             };
-            let acquired = self.acquire(lease, window).await;
+            // A re-check that answers is polling, not a backend in trouble:
+            // a slow but healthy backend (another region) must not run a
+            // long wait out of budget. One that fails is charged in full.
+            let charge = if waiting.is_some() {
+                Charge::Failures
+            } else {
+                Charge::All
+            };
+            let acquired = self.acquire(lease, window, charge).await;
             let (held_stale, holder_ttl) = match acquired {
                 Err(e) => {
                     self.finish_wait(waiting, false);
@@ -385,7 +402,9 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
             Ok(bytes) => bytes,
             Err(error) => {
                 let _ = self
-                    .budgeted("release", |t| lease.release(&self.shared, t, None))
+                    .budgeted("release", Charge::All, |t| {
+                        lease.release(&self.shared, t, None)
+                    })
                     .await;
                 return Err(error);
             }
@@ -398,7 +417,9 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
             self.deferred_fill = Some(DeferredFill { lease, bytes, ttl });
         } else {
             let _ = self
-                .budgeted("fill", |t| lease.fill(&self.shared, t, &bytes, ttl))
+                .budgeted("fill", Charge::All, |t| {
+                    lease.fill(&self.shared, t, &bytes, ttl)
+                })
                 .await;
         }
         Ok((value, Outcome::Loaded))
@@ -415,7 +436,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         } else {
             Duration::ZERO
         };
-        match self.acquire(LeaseTtl::default(), window).await {
+        match self.acquire(LeaseTtl::default(), window, Charge::All).await {
             Ok(Acquisition::Won { lease, stale }) => {
                 let stale = self.stale_value(stale);
                 self.load_leased(lease, stale).await
@@ -462,7 +483,9 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
                     .map(|bytes| (bytes, self.policy.fail_safe_throttle + self.policy.grace));
                 let entry = throttled.as_ref().map(|(b, t)| (b.as_slice(), *t));
                 let _ = self
-                    .budgeted("release", |t| lease.release(&self.shared, t, entry))
+                    .budgeted("release", Charge::All, |t| {
+                        lease.release(&self.shared, t, entry)
+                    })
                     .await;
             }
             tracing::warn!(key = self.keys.value(), %error, "loader failed; serving the stale value (fail-safe)");
@@ -488,7 +511,9 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
             };
             let entry = negative.as_ref().map(|(b, t)| (b.as_slice(), *t));
             let _ = self
-                .budgeted("release", |t| lease.release(&self.shared, t, entry))
+                .budgeted("release", Charge::All, |t| {
+                    lease.release(&self.shared, t, entry)
+                })
                 .await;
         }
         Err(error)
@@ -529,7 +554,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         // Without the lease policy the refresh still needs a free lease: it
         // fences the write, and nobody waits for it anyway.
         let lease = self.policy.lease_ttl.unwrap_or_default();
-        match self.acquire(lease, window).await {
+        match self.acquire(lease, window, Charge::All).await {
             Ok(Acquisition::Won { lease, stale }) => {
                 let stale = self.stale_value(stale);
                 let _ = self.load_leased(lease, stale).await;
@@ -544,9 +569,10 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         &self,
         lease: LeaseTtl,
         refresh_window: Duration,
+        charge: Charge,
     ) -> Result<Acquisition, BackendError> {
         let lease_ttl = lease.ttl(&self.shared.load_times);
-        self.budgeted("acquire", |timeout| {
+        self.budgeted("acquire", charge, |timeout| {
             Lease::acquire(&self.shared, &self.keys, lease_ttl, refresh_window, timeout)
         })
         .await
@@ -557,17 +583,20 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         op: &'static str,
         fut: impl Future<Output = Result<T, BackendError>>,
     ) -> Result<T, BackendError> {
-        self.budgeted(op, |timeout| self.shared.call(timeout, op, fut))
-            .await
+        self.budgeted(op, Charge::All, |timeout| {
+            self.shared.call(timeout, op, fut)
+        })
+        .await
     }
 
     /// Runs a backend step bounded by what is left of the flight's budget
-    /// (never more than one backend timeout), and charges the time it took.
-    /// With the budget spent, the step is not attempted: it fails at once
-    /// as a timeout, and the flight degrades.
+    /// (never more than one backend timeout), and charges the time it took
+    /// as `charge` says. With the budget spent, the step is not attempted:
+    /// it fails at once as a timeout, and the flight degrades.
     async fn budgeted<T, F>(
         &self,
         op: &'static str,
+        charge: Charge,
         step: impl FnOnce(Duration) -> F,
     ) -> Result<T, BackendError>
     where
@@ -585,7 +614,9 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         }
         let started = Instant::now();
         let result = step(left).await;
-        self.budget.charge(started.elapsed());
+        if charge == Charge::All || result.is_err() {
+            self.budget.charge(started.elapsed());
+        }
         result
     }
 

@@ -29,6 +29,8 @@ const COMMAND: u8 = 3;
 const LOSE_ACQUIRE_REPLY: u8 = 4;
 /// Every call answers, after 150 ms.
 const SLOW: u8 = 5;
+/// Every call answers, after 40 ms (a healthy server in another region).
+const FAR: u8 = 6;
 
 /// A real MemoryBackend behind a switch.
 #[derive(Debug, Clone, Default)]
@@ -69,6 +71,10 @@ impl Switched {
             }
             SLOW => {
                 tokio::time::sleep(Duration::from_millis(150)).await;
+                call.await
+            }
+            FAR => {
+                tokio::time::sleep(Duration::from_millis(40)).await;
                 call.await
             }
             _ => call.await,
@@ -526,4 +532,42 @@ async fn a_slow_backend_costs_a_caller_one_backend_timeout() {
         took <= Duration::from_millis(301),
         "{took:?} > one timeout + the load"
     );
+}
+
+/// The other side of fault 11's budget: a healthy but distant backend
+/// (40 ms a call, 200 ms budget) must not run a long wait out of budget.
+/// The wait's re-checks that answer are not charged, so the waiter waits
+/// out another process's 2 s load: one load, not a degraded second one.
+#[tokio::test(start_paused = true)]
+async fn a_far_backend_still_waits_out_a_long_load() {
+    let near = Switched::default();
+    let far = near.peer();
+    far.set(FAR);
+    let (holder, waiter) = (pod(&near, |b| b), pod(&far, |b| b));
+    let loads = Arc::new(AtomicUsize::new(0));
+    let key = "k".to_string();
+    let slow = {
+        let loader = counting_loader(&loads, Duration::from_secs(2));
+        let holder = holder.clone();
+        tokio::spawn(async move {
+            holder
+                .fetch(&"k".to_string(), &CallOptions::new(), loader)
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let waited = waiter
+        .fetch(
+            &key,
+            &CallOptions::new(),
+            counting_loader(&loads, Duration::ZERO),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (waited.value.as_str(), waited.outcome),
+        ("k-v1", Outcome::Waited)
+    );
+    assert_eq!(slow.await.unwrap().unwrap().outcome, Outcome::Loaded);
+    assert_eq!(loads.load(Ordering::SeqCst), 1);
 }
