@@ -304,6 +304,19 @@ fn leases_at(w: &Value, t_ms: u64) -> u64 {
         .unwrap_or(0)
 }
 
+/// SIGSTOPs the server from t = 3 s to 6 s of a steady run; returns the
+/// run's report, which must have no caller errors, and its slowest caller.
+fn pause_for_3_s_at_3_s(server: &RedisServer, run: thread::JoinHandle<Value>) -> (Value, f64) {
+    thread::sleep(Duration::from_secs(3));
+    server.pause();
+    thread::sleep(Duration::from_secs(3));
+    server.resume();
+    let r = run.join().unwrap();
+    assert_eq!(n(&r, "errors"), 0, "{r}");
+    let max = r["max_ms"].as_f64().unwrap();
+    (r, max)
+}
+
 /// SIGSTOP the server for 3 s under that load (grace 5 s, backend timeout
 /// 300 ms): no caller errors, no caller waits past the backend timeout plus
 /// one load (plus scheduling slack), few loads during the outage, and
@@ -315,13 +328,7 @@ fn a_paused_redis_under_load_hangs_nobody() {
         &server.url(),
         &["--grace-ms", "5000", "--backend-timeout-ms", "300"],
     );
-    thread::sleep(Duration::from_secs(3));
-    server.pause();
-    thread::sleep(Duration::from_secs(3));
-    server.resume();
-    let r = run.join().unwrap();
-    assert_eq!(n(&r, "errors"), 0, "{r}");
-    let max = r["max_ms"].as_f64().unwrap();
+    let (r, max) = pause_for_3_s_at_3_s(&server, run);
     assert!(max <= 300.0 + 100.0 + 600.0, "worst caller {max} ms");
     assert!(n(&r, "loads") <= 12 + 4, "loads {}", n(&r, "loads"));
     for w in workers(&r) {
@@ -344,13 +351,7 @@ fn a_paused_redis_under_load_hangs_nobody() {
 fn a_paused_redis_with_the_defaults_costs_a_caller_one_timeout() {
     let server = RedisServer::start();
     let run = steady(&server.url(), &[]);
-    thread::sleep(Duration::from_secs(3));
-    server.pause();
-    thread::sleep(Duration::from_secs(3));
-    server.resume();
-    let r = run.join().unwrap();
-    assert_eq!(n(&r, "errors"), 0, "{r}");
-    let max = r["max_ms"].as_f64().unwrap();
+    let (_, max) = pause_for_3_s_at_3_s(&server, run);
     assert!(max <= 1200.0, "worst caller {max} ms");
 }
 

@@ -16,7 +16,7 @@ use async_trait::async_trait;
 use onefill::backend::{Acquired, Backend, FillKeys, FillSubscription, Stored};
 use onefill::{
     BackendError, BackendErrorKind, Cache, CallOptions, CircuitBreaker, CircuitState, Error,
-    LeaseToken, MemoryBackend, Outcome,
+    Fetched, LeaseToken, MemoryBackend, Outcome,
 };
 use tokio::time::Instant;
 
@@ -340,6 +340,18 @@ async fn strict_mode_surfaces_backend_errors() {
     assert!(err.is_timeout() && err.is_backend(), "{err}");
 }
 
+/// A call with an instant loader counting into `loads`.
+async fn fetch_now(
+    c: &Cache<String, String>,
+    key: &str,
+    loads: &Arc<AtomicUsize>,
+) -> Fetched<String> {
+    let loader = counting_loader(loads, Duration::ZERO);
+    c.fetch(&key.to_owned(), &CallOptions::new(), loader)
+        .await
+        .unwrap()
+}
+
 /// Opens the breaker of `c` (threshold 1) and lets `open_for` pass, so the
 /// next call is the half-open probe.
 async fn open_then_wait_for_the_probe(backend: &Switched, c: &Cache<String, String>) {
@@ -347,6 +359,20 @@ async fn open_then_wait_for_the_probe(backend: &Switched, c: &Cache<String, Stri
     let _ = c.get(&"any".to_string()).await;
     assert_eq!(c.circuit_state(), CircuitState::Open);
     tokio::time::sleep(Duration::from_millis(1001)).await;
+}
+
+/// Heals the backend; the next call must reach it and close the circuit.
+async fn assert_used_again(backend: &Switched, c: &Cache<String, String>) {
+    backend.set(HEALTHY);
+    let loads = Arc::new(AtomicUsize::new(0));
+    let loader = counting_loader(&loads, Duration::ZERO);
+    let f = c.fetch(&"k".to_string(), &CallOptions::new(), loader).await;
+    assert_eq!(
+        f.unwrap().outcome,
+        Outcome::Loaded,
+        "the backend is used again"
+    );
+    assert_eq!(c.circuit_state(), CircuitState::Closed);
 }
 
 fn breaker_pod(backend: &Switched) -> Cache<String, String> {
@@ -366,18 +392,7 @@ async fn a_dropped_probe_does_not_leave_the_breaker_half_open() {
     backend.set(HANG);
     let dropped = tokio::time::timeout(Duration::from_millis(10), c.get(&"k".to_string())).await;
     assert!(dropped.is_err(), "the probe's caller gave up");
-    backend.set(HEALTHY);
-    let loads = Arc::new(AtomicUsize::new(0));
-    let f = c
-        .fetch(
-            &"k".to_string(),
-            &CallOptions::new(),
-            counting_loader(&loads, Duration::ZERO),
-        )
-        .await
-        .unwrap();
-    assert_eq!(f.outcome, Outcome::Loaded, "the backend is used again");
-    assert_eq!(c.circuit_state(), CircuitState::Closed);
+    assert_used_again(&backend, &c).await;
 }
 
 /// Fault 1b: the probe met a non-transient error (OOM, NOAUTH, CROSSSLOT):
@@ -391,18 +406,7 @@ async fn a_probe_meeting_a_command_error_ends_the_half_open_state() {
     open_then_wait_for_the_probe(&backend, &c).await;
     backend.set(COMMAND);
     let _ = c.get(&"k".to_string()).await;
-    backend.set(HEALTHY);
-    let loads = Arc::new(AtomicUsize::new(0));
-    let f = c
-        .fetch(
-            &"k".to_string(),
-            &CallOptions::new(),
-            counting_loader(&loads, Duration::ZERO),
-        )
-        .await
-        .unwrap();
-    assert_eq!(f.outcome, Outcome::Loaded, "the backend is used again");
-    assert_eq!(c.circuit_state(), CircuitState::Closed);
+    assert_used_again(&backend, &c).await;
 }
 
 /// Fault 6: `acquire` ran on the server and its reply was lost; the flight
@@ -420,25 +424,11 @@ async fn an_acquire_whose_reply_is_lost_releases_its_lease() {
     backend.set(LOSE_ACQUIRE_REPLY);
     let loads = Arc::new(AtomicUsize::new(0));
     let key = "k".to_string();
-    let first = a
-        .fetch(
-            &key,
-            &CallOptions::new(),
-            counting_loader(&loads, Duration::ZERO),
-        )
-        .await
-        .unwrap();
+    let first = fetch_now(&a, &key, &loads).await;
     assert_eq!(first.outcome, Outcome::Degraded);
     tokio::time::sleep(Duration::from_millis(10)).await;
     let start = Instant::now();
-    let second = b
-        .fetch(
-            &key,
-            &CallOptions::new(),
-            counting_loader(&loads, Duration::ZERO),
-        )
-        .await
-        .unwrap();
+    let second = fetch_now(&b, &key, &loads).await;
     assert_eq!(second.outcome, Outcome::Loaded);
     assert_eq!(b.stats().waits, 0, "the orphaned lease was released");
     assert!(start.elapsed() < Duration::from_secs(1));
@@ -495,14 +485,7 @@ async fn invalidate_keeps_its_value_out_of_the_fallback() {
     c.invalidate(&key).await.unwrap();
     assert_eq!(slow.await.unwrap().unwrap().value, "k-v1");
     backend.set(REFUSE);
-    let f = c
-        .fetch(
-            &key,
-            &CallOptions::new(),
-            counting_loader(&loads, Duration::ZERO),
-        )
-        .await
-        .unwrap();
+    let f = fetch_now(&c, &key, &loads).await;
     assert_eq!((f.value.as_str(), f.outcome), ("k-v2", Outcome::Degraded));
 }
 
@@ -556,14 +539,7 @@ async fn a_far_backend_still_waits_out_a_long_load() {
         })
     };
     tokio::time::sleep(Duration::from_millis(10)).await;
-    let waited = waiter
-        .fetch(
-            &key,
-            &CallOptions::new(),
-            counting_loader(&loads, Duration::ZERO),
-        )
-        .await
-        .unwrap();
+    let waited = fetch_now(&waiter, &key, &loads).await;
     assert_eq!(
         (waited.value.as_str(), waited.outcome),
         ("k-v1", Outcome::Waited)
