@@ -8,8 +8,6 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::time::Instant;
-
 use crate::builder::CacheBuilder;
 use crate::circuit::CircuitState;
 use crate::coalesce::Joined;
@@ -19,7 +17,7 @@ use crate::freshness;
 use crate::key::{self, FillKeys};
 use crate::loader::Load;
 use crate::options::{CallOptions, Policy};
-use crate::shared::Shared;
+use crate::shared::{Shared, Writing};
 use crate::stats::Stats;
 
 /// A value and how the call got it.
@@ -368,16 +366,10 @@ where
         let value = Some(value);
         let bytes = self.shared.encode(policy, &value, Duration::ZERO)?;
         let ttl = freshness::written_ttl(policy.ttl, policy.jitter, policy.grace);
-        let written = self
-            .call("set", self.shared.backend.set(&keys, &bytes, ttl))
-            .await;
-        let epoch = self.shared.written(&key, &keys);
-        written?;
-        // The outage fallback must not answer with what this write replaced.
-        let usable_until = Instant::now() + policy.ttl + policy.grace;
-        self.shared
-            .fallback
-            .record(keys.value(), &value, usable_until, epoch);
+        let writing = Writing::start(&self.shared, &key, &keys);
+        self.call("set", self.shared.backend.set(&keys, &bytes, ttl))
+            .await?;
+        writing.landed(&value);
         Ok(())
     }
 
@@ -391,15 +383,11 @@ where
     pub async fn invalidate(&self, key: &K) -> Result<(), Error> {
         let key = self.validated(key)?;
         let keys = FillKeys::new(&self.shared.namespace, &key);
-        let invalidated = self
-            .call("invalidate", self.shared.backend.invalidate(&keys))
-            .await;
-        // Even if the backend failed: what this process remembers of the
-        // key goes, and older flights cannot put it back.
-        let epoch = self.shared.written(&key, &keys);
-        let until = Instant::now() + self.shared.policy.longest_flight();
-        self.shared.fallback.forget(keys.value(), until, epoch);
-        invalidated
+        // Done, failed or dropped mid-way: what this process remembers of
+        // the key goes, and older flights cannot put it back.
+        let _writing = Writing::start(&self.shared, &key, &keys);
+        self.call("invalidate", self.shared.backend.invalidate(&keys))
+            .await
     }
 
     /// A snapshot of this cache's counters.

@@ -138,19 +138,24 @@ impl Breaker {
         s.probing = false;
     }
 
-    /// Records a transient failure; returns true when this one opened the circuit.
-    fn failure(&self) -> bool {
+    /// Records a transient failure of the probe (`probe`) or of any other
+    /// call; returns true when this one opened the circuit. Only the probe
+    /// ends the half-open state: a call admitted before the circuit opened
+    /// that fails late must not free the probe slot while the probe runs.
+    fn failure(&self, probe: bool) -> bool {
         if self.config.failure_threshold == 0 {
             return false;
         }
         let mut s = self.lock();
         s.consecutive_failures = s.consecutive_failures.saturating_add(1);
-        let reopen = s.probing;
-        s.probing = false;
-        if reopen || s.consecutive_failures >= self.config.failure_threshold {
-            let was_closed = s.open_until.is_none();
+        if probe {
+            s.probing = false;
             s.open_until = Some(Instant::now() + self.config.open_for);
-            return was_closed;
+            return false;
+        }
+        if s.open_until.is_none() && s.consecutive_failures >= self.config.failure_threshold {
+            s.open_until = Some(Instant::now() + self.config.open_for);
+            return true;
         }
         false
     }
@@ -177,8 +182,8 @@ impl Permit<'_> {
     /// The call failed transiently (timeout, connection, busy); returns true
     /// when this failure opened the circuit.
     pub(crate) fn failed(mut self) -> bool {
-        self.probe = None;
-        self.breaker.failure()
+        let probe = self.probe.take().is_some();
+        self.breaker.failure(probe)
     }
 }
 
@@ -231,6 +236,23 @@ mod tests {
         drop(b.admit().expect("probe"));
         assert_eq!(b.state(), CircuitState::HalfOpen);
         let probe = b.admit().expect("the next call probes again");
+        probe.succeeded();
+        assert_eq!(b.state(), CircuitState::Closed);
+    }
+
+    /// Regression (review of issue 8): a call admitted while the circuit was
+    /// closed that failed late, during the probe, freed the probe slot and
+    /// let a second probe in.
+    #[tokio::test(start_paused = true)]
+    async fn a_late_failure_does_not_admit_a_second_probe() {
+        let b = Breaker::new(CircuitBreaker::new(2, Duration::from_secs(1)));
+        let late = b.admit().expect("closed");
+        assert!(!fail(&b));
+        assert!(fail(&b), "opens");
+        tokio::time::advance(Duration::from_millis(1001)).await;
+        let probe = b.admit().expect("the probe");
+        assert!(!late.failed(), "already open");
+        assert!(b.admit().is_none(), "still one probe at a time");
         probe.succeeded();
         assert_eq!(b.state(), CircuitState::Closed);
     }

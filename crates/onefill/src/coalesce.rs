@@ -19,7 +19,8 @@ use tokio::sync::watch;
 use crate::error::Error;
 
 type Slot<T> = Option<Result<T, Error>>;
-type Map<T> = Arc<Mutex<HashMap<String, (u64, watch::Receiver<Slot<T>>)>>>;
+type Entries<T> = HashMap<String, (u64, watch::Receiver<Slot<T>>)>;
+type Map<T> = Arc<Mutex<Entries<T>>>;
 
 /// The map of flights under way in one [`Cache`](crate::Cache).
 #[derive(Debug)]
@@ -71,23 +72,34 @@ impl<T> Coalescer<T> {
 }
 
 impl<T: Clone> Coalescer<T> {
+    /// Joins the key's flight, or starts it.
     pub(crate) fn join(&self, key: &str) -> Joined<T> {
         let mut map = self.map.lock();
         if let Some((_, rx)) = map.get(key) {
             return Joined::Follower(Awaiter { rx: rx.clone() });
         }
+        let (completion, awaiter) = self.start(&mut map, key);
+        Joined::Leader(completion, awaiter)
+    }
+
+    /// Starts a flight for the key whatever is under way: an older one is
+    /// detached (it still answers its own callers), and later callers join
+    /// this one.
+    pub(crate) fn lead(&self, key: &str) -> (Completion<T>, Awaiter<T>) {
+        self.start(&mut self.map.lock(), key)
+    }
+
+    fn start(&self, map: &mut Entries<T>, key: &str) -> (Completion<T>, Awaiter<T>) {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = watch::channel(None);
         map.insert(key.to_owned(), (id, rx.clone()));
-        Joined::Leader(
-            Completion {
-                map: self.map.clone(),
-                key: key.to_owned(),
-                id,
-                tx,
-            },
-            Awaiter { rx },
-        )
+        let completion = Completion {
+            map: self.map.clone(),
+            key: key.to_owned(),
+            id,
+            tx,
+        };
+        (completion, Awaiter { rx })
     }
 
     /// Flights under way.

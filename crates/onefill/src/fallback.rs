@@ -20,7 +20,25 @@ use tokio::time::Instant;
 #[derive(Debug)]
 pub(crate) struct Fallback<V> {
     capacity: usize,
-    entries: Mutex<HashMap<String, Entry<V>>>,
+    state: Mutex<State<V>>,
+}
+
+#[derive(Debug)]
+struct State<V> {
+    entries: HashMap<String, Entry<V>>,
+    /// The newest epoch of a tombstone evicted while still needed: values
+    /// read or loaded before it are not recorded, since the key they belong
+    /// to may be the one it guarded.
+    floor: u64,
+}
+
+impl<V> Default for State<V> {
+    fn default() -> Self {
+        State {
+            entries: HashMap::new(),
+            floor: 0,
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -35,17 +53,8 @@ impl<V> Fallback<V> {
     pub(crate) fn new(capacity: usize) -> Self {
         Fallback {
             capacity,
-            entries: Mutex::default(),
+            state: Mutex::default(),
         }
-    }
-}
-
-impl<V: Clone> Fallback<V> {
-    /// Remembers `value`, read or loaded at `epoch`, until `usable_until`
-    /// (counted from when it was read or loaded, never renewed by serving
-    /// it). Ignored if a newer write of the key is already recorded.
-    pub(crate) fn record(&self, key: &str, value: &Option<V>, usable_until: Instant, epoch: u64) {
-        self.put(key, Some(value.clone()), usable_until, epoch);
     }
 
     /// Forgets the key's value as of `epoch` (after an `invalidate`), and
@@ -59,7 +68,11 @@ impl<V: Clone> Fallback<V> {
             return;
         }
         let now = Instant::now();
-        let mut entries = self.entries.lock();
+        let mut state = self.state.lock();
+        if value.is_some() && epoch < state.floor {
+            return;
+        }
+        let State { entries, floor } = &mut *state;
         match entries.get(key) {
             Some(newer) if newer.epoch > epoch => return,
             Some(_) => {}
@@ -72,7 +85,11 @@ impl<V: Clone> Fallback<V> {
                         .min_by_key(|(_, e)| e.usable_until)
                         .map(|(k, _)| k.clone())
                     {
-                        entries.remove(&victim);
+                        if let Some(evicted) = entries.remove(&victim) {
+                            if evicted.value.is_none() {
+                                *floor = (*floor).max(evicted.epoch);
+                            }
+                        }
                     }
                 }
             }
@@ -87,11 +104,21 @@ impl<V: Clone> Fallback<V> {
             },
         );
     }
+}
+
+impl<V: Clone> Fallback<V> {
+    /// Remembers `value`, read or loaded at `epoch`, until `usable_until`
+    /// (counted from when it was read or loaded, never renewed by serving
+    /// it). Ignored if a newer write of the key is already recorded.
+    pub(crate) fn record(&self, key: &str, value: &Option<V>, usable_until: Instant, epoch: u64) {
+        self.put(key, Some(value.clone()), usable_until, epoch);
+    }
 
     /// The key's last value, if still usable.
     pub(crate) fn get(&self, key: &str) -> Option<Option<V>> {
-        let entries = self.entries.lock();
-        entries
+        let state = self.state.lock();
+        state
+            .entries
             .get(key)
             .filter(|e| e.usable_until > Instant::now())
             .and_then(|e| e.value.clone())
@@ -133,5 +160,19 @@ mod tests {
         assert_eq!(fb.get("k"), None, "the invalidated value stays out");
         fb.record("k", &Some(3), in_secs(10), 3);
         assert_eq!(fb.get("k"), Some(Some(3)), "newer reads are recorded");
+    }
+
+    /// Regression (review of issue 8): a tombstone evicted by the capacity
+    /// let the older flight it guarded against record its value.
+    #[tokio::test(start_paused = true)]
+    async fn an_evicted_tombstone_still_keeps_older_values_out() {
+        let fb = Fallback::new(2);
+        fb.forget("k", in_secs(1), 5);
+        fb.record("a", &Some(1), in_secs(10), 6);
+        fb.record("b", &Some(2), in_secs(10), 7);
+        fb.record("k", &Some(0), in_secs(10), 4);
+        assert_eq!(fb.get("k"), None, "a value from before the invalidate");
+        fb.record("k", &Some(9), in_secs(10), 8);
+        assert_eq!(fb.get("k"), Some(Some(9)));
     }
 }

@@ -39,7 +39,7 @@ use crate::error::{BackendError, BackendErrorKind, Error};
 use crate::freshness;
 use crate::key::FillKeys;
 use crate::lease::{Acquisition, Lease, LeaseTtl};
-use crate::loader::{self, Load, Loaded};
+use crate::loader::{self, Load, Loaded, Sharing};
 use crate::options::Policy;
 use crate::shared::{Read, Shared};
 use crate::stats::Recorder;
@@ -94,18 +94,13 @@ pub(crate) struct Flight<V> {
     from_fallback: bool,
     /// The backend time left before the callers must be answered.
     budget: Budget,
+    /// How long the value last read or loaded lives on the server (its
+    /// remaining hard TTL, in ms; `u64::MAX` before any): the outage
+    /// fallback serves the answer no longer than that.
+    value_ttl_ms: AtomicU64,
     /// A fill put off until after the callers were answered, because the
     /// budget was spent by then.
     deferred_fill: Option<DeferredFill>,
-}
-
-/// Which of a step's time counts against the flight's budget.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Charge {
-    /// All of it.
-    All,
-    /// Only if the step failed (a wait's re-checks).
-    Failures,
 }
 
 /// A fill to run once the callers have their answer.
@@ -115,10 +110,13 @@ struct DeferredFill {
     ttl: Duration,
 }
 
-/// The backend time a flight may spend before its callers are answered:
-/// one backend timeout in all, however many calls it makes (get, acquire,
-/// subscribe, re-checks, fill), so a hung backend costs a caller one
-/// timeout plus its load, never a chain of timeouts (issue 8, fault 11).
+/// The backend time a flight may lose to failures before its callers are
+/// answered: one backend timeout in all. Every call on the callers' path
+/// (get, acquire, subscribe, re-checks, fill) is bounded by what is left,
+/// and a call that fails is charged what it took, so a hung backend costs a
+/// caller one timeout plus its load, never a chain of timeouts (issue 8,
+/// fault 11). Calls that answer are not charged: a healthy backend that is
+/// far away (tens of ms a call) is waited on as long as the protocol needs.
 struct Budget {
     total: Duration,
     left_micros: AtomicU64,
@@ -169,6 +167,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
             load: Mutex::new(Some(load)),
             from_fallback: false,
             deferred_fill: None,
+            value_ttl_ms: AtomicU64::new(u64::MAX),
             policy,
         };
         tokio::spawn(async move {
@@ -265,15 +264,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
             } else {
                 Duration::ZERO
             };
-            // A re-check that answers is polling, not a backend in trouble:
-            // a slow but healthy backend (another region) must not run a
-            // long wait out of budget. One that fails is charged in full.
-            let charge = if waiting.is_some() {
-                Charge::Failures
-            } else {
-                Charge::All
-            };
-            let acquired = self.acquire(lease, window, charge).await;
+            let acquired = self.acquire(lease, window).await;
             let (held_stale, holder_ttl) = match acquired {
                 Err(e) => {
                     self.finish_wait(waiting, false);
@@ -321,11 +312,9 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
                     self.rec().stale_served();
                     return Ok((value, Outcome::Stale));
                 }
-                let started = Instant::now();
-                let timeout = self.budget.left();
-                waiting =
-                    Some(Wait::start(&self.shared, &self.keys, &self.policy.wait, timeout).await);
-                self.budget.charge(started.elapsed());
+                let subscribe = self.shared.backend.subscribe(&self.keys);
+                let subscription = self.call("subscribe", subscribe).await.ok();
+                waiting = Some(Wait::start(&self.shared, &self.policy.wait, subscription));
                 continue;
             };
             if wait.until_recheck(&self.shared, holder_ttl).await == Next::Deadline {
@@ -377,7 +366,11 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
             return;
         }
         if let Ok((value, _)) = answer {
-            let usable_until = Instant::now() + self.policy.ttl + self.policy.grace;
+            let usable_for = match self.value_ttl_ms.load(Ordering::Relaxed) {
+                u64::MAX => self.policy.ttl + self.policy.grace,
+                ms => Duration::from_millis(ms),
+            };
+            let usable_until = Instant::now() + usable_for;
             let epoch = self.epoch;
             self.shared
                 .fallback
@@ -392,7 +385,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         mut lease: Lease,
         stale: Option<Option<V>>,
     ) -> Result<Answer<V>, Error> {
-        let loaded = self.run_loader().await;
+        let loaded = self.run_loader(Sharing::Own).await;
         lease.loader_done();
         let (value, took) = match loaded {
             Ok(loaded) => loaded,
@@ -402,14 +395,13 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
             Ok(bytes) => bytes,
             Err(error) => {
                 let _ = self
-                    .budgeted("release", Charge::All, |t| {
-                        lease.release(&self.shared, t, None)
-                    })
+                    .budgeted("release", |t| lease.release(&self.shared, t, None))
                     .await;
                 return Err(error);
             }
         };
         let ttl = self.written_ttl(value.is_some());
+        self.note_value_ttl(ttl);
         // `Ok(false)`: expired or invalidated while we loaded; our callers
         // still get the value, but it must not overwrite what is there now
         // (counted as a lost lease). An error: unknown whether it landed.
@@ -417,9 +409,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
             self.deferred_fill = Some(DeferredFill { lease, bytes, ttl });
         } else {
             let _ = self
-                .budgeted("fill", Charge::All, |t| {
-                    lease.fill(&self.shared, t, &bytes, ttl)
-                })
+                .budgeted("fill", |t| lease.fill(&self.shared, t, &bytes, ttl))
                 .await;
         }
         Ok((value, Outcome::Loaded))
@@ -436,7 +426,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         } else {
             Duration::ZERO
         };
-        match self.acquire(LeaseTtl::default(), window, Charge::All).await {
+        match self.acquire(LeaseTtl::default(), window).await {
             Ok(Acquisition::Won { lease, stale }) => {
                 let stale = self.stale_value(stale);
                 self.load_leased(lease, stale).await
@@ -459,8 +449,12 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
     /// process holds the lease), so it can never overwrite a newer fill.
     async fn load_unstored(&mut self) -> Result<Answer<V>, Error> {
         self.rec().degraded_load();
-        match self.run_loader().await {
-            Ok((value, _)) => Ok((value, Outcome::Degraded)),
+        match self.run_loader(Sharing::MayJoin).await {
+            Ok((value, _)) => {
+                // A new value, not the one read before: `ttl + grace`.
+                self.value_ttl_ms.store(u64::MAX, Ordering::Relaxed);
+                Ok((value, Outcome::Degraded))
+            }
             Err(error) => self.after_failed_load(None, error, None).await,
         }
     }
@@ -483,9 +477,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
                     .map(|bytes| (bytes, self.policy.fail_safe_throttle + self.policy.grace));
                 let entry = throttled.as_ref().map(|(b, t)| (b.as_slice(), *t));
                 let _ = self
-                    .budgeted("release", Charge::All, |t| {
-                        lease.release(&self.shared, t, entry)
-                    })
+                    .budgeted("release", |t| lease.release(&self.shared, t, entry))
                     .await;
             }
             tracing::warn!(key = self.keys.value(), %error, "loader failed; serving the stale value (fail-safe)");
@@ -511,23 +503,21 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
             };
             let entry = negative.as_ref().map(|(b, t)| (b.as_slice(), *t));
             let _ = self
-                .budgeted("release", Charge::All, |t| {
-                    lease.release(&self.shared, t, entry)
-                })
+                .budgeted("release", |t| lease.release(&self.shared, t, entry))
                 .await;
         }
         Err(error)
     }
 
     /// Runs this flight's one load.
-    async fn run_loader(&mut self) -> Result<Loaded<V>, Error> {
+    async fn run_loader(&mut self, sharing: Sharing) -> Result<Loaded<V>, Error> {
         let taken = self.load.lock().take();
         let Some(load) = taken else {
             // One flight runs at most one load; reaching here is a bug in
             // this module, reported as an abandoned flight rather than a panic.
             return Err(Error::FlightAbandoned);
         };
-        loader::run(&self.shared, &self.policy, self.keys.value(), load).await
+        loader::run(&self.shared, &self.policy, self.keys.value(), load, sharing).await
     }
 
     /// A background refresh after the callers were answered: one per key per
@@ -554,7 +544,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         // Without the lease policy the refresh still needs a free lease: it
         // fences the write, and nobody waits for it anyway.
         let lease = self.policy.lease_ttl.unwrap_or_default();
-        match self.acquire(lease, window, Charge::All).await {
+        match self.acquire(lease, window).await {
             Ok(Acquisition::Won { lease, stale }) => {
                 let stale = self.stale_value(stale);
                 let _ = self.load_leased(lease, stale).await;
@@ -569,10 +559,9 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         &self,
         lease: LeaseTtl,
         refresh_window: Duration,
-        charge: Charge,
     ) -> Result<Acquisition, BackendError> {
         let lease_ttl = lease.ttl(&self.shared.load_times);
-        self.budgeted("acquire", charge, |timeout| {
+        self.budgeted("acquire", |timeout| {
             Lease::acquire(&self.shared, &self.keys, lease_ttl, refresh_window, timeout)
         })
         .await
@@ -583,20 +572,17 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         op: &'static str,
         fut: impl Future<Output = Result<T, BackendError>>,
     ) -> Result<T, BackendError> {
-        self.budgeted(op, Charge::All, |timeout| {
-            self.shared.call(timeout, op, fut)
-        })
-        .await
+        self.budgeted(op, |timeout| self.shared.call(timeout, op, fut))
+            .await
     }
 
     /// Runs a backend step bounded by what is left of the flight's budget
     /// (never more than one backend timeout), and charges the time it took
-    /// as `charge` says. With the budget spent, the step is not attempted:
-    /// it fails at once as a timeout, and the flight degrades.
+    /// if it failed. With the budget spent, the step is not attempted: it
+    /// fails at once as a timeout, and the flight degrades.
     async fn budgeted<T, F>(
         &self,
         op: &'static str,
-        charge: Charge,
         step: impl FnOnce(Duration) -> F,
     ) -> Result<T, BackendError>
     where
@@ -607,14 +593,14 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
             return Err(BackendError::new(
                 BackendErrorKind::Timeout,
                 format!(
-                    "{op}: not attempted, this flight already spent its backend time ({:?})",
+                    "{op}: not attempted, this flight already lost its backend time ({:?}) to failures",
                     self.budget.total
                 ),
             ));
         }
         let started = Instant::now();
         let result = step(left).await;
-        if charge == Charge::All || result.is_err() {
+        if result.is_err() {
             self.budget.charge(started.elapsed());
         }
         result
@@ -622,13 +608,27 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
 
     /// Reads stored bytes, counting an unreadable value against the key.
     fn read(&self, stored: &Stored) -> Read<V> {
-        self.shared.read(stored, Some(self.keys.value()))
+        let read = self.shared.read(stored, Some(self.keys.value()));
+        if let Read::Value { .. } = read {
+            self.note_value_ttl(stored.ttl);
+        }
+        read
     }
 
     /// A usable stale value from an acquire answer. Unreadable bytes were
     /// already counted when the flight first read them, so not again here.
     fn stale_value(&self, stored: Option<Stored>) -> Option<Option<V>> {
-        self.shared.value_of(&stored?, None)
+        let stored = stored?;
+        let value = self.shared.value_of(&stored, None)?;
+        self.note_value_ttl(stored.ttl);
+        Some(value)
+    }
+
+    /// Notes how long the value just read or written lives on the server.
+    fn note_value_ttl(&self, ttl: Duration) {
+        let ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX - 1);
+        self.value_ttl_ms
+            .store(ms.min(u64::MAX - 1), Ordering::Relaxed);
     }
 
     fn written_ttl(&self, is_value: bool) -> Duration {

@@ -191,10 +191,12 @@ pub(crate) enum Acquisition {
 /// while the loader runs, and the duty to end it.
 ///
 /// Ended by [`fill`](Lease::fill) or [`release`](Lease::release), which
-/// consume it. Dropped without either (its flight was cancelled, e.g. by
-/// runtime shutdown, between acquire and fill), it releases the lease by
-/// compare-and-delete, best effort, in a task of its own: the model is
-/// moka's `WaiterGuard`, armed by an `Option` that the success path takes.
+/// consume it. Dropped without either (its flight's task was dropped
+/// between acquire and fill), it releases the lease by compare-and-delete,
+/// best effort, in a task of its own: the model is moka's `WaiterGuard`,
+/// armed by an `Option` that the success path takes. Without a running
+/// runtime (it is shutting down) nothing can be sent: the lease then
+/// expires by itself within its TTL.
 pub(crate) struct Lease {
     /// `Some` until the lease was filled or released.
     held: Option<Held>,
@@ -209,6 +211,9 @@ struct Held {
     backend: Arc<dyn Backend>,
     keys: FillKeys,
     token: LeaseToken,
+    /// Bounds a release in the background (the backend timeout), so a hung
+    /// backend does not pile up release tasks.
+    timeout: Duration,
 }
 
 impl Lease {
@@ -247,6 +252,7 @@ impl Lease {
                         backend: shared.backend.clone(),
                         keys: keys.clone(),
                         token,
+                        timeout: shared.policy.backend_timeout,
                     });
                 }
                 return Err(error);
@@ -258,12 +264,14 @@ impl Lease {
             Acquired::Won { stale } => {
                 shared.recorder.lease_acquired();
                 let lost = Arc::new(AtomicBool::new(false));
+                // Renewals get the full backend timeout each, whatever the
+                // caller's flight had left for this acquire.
                 let watchdog = Watchdog::start(
                     shared.backend.clone(),
                     keys.clone(),
                     token.clone(),
                     lease_ttl,
-                    timeout,
+                    shared.policy.backend_timeout,
                     shared.recorder.clone(),
                     lost.clone(),
                 );
@@ -272,6 +280,7 @@ impl Lease {
                         backend: shared.backend.clone(),
                         keys: keys.clone(),
                         token,
+                        timeout: shared.policy.backend_timeout,
                     }),
                     watchdog: Some(watchdog),
                     lost,
@@ -338,6 +347,13 @@ impl Lease {
         if op == "fill" && matches!(ended, Ok(false)) && !self.lost.swap(true, Ordering::SeqCst) {
             shared.recorder.lease_lost(held.keys.value());
         }
+        // Ended, or (an error) unknown: the step may not have run (a timeout
+        // before it reached the server, an open circuit) and the lease would
+        // be held its whole TTL, so release it in the background; the
+        // compare-and-delete is harmless if the step did land.
+        if let (Err(_), Some(held)) = (&ended, self.held.take()) {
+            release_in_background(held);
+        }
         self.held = None;
         ended
     }
@@ -364,7 +380,8 @@ impl Drop for Lease {
 fn release_in_background(held: Held) {
     if let Ok(handle) = tokio::runtime::Handle::try_current() {
         handle.spawn(async move {
-            let _ = held.backend.release(&held.keys, &held.token, None).await;
+            let release = held.backend.release(&held.keys, &held.token, None);
+            let _ = tokio::time::timeout(held.timeout, release).await;
         });
     }
 }

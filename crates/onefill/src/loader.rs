@@ -26,23 +26,39 @@ pub(crate) type Load<V> = Box<
 /// A load's result and how long it took.
 pub(crate) type Loaded<V> = (Option<V>, Duration);
 
-/// Runs `load`, unless a load of the key is already under way in this
-/// process (a background refresh's, say): then its result is shared and
-/// `load` is dropped, so one process never loads a key twice at once.
+/// Whether a load may share one already under way in this process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Sharing {
+    /// Share one under way if there is one: the result only answers this
+    /// flight's callers (a degraded load, not stored).
+    MayJoin,
+    /// Run its own: the result will be filled under a lease just won, and a
+    /// load under way may predate an `invalidate` elsewhere in the fleet
+    /// (the very thing that took its lease). Later loads may share this one.
+    Own,
+}
+
+/// Runs `load`, or (with [`Sharing::MayJoin`]) shares the load of the key
+/// already under way in this process (a background refresh's, say), so one
+/// process never runs two loads of a key at once for callers it answers
+/// without storing.
 pub(crate) async fn run<V: Clone + Send + Sync + 'static>(
     shared: &Shared<V>,
     policy: &Policy,
     key: &str,
     load: Load<V>,
+    sharing: Sharing,
 ) -> Result<Loaded<V>, Error> {
-    match shared.loads.join(key) {
-        Joined::Follower(awaiter) => awaiter.outcome().await,
-        Joined::Leader(completion, _) => {
-            let loaded = run_alone(shared, policy, key, load).await;
-            completion.complete(loaded.clone());
-            loaded
-        }
-    }
+    let completion = match sharing {
+        Sharing::Own => shared.loads.lead(key).0,
+        Sharing::MayJoin => match shared.loads.join(key) {
+            Joined::Follower(awaiter) => return awaiter.outcome().await,
+            Joined::Leader(completion, _) => completion,
+        },
+    };
+    let loaded = run_alone(shared, policy, key, load).await;
+    completion.complete(loaded.clone());
+    loaded
 }
 
 /// Runs `load` detached, bounded by the policy's maximum load time, and

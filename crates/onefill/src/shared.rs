@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
+use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::backend::{Backend, FillKeys, Stored};
@@ -132,6 +133,10 @@ impl<V: 'static> Shared<V> {
                 // half-open probe ends) rather than waiting for a success.
                 if !e.is_transient() {
                     permit.succeeded();
+                } else if e.is_timeout() && timeout < self.policy.backend_timeout {
+                    // Cut short by the flight's budget, not a full timeout:
+                    // no evidence against the backend (the permit is dropped
+                    // unreported; a probe's slot is freed).
                 } else if permit.failed() {
                     self.recorder.circuit_opened();
                 }
@@ -211,5 +216,53 @@ impl<V: 'static> Shared<V> {
             }));
         }
         Ok(bytes)
+    }
+}
+
+/// A write of one key by this process (`set` or `invalidate`) under way.
+///
+/// However it ends (done, failed, or its caller's future dropped while the
+/// command may still land), the key's flight and load are detached and the
+/// outage fallback forgets the key (a tombstone that older flights cannot
+/// overwrite), so nothing from before the write answers after it. Only a
+/// `set` known to have landed records its own value instead.
+pub(crate) struct Writing<'a, V: 'static> {
+    shared: &'a Shared<V>,
+    key: &'a str,
+    keys: &'a FillKeys,
+    /// `false` once [`Writing::landed`] did the bookkeeping.
+    armed: bool,
+}
+
+impl<'a, V: Clone + 'static> Writing<'a, V> {
+    pub(crate) fn start(shared: &'a Shared<V>, key: &'a str, keys: &'a FillKeys) -> Self {
+        Writing {
+            shared,
+            key,
+            keys,
+            armed: true,
+        }
+    }
+
+    /// The write of `value` is known to have landed: it is what the outage
+    /// fallback remembers of the key now.
+    pub(crate) fn landed(mut self, value: &Option<V>) {
+        self.armed = false;
+        let epoch = self.shared.written(self.key, self.keys);
+        let policy = &self.shared.policy;
+        let usable_until = Instant::now() + policy.ttl + policy.grace;
+        self.shared
+            .fallback
+            .record(self.keys.value(), value, usable_until, epoch);
+    }
+}
+
+impl<V: 'static> Drop for Writing<'_, V> {
+    fn drop(&mut self) {
+        if self.armed {
+            let epoch = self.shared.written(self.key, self.keys);
+            let until = Instant::now() + self.shared.policy.longest_flight();
+            self.shared.fallback.forget(self.keys.value(), until, epoch);
+        }
     }
 }

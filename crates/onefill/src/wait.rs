@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::backend::{FillKeys, FillSubscription};
+use crate::backend::FillSubscription;
 use crate::backoff::Backoff;
 use crate::error::{Error, InvalidOption};
 use crate::shared::Shared;
@@ -154,25 +154,15 @@ pub(crate) enum Next {
 }
 
 impl Wait {
-    /// Starts waiting: subscribes to the key's fills *before* the caller
-    /// re-checks, so a fill landing in between is not missed. The
-    /// subscription may take up to `timeout`; with none left, or if it
-    /// fails, the wait polls alone.
-    pub(crate) async fn start<V: 'static>(
+    /// Starts waiting, with the key's fill subscription if one could be
+    /// made (made *before* the caller re-checks, so a fill landing in
+    /// between is not missed); without one, the wait polls alone.
+    pub(crate) fn start<V>(
         shared: &Shared<V>,
-        keys: &FillKeys,
         policy: &WaitPolicy,
-        timeout: Duration,
+        subscription: Option<Box<dyn FillSubscription>>,
     ) -> Wait {
         shared.recorder.wait_started();
-        let subscription = if timeout.is_zero() {
-            None
-        } else {
-            shared
-                .call(timeout, "subscribe", shared.backend.subscribe(keys))
-                .await
-                .ok()
-        };
         let started = Instant::now();
         Wait {
             subscription,

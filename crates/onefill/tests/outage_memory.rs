@@ -27,8 +27,8 @@ const REFUSE: u8 = 2;
 const COMMAND: u8 = 3;
 /// `acquire` runs on the store, then its reply is lost (a timeout).
 const LOSE_ACQUIRE_REPLY: u8 = 4;
-/// Every call answers, after 150 ms.
-const SLOW: u8 = 5;
+/// The first two calls answer, every later one hangs.
+const HANG_FROM_THIRD: u8 = 5;
 /// Every call answers, after 40 ms (a healthy server in another region).
 const FAR: u8 = 6;
 
@@ -69,9 +69,8 @@ impl Switched {
                 let _ = call.await;
                 Err(BackendError::new(BackendErrorKind::Timeout, "reply lost"))
             }
-            SLOW => {
-                tokio::time::sleep(Duration::from_millis(150)).await;
-                call.await
+            HANG_FROM_THIRD if self.calls.load(Ordering::SeqCst) > 2 => {
+                std::future::pending().await
             }
             FAR => {
                 tokio::time::sleep(Duration::from_millis(40)).await;
@@ -489,38 +488,39 @@ async fn invalidate_keeps_its_value_out_of_the_fallback() {
     assert_eq!((f.value.as_str(), f.outcome), ("k-v2", Outcome::Degraded));
 }
 
-/// Fault 11: a backend that answers every call just under the timeout used
-/// to cost a caller one near-timeout per step (get, acquire, fill). A
-/// flight now spends at most one backend timeout (200 ms here) on backend
-/// calls before answering: get (150 ms), then an acquire bounded by the
-/// 50 ms left, then the load (100 ms).
+/// Fault 11: a backend that hangs in the middle of a flight used to cost a
+/// caller one timeout per step: here the subscription of a waiter (200 ms),
+/// then its re-check (200 ms more). A flight now loses at most one backend
+/// timeout to failures before answering: the re-check is not attempted,
+/// and the waiter degrades at once.
 #[tokio::test(start_paused = true)]
-async fn a_slow_backend_costs_a_caller_one_backend_timeout() {
-    let backend = Switched::default();
-    let c = pod(&backend, |b| b);
-    backend.set(SLOW);
+async fn a_backend_hanging_mid_flight_costs_a_caller_one_timeout() {
+    let near = Switched::default();
+    let hanging = near.peer();
+    let (holder, waiter) = (pod(&near, |b| b), pod(&hanging, |b| b));
     let loads = Arc::new(AtomicUsize::new(0));
+    let _held = {
+        let loader = counting_loader(&loads, Duration::from_secs(5));
+        let holder = holder.clone();
+        tokio::spawn(async move {
+            holder
+                .fetch(&"k".to_string(), &CallOptions::new(), loader)
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    hanging.set(HANG_FROM_THIRD);
     let start = Instant::now();
-    let f = c
-        .fetch(
-            &"k".to_string(),
-            &CallOptions::new(),
-            counting_loader(&loads, Duration::from_millis(100)),
-        )
-        .await
-        .unwrap();
+    let f = fetch_now(&waiter, "k", &loads).await;
     let took = start.elapsed();
     assert_eq!(f.outcome, Outcome::Degraded);
-    assert!(
-        took <= Duration::from_millis(301),
-        "{took:?} > one timeout + the load"
-    );
+    assert!(took <= Duration::from_millis(201), "{took:?} > one timeout");
 }
 
 /// The other side of fault 11's budget: a healthy but distant backend
 /// (40 ms a call, 200 ms budget) must not run a long wait out of budget.
-/// The wait's re-checks that answer are not charged, so the waiter waits
-/// out another process's 2 s load: one load, not a degraded second one.
+/// Calls that answer are not charged, so the waiter waits out another
+/// process's 2 s load: one load, not a degraded second one.
 #[tokio::test(start_paused = true)]
 async fn a_far_backend_still_waits_out_a_long_load() {
     let near = Switched::default();
