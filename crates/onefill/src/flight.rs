@@ -33,9 +33,10 @@ use parking_lot::Mutex;
 use tokio::time::Instant;
 
 use crate::backend::Stored;
+use crate::budget::Budget;
 use crate::coalesce::Completion;
 use crate::envelope::{self, Kind};
-use crate::error::{BackendError, BackendErrorKind, Error};
+use crate::error::{BackendError, Error};
 use crate::freshness;
 use crate::key::FillKeys;
 use crate::lease::{Acquisition, Lease, LeaseTtl};
@@ -108,45 +109,6 @@ struct DeferredFill {
     lease: Lease,
     bytes: Vec<u8>,
     ttl: Duration,
-}
-
-/// The backend time a flight may lose to failures before its callers are
-/// answered: one backend timeout in all. Every call on the callers' path
-/// (get, acquire, subscribe, re-checks, fill) is bounded by what is left,
-/// and a call that fails is charged what it took, so a hung backend costs a
-/// caller one timeout plus its load, never a chain of timeouts (issue 8,
-/// fault 11). Calls that answer are not charged: a healthy backend that is
-/// far away (tens of ms a call) is waited on as long as the protocol needs.
-struct Budget {
-    total: Duration,
-    left_micros: AtomicU64,
-}
-
-impl Budget {
-    fn new(total: Duration) -> Self {
-        let budget = Budget {
-            total,
-            left_micros: AtomicU64::new(0),
-        };
-        budget.refill();
-        budget
-    }
-    fn left(&self) -> Duration {
-        Duration::from_micros(self.left_micros.load(Ordering::Relaxed))
-    }
-    fn charge(&self, spent: Duration) {
-        let spent = u64::try_from(spent.as_micros()).unwrap_or(u64::MAX);
-        let _ = self
-            .left_micros
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |left| {
-                Some(left.saturating_sub(spent))
-            });
-    }
-    /// A full budget again (for work after the callers were answered).
-    fn refill(&self) {
-        let total = u64::try_from(self.total.as_micros()).unwrap_or(u64::MAX);
-        self.left_micros.store(total, Ordering::Relaxed);
-    }
 }
 
 impl<V: Clone + Send + Sync + 'static> Flight<V> {
@@ -395,7 +357,8 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
             Ok(bytes) => bytes,
             Err(error) => {
                 let _ = self
-                    .budgeted("release", |t| lease.release(&self.shared, t, None))
+                    .budget
+                    .run("release", |t| lease.release(&self.shared, t, None))
                     .await;
                 return Err(error);
             }
@@ -409,7 +372,8 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
             self.deferred_fill = Some(DeferredFill { lease, bytes, ttl });
         } else {
             let _ = self
-                .budgeted("fill", |t| lease.fill(&self.shared, t, &bytes, ttl))
+                .budget
+                .run("fill", |t| lease.fill(&self.shared, t, &bytes, ttl))
                 .await;
         }
         Ok((value, Outcome::Loaded))
@@ -477,7 +441,8 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
                     .map(|bytes| (bytes, self.policy.fail_safe_throttle + self.policy.grace));
                 let entry = throttled.as_ref().map(|(b, t)| (b.as_slice(), *t));
                 let _ = self
-                    .budgeted("release", |t| lease.release(&self.shared, t, entry))
+                    .budget
+                    .run("release", |t| lease.release(&self.shared, t, entry))
                     .await;
             }
             tracing::warn!(key = self.keys.value(), %error, "loader failed; serving the stale value (fail-safe)");
@@ -503,7 +468,8 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
             };
             let entry = negative.as_ref().map(|(b, t)| (b.as_slice(), *t));
             let _ = self
-                .budgeted("release", |t| lease.release(&self.shared, t, entry))
+                .budget
+                .run("release", |t| lease.release(&self.shared, t, entry))
                 .await;
         }
         Err(error)
@@ -561,10 +527,11 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         refresh_window: Duration,
     ) -> Result<Acquisition, BackendError> {
         let lease_ttl = lease.ttl(&self.shared.load_times);
-        self.budgeted("acquire", |timeout| {
-            Lease::acquire(&self.shared, &self.keys, lease_ttl, refresh_window, timeout)
-        })
-        .await
+        self.budget
+            .run("acquire", |timeout| {
+                Lease::acquire(&self.shared, &self.keys, lease_ttl, refresh_window, timeout)
+            })
+            .await
     }
 
     async fn call<T>(
@@ -572,38 +539,9 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         op: &'static str,
         fut: impl Future<Output = Result<T, BackendError>>,
     ) -> Result<T, BackendError> {
-        self.budgeted(op, |timeout| self.shared.call(timeout, op, fut))
+        self.budget
+            .run(op, |timeout| self.shared.call(timeout, op, fut))
             .await
-    }
-
-    /// Runs a backend step bounded by what is left of the flight's budget
-    /// (never more than one backend timeout), and charges the time it took
-    /// if it failed. With the budget spent, the step is not attempted: it
-    /// fails at once as a timeout, and the flight degrades.
-    async fn budgeted<T, F>(
-        &self,
-        op: &'static str,
-        step: impl FnOnce(Duration) -> F,
-    ) -> Result<T, BackendError>
-    where
-        F: Future<Output = Result<T, BackendError>>,
-    {
-        let left = self.budget.left();
-        if left.is_zero() {
-            return Err(BackendError::new(
-                BackendErrorKind::Timeout,
-                format!(
-                    "{op}: not attempted, this flight already lost its backend time ({:?}) to failures",
-                    self.budget.total
-                ),
-            ));
-        }
-        let started = Instant::now();
-        let result = step(left).await;
-        if result.is_err() {
-            self.budget.charge(started.elapsed());
-        }
-        result
     }
 
     /// Reads stored bytes, counting an unreadable value against the key.

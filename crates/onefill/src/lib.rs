@@ -68,6 +68,7 @@
 
 pub mod backend;
 mod backoff;
+mod budget;
 mod builder;
 mod cache;
 mod circuit;
