@@ -1,0 +1,283 @@
+//! One private `redis-server` process: start, commands, pause, kill, restart.
+
+use std::fs::File;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use tempfile::TempDir;
+
+use crate::resp::{free_port, raw_command, Reply};
+
+/// How long a server may take to answer `PING` after being spawned.
+const READY_TIMEOUT: Duration = Duration::from_secs(10);
+/// Timeout of a single raw command (connect, write and read).
+pub(crate) const COMMAND_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A private `redis-server` process on a free port of 127.0.0.1.
+///
+/// Killed (SIGKILL) and reaped when dropped; its temporary directory (log,
+/// `nodes.conf`) is removed then too.
+#[derive(Debug)]
+pub struct RedisServer {
+    port: u16,
+    args: Vec<String>,
+    dir: TempDir,
+    child: Mutex<Option<Child>>,
+}
+
+impl RedisServer {
+    /// Starts a standalone server on a free port and waits until it answers
+    /// `PING`.
+    ///
+    /// # Panics
+    /// If `redis-server` cannot be spawned or does not come up within 10 s.
+    pub fn start() -> RedisServer {
+        Self::start_with(&[])
+    }
+
+    /// Like [`start`](Self::start), with extra `redis-server` arguments
+    /// appended to the defaults, e.g. `&["--requirepass", "secret"]`.
+    /// Paths in the arguments are relative to the server's private
+    /// directory ([`dir`](Self::dir)).
+    pub fn start_with(extra_args: &[&str]) -> RedisServer {
+        let args: Vec<String> = extra_args.iter().map(|s| s.to_string()).collect();
+        // A port found free can be taken by someone else before the server
+        // binds it; try a few ports before giving up.
+        let mut last_error = String::new();
+        for _ in 0..5 {
+            let dir = tempfile::Builder::new()
+                .prefix("onefill-redis-")
+                .tempdir()
+                .unwrap_or_else(|e| panic!("cannot create a temporary directory: {e}"));
+            let server = RedisServer {
+                port: free_port(),
+                args: args.clone(),
+                dir,
+                child: Mutex::new(None),
+            };
+            match server.spawn_and_wait() {
+                Ok(()) => return server,
+                Err(e) if e.contains("Address already in use") => last_error = e,
+                Err(e) => panic!("{e}"),
+            }
+        }
+        panic!("redis-server could not bind a free port: {last_error}");
+    }
+
+    /// The TCP port the server listens on (on 127.0.0.1).
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `redis://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// `127.0.0.1:<port>`.
+    pub fn addr(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.port))
+    }
+
+    /// The server's private directory (working directory, log, `nodes.conf`).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The server's log so far (empty if it cannot be read).
+    pub fn log(&self) -> String {
+        let mut out = std::fs::read_to_string(self.log_path()).unwrap_or_default();
+        let stderr = std::fs::read_to_string(self.stderr_path()).unwrap_or_default();
+        if !stderr.trim().is_empty() {
+            out.push_str("\n--- stderr ---\n");
+            out.push_str(&stderr);
+        }
+        out
+    }
+
+    /// The process id, or `None` after [`kill`](Self::kill).
+    pub fn pid(&self) -> Option<u32> {
+        self.child().as_ref().map(|c| c.id())
+    }
+
+    /// Whether a server process is running (not killed; a paused one counts).
+    pub fn is_running(&self) -> bool {
+        let mut child = self.child();
+        match child.as_mut() {
+            Some(c) => matches!(c.try_wait(), Ok(None)),
+            None => false,
+        }
+    }
+
+    /// Freezes the server with SIGSTOP: it keeps its connections open but
+    /// answers nothing until [`resume`](Self::resume). Use it to provoke
+    /// timeouts.
+    pub fn pause(&self) {
+        self.signal(libc::SIGSTOP);
+    }
+
+    /// Lets a [paused](Self::pause) server run again (SIGCONT).
+    pub fn resume(&self) {
+        self.signal(libc::SIGCONT);
+    }
+
+    /// Kills the server (SIGKILL) and reaps it. Its data is gone (there is no
+    /// persistence); [`restart`](Self::restart) starts it again on the same
+    /// port. Does nothing if it is not running.
+    pub fn kill(&self) {
+        if let Some(mut child) = self.child().take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Kills the server if it runs, then starts a new one on the **same port**
+    /// (and directory, so a cluster node keeps its `nodes.conf`) and waits
+    /// until it answers `PING`.
+    ///
+    /// # Panics
+    /// If the new server does not come up within 10 s (for instance because
+    /// something else took the port meanwhile).
+    pub fn restart(&self) {
+        self.kill();
+        if let Err(e) = self.spawn_and_wait() {
+            panic!("{e}");
+        }
+    }
+
+    /// Sends one command on a fresh connection and returns its reply as text:
+    /// simple strings and bulk strings as their content (lossy UTF-8),
+    /// integers in decimal, a nil reply as `(nil)`, errors as `-` followed by
+    /// the message (e.g. `-ERR unknown command`), arrays as their elements
+    /// joined with `\n`.
+    ///
+    /// # Panics
+    /// On I/O errors or a timeout (5 s), with the server log.
+    pub fn command(&self, args: &[&str]) -> String {
+        self.query(args).to_string()
+    }
+
+    /// Sends one command on a fresh connection and returns the parsed reply.
+    ///
+    /// # Panics
+    /// On I/O errors or a timeout (5 s), with the server log.
+    pub fn query(&self, args: &[&str]) -> Reply {
+        let bytes: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
+        self.query_bytes(&bytes)
+    }
+
+    /// Like [`query`](Self::query), with binary arguments.
+    pub fn query_bytes(&self, args: &[&[u8]]) -> Reply {
+        match raw_command(self.addr(), args, COMMAND_TIMEOUT) {
+            Ok(reply) => reply,
+            Err(e) => panic!(
+                "command {:?} to redis on port {} failed: {e}\n--- log ---\n{}",
+                args.iter()
+                    .map(|a| String::from_utf8_lossy(a))
+                    .collect::<Vec<_>>(),
+                self.port,
+                self.log()
+            ),
+        }
+    }
+
+    fn child(&self) -> std::sync::MutexGuard<'_, Option<Child>> {
+        self.child.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn log_path(&self) -> PathBuf {
+        self.dir.path().join("redis.log")
+    }
+
+    fn stderr_path(&self) -> PathBuf {
+        self.dir.path().join("stderr.log")
+    }
+
+    fn signal(&self, signal: libc::c_int) {
+        let Some(pid) = self.pid() else {
+            panic!("redis on port {} is not running", self.port);
+        };
+        // SAFETY: `kill` has no memory-safety preconditions; `pid` is our own
+        // child, which has not been reaped (we hold its `Child`), so the pid
+        // cannot have been reused by another process.
+        let rc = unsafe { libc::kill(pid as libc::pid_t, signal) };
+        assert_eq!(
+            rc,
+            0,
+            "kill({pid}, {signal}) failed: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+
+    fn spawn_and_wait(&self) -> Result<(), String> {
+        let dir = self.dir.path();
+        let stderr = File::create(self.stderr_path())
+            .map_err(|e| format!("cannot create {}: {e}", self.stderr_path().display()))?;
+        let _ = std::fs::remove_file(self.log_path());
+        let port = self.port.to_string();
+        let mut cmd = Command::new("redis-server");
+        cmd.args([
+            "--port",
+            &port,
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .arg("--dir")
+        .arg(dir)
+        .arg("--logfile")
+        .arg(self.log_path())
+        .args(&self.args)
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(stderr);
+        let child = cmd
+            .spawn()
+            .map_err(|e| format!("cannot spawn redis-server (is it on PATH?): {e}"))?;
+        *self.child() = Some(child);
+
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            if let Some(status) = self
+                .child()
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                self.child().take();
+                return Err(format!(
+                    "redis-server on port {} exited with {status} before answering PING\n--- log ---\n{}",
+                    self.port,
+                    self.log()
+                ));
+            }
+            match raw_command(self.addr(), &[b"PING"], Duration::from_millis(500)) {
+                Ok(Reply::Status(s)) if s == "PONG" => return Ok(()),
+                // Up, but password-protected (`--requirepass`): ready too.
+                Ok(Reply::Error(e)) if e.starts_with("NOAUTH") => return Ok(()),
+                _ => {}
+            }
+            if Instant::now() >= deadline {
+                self.kill();
+                return Err(format!(
+                    "redis-server on port {} did not answer PING within {READY_TIMEOUT:?}\n--- log ---\n{}",
+                    self.port,
+                    self.log()
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
