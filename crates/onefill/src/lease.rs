@@ -309,7 +309,8 @@ impl Lease {
     }
 
     /// Releases the lease by compare-and-delete, optionally leaving a short
-    /// entry behind (a cached failure, or a fail-safe value).
+    /// entry behind (a cached failure, or a fail-safe value). `Ok(false)`:
+    /// the lease was lost; counted as a lost lease, as by the fill.
     pub(crate) async fn release<V: 'static>(
         self,
         shared: &Shared<V>,
@@ -344,7 +345,10 @@ impl Lease {
             ),
         };
         let ended = shared.call(timeout, op, step).await;
-        if op == "fill" && matches!(ended, Ok(false)) && !self.lost.swap(true, Ordering::SeqCst) {
+        // Not ours any more, whether we fill or release (the load failed):
+        // expired or revoked under the load, so another process may have
+        // loaded too. Counted once per lease, with the watchdog.
+        if matches!(ended, Ok(false)) && !self.lost.swap(true, Ordering::SeqCst) {
             shared.recorder.lease_lost(held.keys.value());
         }
         // Ended, or (an error) unknown: the step may not have run (a timeout

@@ -55,8 +55,8 @@ counters! {
     lease_acquired,
     /// Acquire attempts that found another holder's lease.
     lease_contended,
-    /// Leases lost before the fill (expired or invalidated mid-load): each is
-    /// a possible duplicate load. Should stay near zero.
+    /// Leases lost before the fill or release (expired or invalidated
+    /// mid-load): each is a possible duplicate load. Should stay near zero.
     lease_lost,
     /// Successful watchdog renewals.
     lease_extended,
