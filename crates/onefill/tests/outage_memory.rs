@@ -1,171 +1,28 @@
 //! Backend outages on the memory backend, in paused time: the backend is
-//! wrapped so a test can make it hang (like a SIGSTOPped Redis), refuse
-//! (like a dead one), answer slowly, reject commands, or lose a reply. The
-//! regression tests of issue 8's faults that need such a switch are here,
-//! named after their case (the others are in the conformance suite's
-//! `regressions` theme). The same behaviour is proven on real Redis by
+//! wrapped (`support::Switched`) so a test can make it hang (like a
+//! SIGSTOPped Redis), refuse (like a dead one), answer slowly, reject
+//! commands, or lose a reply. The regression tests of issue 8's faults that
+//! need such a switch are here, named after their case (the others are in
+//! the conformance suite's `regressions` theme; those of the adversarial
+//! review of the fixes are in `adversarial_flights.rs` and
+//! `adversarial_writes.rs`). The same behaviour is proven on real Redis by
 //! `redis_backend.rs` (a killed, restarted and paused server) and by the
 //! CLI's fleet tests (`crates/onefill-cli/tests/fleet.rs`: SIGSTOP and
 //! restart of Redis under load, with real processes).
 
-use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+mod support;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
-use onefill::backend::{Acquired, Backend, FillKeys, FillSubscription, Stored};
-use onefill::{
-    BackendError, BackendErrorKind, Cache, CallOptions, CircuitBreaker, CircuitState, Error,
-    Fetched, LeaseToken, MemoryBackend, Outcome,
+use onefill::{BackendErrorKind, Cache, CallOptions, CircuitState, Error, Outcome};
+use support::{
+    a_far_waiter_of_a_long_load, a_load_under_way, assert_the_fallback_forgot, breaker,
+    counting_loader, fetch_now, fixed_lease, pod, spawn_fetch, two_pods, Switched, COMMAND, HANG,
+    HANG_FROM_THIRD, HEALTHY, LOSE_ACQUIRE_REPLY, REFUSE,
 };
 use tokio::time::Instant;
-
-const HEALTHY: u8 = 0;
-const HANG: u8 = 1;
-const REFUSE: u8 = 2;
-/// Every call fails with a non-transient error (as OOM, NOAUTH, CROSSSLOT).
-const COMMAND: u8 = 3;
-/// `acquire` runs on the store, then its reply is lost (a timeout).
-const LOSE_ACQUIRE_REPLY: u8 = 4;
-/// The first two calls answer, every later one hangs.
-const HANG_FROM_THIRD: u8 = 5;
-/// Every call answers, after 40 ms (a healthy server in another region).
-const FAR: u8 = 6;
-
-/// A real MemoryBackend behind a switch.
-#[derive(Debug, Clone, Default)]
-struct Switched {
-    inner: MemoryBackend,
-    mode: Arc<AtomicU8>,
-    calls: Arc<AtomicUsize>,
-}
-
-impl Switched {
-    /// Another process's view of the same store, with its own switch.
-    fn peer(&self) -> Switched {
-        Switched {
-            inner: self.inner.clone(),
-            ..Switched::default()
-        }
-    }
-    fn set(&self, mode: u8) {
-        self.mode.store(mode, Ordering::SeqCst);
-    }
-    /// Runs `call` on the store as the switch says.
-    async fn pass<T>(
-        &self,
-        acquire: bool,
-        call: impl std::future::Future<Output = Result<T, BackendError>>,
-    ) -> Result<T, BackendError> {
-        self.calls.fetch_add(1, Ordering::SeqCst);
-        match self.mode.load(Ordering::SeqCst) {
-            HANG => std::future::pending().await,
-            REFUSE => Err(BackendError::new(
-                BackendErrorKind::Connection,
-                "connection refused",
-            )),
-            COMMAND => Err(BackendError::new(BackendErrorKind::Command, "OOM")),
-            LOSE_ACQUIRE_REPLY if acquire => {
-                let _ = call.await;
-                Err(BackendError::new(BackendErrorKind::Timeout, "reply lost"))
-            }
-            HANG_FROM_THIRD if self.calls.load(Ordering::SeqCst) > 2 => {
-                std::future::pending().await
-            }
-            FAR => {
-                tokio::time::sleep(Duration::from_millis(40)).await;
-                call.await
-            }
-            _ => call.await,
-        }
-    }
-}
-
-#[async_trait]
-impl Backend for Switched {
-    async fn get(&self, keys: &FillKeys) -> Result<Option<Stored>, BackendError> {
-        self.pass(false, self.inner.get(keys)).await
-    }
-    async fn acquire(
-        &self,
-        k: &FillKeys,
-        t: &LeaseToken,
-        ttl: Duration,
-        w: Duration,
-    ) -> Result<Acquired, BackendError> {
-        self.pass(true, self.inner.acquire(k, t, ttl, w)).await
-    }
-    async fn fill(
-        &self,
-        k: &FillKeys,
-        t: &LeaseToken,
-        b: &[u8],
-        ttl: Duration,
-    ) -> Result<bool, BackendError> {
-        self.pass(false, self.inner.fill(k, t, b, ttl)).await
-    }
-    async fn release(
-        &self,
-        k: &FillKeys,
-        t: &LeaseToken,
-        e: Option<(&[u8], Duration)>,
-    ) -> Result<bool, BackendError> {
-        self.pass(false, self.inner.release(k, t, e)).await
-    }
-    async fn extend(
-        &self,
-        k: &FillKeys,
-        t: &LeaseToken,
-        ttl: Duration,
-    ) -> Result<bool, BackendError> {
-        self.pass(false, self.inner.extend(k, t, ttl)).await
-    }
-    async fn set(&self, k: &FillKeys, b: &[u8], ttl: Duration) -> Result<(), BackendError> {
-        self.pass(false, self.inner.set(k, b, ttl)).await
-    }
-    async fn invalidate(&self, k: &FillKeys) -> Result<(), BackendError> {
-        self.pass(false, self.inner.invalidate(k)).await
-    }
-    async fn subscribe(&self, k: &FillKeys) -> Result<Box<dyn FillSubscription>, BackendError> {
-        self.pass(false, self.inner.subscribe(k)).await
-    }
-}
-
-#[derive(Debug, thiserror::Error)]
-#[error("never")]
-struct Never;
-
-fn counting_loader(
-    loads: &Arc<AtomicUsize>,
-    took: Duration,
-) -> impl FnOnce(
-    String,
-) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<String, Never>> + Send>>
-       + Send
-       + 'static {
-    let loads = loads.clone();
-    move |key| {
-        Box::pin(async move {
-            let n = loads.fetch_add(1, Ordering::SeqCst) + 1;
-            tokio::time::sleep(took).await;
-            Ok(format!("{key}-v{n}"))
-        })
-    }
-}
-
-fn pod(
-    backend: &Switched,
-    f: impl FnOnce(onefill::CacheBuilder<String, String>) -> onefill::CacheBuilder<String, String>,
-) -> Cache<String, String> {
-    f(Cache::builder()
-        .namespace("outage")
-        .backend(backend.clone())
-        .jitter(0.0)
-        .early_refresh_beta(0.0)
-        .backend_timeout(Duration::from_millis(200)))
-    .build()
-    .unwrap()
-}
 
 /// A hung backend on a cold key: every caller is answered within the
 /// backend timeout plus one load, with one load per pod, not per caller.
@@ -274,9 +131,7 @@ async fn hot_key_survives_an_outage_then_leases_resume() {
 #[tokio::test(start_paused = true)]
 async fn circuit_breaker_stops_hammering_a_dead_backend() {
     let backend = Switched::default();
-    let c = pod(&backend, |b| {
-        b.circuit_breaker(CircuitBreaker::new(5, Duration::from_secs(2)))
-    });
+    let c = pod(&backend, breaker(5, Duration::from_secs(2)));
     backend.set(REFUSE);
     let loads = Arc::new(AtomicUsize::new(0));
     for i in 0..50 {
@@ -290,11 +145,7 @@ async fn circuit_breaker_stops_hammering_a_dead_backend() {
             .unwrap();
         assert_eq!(f.outcome, Outcome::Degraded);
     }
-    assert_eq!(
-        backend.calls.load(Ordering::SeqCst),
-        5,
-        "only the failures that opened it"
-    );
+    assert_eq!(backend.calls(), 5, "only the failures that opened it");
     assert_eq!(c.circuit_state(), CircuitState::Open);
     let s = c.stats();
     assert_eq!(s.circuit_opened, 1);
@@ -339,18 +190,6 @@ async fn strict_mode_surfaces_backend_errors() {
     assert!(err.is_timeout() && err.is_backend(), "{err}");
 }
 
-/// A call with an instant loader counting into `loads`.
-async fn fetch_now(
-    c: &Cache<String, String>,
-    key: &str,
-    loads: &Arc<AtomicUsize>,
-) -> Fetched<String> {
-    let loader = counting_loader(loads, Duration::ZERO);
-    c.fetch(&key.to_owned(), &CallOptions::new(), loader)
-        .await
-        .unwrap()
-}
-
 /// Opens the breaker of `c` (threshold 1) and lets `open_for` pass, so the
 /// next call is the half-open probe.
 async fn open_then_wait_for_the_probe(backend: &Switched, c: &Cache<String, String>) {
@@ -375,9 +214,7 @@ async fn assert_used_again(backend: &Switched, c: &Cache<String, String>) {
 }
 
 fn breaker_pod(backend: &Switched) -> Cache<String, String> {
-    pod(backend, |b| {
-        b.circuit_breaker(CircuitBreaker::new(1, Duration::from_secs(1)))
-    })
+    pod(backend, breaker(1, Duration::from_secs(1)))
 }
 
 /// Fault 1a: the half-open probe's caller dropped its future (its own
@@ -414,12 +251,7 @@ async fn a_probe_meeting_a_command_error_ends_the_half_open_state() {
 /// released in the background: the other process wins at once, no wait.
 #[tokio::test(start_paused = true)]
 async fn an_acquire_whose_reply_is_lost_releases_its_lease() {
-    let backend = Switched::default();
-    let peer = backend.peer();
-    let fixed = |b: onefill::CacheBuilder<String, String>| {
-        b.lease_ttl(onefill::LeaseTtl::Fixed(Duration::from_secs(10)))
-    };
-    let (a, b) = (pod(&backend, fixed), pod(&peer, fixed));
+    let [(backend, a), (_, b)] = two_pods(fixed_lease(Duration::from_secs(10)));
     backend.set(LOSE_ACQUIRE_REPLY);
     let loads = Arc::new(AtomicUsize::new(0));
     let key = "k".to_string();
@@ -475,17 +307,11 @@ async fn invalidate_keeps_its_value_out_of_the_fallback() {
     let c = pod(&backend, |b| b);
     let loads = Arc::new(AtomicUsize::new(0));
     let key = "k".to_string();
-    let slow = {
-        let c = c.clone();
-        let loader = counting_loader(&loads, Duration::from_millis(500));
-        tokio::spawn(async move { c.fetch(&"k".to_string(), &CallOptions::new(), loader).await })
-    };
+    let slow = spawn_fetch(&c, CallOptions::new(), &loads, Duration::from_millis(500));
     tokio::time::sleep(Duration::from_millis(100)).await;
     c.invalidate(&key).await.unwrap();
     assert_eq!(slow.await.unwrap().unwrap().value, "k-v1");
-    backend.set(REFUSE);
-    let f = fetch_now(&c, &key, &loads).await;
-    assert_eq!((f.value.as_str(), f.outcome), ("k-v2", Outcome::Degraded));
+    assert_the_fallback_forgot(&backend, &c, &loads, "the invalidated value is not served").await;
 }
 
 /// Fault 11: a backend that hangs in the middle of a flight used to cost a
@@ -495,20 +321,8 @@ async fn invalidate_keeps_its_value_out_of_the_fallback() {
 /// and the waiter degrades at once.
 #[tokio::test(start_paused = true)]
 async fn a_backend_hanging_mid_flight_costs_a_caller_one_timeout() {
-    let near = Switched::default();
-    let hanging = near.peer();
-    let (holder, waiter) = (pod(&near, |b| b), pod(&hanging, |b| b));
     let loads = Arc::new(AtomicUsize::new(0));
-    let _held = {
-        let loader = counting_loader(&loads, Duration::from_secs(5));
-        let holder = holder.clone();
-        tokio::spawn(async move {
-            holder
-                .fetch(&"k".to_string(), &CallOptions::new(), loader)
-                .await
-        })
-    };
-    tokio::time::sleep(Duration::from_millis(10)).await;
+    let ([_, (hanging, waiter)], _held) = a_load_under_way(&loads, Duration::from_secs(5)).await;
     hanging.set(HANG_FROM_THIRD);
     let start = Instant::now();
     let f = fetch_now(&waiter, "k", &loads).await;
@@ -523,27 +337,11 @@ async fn a_backend_hanging_mid_flight_costs_a_caller_one_timeout() {
 /// process's 2 s load: one load, not a degraded second one.
 #[tokio::test(start_paused = true)]
 async fn a_far_backend_still_waits_out_a_long_load() {
-    let near = Switched::default();
-    let far = near.peer();
-    far.set(FAR);
-    let (holder, waiter) = (pod(&near, |b| b), pod(&far, |b| b));
-    let loads = Arc::new(AtomicUsize::new(0));
-    let key = "k".to_string();
-    let slow = {
-        let loader = counting_loader(&loads, Duration::from_secs(2));
-        let holder = holder.clone();
-        tokio::spawn(async move {
-            holder
-                .fetch(&"k".to_string(), &CallOptions::new(), loader)
-                .await
-        })
-    };
-    tokio::time::sleep(Duration::from_millis(10)).await;
-    let waited = fetch_now(&waiter, &key, &loads).await;
+    let (waited, held, loads) = a_far_waiter_of_a_long_load(40).await;
     assert_eq!(
         (waited.value.as_str(), waited.outcome),
         ("k-v1", Outcome::Waited)
     );
-    assert_eq!(slow.await.unwrap().unwrap().outcome, Outcome::Loaded);
-    assert_eq!(loads.load(Ordering::SeqCst), 1);
+    assert_eq!(held.outcome, Outcome::Loaded);
+    assert_eq!(loads, 1);
 }
