@@ -101,7 +101,8 @@ impl RedisOptions {
     /// How often the standalone subscriber connection is checked with `PING`
     /// (a connection that silently died is replaced).
     pub fn ping_interval(mut self, interval: Duration) -> Self {
-        self.ping_interval = interval.max(Duration::from_millis(10));
+        // Clamped: an interval of days would overflow the subscriber's timer.
+        self.ping_interval = interval.clamp(Duration::from_millis(10), Duration::from_secs(3600));
         self
     }
 

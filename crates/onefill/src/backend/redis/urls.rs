@@ -48,11 +48,25 @@ pub(super) fn check_url(url: &str) -> Result<(), BackendError> {
 
 /// The URL without its user name and password.
 pub(super) fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
+    let url = match (url.find("://"), url.rfind('@')) {
         (Some(scheme), Some(at)) if at > scheme => {
             format!("{}://***@{}", &url[..scheme], &url[at + 1..])
         }
         _ => url.to_owned(),
+    };
+    // `redis+unix:///path?pass=secret` carries its password in the query.
+    match url.split_once('?') {
+        Some((base, query)) => {
+            let query: Vec<String> = query
+                .split('&')
+                .map(|pair| match pair.split_once('=') {
+                    Some((name @ ("pass" | "password"), _)) => format!("{name}=***"),
+                    _ => pair.to_owned(),
+                })
+                .collect();
+            format!("{base}?{}", query.join("&"))
+        }
+        None => url,
     }
 }
 
@@ -67,6 +81,10 @@ mod tests {
             "redis://***@host:6379/0"
         );
         assert_eq!(redact("redis://host:6379"), "redis://host:6379");
+        assert_eq!(
+            redact("redis+unix:///run/redis.sock?db=1&pass=secret"),
+            "redis+unix:///run/redis.sock?db=1&pass=***"
+        );
     }
 
     #[test]
