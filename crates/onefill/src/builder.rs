@@ -39,7 +39,7 @@ use crate::shared::Shared;
 /// | strict | off |
 /// | max value / key size | 8 MiB / 1 KiB |
 /// | circuit breaker | open after 5 consecutive failures, for 2 s |
-/// | outage fallback | last values of 10,000 keys, each for `ttl + grace` |
+/// | outage fallback | last values of 10,000 keys, each at most until it would have expired on the server |
 ///
 /// The policy setters (all but `namespace`, `backend`, `shared_backend` and
 /// `codec`) also exist on [`CallOptions`](crate::CallOptions) where they make

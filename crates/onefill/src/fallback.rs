@@ -2,14 +2,16 @@
 //!
 //! When the backend fails, a flight cannot read the stale value stored
 //! there. Rather than sending every flight to the origin for the length of
-//! the outage, the cache serves the last value it answered for the key, for
-//! up to `ttl + grace` after it was seen. It is not a read cache (healthy
+//! the outage, the cache serves the last value it answered for the key, no
+//! longer than the server would have kept it (the remaining TTL it reported
+//! when the value was read, or the TTL it was written with; never renewed
+//! by serving it from here). It is not a read cache (healthy
 //! reads always go to the backend, so invalidations are never missed); it is
 //! bounded by a capacity and recorded once per flight, not per caller.
 //!
 //! Every entry carries the write epoch of the cache at the moment its value
 //! was read or loaded (see `Shared::epoch`). `set` and `invalidate` record
-//! (or tombstone) the key with a newer epoch once their write is done, so a
+//! (or tombstone) the key with a newer epoch however their write ends, so a
 //! flight that started before them can never put back what they replaced.
 
 use std::collections::HashMap;

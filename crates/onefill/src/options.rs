@@ -231,8 +231,9 @@ options! {
         }
         outage_fallback_capacity: usize = 10_000, check(any) {
             /// How many keys' last values this process keeps to answer during
-            /// a backend outage (each for `ttl + grace` after it was seen); 0
-            /// turns it off. Healthy reads never use it.
+            /// a backend outage (each no longer than the server would have
+            /// kept it: the TTL it reported when the value was read or
+            /// written); 0 turns it off. Healthy reads never use it.
             fn outage_fallback_capacity(keys: usize) = keys;
         }
     }
