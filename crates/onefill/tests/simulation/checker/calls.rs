@@ -1,0 +1,167 @@
+//! Invariants 2, 4 and 5: bounded callers, final writes, a breaker never
+//! stuck.
+
+use std::time::Duration;
+
+use super::{CallInfo, Checker};
+use crate::events::{origin_of, Answer, CallKind};
+use crate::scenario::TICK;
+
+impl Checker<'_> {
+    pub(super) fn check_bounds(&mut self) {
+        let calls: Vec<_> = self.calls.iter().map(|(id, c)| (*id, c.clone())).collect();
+        for (id, c) in calls {
+            if c.dropped || self.is_dead(c.inst) {
+                continue;
+            }
+            let bound = match c.kind {
+                CallKind::Fetch => self.s.fetch_bound() + self.slow_answers_during(&c),
+                _ => self.s.backend_timeout + TICK,
+            };
+            match &c.end {
+                None => self.fail(format!(
+                    "call {id} ({:?} of k{} in instance {}, started at {:?}) never answered",
+                    c.kind, c.key, c.inst, c.start_t
+                )),
+                Some((_, t, answer, _, _)) if *t - c.start_t > bound => self.fail(format!(
+                    "call {id} ({:?} of k{} in instance {}, started at {:?}) answered after {:?}, over its bound {bound:?}: {answer:?}",
+                    c.kind, c.key, c.inst, c.start_t, *t - c.start_t
+                )),
+                Some(_) => {}
+            }
+        }
+    }
+
+    /// How long the calls of `c`'s process on its key that answered took,
+    /// while `c` waited: its flight's budget is charged only the calls that
+    /// fail (a slow backend that answers is waited on as the protocol needs).
+    fn slow_answers_during(&self, c: &CallInfo) -> Duration {
+        let end = c.end.as_ref().map(|e| e.1);
+        self.slow_answers
+            .iter()
+            .filter(|&&(i, k, t, _)| {
+                i == c.inst && k == c.key && t > c.start_t && end.is_none_or(|end| t <= end)
+            })
+            .map(|&(_, _, t, took)| took.min(t - c.start_t))
+            .sum()
+    }
+
+    pub(super) fn check_writes(&mut self) {
+        // Read your writes, per process.
+        let calls: Vec<_> = self.calls.values().cloned().collect();
+        for x in calls
+            .iter()
+            .filter(|x| matches!(x.kind, CallKind::Set | CallKind::Invalidate))
+        {
+            let Some((x_end, x_end_t, Answer::Done, _, _)) = &x.end else {
+                continue;
+            };
+            let executed = match x.kind {
+                CallKind::Set => x.set_id.and_then(|id| self.set_exec.get(&id).copied()),
+                _ => self
+                    .invalidate_execs
+                    .iter()
+                    .filter(|(i, k, seq)| {
+                        *i == x.inst && *k == x.key && *seq > x.start && seq < x_end
+                    })
+                    .map(|(_, _, seq)| *seq)
+                    .min(),
+            };
+            let Some(executed) = executed else {
+                self.fail(format!(
+                    "{:?} of k{} in instance {} returned Ok at {x_end_t:?} but never ran on the store",
+                    x.kind, x.key, x.inst
+                ));
+                continue;
+            };
+            for c in calls.iter().filter(|c| {
+                c.inst == x.inst
+                    && c.key == x.key
+                    && c.start > *x_end
+                    && matches!(c.kind, CallKind::Fetch | CallKind::Get)
+            }) {
+                let Some((_, t, answer, _, _)) = &c.end else {
+                    continue;
+                };
+                let text = match answer {
+                    Answer::Fetched { value, .. } => Some(value.as_str()),
+                    Answer::Got(value) => value.as_deref(),
+                    Answer::Failed(message) => Some(message.as_str()),
+                    Answer::Done => None,
+                };
+                let Some(origin) = text.and_then(origin_of) else {
+                    continue;
+                };
+                let older = self.origin_seq(origin).is_none_or(|o| o < executed);
+                if older {
+                    self.fail(format!(
+                        "stale read after a write: {:?} of k{} in instance {} returned at {x_end_t:?}; a later call (started {:?}) answered at {t:?} with {answer:?}, which predates it",
+                        x.kind, x.key, x.inst, c.start_t
+                    ));
+                }
+            }
+        }
+        // No fill of a load older than a write lands after it.
+        for key in 0..=self.s.keys {
+            for (landed, origin) in self.landed[key].clone() {
+                let Some(born) = self.origin_seq(origin) else {
+                    continue;
+                };
+                if let Some(&(w, wt, _)) = self.writes[key]
+                    .iter()
+                    .find(|(w, _, _)| born < *w && *w < landed)
+                {
+                    let landed_t = self.recs[landed].t;
+                    self.fail(format!(
+                        "a fill from before a write landed after it: {origin:?} of k{key} landed at {landed_t:?}, after the set/invalidate at {wt:?} (seq {w})"
+                    ));
+                }
+            }
+        }
+    }
+
+    pub(super) fn check_breaker(&mut self) {
+        let window = self.s.breaker_window();
+        for inst in 0..self.s.instances {
+            if self.is_dead(inst) {
+                continue;
+            }
+            let mut samples: Vec<(usize, Duration, u64)> = Vec::new();
+            for c in self.calls.values().filter(|c| c.inst == inst) {
+                samples.push((c.start, c.start_t, c.rejected_start));
+                if let Some((seq, t, _, rejected, _)) = &c.end {
+                    samples.push((*seq, *t, *rejected));
+                }
+            }
+            samples.sort();
+            for pair in samples.windows(2) {
+                let ((_, ta, na), (_, tb, nb)) = (pair[0], pair[1]);
+                if nb <= na {
+                    continue;
+                }
+                let excused = self.faults[inst]
+                    .iter()
+                    .any(|&f| f <= tb && f + window >= ta);
+                if !excused {
+                    self.fail(format!(
+                        "breaker stuck: instance {inst} rejected {} call(s) between {ta:?} and {tb:?}, with no fault in the {window:?} before",
+                        nb - na
+                    ));
+                }
+            }
+        }
+        // The probes are the calls on the extra key.
+        for c in self.calls.values().filter(|c| c.key == self.s.keys) {
+            match &c.end {
+                Some((_, _, Answer::Got(_), _, true)) => {}
+                other => {
+                    let what = format!(
+                        "breaker: the probe of instance {} in the healthy tail did not reach the backend and close the circuit: {other:?}",
+                        c.inst
+                    );
+                    self.violations.push(what);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,221 @@
+//! The checker: replays the log into a model of each key's lease, then
+//! checks the invariants (see the crate docs).
+
+mod calls;
+mod loads;
+mod replay;
+mod stats;
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use crate::events::{Answer, CallKind, LoadEnd, Origin, Rec, World};
+use crate::scenario::Scenario;
+
+/// How overlapping loads were explained, summed over seeds.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Tally {
+    seeds: u64,
+    pub(crate) loads: u64,
+    pub(crate) overlaps_expiry: u64,
+    pub(crate) overlaps_revoked: u64,
+    pub(crate) overlaps_degraded: u64,
+    /// Of the overlaps above, those within one process.
+    pub(crate) overlaps_in_process: u64,
+    /// Overlaps explained by a lost lease that its holder counted.
+    pub(crate) overlaps_counted: u64,
+    pub(crate) degraded_loads: u64,
+    pub(crate) faults: u64,
+    pub(crate) deaths: u64,
+    /// Leases won by a command whose reply was lost.
+    pub(crate) lost_acquires: u64,
+    /// Fills and releases by a lease's flight that failed or timed out.
+    pub(crate) failed_ends: u64,
+    /// Calls the breakers rejected.
+    pub(crate) rejected: u64,
+}
+
+impl Tally {
+    pub(crate) fn add(&mut self, o: &Tally) {
+        self.seeds += o.seeds;
+        self.loads += o.loads;
+        self.overlaps_expiry += o.overlaps_expiry;
+        self.overlaps_revoked += o.overlaps_revoked;
+        self.overlaps_degraded += o.overlaps_degraded;
+        self.overlaps_in_process += o.overlaps_in_process;
+        self.overlaps_counted += o.overlaps_counted;
+        self.degraded_loads += o.degraded_loads;
+        self.faults += o.faults;
+        self.deaths += o.deaths;
+        self.lost_acquires += o.lost_acquires;
+        self.failed_ends += o.failed_ends;
+        self.rejected += o.rejected;
+    }
+}
+
+#[derive(Debug, Clone)]
+struct CallInfo {
+    inst: usize,
+    key: usize,
+    kind: CallKind,
+    set_id: Option<u64>,
+    start: usize,
+    start_t: Duration,
+    rejected_start: u64,
+    end: Option<(usize, Duration, Answer, u64, bool)>,
+    dropped: bool,
+}
+
+#[derive(Debug, Clone)]
+struct LoadInfo {
+    id: u64,
+    inst: usize,
+    key: usize,
+    start: usize,
+    start_t: Duration,
+    end: Option<(usize, Duration, LoadEnd)>,
+    leased: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum LeaseEnd {
+    /// Filled or released by its holder.
+    Own,
+    Expired,
+    /// Deleted by a `set` or `invalidate`.
+    Revoked,
+    /// Deleted by another token's release or fill.
+    Foreign,
+}
+
+#[derive(Debug, Clone)]
+struct LeaseInfo {
+    inst: usize,
+    key: usize,
+    won_t: Duration,
+    window: Duration,
+    fresh_before: bool,
+    /// `Won` reached the cache, in this task (the holder's flight).
+    delivered: Option<Option<tokio::task::Id>>,
+    /// Its holder was told it lost it: a fill or an extension answered
+    /// "not yours", or a release by its flight did. A release answered so
+    /// in a task of its own is a background release (after a lost acquire
+    /// reply, a fill or release that failed or was never sent, or a dropped
+    /// lease): the library ignores its answer, and it may well follow a
+    /// fill that landed.
+    told_lost: bool,
+    used: bool,
+    end: Option<(Duration, LeaseEnd)>,
+}
+
+struct Checker<'a> {
+    s: &'a Scenario,
+    recs: &'a [Rec],
+    violations: Vec<String>,
+    tally: Tally,
+    calls: BTreeMap<usize, CallInfo>,
+    loads: Vec<LoadInfo>,
+    load_index: HashMap<u64, usize>,
+    leases: HashMap<String, LeaseInfo>,
+    death: Option<(usize, usize, Duration)>,
+    healthy: Option<Duration>,
+    /// Per key: (seq, time, origin) of every set/invalidate run on the store.
+    writes: Vec<Vec<(usize, Duration, Option<Origin>)>>,
+    /// Per key: (seq, origin) of every fill or entry that landed.
+    landed: Vec<Vec<(usize, Origin)>>,
+    set_exec: HashMap<u64, usize>,
+    invalidate_execs: Vec<(usize, usize, usize)>,
+    faults: Vec<Vec<Duration>>,
+    held_replies: Vec<(usize, usize, Duration)>,
+    /// (instance, key, time, how long it took) of every call that answered
+    /// late, but within its timeout.
+    slow_answers: Vec<(usize, usize, Duration, Duration)>,
+    /// (instance, key, time, task, token) of every `Won` delivered.
+    won_delivered: Vec<(usize, usize, Duration, Option<tokio::task::Id>, String)>,
+    extends: Vec<(usize, Duration, String)>,
+    /// (seq, instance, time, token) of every `Won` on the store.
+    lost_replies: Vec<(usize, usize, Duration, String)>,
+    /// (seq, instance, time, token) of every fill or release by a lease's
+    /// flight that failed or timed out: unknown whether it landed.
+    failed_ends: Vec<(usize, usize, Duration, String)>,
+    /// (seq, instance, time, token) of every release sent.
+    release_entries: Vec<(usize, usize, Duration, String)>,
+}
+
+impl<'a> Checker<'a> {
+    fn new(s: &'a Scenario, recs: &'a [Rec]) -> Self {
+        Checker {
+            s,
+            recs,
+            violations: Vec::new(),
+            tally: Tally {
+                seeds: 1,
+                ..Tally::default()
+            },
+            calls: BTreeMap::new(),
+            loads: Vec::new(),
+            load_index: HashMap::new(),
+            leases: HashMap::new(),
+            death: None,
+            healthy: None,
+            writes: vec![Vec::new(); s.keys + 1],
+            landed: vec![Vec::new(); s.keys + 1],
+            set_exec: HashMap::new(),
+            invalidate_execs: Vec::new(),
+            faults: vec![Vec::new(); s.instances],
+            held_replies: Vec::new(),
+            slow_answers: Vec::new(),
+            won_delivered: Vec::new(),
+            extends: Vec::new(),
+            lost_replies: Vec::new(),
+            failed_ends: Vec::new(),
+            release_entries: Vec::new(),
+        }
+    }
+
+    fn fail(&mut self, what: String) {
+        self.violations.push(what);
+    }
+
+    fn dead_before(&self, inst: usize, seq: usize) -> bool {
+        self.death.is_some_and(|(i, at, _)| i == inst && at < seq)
+    }
+
+    fn is_dead(&self, inst: usize) -> bool {
+        self.death.is_some_and(|(i, _, _)| i == inst)
+    }
+
+    fn origin_seq(&self, origin: Origin) -> Option<usize> {
+        match origin {
+            Origin::Load(id) => self.load_index.get(&id).map(|&i| self.loads[i].start),
+            Origin::Set(id) => self.set_exec.get(&id).copied(),
+        }
+    }
+
+    /// When a load stopped running: its end, its process's death, or its
+    /// max load time (the library has aborted it by then, even if the drop
+    /// is processed a moment later).
+    fn load_running_at(&self, l: &LoadInfo, seq: usize, t: Duration) -> bool {
+        l.start < seq
+            && l.end.is_none_or(|(end, _, _)| end > seq)
+            && !self.dead_before(l.inst, seq)
+            && t < l.start_t + self.s.max_load_time
+    }
+}
+
+/// Replays a run's log and checks every invariant: the violations, and how
+/// the run's overlapping loads were explained.
+pub(crate) fn check(s: &Scenario, world: &World) -> (Vec<String>, Tally) {
+    let recs = world.log.lock().unwrap().clone();
+    let stats = world.final_stats.lock().unwrap().clone();
+    let mut c = Checker::new(s, &recs);
+    c.replay();
+    c.tally.deaths = u64::from(c.death.is_some());
+    c.check_loads();
+    c.check_bounds();
+    c.check_leases();
+    c.check_writes();
+    c.check_breaker();
+    c.check_stats(&stats);
+    (c.violations, c.tally)
+}

@@ -1,0 +1,320 @@
+//! Replaying the log: the calls, the loads, and each key's lease as the
+//! store saw it.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use super::{CallInfo, Checker, LeaseEnd, LeaseInfo, LoadInfo};
+use crate::events::{BOp, Ev, Exec, Origin, Reply};
+
+impl Checker<'_> {
+    pub(super) fn replay(&mut self) {
+        // Per key: the live lease (token, expiry).
+        let mut lock: Vec<Option<(String, Duration)>> = vec![None; self.s.keys + 1];
+        let recs = self.recs;
+        for (seq, rec) in recs.iter().enumerate() {
+            let t = rec.t;
+            match &rec.ev {
+                Ev::CallStart {
+                    call,
+                    inst,
+                    key,
+                    kind,
+                    set_id,
+                    rejected,
+                } => {
+                    self.calls.insert(
+                        *call,
+                        CallInfo {
+                            inst: *inst,
+                            key: *key,
+                            kind: *kind,
+                            set_id: *set_id,
+                            start: seq,
+                            start_t: t,
+                            rejected_start: *rejected,
+                            end: None,
+                            dropped: false,
+                        },
+                    );
+                }
+                Ev::CallEnd {
+                    call,
+                    answer,
+                    rejected,
+                    closed,
+                } => {
+                    if let Some(c) = self.calls.get_mut(call) {
+                        c.end = Some((seq, t, answer.clone(), *rejected, *closed));
+                    }
+                }
+                Ev::CallDropped { call } => {
+                    if let Some(c) = self.calls.get_mut(call) {
+                        c.dropped = true;
+                    }
+                }
+                Ev::LoadStart {
+                    load,
+                    inst,
+                    key,
+                    flight,
+                } => {
+                    // Leased: a `Won` was delivered to the flight that
+                    // started the load at this very instant (the flight
+                    // starts its loader at once), and no load started under
+                    // it yet. The lease may already be gone (a write
+                    // elsewhere may run between the answer and the loader's
+                    // first poll).
+                    let leased = self
+                        .won_delivered
+                        .iter()
+                        .rev()
+                        .find(|(i, k, at, task, token)| {
+                            *i == *inst
+                                && *k == *key
+                                && *at == t
+                                && flight.is_some()
+                                && task == flight
+                                && !self.leases[token].used
+                        })
+                        .map(|(_, _, _, _, token)| token.clone());
+                    if let Some(token) = &leased {
+                        if let Some(lease) = self.leases.get_mut(token) {
+                            lease.used = true;
+                        }
+                    }
+                    self.load_index.insert(*load, self.loads.len());
+                    self.loads.push(LoadInfo {
+                        id: *load,
+                        inst: *inst,
+                        key: *key,
+                        start: seq,
+                        start_t: t,
+                        end: None,
+                        leased,
+                    });
+                }
+                Ev::LoadEnd { load, end } => {
+                    if let Some(&i) = self.load_index.get(load) {
+                        self.loads[i].end = Some((seq, t, *end));
+                    }
+                }
+                Ev::Death { inst } => self.death = Some((*inst, seq, t)),
+                Ev::Healthy => self.healthy = Some(t),
+                Ev::Entry {
+                    inst,
+                    op: BOp::Release,
+                    token: Some(token),
+                    ..
+                } => self.release_entries.push((seq, *inst, t, token.clone())),
+                Ev::Entry { .. } => {}
+                Ev::Fault { inst, .. } | Ev::NotifyFault { inst, .. } => {
+                    self.faults[*inst].push(t);
+                    self.tally.faults += 1;
+                }
+                Ev::Delivered {
+                    inst,
+                    op,
+                    key,
+                    token,
+                    reply,
+                    took,
+                    task,
+                } => {
+                    if *op == BOp::Acquire && *reply == Reply::Held {
+                        self.held_replies.push((*inst, *key, t));
+                    }
+                    let on_a_flights_path = *op != BOp::Extend;
+                    if on_a_flights_path && *reply != Reply::Err && !took.is_zero() {
+                        self.slow_answers.push((*inst, *key, t, *took));
+                    }
+                    let Some((token, lease)) = token
+                        .as_ref()
+                        .and_then(|tk| Some((tk, self.leases.get_mut(tk)?)))
+                    else {
+                        continue;
+                    };
+                    match (op, reply) {
+                        (BOp::Acquire, Reply::Won) => {
+                            lease.delivered = Some(*task);
+                            self.won_delivered
+                                .push((*inst, *key, t, *task, token.clone()));
+                        }
+                        (BOp::Extend | BOp::Fill, Reply::False) => lease.told_lost = true,
+                        (BOp::Release, Reply::False) if lease.delivered == Some(*task) => {
+                            lease.told_lost = true;
+                        }
+                        (BOp::Fill | BOp::Release, Reply::Err)
+                            if lease.delivered == Some(*task) =>
+                        {
+                            self.failed_ends.push((seq, *inst, t, token.clone()));
+                        }
+                        _ => {}
+                    }
+                }
+                Ev::Abandoned {
+                    inst,
+                    op: BOp::Fill | BOp::Release,
+                    token: Some(token),
+                    task,
+                    ..
+                } if self
+                    .leases
+                    .get(token)
+                    .is_some_and(|l| l.delivered == Some(*task)) =>
+                {
+                    self.failed_ends.push((seq, *inst, t, token.clone()));
+                }
+                Ev::Abandoned { .. } => {}
+                Ev::Exec { inst, key, exec } => {
+                    let slot = &mut lock[*key];
+                    expire(slot, t, &mut self.leases);
+                    self.exec(seq, t, *inst, *key, exec, slot);
+                }
+            }
+        }
+    }
+
+    fn exec(
+        &mut self,
+        seq: usize,
+        t: Duration,
+        inst: usize,
+        key: usize,
+        exec: &Exec,
+        slot: &mut Option<(String, Duration)>,
+    ) {
+        let end_current = |slot: &mut Option<(String, Duration)>,
+                           leases: &mut HashMap<String, LeaseInfo>,
+                           how: LeaseEnd| {
+            if let Some((token, _)) = slot.take() {
+                if let Some(lease) = leases.get_mut(&token) {
+                    lease.end = Some((t, how));
+                }
+            }
+        };
+        match exec {
+            Exec::Acquire {
+                token,
+                ttl,
+                window,
+                fresh_before,
+                reply,
+            } => match reply {
+                Reply::Won => {
+                    if slot.is_some() {
+                        self.fail(format!(
+                            "checker: store granted a lease on k{key} at {t:?} while the model has one"
+                        ));
+                    }
+                    *slot = Some((token.clone(), t + *ttl));
+                    self.leases.insert(
+                        token.clone(),
+                        LeaseInfo {
+                            inst,
+                            key,
+                            won_t: t,
+                            window: *window,
+                            fresh_before: *fresh_before,
+                            delivered: None,
+                            told_lost: false,
+                            used: false,
+                            end: None,
+                        },
+                    );
+                }
+                Reply::Held if slot.is_none() => self.fail(format!(
+                    "checker: store answered Held on k{key} at {t:?} with no lease in the model"
+                )),
+                _ => {}
+            },
+            Exec::Extend { token, ttl, ok } => {
+                let holds = slot.as_ref().is_some_and(|(held, _)| held == token);
+                if *ok != holds {
+                    self.fail(format!(
+                        "checker: extend of k{key} at {t:?}: store said {ok}, model {holds}"
+                    ));
+                }
+                if *ok {
+                    *slot = Some((token.clone(), t + *ttl));
+                    self.extends.push((seq, t, token.clone()));
+                }
+            }
+            Exec::Fill { token, ok, origin } => {
+                if *ok {
+                    let how = ended_by(slot, token);
+                    end_current(slot, &mut self.leases, how);
+                    if how == LeaseEnd::Foreign {
+                        // The fill's own token never held: record its lease
+                        // as ended too, so it is not mistaken for live.
+                        if let Some(lease) = self.leases.get_mut(token) {
+                            lease.end.get_or_insert((t, LeaseEnd::Own));
+                        }
+                    }
+                    match origin {
+                        Some(o) => self.landed[key].push((seq, *o)),
+                        None => self.fail(format!("a fill of k{key} at {t:?} without an origin")),
+                    }
+                }
+            }
+            Exec::Release { token, ok, entry } => {
+                if *ok {
+                    let how = ended_by(slot, token);
+                    end_current(slot, &mut self.leases, how);
+                    if let Some(o) = entry {
+                        self.landed[key].push((seq, *o));
+                    }
+                }
+            }
+            Exec::Set { origin } => {
+                end_current(slot, &mut self.leases, LeaseEnd::Revoked);
+                if let Some(Origin::Set(id)) = origin {
+                    self.set_exec.entry(*id).or_insert(seq);
+                }
+                self.writes[key].push((seq, t, *origin));
+            }
+            Exec::Invalidate => {
+                end_current(slot, &mut self.leases, LeaseEnd::Revoked);
+                self.invalidate_execs.push((inst, key, seq));
+                self.writes[key].push((seq, t, None));
+            }
+        }
+        // Acquire replies whose answer never reached the cache are checked
+        // once the whole log is known (see `check_leases`).
+        if let Exec::Acquire {
+            token,
+            reply: Reply::Won,
+            ..
+        } = exec
+        {
+            self.lost_replies.push((seq, inst, t, token.clone()));
+        }
+    }
+}
+
+/// How a fill or release by `token` that took effect ends the live lease:
+/// its own, or another's (only the broken variants do that).
+fn ended_by(slot: &Option<(String, Duration)>, token: &str) -> LeaseEnd {
+    if slot.as_ref().is_some_and(|(held, _)| held == token) {
+        LeaseEnd::Own
+    } else {
+        LeaseEnd::Foreign
+    }
+}
+
+/// Ends the lease in `slot` if it expired by `t` (the store drops a lease
+/// at its expiry instant).
+fn expire(
+    slot: &mut Option<(String, Duration)>,
+    t: Duration,
+    leases: &mut HashMap<String, LeaseInfo>,
+) {
+    if let Some((token, expires)) = slot {
+        if *expires <= t {
+            if let Some(lease) = leases.get_mut(token) {
+                lease.end = Some((*expires, LeaseEnd::Expired));
+            }
+            *slot = None;
+        }
+    }
+}

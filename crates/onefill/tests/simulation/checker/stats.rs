@@ -1,0 +1,165 @@
+//! Invariant 6: the stats add up.
+
+use onefill::{Outcome, Stats};
+
+use super::Checker;
+use crate::events::{Answer, BOp, CallKind, Ev, LoadEnd, Reply};
+
+impl Checker<'_> {
+    pub(super) fn check_stats(&mut self, stats: &[Option<Stats>]) {
+        for (inst, st) in stats.iter().enumerate() {
+            if self.is_dead(inst) {
+                continue;
+            }
+            let Some(st) = st else { continue };
+            self.tally.rejected += st.circuit_rejected;
+            let loads: Vec<_> = self.loads.iter().filter(|l| l.inst == inst).collect();
+            let ok = loads
+                .iter()
+                .filter(|l| matches!(l.end, Some((_, _, LoadEnd::Value))))
+                .count() as u64;
+            let failed = loads.len() as u64 - ok;
+            let unleased = loads.iter().filter(|l| l.leased.is_none()).count() as u64;
+            let mut won = 0;
+            let mut extended = 0;
+            let lost = self
+                .leases
+                .values()
+                .filter(|l| l.inst == inst && l.told_lost)
+                .count() as u64;
+            let mut errors = 0;
+            let mut abandoned = 0;
+            for rec in self.recs {
+                match &rec.ev {
+                    Ev::Delivered {
+                        inst: i,
+                        op,
+                        token,
+                        reply,
+                        task,
+                        ..
+                    } if *i == inst => match (op, reply) {
+                        (BOp::Acquire, Reply::Won) => won += 1,
+                        (BOp::Extend, Reply::True) => extended += 1,
+                        // A release in the background (see `told_lost`)
+                        // is not a counted call: its error is not counted.
+                        (BOp::Release, Reply::Err)
+                            if token.as_ref().and_then(|tk| self.leases.get(tk)?.delivered)
+                                != Some(*task) => {}
+                        (_, Reply::Err) => errors += 1,
+                        _ => {}
+                    },
+                    Ev::Abandoned { inst: i, .. } if *i == inst => abandoned += 1,
+                    _ => {}
+                }
+            }
+            let (mut coalesced, mut unknown, mut hits, mut stale, mut degraded) = (0, 0, 0, 0, 0);
+            for c in self
+                .calls
+                .values()
+                .filter(|c| c.inst == inst && c.kind == CallKind::Fetch)
+            {
+                match &c.end {
+                    Some((
+                        _,
+                        _,
+                        Answer::Fetched {
+                            outcome,
+                            coalesced: joined,
+                            ..
+                        },
+                        _,
+                        _,
+                    )) => {
+                        if *joined {
+                            coalesced += 1;
+                            continue;
+                        }
+                        match outcome {
+                            Outcome::Hit => hits += 1,
+                            Outcome::Stale => stale += 1,
+                            Outcome::Degraded => degraded += 1,
+                            _ => {}
+                        }
+                    }
+                    _ => unknown += 1,
+                }
+            }
+            let mut expect = |what: &str, holds: bool, detail: String| {
+                if !holds {
+                    self.violations
+                        .push(format!("stats of instance {inst}: {what}: {detail}"));
+                }
+            };
+            let exact = [
+                ("loads_ok", st.loads_ok, ok, "loads that returned a value"),
+                ("loads_error", st.loads_error, failed, "loads that failed"),
+                (
+                    "lease_acquired",
+                    st.lease_acquired,
+                    won,
+                    "Won answers delivered",
+                ),
+                (
+                    "lease_extended",
+                    st.lease_extended,
+                    extended,
+                    "extensions delivered",
+                ),
+                (
+                    "lease_lost",
+                    st.lease_lost,
+                    lost,
+                    "leases answered not ours",
+                ),
+            ];
+            for (what, counted, seen, of) in exact {
+                expect(what, counted == seen, format!("{counted} != {seen} {of}"));
+            }
+            expect(
+                "degraded_loads",
+                st.degraded_loads >= unleased.max(degraded),
+                format!(
+                    "{} < {unleased} loads without a lease or {degraded} Degraded answers",
+                    st.degraded_loads
+                ),
+            );
+            expect(
+                "coalesced",
+                st.coalesced >= coalesced && st.coalesced <= coalesced + unknown,
+                format!(
+                    "{} outside [{coalesced}, {}]",
+                    st.coalesced,
+                    coalesced + unknown
+                ),
+            );
+            expect(
+                "hits",
+                st.hits <= hits + unknown,
+                format!("{} > {hits} Hit flights (+{unknown} unknown)", st.hits),
+            );
+            let refreshes = st.background_refreshes + st.early_refreshes;
+            expect(
+                "stale_served",
+                st.stale_served >= stale && st.stale_served <= stale + unknown + refreshes,
+                format!(
+                    "{} outside [{stale}, {stale} + {unknown} unknown + {refreshes} refreshes]",
+                    st.stale_served
+                ),
+            );
+            expect(
+                "backend_errors",
+                st.backend_errors >= errors && st.backend_errors <= errors + abandoned,
+                format!(
+                    "{} outside [{errors} delivered, + {abandoned} abandoned]",
+                    st.backend_errors
+                ),
+            );
+            expect(
+                "waits",
+                st.waits >= st.wait_timeouts,
+                format!("{} waits < {} timeouts", st.waits, st.wait_timeouts),
+            );
+        }
+    }
+}

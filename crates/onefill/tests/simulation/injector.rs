@@ -1,0 +1,448 @@
+//! The fault injector: a [`Backend`] per instance on the shared store,
+//! faulting calls and notifications from its instance's seeded stream and
+//! logging what runs on the store and what each call is answered.
+
+use std::future::Future;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use onefill::backend::{Acquired, Backend, FillKeys, FillSubscription, Stored};
+use onefill::{BackendError, BackendErrorKind, LeaseToken, MemoryBackend};
+use rand::rngs::StdRng;
+use rand::RngExt;
+use tokio::time::Instant;
+
+use crate::events::{
+    grace_of, origin_of_envelope, BOp, Ev, Exec, Fault, NotifyFault, Reply, World,
+};
+use crate::scenario::ms;
+use crate::variants::Variant;
+
+/// A fault-injecting [`Backend`] for one instance, on the shared store.
+#[derive(Clone)]
+pub(crate) struct Injector {
+    pub(crate) inst: usize,
+    pub(crate) inner: MemoryBackend,
+    pub(crate) world: Arc<World>,
+    pub(crate) rng: Arc<Mutex<StdRng>>,
+    pub(crate) fault_rate: f64,
+    pub(crate) notify_rate: f64,
+    pub(crate) max_delay: Duration,
+}
+
+impl std::fmt::Debug for Injector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Injector({})", self.inst)
+    }
+}
+
+/// Records an injector call dropped before it answered.
+struct Abandon<'a> {
+    injector: &'a Injector,
+    op: BOp,
+    key: usize,
+    token: Option<String>,
+    armed: bool,
+}
+
+impl Drop for Abandon<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.injector.world.record(Ev::Abandoned {
+                inst: self.injector.inst,
+                op: self.op,
+                key: self.key,
+                token: self.token.take(),
+                task: tokio::task::try_id(),
+            });
+        }
+    }
+}
+
+impl Injector {
+    fn decide(&self) -> Fault {
+        if self.world.healthy.load(Ordering::SeqCst) {
+            return Fault::Pass;
+        }
+        let mut rng = self.rng.lock().unwrap();
+        if !rng.random_bool(self.fault_rate) {
+            return Fault::Pass;
+        }
+        let max = self.max_delay.as_millis() as u64;
+        match rng.random_range(0..9) {
+            0 | 1 => Fault::Delay(ms(rng.random_range(1..=max))),
+            2 => Fault::Hang,
+            3 => Fault::Fail(BackendErrorKind::Timeout),
+            4 => Fault::Fail(BackendErrorKind::Connection),
+            5 => Fault::Fail(BackendErrorKind::Busy),
+            6 => Fault::Fail(BackendErrorKind::Command),
+            7 => Fault::RunThenFail,
+            _ => Fault::RunThenHang,
+        }
+    }
+
+    fn decide_notify(&self) -> Option<NotifyFault> {
+        if self.world.healthy.load(Ordering::SeqCst) {
+            return None;
+        }
+        let mut rng = self.rng.lock().unwrap();
+        if !rng.random_bool(self.notify_rate) {
+            return None;
+        }
+        Some(match rng.random_range(0..3) {
+            0 => NotifyFault::Drop,
+            1 => NotifyFault::Delay(ms(rng.random_range(1..=300))),
+            _ => NotifyFault::Duplicate,
+        })
+    }
+
+    async fn frozen_if_dead(&self) {
+        if self.world.is_dead(self.inst) {
+            std::future::pending::<()>().await;
+        }
+    }
+
+    /// Runs a step on the store and logs what it did, if it answered.
+    async fn logged<T>(
+        &self,
+        key: usize,
+        step: impl Future<Output = Result<T, BackendError>>,
+        what: impl FnOnce(&T) -> Exec,
+    ) -> Result<T, BackendError> {
+        let result = step.await;
+        if let Ok(value) = &result {
+            self.world.record(Ev::Exec {
+                inst: self.inst,
+                key,
+                exec: what(value),
+            });
+        }
+        result
+    }
+
+    /// A step fenced on the token (fill, release), logged. If `unfenced()`
+    /// says so when it runs (a broken variant), the token is first made to
+    /// hold the lease, whatever held it.
+    async fn fenced(
+        &self,
+        op: BOp,
+        keys: &FillKeys,
+        token: &LeaseToken,
+        unfenced: impl Fn() -> bool,
+        step: impl Future<Output = Result<bool, BackendError>>,
+        what: impl FnOnce(bool) -> Exec,
+    ) -> Result<bool, BackendError> {
+        let key = self.world.key_of(keys);
+        let run = async {
+            if unfenced() {
+                self.inner
+                    .put_raw(keys.lock(), token.as_bytes(), Duration::from_secs(60));
+            }
+            self.logged(key, step, |&ok| what(ok)).await
+        };
+        self.call(op, key, Some(token), run, bool_reply).await
+    }
+
+    /// Runs one backend call through the fault decided for it; `run` is the
+    /// step on the store (it logs what it did).
+    async fn call<T>(
+        &self,
+        op: BOp,
+        key: usize,
+        token: Option<&LeaseToken>,
+        run: impl Future<Output = Result<T, BackendError>>,
+        reply: impl Fn(&T) -> Reply,
+    ) -> Result<T, BackendError> {
+        self.frozen_if_dead().await;
+        let entered = Instant::now();
+        let token = token.map(|t| t.as_str().to_owned());
+        self.world.record(Ev::Entry {
+            inst: self.inst,
+            op,
+            key,
+            token: token.clone(),
+        });
+        let mut abandon = Abandon {
+            injector: self,
+            op,
+            key,
+            token: token.clone(),
+            armed: true,
+        };
+        let fault = self.decide();
+        if fault != Fault::Pass {
+            self.world.record(Ev::Fault {
+                inst: self.inst,
+                op,
+                fault,
+            });
+        }
+        match fault {
+            Fault::Delay(d) => {
+                tokio::time::sleep(d).await;
+                self.frozen_if_dead().await;
+            }
+            Fault::Hang => std::future::pending::<()>().await,
+            Fault::Fail(kind) => {
+                abandon.armed = false;
+                self.deliver(op, key, token, Reply::Err, entered);
+                return Err(BackendError::new(kind, format!("injected {kind}")));
+            }
+            Fault::Pass | Fault::RunThenFail | Fault::RunThenHang => {}
+        }
+        let result = run.await;
+        match fault {
+            Fault::RunThenFail => {
+                abandon.armed = false;
+                self.deliver(op, key, token, Reply::Err, entered);
+                return Err(BackendError::new(
+                    BackendErrorKind::Timeout,
+                    "injected: the command ran, its reply was lost",
+                ));
+            }
+            Fault::RunThenHang => std::future::pending::<()>().await,
+            _ => {}
+        }
+        abandon.armed = false;
+        let answered = match &result {
+            Ok(value) => reply(value),
+            Err(_) => Reply::Err,
+        };
+        self.deliver(op, key, token, answered, entered);
+        result
+    }
+
+    fn deliver(&self, op: BOp, key: usize, token: Option<String>, reply: Reply, entered: Instant) {
+        self.world.record(Ev::Delivered {
+            inst: self.inst,
+            op,
+            key,
+            token,
+            reply,
+            took: entered.elapsed(),
+            task: tokio::task::try_id(),
+        });
+    }
+
+    /// Whether the stored value is fresh beyond `window` (the test of the
+    /// backends' `acquire`).
+    fn fresh_beyond(&self, keys: &FillKeys, window: Duration) -> bool {
+        self.inner
+            .get_raw(keys.value())
+            .is_some_and(|(bytes, ttl)| {
+                grace_of(&bytes).is_some_and(|grace| ttl > grace.saturating_add(window))
+            })
+    }
+
+    /// `acquire` without the re-check (the `NoRecheck` variant): a fresh
+    /// value does not stop `SET NX`.
+    async fn acquire_without_recheck(
+        &self,
+        keys: &FillKeys,
+        token: &LeaseToken,
+        lease_ttl: Duration,
+    ) -> Result<Acquired, BackendError> {
+        let stale = self.inner.get(keys).await?;
+        Ok(match self.inner.get_raw(keys.lock()) {
+            Some((_, ttl)) => Acquired::Held {
+                stale,
+                lease_ttl: ttl,
+            },
+            None => {
+                self.inner.put_raw(keys.lock(), token.as_bytes(), lease_ttl);
+                Acquired::Won { stale }
+            }
+        })
+    }
+}
+
+fn unit_reply<T>(_: &T) -> Reply {
+    Reply::Done
+}
+
+fn bool_reply(ok: &bool) -> Reply {
+    if *ok {
+        Reply::True
+    } else {
+        Reply::False
+    }
+}
+
+#[async_trait]
+impl Backend for Injector {
+    async fn get(&self, keys: &FillKeys) -> Result<Option<Stored>, BackendError> {
+        let key = self.world.key_of(keys);
+        self.call(BOp::Get, key, None, self.inner.get(keys), unit_reply)
+            .await
+    }
+
+    async fn acquire(
+        &self,
+        keys: &FillKeys,
+        token: &LeaseToken,
+        lease_ttl: Duration,
+        refresh_window: Duration,
+    ) -> Result<Acquired, BackendError> {
+        let key = self.world.key_of(keys);
+        let run = async {
+            let fresh_before = self.fresh_beyond(keys, refresh_window);
+            let acquired = async {
+                if self.world.variant == Variant::NoRecheck && fresh_before {
+                    self.acquire_without_recheck(keys, token, lease_ttl).await
+                } else {
+                    self.inner
+                        .acquire(keys, token, lease_ttl, refresh_window)
+                        .await
+                }
+            };
+            self.logged(key, acquired, |a| Exec::Acquire {
+                token: token.as_str().to_owned(),
+                ttl: lease_ttl,
+                window: refresh_window,
+                fresh_before,
+                reply: acquired_reply(a),
+            })
+            .await
+        };
+        self.call(BOp::Acquire, key, Some(token), run, acquired_reply)
+            .await
+    }
+
+    async fn fill(
+        &self,
+        keys: &FillKeys,
+        token: &LeaseToken,
+        bytes: &[u8],
+        ttl: Duration,
+    ) -> Result<bool, BackendError> {
+        // The UnfencedFill variant: whatever held the lease.
+        let unfenced = || self.world.variant == Variant::UnfencedFill;
+        let filled = self.inner.fill(keys, token, bytes, ttl);
+        self.fenced(BOp::Fill, keys, token, unfenced, filled, |ok| Exec::Fill {
+            token: token.as_str().to_owned(),
+            ok,
+            origin: origin_of_envelope(bytes),
+        })
+        .await
+    }
+
+    async fn release(
+        &self,
+        keys: &FillKeys,
+        token: &LeaseToken,
+        entry: Option<(&[u8], Duration)>,
+    ) -> Result<bool, BackendError> {
+        // The BareDelRelease variant: DEL whatever holds the lease.
+        let unfenced = || {
+            self.world.variant == Variant::BareDelRelease
+                && self.inner.get_raw(keys.lock()).is_some()
+        };
+        let released = self.inner.release(keys, token, entry);
+        self.fenced(BOp::Release, keys, token, unfenced, released, |ok| {
+            Exec::Release {
+                token: token.as_str().to_owned(),
+                ok,
+                entry: entry.and_then(|(bytes, _)| origin_of_envelope(bytes)),
+            }
+        })
+        .await
+    }
+
+    async fn extend(
+        &self,
+        keys: &FillKeys,
+        token: &LeaseToken,
+        lease_ttl: Duration,
+    ) -> Result<bool, BackendError> {
+        let key = self.world.key_of(keys);
+        let extended = self.inner.extend(keys, token, lease_ttl);
+        let run = self.logged(key, extended, |&ok| Exec::Extend {
+            token: token.as_str().to_owned(),
+            ttl: lease_ttl,
+            ok,
+        });
+        self.call(BOp::Extend, key, Some(token), run, bool_reply)
+            .await
+    }
+
+    async fn set(&self, keys: &FillKeys, bytes: &[u8], ttl: Duration) -> Result<(), BackendError> {
+        let key = self.world.key_of(keys);
+        let run = self.logged(key, self.inner.set(keys, bytes, ttl), |()| Exec::Set {
+            origin: origin_of_envelope(bytes),
+        });
+        self.call(BOp::Set, key, None, run, unit_reply).await
+    }
+
+    async fn invalidate(&self, keys: &FillKeys) -> Result<(), BackendError> {
+        let key = self.world.key_of(keys);
+        let run = self.logged(key, self.inner.invalidate(keys), |()| Exec::Invalidate);
+        self.call(BOp::Invalidate, key, None, run, unit_reply).await
+    }
+
+    async fn subscribe(&self, keys: &FillKeys) -> Result<Box<dyn FillSubscription>, BackendError> {
+        let key = self.world.key_of(keys);
+        let subscribed = self.inner.subscribe(keys);
+        let inner = self
+            .call(BOp::Subscribe, key, None, subscribed, unit_reply)
+            .await?;
+        Ok(Box::new(Subscription {
+            inner,
+            injector: self.clone(),
+            duplicate: false,
+            delayed_until: None,
+        }))
+    }
+}
+
+fn acquired_reply(a: &Acquired) -> Reply {
+    match a {
+        Acquired::Won { .. } => Reply::Won,
+        Acquired::Held { .. } => Reply::Held,
+        Acquired::Fresh(_) => Reply::Fresh,
+    }
+}
+
+/// A fill subscription whose notifications are dropped, delayed or
+/// duplicated. A delayed one survives its caller's `select!` dropping the
+/// future: the next call finishes the delay.
+struct Subscription {
+    inner: Box<dyn FillSubscription>,
+    injector: Injector,
+    duplicate: bool,
+    delayed_until: Option<Instant>,
+}
+
+#[async_trait]
+impl FillSubscription for Subscription {
+    async fn notified(&mut self) {
+        loop {
+            self.injector.frozen_if_dead().await;
+            if let Some(until) = self.delayed_until {
+                tokio::time::sleep_until(until).await;
+                self.delayed_until = None;
+                return;
+            }
+            if std::mem::take(&mut self.duplicate) {
+                return;
+            }
+            self.inner.notified().await;
+            let Some(fault) = self.injector.decide_notify() else {
+                return;
+            };
+            self.injector.world.record(Ev::NotifyFault {
+                inst: self.injector.inst,
+                fault,
+            });
+            match fault {
+                NotifyFault::Drop => {}
+                NotifyFault::Delay(d) => self.delayed_until = Some(Instant::now() + d),
+                NotifyFault::Duplicate => {
+                    self.duplicate = true;
+                    return;
+                }
+            }
+        }
+    }
+}

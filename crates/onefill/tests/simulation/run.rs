@@ -1,0 +1,255 @@
+//! The run: the fleet's caches on one store, the operations and their
+//! loaders, to quiescence.
+
+use std::future::Future;
+use std::panic;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Once};
+use std::time::Duration;
+
+use onefill::backend::FillKeys;
+use onefill::{Cache, CallOptions, CircuitState, Error, MemoryBackend};
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+use tokio::time::Instant;
+
+use crate::events::{Answer, CallKind, Ev, LoadEnd, World};
+use crate::injector::Injector;
+use crate::scenario::{LoadResult, LoadSpec, Op, OpKind, Scenario, NS};
+use crate::variants::Variant;
+
+#[derive(Debug)]
+struct SimError(String);
+
+impl std::fmt::Display for SimError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "sim loader error ({})", self.0)
+    }
+}
+
+impl std::error::Error for SimError {}
+
+const PANIC_MARK: &str = "sim loader panic";
+
+/// Loader panics are part of the scenario: keep them off stderr.
+pub(crate) fn quiet_loader_panics() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        let default = panic::take_hook();
+        panic::set_hook(Box::new(move |info| {
+            let payload = info.payload();
+            let text = payload
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| payload.downcast_ref::<&str>().copied())
+                .unwrap_or("");
+            if !text.starts_with(PANIC_MARK) {
+                default(info);
+            }
+        }));
+    });
+}
+
+/// Records the end of a load, however it ends (a panic or an abort drops it).
+struct LoadGuard {
+    world: Arc<World>,
+    load: u64,
+    end: LoadEnd,
+}
+
+impl Drop for LoadGuard {
+    fn drop(&mut self) {
+        self.world.record(Ev::LoadEnd {
+            load: self.load,
+            end: self.end,
+        });
+    }
+}
+
+fn loader(
+    world: &Arc<World>,
+    inst: usize,
+    key: usize,
+    spec: LoadSpec,
+) -> impl FnOnce(String) -> std::pin::Pin<Box<dyn Future<Output = Result<String, SimError>> + Send>>
+       + Send
+       + 'static {
+    let world = world.clone();
+    move |name: String| {
+        Box::pin(async move {
+            if world.is_dead(inst) {
+                std::future::pending::<()>().await;
+            }
+            let load = world.next_id.fetch_add(1, Ordering::SeqCst);
+            let flight = world.load_spans.current_flight();
+            world.record(Ev::LoadStart {
+                load,
+                inst,
+                key,
+                flight,
+            });
+            let mut guard = LoadGuard {
+                world: world.clone(),
+                load,
+                end: LoadEnd::Gone,
+            };
+            match spec.took {
+                Some(d) => tokio::time::sleep(d).await,
+                None => std::future::pending::<()>().await,
+            }
+            if world.is_dead(inst) {
+                std::future::pending::<()>().await;
+            }
+            let value = format!("{name}/L{load}");
+            match spec.result {
+                LoadResult::Value => {
+                    guard.end = LoadEnd::Value;
+                    Ok(value)
+                }
+                LoadResult::Error => {
+                    guard.end = LoadEnd::Error;
+                    Err(SimError(value))
+                }
+                LoadResult::Panic => panic!("{PANIC_MARK} ({value})"),
+            }
+        })
+    }
+}
+
+fn key_name(key: usize) -> String {
+    format!("k{key}")
+}
+
+async fn run_op(world: Arc<World>, cache: Cache<String, String>, op: Op) {
+    let call = world.next_call.fetch_add(1, Ordering::SeqCst);
+    let name = key_name(op.key);
+    let kind = match op.kind {
+        OpKind::Fetch { .. } => CallKind::Fetch,
+        OpKind::Get => CallKind::Get,
+        OpKind::Set => CallKind::Set,
+        OpKind::Invalidate => CallKind::Invalidate,
+    };
+    let set_id =
+        matches!(op.kind, OpKind::Set).then(|| world.next_id.fetch_add(1, Ordering::SeqCst));
+    world.record(Ev::CallStart {
+        call,
+        inst: op.inst,
+        key: op.key,
+        kind,
+        set_id,
+        rejected: cache.stats().circuit_rejected,
+    });
+    let answer = match op.kind {
+        OpKind::Fetch { load, drop_after } => {
+            let options = CallOptions::new();
+            let fetch = cache.fetch(&name, &options, loader(&world, op.inst, op.key, load));
+            let fetched = match drop_after {
+                Some(d) => match tokio::time::timeout(d, fetch).await {
+                    Ok(fetched) => fetched,
+                    Err(_) => {
+                        world.record(Ev::CallDropped { call });
+                        return;
+                    }
+                },
+                None => fetch.await,
+            };
+            match fetched {
+                Ok(f) => Answer::Fetched {
+                    value: f.value,
+                    outcome: f.outcome,
+                    coalesced: f.coalesced,
+                },
+                Err(e) => Answer::Failed(e.to_string()),
+            }
+        }
+        OpKind::Get => answer_of(cache.get(&name).await.map(Answer::Got)),
+        OpKind::Set => {
+            let value = format!("{name}/S{}", set_id.unwrap_or_default());
+            answer_of(cache.set(&name, value).await.map(|()| Answer::Done))
+        }
+        OpKind::Invalidate => answer_of(cache.invalidate(&name).await.map(|()| Answer::Done)),
+    };
+    world.record(Ev::CallEnd {
+        call,
+        answer,
+        rejected: cache.stats().circuit_rejected,
+        closed: cache.circuit_state() == CircuitState::Closed,
+    });
+}
+
+fn answer_of(result: Result<Answer, Error>) -> Answer {
+    result.unwrap_or_else(|e| Answer::Failed(e.to_string()))
+}
+
+/// Runs one scenario to quiescence and returns its log.
+pub(crate) async fn simulate(seed: u64, s: &Scenario, variant: Variant) -> Arc<World> {
+    let store = MemoryBackend::new();
+    let key_names = (0..=s.keys)
+        .map(|k| FillKeys::new(NS, &key_name(k)).value().to_owned())
+        .collect();
+    let world = Arc::new(World {
+        t0: Instant::now(),
+        log: Mutex::new(Vec::with_capacity(1024)),
+        closed: AtomicBool::new(false),
+        healthy: AtomicBool::new(false),
+        dead: (0..s.instances).map(|_| AtomicBool::new(false)).collect(),
+        next_id: AtomicU64::new(1),
+        next_call: AtomicUsize::new(0),
+        variant,
+        key_names,
+        final_stats: Mutex::new(vec![None; s.instances]),
+        load_spans: Arc::default(),
+    });
+    let _spans = world.load_spans.install();
+    let caches: Vec<Cache<String, String>> = (0..s.instances)
+        .map(|i| {
+            let stream = seed ^ (i as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            let (fault_rate, notify_rate) = s.fault_rates[i];
+            let injector = Injector {
+                inst: i,
+                inner: store.clone(),
+                world: world.clone(),
+                rng: Arc::new(Mutex::new(StdRng::seed_from_u64(stream))),
+                fault_rate,
+                notify_rate,
+                max_delay: s.backend_timeout * 2,
+            };
+            s.cache(injector, variant)
+        })
+        .collect();
+    let t0 = world.t0;
+    let mut death = s.death;
+    for op in &s.ops {
+        tokio::time::sleep_until(t0 + op.at).await;
+        if let Some((inst, _)) = death.filter(|(_, at)| *at <= op.at) {
+            world.dead[inst].store(true, Ordering::SeqCst);
+            world.record(Ev::Death { inst });
+            death = None;
+        }
+        tokio::spawn(run_op(world.clone(), caches[op.inst].clone(), op.clone()));
+    }
+    // The healthy tail: no new faults; once the breaker's window has
+    // passed, one call per live instance must reach the backend.
+    world.healthy.store(true, Ordering::SeqCst);
+    world.record(Ev::Healthy);
+    tokio::time::sleep(s.breaker_window()).await;
+    for (i, cache) in caches.iter().enumerate() {
+        if !world.is_dead(i) {
+            let probe = Op {
+                at: Duration::ZERO,
+                inst: i,
+                key: s.keys,
+                kind: OpKind::Get,
+            };
+            run_op(world.clone(), cache.clone(), probe).await;
+        }
+    }
+    // Quiescence: every flight, load, refresh, deferred fill and lease is
+    // over long before this.
+    let settle = (s.fetch_bound() + s.longest_lease + s.ttl + s.grace + s.fail_safe_throttle) * 3;
+    tokio::time::sleep(settle).await;
+    let stats = caches.iter().map(|c| Some(c.stats())).collect();
+    *world.final_stats.lock().unwrap() = stats;
+    world.closed.store(true, Ordering::SeqCst);
+    world
+}

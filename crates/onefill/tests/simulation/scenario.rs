@@ -1,0 +1,256 @@
+//! One seed's scenario: the fleet, its options, its faults and its
+//! operations, drawn from the seed; and the bounds the checker derives from
+//! the options.
+
+use std::time::Duration;
+
+use onefill::{Cache, CircuitBreaker, LeaseTtl, OnWaitTimeout, WaitPolicy};
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
+
+use crate::injector::Injector;
+use crate::variants::Variant;
+
+pub(crate) const NS: &str = "sim";
+/// Timer tolerance: tokio's timers have a 1 ms resolution and round up, and
+/// a flight chains a few of them.
+pub(crate) const TICK: Duration = Duration::from_millis(10);
+
+pub(crate) fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+/// One seed's scenario: options shared by every instance, fault rates,
+/// an optional death, and the operations.
+#[derive(Debug, Clone)]
+pub(crate) struct Scenario {
+    pub(crate) instances: usize,
+    pub(crate) keys: usize,
+    pub(crate) backend_timeout: Duration,
+    pub(crate) ttl: Duration,
+    pub(crate) grace: Duration,
+    jitter: f64,
+    beta: f64,
+    lease_ttl: LeaseTtl,
+    pub(crate) longest_lease: Duration,
+    pub(crate) max_load_time: Duration,
+    pub(crate) wait: WaitPolicy,
+    negative_ttl: Option<Duration>,
+    fail_safe: bool,
+    pub(crate) fail_safe_throttle: Duration,
+    breaker: CircuitBreaker,
+    strict: bool,
+    /// Per instance: probability that a backend call is faulted, and that a
+    /// notification is.
+    pub(crate) fault_rates: Vec<(f64, f64)>,
+    pub(crate) death: Option<(usize, Duration)>,
+    pub(crate) ops: Vec<Op>,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Op {
+    pub(crate) at: Duration,
+    pub(crate) inst: usize,
+    pub(crate) key: usize,
+    pub(crate) kind: OpKind,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) enum OpKind {
+    Fetch {
+        load: LoadSpec,
+        drop_after: Option<Duration>,
+    },
+    Get,
+    Set,
+    Invalidate,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LoadSpec {
+    /// `None`: the loader never returns.
+    pub(crate) took: Option<Duration>,
+    pub(crate) result: LoadResult,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LoadResult {
+    Value,
+    Error,
+    Panic,
+}
+
+fn pick<T: Copy>(rng: &mut StdRng, items: &[T]) -> T {
+    items[rng.random_range(0..items.len())]
+}
+
+fn range_ms(rng: &mut StdRng, lo: u64, hi: u64) -> Duration {
+    ms(rng.random_range(lo..=hi))
+}
+
+impl Scenario {
+    pub(crate) fn generate(seed: u64) -> Scenario {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let rng = &mut rng;
+        let instances = rng.random_range(2..=4);
+        let keys = rng.random_range(1..=3);
+        let backend_timeout = ms(pick(rng, &[50, 100, 200]));
+        let (lease_ttl, longest_lease) = if rng.random_bool(0.6) {
+            let d = range_ms(rng, 100, 600);
+            (LeaseTtl::Fixed(d), d)
+        } else {
+            let floor = range_ms(rng, 100, 300);
+            let ceiling = floor + range_ms(rng, 0, 700);
+            (
+                LeaseTtl::Adaptive {
+                    factor: 3.0,
+                    floor,
+                    ceiling,
+                },
+                ceiling,
+            )
+        };
+        let max_load_time = range_ms(rng, 500, 2000);
+        let wait = WaitPolicy::default()
+            .deadline(range_ms(rng, 200, 1500))
+            .polling(range_ms(rng, 10, 50), range_ms(rng, 100, 300))
+            .on_timeout(pick(
+                rng,
+                &[
+                    OnWaitTimeout::StaleOrLoad,
+                    OnWaitTimeout::StaleOrError,
+                    OnWaitTimeout::Load,
+                    OnWaitTimeout::Error,
+                ],
+            ));
+        let fault_rates = (0..instances)
+            .map(|_| {
+                (
+                    pick(rng, &[0.0, 0.02, 0.1, 0.3]),
+                    pick(rng, &[0.0, 0.1, 0.5]),
+                )
+            })
+            .collect();
+        let mut s = Scenario {
+            instances,
+            keys,
+            backend_timeout,
+            ttl: range_ms(rng, 300, 3000),
+            grace: if rng.random_bool(0.5) {
+                Duration::ZERO
+            } else {
+                range_ms(rng, 100, 2000)
+            },
+            jitter: if rng.random_bool(0.7) { 0.0 } else { 0.1 },
+            beta: if rng.random_bool(0.5) { 0.0 } else { 1.0 },
+            lease_ttl,
+            longest_lease,
+            max_load_time,
+            wait,
+            negative_ttl: rng.random_bool(0.4).then(|| range_ms(rng, 100, 500)),
+            fail_safe: rng.random_bool(0.7),
+            fail_safe_throttle: range_ms(rng, 100, 500),
+            breaker: if rng.random_bool(0.1) {
+                CircuitBreaker::disabled()
+            } else {
+                CircuitBreaker::new(rng.random_range(1..=5), range_ms(rng, 100, 1000))
+            },
+            strict: rng.random_bool(0.1),
+            fault_rates,
+            death: None,
+            ops: Vec::new(),
+        };
+        let n_ops = rng.random_range(10..=40);
+        let mut at = Duration::ZERO;
+        for _ in 0..n_ops {
+            at += match rng.random_range(0..10) {
+                0..=2 => Duration::ZERO,
+                3..=6 => range_ms(rng, 1, 50),
+                _ => range_ms(rng, 50, 400),
+            };
+            let kind = match rng.random_range(0..10) {
+                0 => OpKind::Get,
+                1 => OpKind::Set,
+                2 => OpKind::Invalidate,
+                _ => {
+                    let took = match rng.random_range(0..20) {
+                        0..=3 => Some(Duration::ZERO),
+                        4..=12 => Some(range_ms(rng, 1, 100)),
+                        13..=17 => {
+                            let hi = max_load_time.as_millis() as u64 * 6 / 5;
+                            Some(range_ms(rng, 100, hi))
+                        }
+                        _ => None,
+                    };
+                    let result = match rng.random_range(0..20) {
+                        0..=14 => LoadResult::Value,
+                        15..=17 => LoadResult::Error,
+                        _ => LoadResult::Panic,
+                    };
+                    OpKind::Fetch {
+                        load: LoadSpec { took, result },
+                        drop_after: rng.random_bool(0.1).then(|| range_ms(rng, 1, 500)),
+                    }
+                }
+            };
+            s.ops.push(Op {
+                at,
+                inst: rng.random_range(0..instances),
+                key: rng.random_range(0..keys),
+                kind,
+            });
+        }
+        if rng.random_bool(0.25) {
+            let when = at.mul_f64(rng.random_range(0.0..0.8));
+            s.death = Some((rng.random_range(0..instances), when));
+        }
+        s
+    }
+
+    pub(crate) fn cache(&self, backend: Injector, variant: Variant) -> Cache<String, String> {
+        let wait = if variant == Variant::WaiterNoDeadline {
+            self.wait.deadline(Duration::from_secs(3600))
+        } else {
+            self.wait
+        };
+        let builder = Cache::builder()
+            .namespace(NS)
+            .backend(backend)
+            .backend_timeout(self.backend_timeout)
+            .ttl(self.ttl)
+            .grace(self.grace)
+            .jitter(self.jitter)
+            .early_refresh_beta(self.beta)
+            .lease_ttl(self.lease_ttl)
+            .max_load_time(self.max_load_time)
+            .wait(wait)
+            .fail_safe(self.fail_safe)
+            .fail_safe_throttle(self.fail_safe_throttle)
+            .circuit_breaker(self.breaker)
+            .strict(self.strict);
+        let builder = match self.negative_ttl {
+            Some(ttl) => builder.negative_ttl(ttl),
+            None => builder.no_negative_caching(),
+        };
+        builder.build().expect("valid scenario options")
+    }
+
+    /// The documented bound of a `fetch`: one backend timeout for the
+    /// flight's backend calls, the wait deadline, the max load time.
+    pub(crate) fn fetch_bound(&self) -> Duration {
+        self.backend_timeout + self.wait.deadline + self.max_load_time + TICK
+    }
+
+    /// How long after an injected fault the breaker may still reject calls:
+    /// the fault may surface one backend timeout later, open the circuit
+    /// for `open_for`, and the probe then takes up to one timeout.
+    pub(crate) fn breaker_window(&self) -> Duration {
+        self.breaker.open_for + self.backend_timeout * 2 + TICK
+    }
+
+    /// How long before a degraded load a fault of its process can explain
+    /// it.
+    pub(crate) fn degrade_window(&self) -> Duration {
+        self.breaker_window() + self.wait.deadline
+    }
+}

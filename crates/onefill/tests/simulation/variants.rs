@@ -1,0 +1,47 @@
+//! Broken variants of the protocol, to prove the checker can fail (see
+//! "Proving it can fail" in the crate docs).
+
+/// The protocol as the library implements it, or broken on purpose.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Variant {
+    Correct,
+    /// `release` deletes the lease whatever its token (a bare `DEL`).
+    BareDelRelease,
+    /// `fill` writes (and ends the lease) whatever the token.
+    UnfencedFill,
+    /// `acquire` never answers `Fresh`: it always tries `SET NX`.
+    NoRecheck,
+    /// Waiters wait up to an hour; the checker keeps the scenario's deadline.
+    WaiterNoDeadline,
+}
+
+impl Variant {
+    pub(crate) fn from_env() -> Variant {
+        match std::env::var("ONEFILL_SIM_VARIANT").as_deref() {
+            Ok("bare-del-release") => Variant::BareDelRelease,
+            Ok("unfenced-fill") => Variant::UnfencedFill,
+            Ok("no-recheck") => Variant::NoRecheck,
+            Ok("waiter-no-deadline") => Variant::WaiterNoDeadline,
+            _ => Variant::Correct,
+        }
+    }
+
+    fn env_name(self) -> Option<&'static str> {
+        match self {
+            Variant::Correct => None,
+            Variant::BareDelRelease => Some("bare-del-release"),
+            Variant::UnfencedFill => Some("unfenced-fill"),
+            Variant::NoRecheck => Some("no-recheck"),
+            Variant::WaiterNoDeadline => Some("waiter-no-deadline"),
+        }
+    }
+    pub(crate) fn replay_command(self, seed: u64) -> String {
+        let variant = self
+            .env_name()
+            .map(|v| format!("ONEFILL_SIM_VARIANT={v} "))
+            .unwrap_or_default();
+        format!(
+            "{variant}ONEFILL_SIM_SEED={seed} cargo test -p onefill --test simulation replay -- --nocapture"
+        )
+    }
+}
