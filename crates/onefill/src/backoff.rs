@@ -12,6 +12,9 @@ use std::time::Duration;
 /// lockstep.
 #[derive(Debug, Clone)]
 pub(crate) struct Backoff {
+    /// Where [`Backoff::reset`] starts over (only the Redis subscriber
+    /// resets; waiters make a new backoff per wait).
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     initial: Duration,
     base: Duration,
     max: Duration,
@@ -40,6 +43,7 @@ impl Backoff {
     }
 
     /// Starts over from the initial interval (after a success).
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn reset(&mut self) {
         self.base = self.initial;
     }

@@ -202,10 +202,12 @@ options! {
     }
     cache_wide {
         backend_timeout: Duration = Duration::from_millis(250), check(within(MS, Duration::from_secs(60))) {
-            /// The backend time one flight may spend before its callers are
-            /// answered: every call on their path (get, acquire, subscribe,
-            /// re-checks, fill) shares it, so a hung backend costs a caller
-            /// this timeout plus its load, never a chain of timeouts. 250 ms
+            /// The backend time one flight may lose to failures before its
+            /// callers are answered: every call on their path (get, acquire,
+            /// subscribe, re-checks, fill) is bounded by what is left, and a
+            /// call that fails is charged what it took, so a hung backend
+            /// costs a caller this timeout plus its load, never a chain of
+            /// timeouts (calls that answer are not charged). 250 ms
             /// by default: a few hundred times a healthy Redis round trip
             /// (sub-millisecond on a LAN), yet short enough that a hung
             /// server costs callers less than a typical origin load would
