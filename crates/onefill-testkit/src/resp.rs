@@ -47,7 +47,7 @@ impl Reply {
 }
 
 impl std::fmt::Display for Reply {
-    /// The text [`RedisServer::command`] returns.
+    /// The text [`RedisServer::command`](crate::RedisServer::command) returns.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Reply::Status(s) => f.write_str(s),
