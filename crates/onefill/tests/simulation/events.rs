@@ -209,6 +209,13 @@ pub(crate) struct World {
     pub(crate) closed: AtomicBool,
     pub(crate) healthy: AtomicBool,
     pub(crate) dead: Vec<AtomicBool>,
+    /// Per instance: its next backend call hangs (set by a caller about to
+    /// make the breaker's half-open probe; see `run.rs`).
+    pub(crate) hang_next: Vec<AtomicBool>,
+    /// Per flight (the tokio task of its `acquire`s): whether its last
+    /// `acquire` found a fresh value it could not read (another type), the
+    /// one reason to ask for the lease regardless of a fresh value again.
+    pub(crate) saw_unreadable: Mutex<std::collections::HashMap<tokio::task::Id, bool>>,
     pub(crate) next_id: AtomicU64,
     pub(crate) next_call: AtomicUsize,
     pub(crate) variant: Variant,

@@ -66,6 +66,9 @@ impl Injector {
         if self.world.healthy.load(Ordering::SeqCst) {
             return Fault::Pass;
         }
+        if self.world.hang_next[self.inst].swap(false, Ordering::SeqCst) {
+            return Fault::Hang;
+        }
         let mut rng = self.rng.lock().unwrap();
         if !rng.random_bool(self.fault_rate) {
             return Fault::Pass;
@@ -236,6 +239,17 @@ impl Injector {
             })
     }
 
+    /// Whether the stored value is fresh and one of the fleet's own (a
+    /// value or failure with an origin, not another type's).
+    fn fresh_and_readable(&self, keys: &FillKeys) -> bool {
+        self.inner
+            .get_raw(keys.value())
+            .is_some_and(|(bytes, ttl)| {
+                origin_of_envelope(&bytes).is_some()
+                    && grace_of(&bytes).is_some_and(|grace| ttl > grace)
+            })
+    }
+
     /// `acquire` without the re-check (the `NoRecheck` variant): a fresh
     /// value does not stop `SET NX`.
     async fn acquire_without_recheck(
@@ -287,7 +301,22 @@ impl Backend for Injector {
     ) -> Result<Acquired, BackendError> {
         let key = self.world.key_of(keys);
         let run = async {
-            let fresh_before = self.fresh_beyond(keys, refresh_window);
+            // An unbounded window asks for the lease regardless of an
+            // unreadable value (another type or version), in a flight's
+            // first `acquire` (its `get` found one; a fill may land in
+            // between) or after an `acquire` that found one. A flight that
+            // asks so again after losing the lease to a holder would win
+            // it from under that holder's fresh fill (issue 8, fault 2):
+            // a duplicate of a fresh value.
+            let task = tokio::task::try_id();
+            let again = task.is_some_and(|task| {
+                self.world.saw_unreadable.lock().unwrap().get(&task) == Some(&false)
+            });
+            let fresh_before = if refresh_window == Duration::MAX {
+                again && self.fresh_and_readable(keys)
+            } else {
+                self.fresh_beyond(keys, refresh_window)
+            };
             let acquired = async {
                 if self.world.variant == Variant::NoRecheck && fresh_before {
                     self.acquire_without_recheck(keys, token, lease_ttl).await
@@ -296,6 +325,18 @@ impl Backend for Injector {
                         .acquire(keys, token, lease_ttl, refresh_window)
                         .await
                 }
+            };
+            let acquired = async {
+                let acquired = acquired.await;
+                if let (Some(task), Ok(a)) = (task, &acquired) {
+                    let unreadable = matches!(a, Acquired::Fresh(stored) if origin_of_envelope(&stored.bytes).is_none());
+                    self.world
+                        .saw_unreadable
+                        .lock()
+                        .unwrap()
+                        .insert(task, unreadable);
+                }
+                acquired
             };
             self.logged(key, acquired, |a| Exec::Acquire {
                 token: token.as_str().to_owned(),

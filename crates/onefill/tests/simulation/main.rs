@@ -4,12 +4,21 @@
 //! on one shared [`MemoryBackend`](onefill::MemoryBackend), each behind its own seeded fault injector,
 //! and a few dozen random operations on 1 to 3 keys (`fetch`, `get`, `set`,
 //! `invalidate`), whose loaders are fast, slow, hung, failing or panicking,
-//! and whose callers sometimes drop their futures. Everything runs on a
+//! and whose callers sometimes drop their futures (a `fetch`'s flight runs
+//! on; a `get`, `set` or `invalidate` is dropped with its backend call,
+//! within one backend timeout; one that would be the breaker's half-open
+//! probe is dropped after half a timeout, and half of those hang, so the
+//! probe's permit is dropped under way; a `fetch` that finds the breaker
+//! half-open may be preceded by such a `get`). Some `set`s come from
+//! another version of the application (a `Cache<String, Vec<u64>>` on the
+//! same namespace, writing to the store directly): values the fleet cannot
+//! read. Everything runs on a
 //! current-thread tokio runtime in paused time, so a run of several virtual
 //! seconds takes a few milliseconds. The policy (TTL, grace, jitter, early
 //! refresh, lease TTL, wait deadline and outcome, negative caching,
-//! fail-safe, breaker, strict mode) is drawn per seed, shared by every
-//! instance, and used by the checker too.
+//! fail-safe, breaker, strict mode, and in one seed in ten `no_lease`: no
+//! waiting, a flight stores only under a lease it found free) is drawn per
+//! seed, shared by every instance, and used by the checker too.
 //!
 //! # The fault injector
 //!
@@ -56,10 +65,14 @@
 //!    load). A load under a lease is never a duplicate of a fresh value (the
 //!    lease was won while the value was not fresh beyond the caller's
 //!    refresh window: the re-check in `acquire`; early refresh passes a
-//!    window). Every degraded load is justified by a fault its process saw
+//!    window; a flight that read another type's value asks regardless of a
+//!    fresh value, but only right after reading it, so one that asks so
+//!    again after losing the lease to a holder and wins over a fresh value
+//!    of the fleet's own is a duplicate). Every degraded load is justified by a fault its process saw
 //!    (an injected fault within one wait deadline, two backend timeouts and
 //!    the breaker's `open_for` before it) or by a wait that reached its
-//!    deadline (`acquire` answered `Held` one deadline before it). Counted:
+//!    deadline (`acquire` answered `Held` one deadline before it), or,
+//!    under `no_lease`, by nothing more than a held lease. Counted:
 //!    a lost lease is counted in `lease_lost` by its holder as soon as a
 //!    fill, extension or release by its flight tells it so (exact, see 6),
 //!    a degraded load in `degraded_loads`. Each explanation is tallied and
@@ -91,7 +104,9 @@
 //!    process, no later call there answers a value (or a cached or shared
 //!    loader failure) that originates before the write ran on the store; and
 //!    no fill (nor fail-safe or negative entry) of a load that started
-//!    before a `set`/`invalidate` ran (in any process) lands after it.
+//!    before a `set`/`invalidate` ran (in any process) lands after it. A
+//!    load's value is never stored by a plain `SET` (only by a fill or a
+//!    release fenced on its lease, `no_lease` included).
 //! 5. **The breaker is never stuck.** The circuit rejects calls only within
 //!    `open_for` plus two backend timeouts after an injected fault (a fault
 //!    surfaces up to one timeout after the call, and the probe may take one
@@ -122,15 +137,25 @@
 //!    `backend_errors` lies between the errors delivered to counted calls
 //!    (all but background releases) and those plus abandoned (timed out)
 //!    calls.
+//! 7. **No answer outlives its value.** A value written at `t` (its last
+//!    fill, fail-safe entry or `set` that landed; a value never stored, from
+//!    its load's end) lives at most `ttl × (1 + jitter) + grace` on the
+//!    store; no call answers it later than that plus one backend timeout
+//!    (the outage fallback counts a value's life from its flight's answer,
+//!    which a fill that timed out may delay). A `Stale` answer given as
+//!    a load of its process fails (fail-safe) may be up to the max load
+//!    time older: the flight read that value before the load.
 //!
 //! # Found so far
 //!
 //! Three library bugs, each fixed with a deterministic regression test in
 //! `tests/simulation_findings.rs`: `set`/`invalidate` did not detach the
-//! in-process load (seed 161); a flight filled, under its new lease, a
-//! shared load from before an `invalidate` elsewhere (seed 16: now such a
-//! flight runs a load of its own); a lease lost under a failing load was
-//! not counted in `lease_lost` (seed 72).
+//! in-process load (seed 161; these seed numbers predate the scenario's
+//! dropped `get`/`set`/`invalidate`, other-type writes and `no_lease`); a
+//! flight filled, under its new lease, a shared load from before an
+//! `invalidate` elsewhere (seed 16: now such a flight runs a load of its
+//! own); a lease lost under a failing load was not counted in `lease_lost`
+//! (seed 72).
 //!
 //! # Running it
 //!
@@ -160,8 +185,17 @@
 //! fill not fenced on the token, an `acquire` without the re-check (it
 //! never answers `Fresh`), and a waiter without a deadline (an hour,
 //! checked against the scenario's deadline). One test per variant asserts it is caught within 400 seeds
-//! and prints how many it took (at the time of writing 8, 4, 5 and
-//! about 59; the last moves by a seed or two between runs).
+//! and prints how many it took (at the time of writing 12, 6, 3 and
+//! about 40; the last moves by a seed or two between runs).
+//!
+//! Issue 8's faults 1–10, each reintroduced in `src/` by hand (one at a
+//! time), were caught in 3,000 seeds by: 1 (a dropped half-open probe
+//! keeping its slot) the breaker check, 5; 2 (an unreadable value asking
+//! for the lease regardless, again) a duplicate of a fresh value, 1; 3 and
+//! 8 stale reads after a write, 4; 4 (plain `SET` without a lease) the
+//! unfenced-write check, 4; 6 the lost-reply release, 3; 7 the value's
+//! life, 7; 9 two loads at once in one process, 1; 10 the stats, 6. Fault
+//! 5 (cluster slots) needs a cluster: not here.
 //!
 //! # Where things are
 //!
@@ -172,7 +206,7 @@
 //! - `spans.rs`: which flight started a load (the library's `onefill.load`
 //!   span), so a load is known to run under the lease its flight won;
 //! - `checker/`: the replay of the log (`replay.rs`) and the invariants
-//!   (`loads.rs`: 1 and 3, `calls.rs`: 2, 4 and 5, `stats.rs`: 6);
+//!   (`loads.rs`: 1 and 3, `calls.rs`: 2, 4, 5 and 7, `stats.rs`: 6);
 //! - `variants.rs`: the broken variants;
 //! - this file: running seeds, the tests, replay.
 

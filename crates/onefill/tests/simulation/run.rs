@@ -13,7 +13,7 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 use tokio::time::Instant;
 
-use crate::events::{Answer, CallKind, Ev, LoadEnd, World};
+use crate::events::{Answer, CallKind, Ev, Exec, LoadEnd, World};
 use crate::injector::Injector;
 use crate::scenario::{LoadResult, LoadSpec, Op, OpKind, Scenario, NS};
 use crate::variants::Variant;
@@ -120,7 +120,7 @@ fn key_name(key: usize) -> String {
     format!("k{key}")
 }
 
-async fn run_op(world: Arc<World>, cache: Cache<String, String>, op: Op) {
+async fn run_op(world: Arc<World>, cache: Cache<String, String>, op: Op, probe_patience: Duration) {
     let call = world.next_call.fetch_add(1, Ordering::SeqCst);
     let name = key_name(op.key);
     let kind = match op.kind {
@@ -128,6 +128,7 @@ async fn run_op(world: Arc<World>, cache: Cache<String, String>, op: Op) {
         OpKind::Get => CallKind::Get,
         OpKind::Set => CallKind::Set,
         OpKind::Invalidate => CallKind::Invalidate,
+        OpKind::SetOther => unreachable!("run by `simulate`"),
     };
     let set_id =
         matches!(op.kind, OpKind::Set).then(|| world.next_id.fetch_add(1, Ordering::SeqCst));
@@ -139,35 +140,50 @@ async fn run_op(world: Arc<World>, cache: Cache<String, String>, op: Op) {
         set_id,
         rejected: cache.stats().circuit_rejected,
     });
-    let answer = match op.kind {
-        OpKind::Fetch { load, drop_after } => {
-            let options = CallOptions::new();
-            let fetch = cache.fetch(&name, &options, loader(&world, op.inst, op.key, load));
-            let fetched = match drop_after {
-                Some(d) => match tokio::time::timeout(d, fetch).await {
-                    Ok(fetched) => fetched,
-                    Err(_) => {
-                        world.record(Ev::CallDropped { call });
-                        return;
-                    }
-                },
-                None => fetch.await,
-            };
-            match fetched {
-                Ok(f) => Answer::Fetched {
-                    value: f.value,
-                    outcome: f.outcome,
-                    coalesced: f.coalesced,
-                },
-                Err(e) => Answer::Failed(e.to_string()),
+    let call_future = async {
+        match op.kind {
+            OpKind::Fetch { load } => {
+                let options = CallOptions::new();
+                let loader = loader(&world, op.inst, op.key, load);
+                match cache.fetch(&name, &options, loader).await {
+                    Ok(f) => Answer::Fetched {
+                        value: f.value,
+                        outcome: f.outcome,
+                        coalesced: f.coalesced,
+                    },
+                    Err(e) => Answer::Failed(e.to_string()),
+                }
             }
+            OpKind::Get => answer_of(cache.get(&name).await.map(Answer::Got)),
+            OpKind::Set => {
+                let value = format!("{name}/S{}", set_id.unwrap_or_default());
+                answer_of(cache.set(&name, value).await.map(|()| Answer::Done))
+            }
+            OpKind::Invalidate => answer_of(cache.invalidate(&name).await.map(|()| Answer::Done)),
+            OpKind::SetOther => unreachable!("run by `simulate`"),
         }
-        OpKind::Get => answer_of(cache.get(&name).await.map(Answer::Got)),
-        OpKind::Set => {
-            let value = format!("{name}/S{}", set_id.unwrap_or_default());
-            answer_of(cache.set(&name, value).await.map(|()| Answer::Done))
-        }
-        OpKind::Invalidate => answer_of(cache.invalidate(&name).await.map(|()| Answer::Done)),
+    };
+    // A `get`, `set` or `invalidate` that would be the breaker's half-open
+    // probe is dropped if it does not answer within half a backend timeout,
+    // and half of them hang (the injector's next call in this process is
+    // this one's, made in its first poll): its backend call, under way, is
+    // dropped with the probe's permit, which must free the probe slot.
+    let probe =
+        !matches!(op.kind, OpKind::Fetch { .. }) && cache.circuit_state() == CircuitState::HalfOpen;
+    if probe && op.probe_hangs {
+        world.hang_next[op.inst].store(true, Ordering::SeqCst);
+    }
+    let drop_after = op.drop_after.or(probe.then_some(probe_patience));
+    world.hang_next[op.inst].store(false, Ordering::SeqCst);
+    let answer = match drop_after {
+        Some(d) => match tokio::time::timeout(d, call_future).await {
+            Ok(answer) => answer,
+            Err(_) => {
+                world.record(Ev::CallDropped { call });
+                return;
+            }
+        },
+        None => call_future.await,
     };
     world.record(Ev::CallEnd {
         call,
@@ -193,6 +209,8 @@ pub(crate) async fn simulate(seed: u64, s: &Scenario, variant: Variant) -> Arc<W
         closed: AtomicBool::new(false),
         healthy: AtomicBool::new(false),
         dead: (0..s.instances).map(|_| AtomicBool::new(false)).collect(),
+        hang_next: (0..s.instances).map(|_| AtomicBool::new(false)).collect(),
+        saw_unreadable: Mutex::default(),
         next_id: AtomicU64::new(1),
         next_call: AtomicUsize::new(0),
         variant,
@@ -217,6 +235,7 @@ pub(crate) async fn simulate(seed: u64, s: &Scenario, variant: Variant) -> Arc<W
             s.cache(injector, variant)
         })
         .collect();
+    let other = s.other_cache(store.clone());
     let t0 = world.t0;
     let mut death = s.death;
     for op in &s.ops {
@@ -226,7 +245,42 @@ pub(crate) async fn simulate(seed: u64, s: &Scenario, variant: Variant) -> Arc<W
             world.record(Ev::Death { inst });
             death = None;
         }
-        tokio::spawn(run_op(world.clone(), caches[op.inst].clone(), op.clone()));
+        if let OpKind::SetOther = op.kind {
+            // On the store at once (the memory backend answers in the
+            // call's first poll), logged as a write of no origin.
+            let name = key_name(op.key);
+            let value = vec![op.at.as_millis() as u64];
+            if other.set(&name, value).await.is_ok() {
+                world.record(Ev::Exec {
+                    inst: op.inst,
+                    key: op.key,
+                    exec: Exec::Set { origin: None },
+                });
+            }
+            continue;
+        }
+        // A caller that peeks with a `get` before its `fetch` while the
+        // breaker is half-open: that `get` probes (see `run_op`).
+        let half_open = caches[op.inst].circuit_state() == CircuitState::HalfOpen;
+        if matches!(op.kind, OpKind::Fetch { .. }) && op.probe_hangs && half_open {
+            let peek = Op {
+                kind: OpKind::Get,
+                drop_after: None,
+                ..op.clone()
+            };
+            tokio::spawn(run_op(
+                world.clone(),
+                caches[op.inst].clone(),
+                peek,
+                s.backend_timeout / 2,
+            ));
+        }
+        tokio::spawn(run_op(
+            world.clone(),
+            caches[op.inst].clone(),
+            op.clone(),
+            s.backend_timeout / 2,
+        ));
     }
     // The healthy tail: no new faults; once the breaker's window has
     // passed, one call per live instance must reach the backend.
@@ -240,8 +294,10 @@ pub(crate) async fn simulate(seed: u64, s: &Scenario, variant: Variant) -> Arc<W
                 inst: i,
                 key: s.keys,
                 kind: OpKind::Get,
+                drop_after: None,
+                probe_hangs: false,
             };
-            run_op(world.clone(), cache.clone(), probe).await;
+            run_op(world.clone(), cache.clone(), probe, s.backend_timeout * 4).await;
         }
     }
     // Quiescence: every flight, load, refresh, deferred fill and lease is

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use onefill::{Cache, CircuitBreaker, LeaseTtl, OnWaitTimeout, WaitPolicy};
+use onefill::{Cache, CircuitBreaker, LeaseTtl, MemoryBackend, OnWaitTimeout, WaitPolicy};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 
@@ -40,6 +40,9 @@ pub(crate) struct Scenario {
     pub(crate) fail_safe_throttle: Duration,
     breaker: CircuitBreaker,
     strict: bool,
+    /// No waiting for another process's load (`no_lease`): a flight takes
+    /// the lease only if it is free, else loads without storing.
+    pub(crate) no_lease: bool,
     /// Per instance: probability that a backend call is faulted, and that a
     /// notification is.
     pub(crate) fault_rates: Vec<(f64, f64)>,
@@ -53,17 +56,24 @@ pub(crate) struct Op {
     pub(crate) inst: usize,
     pub(crate) key: usize,
     pub(crate) kind: OpKind,
+    /// The caller drops its future after this long, if not answered.
+    pub(crate) drop_after: Option<Duration>,
+    /// If this `get`, `set` or `invalidate` is the breaker's half-open
+    /// probe, its backend call hangs.
+    pub(crate) probe_hangs: bool,
 }
 
 #[derive(Debug, Clone)]
 pub(crate) enum OpKind {
     Fetch {
         load: LoadSpec,
-        drop_after: Option<Duration>,
     },
     Get,
     Set,
     Invalidate,
+    /// A `set` by another version of the application: a value of another
+    /// type (`Vec<u64>`) under the same key, unreadable to the fleet.
+    SetOther,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -156,6 +166,7 @@ impl Scenario {
                 CircuitBreaker::new(rng.random_range(1..=5), range_ms(rng, 100, 1000))
             },
             strict: rng.random_bool(0.1),
+            no_lease: false,
             fault_rates,
             death: None,
             ops: Vec::new(),
@@ -170,6 +181,7 @@ impl Scenario {
             };
             let kind = match rng.random_range(0..10) {
                 0 => OpKind::Get,
+                1 if rng.random_bool(0.25) => OpKind::SetOther,
                 1 => OpKind::Set,
                 2 => OpKind::Invalidate,
                 _ => {
@@ -189,17 +201,30 @@ impl Scenario {
                     };
                     OpKind::Fetch {
                         load: LoadSpec { took, result },
-                        drop_after: rng.random_bool(0.1).then(|| range_ms(rng, 1, 500)),
                     }
                 }
+            };
+            // A fetch's caller drops its future now and then (its flight
+            // runs on, detached). A `get`, `set` or `invalidate` runs in its
+            // caller's task: dropped within one backend timeout, it may drop
+            // a backend call under way, the breaker's half-open probe among
+            // them (which must free the probe slot).
+            let drop_after = match kind {
+                OpKind::Fetch { .. } => rng.random_bool(0.1).then(|| range_ms(rng, 1, 500)),
+                _ => rng
+                    .random_bool(0.2)
+                    .then(|| range_ms(rng, 1, backend_timeout.as_millis() as u64)),
             };
             s.ops.push(Op {
                 at,
                 inst: rng.random_range(0..instances),
                 key: rng.random_range(0..keys),
                 kind,
+                drop_after,
+                probe_hangs: rng.random_bool(0.5),
             });
         }
+        s.no_lease = rng.random_bool(0.1);
         if rng.random_bool(0.25) {
             let when = at.mul_f64(rng.random_range(0.0..0.8));
             s.death = Some((rng.random_range(0..instances), when));
@@ -228,11 +253,30 @@ impl Scenario {
             .fail_safe_throttle(self.fail_safe_throttle)
             .circuit_breaker(self.breaker)
             .strict(self.strict);
+        let builder = if self.no_lease {
+            builder.no_lease()
+        } else {
+            builder
+        };
         let builder = match self.negative_ttl {
             Some(ttl) => builder.negative_ttl(ttl),
             None => builder.no_negative_caching(),
         };
         builder.build().expect("valid scenario options")
+    }
+
+    /// Another version of the application on the same namespace, whose
+    /// values (`Vec<u64>`) the fleet cannot read. It writes to the store
+    /// directly (no faults; `run.rs` logs its writes).
+    pub(crate) fn other_cache(&self, store: MemoryBackend) -> Cache<String, Vec<u64>> {
+        Cache::builder()
+            .namespace(NS)
+            .backend(store)
+            .ttl(self.ttl)
+            .grace(self.grace)
+            .jitter(self.jitter)
+            .build()
+            .expect("valid scenario options")
     }
 
     /// The documented bound of a `fetch`: one backend timeout for the
@@ -246,6 +290,13 @@ impl Scenario {
     /// for `open_for`, and the probe then takes up to one timeout.
     pub(crate) fn breaker_window(&self) -> Duration {
         self.breaker.open_for + self.backend_timeout * 2 + TICK
+    }
+
+    /// The longest a value lives on the store after it is written (or, for
+    /// a value never stored, after its load ended): its TTL with the most
+    /// jitter, plus the grace window.
+    pub(crate) fn value_life(&self) -> Duration {
+        self.ttl.mul_f64(1.0 + self.jitter) + self.grace
     }
 
     /// How long before a degraded load a fault of its process can explain

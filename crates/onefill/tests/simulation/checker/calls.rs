@@ -1,10 +1,13 @@
-//! Invariants 2, 4 and 5: bounded callers, final writes, a breaker never
-//! stuck.
+//! Invariants 2, 4, 5 and 7: bounded callers, final writes, a breaker
+//! never stuck, no answer older than its value's life.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use super::{CallInfo, Checker};
-use crate::events::{origin_of, Answer, CallKind};
+use onefill::Outcome;
+
+use crate::events::{origin_of, Answer, CallKind, LoadEnd, Origin};
 use crate::scenario::TICK;
 
 impl Checker<'_> {
@@ -161,6 +164,82 @@ impl Checker<'_> {
                     );
                     self.violations.push(what);
                 }
+            }
+        }
+    }
+}
+
+impl Checker<'_> {
+    /// No answer is older than its value's life on the store: a value
+    /// written at `t` (its last fill, fail-safe entry or `set` that landed)
+    /// lives at most `ttl × (1 + jitter) + grace` there; a value never
+    /// stored (a degraded load's, or one whose fill failed), from its
+    /// load's end. No call, whatever its outcome, may answer it after that
+    /// (the outage fallback must not outlive the store), give or take one
+    /// backend timeout: the fallback counts a value's life from the
+    /// flight's answer, which may follow the fill (or the load) by a fill
+    /// that timed out. A fail-safe answer at the end of a failed load may
+    /// be up to the max load time older (read before the load).
+    pub(super) fn check_ages(&mut self) {
+        let life = self.s.value_life() + self.s.backend_timeout + TICK;
+        let mut born: HashMap<Origin, Duration> = HashMap::new();
+        for l in &self.loads {
+            if let Some((_, t, LoadEnd::Value)) = l.end {
+                born.insert(Origin::Load(l.id), t);
+            }
+        }
+        for key in 0..=self.s.keys {
+            for &(seq, origin) in &self.landed[key] {
+                let t = self.recs[seq].t;
+                let b = born.entry(origin).or_insert(t);
+                *b = (*b).max(t);
+            }
+            for &(_, t, origin) in &self.writes[key] {
+                if let Some(origin) = origin {
+                    let b = born.entry(origin).or_insert(t);
+                    *b = (*b).max(t);
+                }
+            }
+        }
+        let calls: Vec<_> = self.calls.iter().map(|(id, c)| (*id, c.clone())).collect();
+        for (id, c) in calls {
+            let Some((_, t, answer, _, _)) = &c.end else {
+                continue;
+            };
+            let value = match answer {
+                Answer::Fetched { value, .. } => value.as_str(),
+                Answer::Got(Some(value)) => value.as_str(),
+                _ => continue,
+            };
+            let Some(origin) = origin_of(value) else {
+                continue;
+            };
+            let Some(&b) = born.get(&origin) else {
+                continue;
+            };
+            // Fail-safe: a load that failed serves the stale value its
+            // flight read before it, up to the max load time later.
+            let fail_safe = matches!(
+                answer,
+                Answer::Fetched {
+                    outcome: Outcome::Stale,
+                    ..
+                }
+            ) && self.loads.iter().any(|l| {
+                l.inst == c.inst
+                    && l.key == c.key
+                    && matches!(l.end, Some((_, end, LoadEnd::Error | LoadEnd::Gone)) if end == *t)
+            });
+            let life = if fail_safe {
+                life + self.s.max_load_time
+            } else {
+                life
+            };
+            if *t > b + life {
+                self.fail(format!(
+                    "answer older than its value's life: call {id} ({:?} of k{} in instance {}) answered at {t:?} with {answer:?}, written (or loaded) last at {b:?}, which lives at most {life:?}",
+                    c.kind, c.key, c.inst
+                ));
             }
         }
     }

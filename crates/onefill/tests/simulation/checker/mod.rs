@@ -215,6 +215,7 @@ pub(crate) fn check(s: &Scenario, world: &World) -> (Vec<String>, Tally) {
     c.check_bounds();
     c.check_leases();
     c.check_writes();
+    c.check_ages();
     c.check_breaker();
     c.check_stats(&stats);
     (c.violations, c.tally)

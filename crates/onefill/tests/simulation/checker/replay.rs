@@ -267,6 +267,11 @@ impl Checker<'_> {
                 }
             }
             Exec::Set { origin } => {
+                if let Some(Origin::Load(id)) = origin {
+                    self.fail(format!(
+                        "a load's value written unfenced: L{id} of k{key} stored by a plain SET at {t:?} (a load stores only by a fill under its lease)"
+                    ));
+                }
                 end_current(slot, &mut self.leases, LeaseEnd::Revoked);
                 if let Some(Origin::Set(id)) = origin {
                     self.set_exec.entry(*id).or_insert(seq);
