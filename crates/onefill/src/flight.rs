@@ -25,7 +25,7 @@
 //! the policy is strict.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -41,7 +41,7 @@ use crate::freshness;
 use crate::key::FillKeys;
 use crate::lease::{Acquisition, Lease, LeaseTtl};
 use crate::loader::{self, Load, Loaded, Sharing};
-use crate::options::Policy;
+use crate::options::{Policy, MAX_TTL};
 use crate::shared::{Read, Shared};
 use crate::stats::Recorder;
 use crate::wait::{AtDeadline, Next, Wait};
@@ -95,10 +95,12 @@ pub(crate) struct Flight<V> {
     from_fallback: bool,
     /// The backend time left before the callers must be answered.
     budget: Budget,
-    /// How long the value last read or loaded lives on the server (its
-    /// remaining hard TTL, in ms; `u64::MAX` before any): the outage
-    /// fallback serves the answer no longer than that.
-    value_ttl_ms: AtomicU64,
+    /// When the value last read or written expires on the server (from the
+    /// remaining hard TTL it reported, or the TTL it was written with;
+    /// `None` before any, and for a new value not stored): the outage
+    /// fallback serves the answer no longer than that, and fail-safe does
+    /// not serve a stale value past it.
+    value_expires: Mutex<Option<Instant>>,
     /// A fill put off until after the callers were answered, because the
     /// budget was spent by then.
     deferred_fill: Option<DeferredFill>,
@@ -129,7 +131,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
             load: Mutex::new(Some(load)),
             from_fallback: false,
             deferred_fill: None,
-            value_ttl_ms: AtomicU64::new(u64::MAX),
+            value_expires: Mutex::new(None),
             policy,
         };
         // Boxed: the flight's state machine is large, and a box is cheaper
@@ -330,11 +332,10 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
             return;
         }
         if let Ok((value, _)) = answer {
-            let usable_for = match self.value_ttl_ms.load(Ordering::Relaxed) {
-                u64::MAX => self.policy.ttl + self.policy.grace,
-                ms => Duration::from_millis(ms),
-            };
-            let usable_until = Instant::now() + usable_for;
+            let usable_until = self
+                .value_expires
+                .lock()
+                .unwrap_or_else(|| Instant::now() + self.policy.ttl + self.policy.grace);
             let epoch = self.epoch;
             self.shared
                 .fallback
@@ -418,7 +419,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         match self.run_loader(Sharing::MayJoin).await {
             Ok((value, _)) => {
                 // A new value, not the one read before: `ttl + grace`.
-                self.value_ttl_ms.store(u64::MAX, Ordering::Relaxed);
+                *self.value_expires.lock() = None;
                 Ok((value, Outcome::Degraded))
             }
             Err(error) => self.after_failed_load(None, error, None).await,
@@ -434,6 +435,10 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         error: Error,
         stale: Option<Option<V>>,
     ) -> Result<Answer<V>, Error> {
+        // Fail-safe serves (and re-stores for the throttle) the stale value
+        // read before the load only while it still lives on the server: not
+        // one that expired during the failed load.
+        let stale = stale.filter(|_| self.value_still_lives());
         if let (true, Some(value)) = (self.policy.fail_safe, stale) {
             if let Some(lease) = lease {
                 let throttled = self
@@ -566,9 +571,16 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
 
     /// Notes how long the value just read or written lives on the server.
     fn note_value_ttl(&self, ttl: Duration) {
-        let ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX - 1);
-        self.value_ttl_ms
-            .store(ms.min(u64::MAX - 1), Ordering::Relaxed);
+        let now = Instant::now();
+        *self.value_expires.lock() = Some(now.checked_add(ttl).unwrap_or(now + MAX_TTL * 2));
+    }
+
+    /// Whether the value last read still lives on the server (a stale value
+    /// read before a load that then failed may have expired meanwhile).
+    fn value_still_lives(&self) -> bool {
+        self.value_expires
+            .lock()
+            .is_none_or(|expires| expires > Instant::now())
     }
 
     fn written_ttl(&self, is_value: bool) -> Duration {
