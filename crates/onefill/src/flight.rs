@@ -89,9 +89,8 @@ pub(crate) struct Flight<V> {
     load: Mutex<Option<Load<V>>>,
     /// The cache's write epoch when the flight started (see `fallback.rs`).
     epoch: u64,
-    /// The answer came from the outage fallback: not recorded again, so a
-    /// value is never served longer than `ttl + grace` after it was read or
-    /// loaded.
+    /// The answer came from the outage fallback: not recorded again, so
+    /// serving a value never renews its life (see `value_expires`).
     from_fallback: bool,
     /// The backend time left before the callers must be answered.
     budget: Budget,

@@ -351,14 +351,14 @@ impl Lease {
         if matches!(ended, Ok(false)) && !self.lost.swap(true, Ordering::SeqCst) {
             shared.recorder.lease_lost(held.keys.value());
         }
-        // Ended, or (an error) unknown: the step may not have run (a timeout
-        // before it reached the server, an open circuit) and the lease would
-        // be held its whole TTL, so release it in the background; the
-        // compare-and-delete is harmless if the step did land.
-        if let (Err(_), Some(held)) = (&ended, self.held.take()) {
-            release_in_background(held);
+        // Ended: disarm the guard. On an error the result is unknown: the
+        // step may not have run (a timeout before it reached the server, an
+        // open circuit) and the lease would be held its whole TTL, so the
+        // guard stays armed and dropping `self` releases it in the
+        // background; the compare-and-delete is harmless if the step landed.
+        if ended.is_ok() {
+            self.held = None;
         }
-        self.held = None;
         ended
     }
 }

@@ -93,7 +93,7 @@ macro_rules! options {
         /// use std::time::Duration;
         /// let cheap = onefill::CallOptions::new()
         ///     .ttl(Duration::from_secs(5))
-        ///     .no_lease(); // in-process coalescing only
+        ///     .no_lease(); // no waiting for other processes' loads
         /// # drop(cheap);
         /// ```
         #[derive(Debug, Clone, Default, PartialEq)]
