@@ -326,11 +326,12 @@ where
 
     async fn call<T>(
         &self,
+        keys: &FillKeys,
         op: &'static str,
         fut: impl Future<Output = Result<T, BackendError>>,
     ) -> Result<T, Error> {
         self.shared
-            .call(self.shared.policy.backend_timeout, op, fut)
+            .call(keys, self.shared.policy.backend_timeout, op, fut)
             .await
             .map_err(Error::Backend)
     }
@@ -345,7 +346,9 @@ where
     /// backend fails.
     pub async fn get(&self, key: &K) -> Result<Option<V>, Error> {
         let keys = self.keys(key)?;
-        let stored = self.call("get", self.shared.backend.get(&keys)).await?;
+        let stored = self
+            .call(&keys, "get", self.shared.backend.get(&keys))
+            .await?;
         Ok(stored
             .and_then(|s| self.shared.value_of(&s, Some(keys.value())))
             .flatten())
@@ -367,7 +370,7 @@ where
         let bytes = self.shared.encode(policy, &value, Duration::ZERO)?;
         let ttl = freshness::written_ttl(policy.ttl, policy.jitter, policy.grace);
         let writing = Writing::start(&self.shared, &key, &keys);
-        self.call("set", self.shared.backend.set(&keys, &bytes, ttl))
+        self.call(&keys, "set", self.shared.backend.set(&keys, &bytes, ttl))
             .await?;
         writing.landed(&value);
         Ok(())
@@ -386,7 +389,7 @@ where
         // Done, failed or dropped mid-way: what this process remembers of
         // the key goes, and older flights cannot put it back.
         let _writing = Writing::start(&self.shared, &key, &keys);
-        self.call("invalidate", self.shared.backend.invalidate(&keys))
+        self.call(&keys, "invalidate", self.shared.backend.invalidate(&keys))
             .await
     }
 
@@ -395,9 +398,11 @@ where
         self.shared.recorder.snapshot()
     }
 
-    /// The circuit breaker's current state.
+    /// The circuit breakers' state: the worst over the backend's shards
+    /// (`Open` if any shard's circuit is open). A Redis Cluster has one
+    /// breaker per master; other backends have one.
     pub fn circuit_state(&self) -> CircuitState {
-        self.shared.breaker.state()
+        self.shared.breakers.state()
     }
 
     /// This cache's namespace.

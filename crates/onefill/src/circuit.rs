@@ -2,9 +2,12 @@
 //! opens and calls skip the backend (callers are served from the flight and
 //! stale values), then one probe is let through; a success closes it.
 
+use std::collections::HashMap;
+use std::ops::Deref;
+use std::sync::Arc;
 use std::time::Duration;
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 use tokio::time::Instant;
 
 use crate::error::InvalidOption;
@@ -66,6 +69,82 @@ pub enum CircuitState {
     Open,
     /// One probe call is under way.
     HalfOpen,
+}
+
+/// One [`Breaker`] per shard of the backend
+/// ([`Backend::shard`](crate::backend::Backend::shard)): a Redis Cluster
+/// master that fails opens its own circuit, and the keys of the healthy
+/// masters keep their normal service.
+#[derive(Debug)]
+pub(crate) struct Breakers {
+    config: CircuitBreaker,
+    /// Shard 0: every key of a backend that fails as a whole, without a
+    /// lookup.
+    first: Breaker,
+    others: RwLock<HashMap<u64, Arc<Breaker>>>,
+}
+
+/// Shards remembered before the closed breakers of the others are pruned
+/// (a shard's number changes when a failover moves its slots).
+const MAX_REMEMBERED_SHARDS: usize = 1024;
+
+/// A borrowed or shared [`Breaker`].
+pub(crate) enum BreakerRef<'a> {
+    First(&'a Breaker),
+    Other(Arc<Breaker>),
+}
+
+impl Deref for BreakerRef<'_> {
+    type Target = Breaker;
+    fn deref(&self) -> &Breaker {
+        match self {
+            BreakerRef::First(b) => b,
+            BreakerRef::Other(b) => b,
+        }
+    }
+}
+
+impl Breakers {
+    pub(crate) fn new(config: CircuitBreaker) -> Self {
+        Breakers {
+            config,
+            first: Breaker::new(config),
+            others: RwLock::new(HashMap::new()),
+        }
+    }
+
+    /// The breaker of `shard`, created closed on first use.
+    pub(crate) fn of(&self, shard: u64) -> BreakerRef<'_> {
+        if shard == 0 {
+            return BreakerRef::First(&self.first);
+        }
+        if let Some(b) = self.others.read().get(&shard) {
+            return BreakerRef::Other(b.clone());
+        }
+        let mut others = self.others.write();
+        if others.len() >= MAX_REMEMBERED_SHARDS {
+            others.retain(|_, b| b.state() != CircuitState::Closed);
+        }
+        BreakerRef::Other(
+            others
+                .entry(shard)
+                .or_insert_with(|| Arc::new(Breaker::new(self.config)))
+                .clone(),
+        )
+    }
+
+    /// The worst state over the shards: open if any is.
+    pub(crate) fn state(&self) -> CircuitState {
+        let others = self.others.read();
+        std::iter::once(self.first.state())
+            .chain(others.values().map(|b| b.state()))
+            .max_by_key(|state| match state {
+                CircuitState::Closed => 0,
+                CircuitState::HalfOpen => 1,
+                CircuitState::Open => 2,
+            })
+            .unwrap_or(CircuitState::Closed)
+    }
 }
 
 #[derive(Debug)]
@@ -255,6 +334,21 @@ mod tests {
         assert!(b.admit().is_none(), "still one probe at a time");
         probe.succeeded();
         assert_eq!(b.state(), CircuitState::Closed);
+    }
+
+    /// Issue 11: a failing shard opens its own circuit only.
+    #[tokio::test(start_paused = true)]
+    async fn shards_fail_apart() {
+        let breakers = Breakers::new(CircuitBreaker::new(2, Duration::from_secs(1)));
+        assert!(!fail(&breakers.of(7)));
+        assert!(fail(&breakers.of(7)), "shard 7 opens");
+        assert!(breakers.of(7).admit().is_none());
+        assert!(breakers.of(8).admit().is_some(), "shard 8 is not affected");
+        assert!(breakers.of(0).admit().is_some(), "nor shard 0");
+        assert_eq!(breakers.state(), CircuitState::Open, "the worst state");
+        tokio::time::advance(Duration::from_millis(1001)).await;
+        breakers.of(7).admit().expect("probe").succeeded();
+        assert_eq!(breakers.state(), CircuitState::Closed);
     }
 
     #[test]

@@ -546,7 +546,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         fut: impl Future<Output = Result<T, BackendError>>,
     ) -> Result<T, BackendError> {
         self.budget
-            .run(op, |timeout| self.shared.call(timeout, op, fut))
+            .run(op, |timeout| self.shared.call(&self.keys, timeout, op, fut))
             .await
     }
 

@@ -230,6 +230,7 @@ impl Lease {
         let token = LeaseToken::random();
         let acquired = shared
             .call(
+                keys,
                 timeout,
                 "acquire",
                 shared
@@ -344,7 +345,7 @@ impl Lease {
                 held.backend.release(&held.keys, &held.token, entry),
             ),
         };
-        let ended = shared.call(timeout, op, step).await;
+        let ended = shared.call(&held.keys, timeout, op, step).await;
         // Not ours any more, whether we fill or release (the load failed):
         // expired or revoked under the load, so another process may have
         // loaded too. Counted once per lease, with the watchdog.

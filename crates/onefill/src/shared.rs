@@ -14,7 +14,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::backend::{Backend, FillKeys, Stored};
-use crate::circuit::Breaker;
+use crate::circuit::Breakers;
 use crate::coalesce::Coalescer;
 use crate::codec::Codec;
 use crate::envelope::{self, Kind};
@@ -47,7 +47,8 @@ pub(crate) struct Shared<V> {
     pub epoch: AtomicU64,
     /// Keys with a background refresh under way in this process.
     pub refreshing: Mutex<HashSet<String>>,
-    pub breaker: Breaker,
+    /// One circuit breaker per shard of the backend.
+    pub breakers: Breakers,
     pub fallback: Fallback<V>,
 }
 
@@ -75,7 +76,7 @@ impl<V: 'static> Shared<V> {
     ) -> Self {
         Shared {
             recorder: Recorder::new(&namespace),
-            breaker: Breaker::new(policy.circuit_breaker),
+            breakers: Breakers::new(policy.circuit_breaker),
             fallback: Fallback::new(policy.outage_fallback_capacity),
             namespace,
             backend,
@@ -100,16 +101,18 @@ impl<V: 'static> Shared<V> {
         epoch
     }
 
-    /// Calls the backend through the circuit breaker, bounded by `timeout`
-    /// (the driver's own timeouts are not trusted to fire), with counters
-    /// and a span.
+    /// Calls the backend about `keys` through the circuit breaker of their
+    /// shard, bounded by `timeout` (the driver's own timeouts are not
+    /// trusted to fire), with counters and a span.
     pub(crate) async fn call<T>(
         &self,
+        keys: &FillKeys,
         timeout: Duration,
         op: &'static str,
         fut: impl Future<Output = Result<T, BackendError>>,
     ) -> Result<T, BackendError> {
-        let Some(permit) = self.breaker.admit() else {
+        let breaker = self.breakers.of(self.backend.shard(keys));
+        let Some(permit) = breaker.admit() else {
             self.recorder.circuit_rejected();
             return Err(BackendError::new(
                 BackendErrorKind::CircuitOpen,

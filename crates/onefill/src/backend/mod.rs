@@ -135,4 +135,18 @@ pub trait Backend: Debug + Send + Sync + 'static {
 
     /// Subscribes to the key's fill notifications.
     async fn subscribe(&self, keys: &FillKeys) -> Result<Box<dyn FillSubscription>, BackendError>;
+
+    /// The failure domain that holds `keys`: the part of the store that
+    /// fails as one (a Redis Cluster master). The cache keeps one circuit
+    /// breaker per shard, so a failing shard does not degrade the keys of
+    /// the healthy ones.
+    ///
+    /// A cheap, synchronous lookup (it runs before every backend call). The
+    /// numbers only need to tell shards apart; a key's shard may change
+    /// (a failover moves its slot to another node). The default, for a
+    /// store that fails as a whole, is one shard: `0`.
+    fn shard(&self, keys: &FillKeys) -> u64 {
+        let _ = keys;
+        0
+    }
 }

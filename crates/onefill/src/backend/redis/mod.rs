@@ -90,13 +90,13 @@ use std::time::Duration;
 use async_trait::async_trait;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
-use redis::cluster_async::ClusterConnection;
 use redis::{Client, FromRedisValue, ProtocolVersion, RedisError, Script, ScriptInvocation};
 use tokio::sync::mpsc::unbounded_channel;
 
 use super::{Acquired, Backend, BackendError, FillKeys, FillSubscription, LeaseToken, Stored};
 use crate::error::BackendErrorKind;
 
+mod cluster;
 mod errors;
 mod link;
 mod options;
@@ -108,6 +108,7 @@ mod urls;
 pub use options::RedisOptions;
 pub use ttl::NO_EXPIRY_TTL;
 
+use cluster::{slot_of, ClusterRouter};
 use errors::{classify, with_deadline};
 use link::{ClusterLink, Link, SingleLink};
 use options::{check_url_and_tls, connect_deadline, open_client};
@@ -137,7 +138,9 @@ struct Inner {
 #[derive(Clone)]
 enum Conn {
     Single(ConnectionManager),
-    Cluster(ClusterConnection),
+    /// onefill's own routing (see `cluster.rs`): the driver's cluster
+    /// connection never leaves a hung master.
+    Cluster(ClusterRouter),
 }
 
 impl fmt::Debug for RedisBackend {
@@ -239,8 +242,7 @@ impl RedisBackend {
                 )
         };
         let deadline = connect_deadline(&options);
-        let client = builder(urls).build().map_err(|e| classify("connect", e))?;
-        let conn = with_deadline("connect", deadline, client.get_async_connection()).await?;
+        let router = ClusterRouter::connect(urls, options.clone()).await?;
 
         let (push_tx, push_rx) = unbounded_channel();
         let sub_client = builder(urls)
@@ -254,7 +256,7 @@ impl RedisBackend {
 
         let target = urls.iter().map(|u| redact(u)).collect::<Vec<_>>().join(",");
         Ok(Self::assemble(
-            Conn::Cluster(conn),
+            Conn::Cluster(router),
             &CLUSTER_SCRIPTS,
             Link::Cluster(link),
             options,
@@ -279,14 +281,23 @@ impl RedisBackend {
         }
     }
 
+    /// Runs `invocation`, whose keys all share `keys`' hash tag.
     async fn eval<T: FromRedisValue>(
         &self,
         op: &'static str,
+        keys: &FillKeys,
         invocation: &ScriptInvocation<'_>,
     ) -> Result<T, BackendError> {
-        let result = match self.inner.conn.clone() {
-            Conn::Single(mut c) => invocation.invoke_async(&mut c).await,
-            Conn::Cluster(mut c) => invocation.invoke_async(&mut c).await,
+        let result = match &self.inner.conn {
+            Conn::Single(c) => invocation.invoke_async(&mut c.clone()).await,
+            Conn::Cluster(router) => {
+                let slot = slot_of(keys.value().as_bytes());
+                router
+                    .run(slot, |mut c| async move {
+                        invocation.invoke_async(&mut c).await
+                    })
+                    .await
+            }
         };
         result.map_err(|e| classify(op, e))
     }
@@ -294,9 +305,10 @@ impl RedisBackend {
     async fn eval_flag(
         &self,
         op: &'static str,
+        keys: &FillKeys,
         invocation: &ScriptInvocation<'_>,
     ) -> Result<bool, BackendError> {
-        match self.eval::<i64>(op, invocation).await? {
+        match self.eval::<i64>(op, keys, invocation).await? {
             0 => Ok(false),
             1 => Ok(true),
             other => Err(BackendError::new(
@@ -326,9 +338,15 @@ impl Backend for RedisBackend {
             .arg(keys.value())
             .cmd("PTTL")
             .arg(keys.value());
-        let result: Result<(Option<Vec<u8>>, i64), RedisError> = match self.inner.conn.clone() {
-            Conn::Single(mut c) => pipe.query_async(&mut c).await,
-            Conn::Cluster(mut c) => pipe.query_async(&mut c).await,
+        let result: Result<(Option<Vec<u8>>, i64), RedisError> = match &self.inner.conn {
+            Conn::Single(c) => pipe.query_async(&mut c.clone()).await,
+            Conn::Cluster(router) => {
+                let slot = slot_of(keys.value().as_bytes());
+                let pipe = &pipe;
+                router
+                    .run(slot, |mut c| async move { pipe.query_async(&mut c).await })
+                    .await
+            }
         };
         let (bytes, pttl) = result.map_err(|e| classify("get", e))?;
         // A value that expired between GET and PTTL (-2) is gone.
@@ -351,7 +369,7 @@ impl Backend for RedisBackend {
             .arg(ms_ceil(refresh_window))
             .arg(NO_EXPIRY_TTL.as_millis() as u64);
         let (status, bytes, value_ttl, lease_ms): (i64, Option<Vec<u8>>, i64, i64) =
-            self.eval("acquire", &invocation).await?;
+            self.eval("acquire", keys, &invocation).await?;
         let value = bytes.and_then(|bytes| ttl_from_ms(value_ttl).map(|ttl| Stored { bytes, ttl }));
         match status {
             0 => value.map(Acquired::Fresh).ok_or_else(|| {
@@ -383,7 +401,7 @@ impl Backend for RedisBackend {
     ) -> Result<bool, BackendError> {
         let mut invocation = announcing(&self.inner.scripts.fill, keys);
         invocation.arg(token.as_bytes()).arg(bytes).arg(px(ttl));
-        self.eval_flag("fill", &invocation).await
+        self.eval_flag("fill", keys, &invocation).await
     }
 
     async fn release(
@@ -397,7 +415,7 @@ impl Backend for RedisBackend {
         if let Some((bytes, ttl)) = entry {
             invocation.arg(bytes).arg(px(ttl));
         }
-        self.eval_flag("release", &invocation).await
+        self.eval_flag("release", keys, &invocation).await
     }
 
     async fn extend(
@@ -411,22 +429,33 @@ impl Backend for RedisBackend {
             .key(keys.lock())
             .arg(token.as_bytes())
             .arg(px(lease_ttl));
-        self.eval_flag("extend", &invocation).await
+        self.eval_flag("extend", keys, &invocation).await
     }
 
     async fn set(&self, keys: &FillKeys, bytes: &[u8], ttl: Duration) -> Result<(), BackendError> {
         let mut invocation = announcing(&self.inner.scripts.set, keys);
         invocation.arg(bytes).arg(px(ttl));
-        self.eval_flag("set", &invocation).await.map(drop)
+        self.eval_flag("set", keys, &invocation).await.map(drop)
     }
 
     async fn invalidate(&self, keys: &FillKeys) -> Result<(), BackendError> {
         let invocation = announcing(&self.inner.scripts.invalidate, keys);
-        self.eval_flag("invalidate", &invocation).await.map(drop)
+        self.eval_flag("invalidate", keys, &invocation)
+            .await
+            .map(drop)
     }
 
     async fn subscribe(&self, keys: &FillKeys) -> Result<Box<dyn FillSubscription>, BackendError> {
         let channel = keys.channel().to_owned();
         Ok(self.inner.pubsub.subscribe(channel).await)
+    }
+
+    /// Standalone: one shard. Cluster: the master that serves the key's
+    /// slot now.
+    fn shard(&self, keys: &FillKeys) -> u64 {
+        match &self.inner.conn {
+            Conn::Single(_) => 0,
+            Conn::Cluster(router) => router.shard_of(slot_of(keys.value().as_bytes())),
+        }
     }
 }
