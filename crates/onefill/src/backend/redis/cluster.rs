@@ -15,8 +15,9 @@
 //!   and each master is a [`shard`](ClusterRouter::shard_of) of its own, so
 //!   the cache above keeps one circuit breaker per master;
 //! - `MOVED` updates the slot at once and is followed; `ASK` is followed on
-//!   a connection of its own (`ASKING` applies to the next command of a
-//!   connection, which a shared connection cannot promise); `TRYAGAIN`,
+//!   a connection of its own, with `ASKING` before each command (it
+//!   applies to the next command of a connection only, which a shared
+//!   connection cannot promise); `TRYAGAIN`,
 //!   `CLUSTERDOWN`, `MASTERDOWN`, `LOADING` and `READONLY` are retried with
 //!   a short backoff for up to the response timeout (the cache's backend
 //!   timeout cuts it shorter): routing never reaches the caller;
@@ -201,6 +202,11 @@ impl ClusterRouter {
                 "connect: no cluster node URL given",
             ));
         };
+        // Every URL is checked as the driver would (what is wrong with it,
+        // TLS support, the database), without quoting it.
+        for url in urls {
+            open_client(url, &options)?;
+        }
         let template = url::Url::parse(first).map_err(|e| {
             BackendError::with_source(
                 BackendErrorKind::Command,
@@ -253,10 +259,11 @@ impl ClusterRouter {
 
     /// Runs `op` on a connection to the master of `slot`, following
     /// redirections and retrying transient cluster states (see the module
-    /// docs).
+    /// docs). `op`'s flag says it runs after an `ASK`, on a connection of
+    /// its own: it must send `ASKING` before each of its commands.
     pub(super) async fn run<T, F, Fut>(&self, slot: u16, op: F) -> Result<T, RedisError>
     where
-        F: Fn(MultiplexedConnection) -> Fut,
+        F: Fn(MultiplexedConnection, bool) -> Fut,
         Fut: Future<Output = Result<T, RedisError>>,
     {
         let inner = &self.inner;
@@ -280,18 +287,12 @@ impl ClusterRouter {
             let mut attempt = Attempt::start(inner, &node);
             let (result, generation) = if asking {
                 match node.connect().await {
-                    Ok(mut conn) => {
-                        let asked = redis::cmd("ASKING").query_async::<()>(&mut conn).await;
-                        match asked {
-                            Ok(()) => (op(conn).await, None),
-                            Err(e) => (Err(e), None),
-                        }
-                    }
+                    Ok(conn) => (op(conn, true).await, None),
                     Err(e) => (Err(e), None),
                 }
             } else {
                 match node.connection().await {
-                    Ok((generation, conn)) => (op(conn).await, Some(generation)),
+                    Ok((generation, conn)) => (op(conn, false).await, Some(generation)),
                     Err(e) => (Err(e), None),
                 }
             };

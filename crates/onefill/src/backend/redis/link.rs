@@ -9,7 +9,7 @@ use std::time::Duration;
 use redis::aio::MultiplexedConnection;
 use redis::cluster_async::ClusterConnection;
 use redis::{AsyncConnectionConfig, Client, PushInfo, RedisError, Value};
-use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 use tokio::time::Instant;
 
 use super::errors::{classify, with_deadline, within};
@@ -147,31 +147,27 @@ impl ClusterLink {
         }
     }
 
-    /// `SSUBSCRIBE`/`SUNSUBSCRIBE` one channel at a time (each is routed to
-    /// its slot's node), concurrently. Returns the channels that failed.
-    pub(super) async fn command(&self, channels: Vec<String>, subscribe: bool) -> Vec<String> {
-        let mut calls = tokio::task::JoinSet::new();
+    /// `SSUBSCRIBE` of `channel` (routed to its slot's node) in a task of
+    /// its own, which reports `(channel, confirmed)` on `done`: a node that
+    /// hangs holds its own channels only.
+    pub(super) fn subscribe(&self, channel: String, done: UnboundedSender<(String, bool)>) {
+        let mut conn = self.conn.clone();
+        let timeout = self.options.response_timeout;
+        tokio::spawn(async move {
+            let ok = within(timeout, conn.ssubscribe(&channel)).await.is_ok();
+            let _ = done.send((channel, ok));
+        });
+    }
+
+    /// `SUNSUBSCRIBE` of `channels`, in the background (a failure leaves a
+    /// subscription nobody listens to, which goes with the connection).
+    pub(super) fn unsubscribe(&self, channels: Vec<String>) {
         for channel in channels {
             let mut conn = self.conn.clone();
             let timeout = self.options.response_timeout;
-            calls.spawn(async move {
-                let call = async {
-                    if subscribe {
-                        conn.ssubscribe(&channel).await
-                    } else {
-                        conn.sunsubscribe(&channel).await
-                    }
-                };
-                let ok = within(timeout, call).await.is_ok();
-                (channel, ok)
+            tokio::spawn(async move {
+                let _ = within(timeout, conn.sunsubscribe(&channel)).await;
             });
         }
-        let mut failed = Vec::new();
-        while let Some(joined) = calls.join_next().await {
-            if let Ok((channel, false)) = joined {
-                failed.push(channel);
-            }
-        }
-        failed
     }
 }

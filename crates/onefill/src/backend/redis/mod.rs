@@ -23,9 +23,17 @@
 //! - **Standalone**: a [`ConnectionManager`] (one multiplexed connection that
 //!   reconnects by itself) for commands, plus one dedicated RESP3 connection
 //!   for fill notifications (`SUBSCRIBE`/`PUBLISH`).
-//! - **Cluster**: an async [`ClusterConnection`] for commands (routed by the
-//!   hash-tagged key, so all keys of one script share a slot), plus a second
-//!   RESP3 cluster connection for notifications through **sharded** pub/sub
+//! - **Cluster**: onefill's own routing (`cluster.rs`): a slot map read
+//!   with `CLUSTER SLOTS`, one multiplexed connection per master, commands
+//!   routed by the hash-tagged key (so all keys of one script share a
+//!   slot). `MOVED` and `ASK` are followed and `TRYAGAIN`/`CLUSTERDOWN`
+//!   retried within the response timeout, so routing never reaches
+//!   callers; a master that times out or refuses connections keeps the slot
+//!   map refreshing (every 100–400 ms, asking the other masters) until its
+//!   slots move, so a promoted replica takes over even from a master that
+//!   hangs. Each master is a [shard](Backend::shard): the cache keeps one
+//!   circuit breaker per master. Fill notifications use a RESP3 cluster
+//!   connection of the `redis` crate with **sharded** pub/sub
 //!   (`SSUBSCRIBE`/`SPUBLISH`, Redis 7.0+), routed by the channel's slot.
 //!
 //! Authentication (`redis://user:password@host:port`), the database
@@ -52,11 +60,11 @@
 //! once and the cache's polling covers the gap.
 //!
 //! Limits: notifications are best effort (Redis pub/sub has no delivery
-//! guarantee; callers poll as well). On a cluster, a channel whose node
-//! cannot be reached is retried every half second, and while a node is
-//! unreachable, each retry round waits up to the response timeout for it,
-//! which can delay new subscriptions on healthy nodes by as much; a slot that
-//! migrates relies on the `redis` crate moving its subscriptions.
+//! guarantee; callers poll as well). A subscription not confirmed within
+//! 100 ms is handed to the waiter anyway and fires once confirmed. On a
+//! cluster, each channel is subscribed on its own, so a node that hangs
+//! delays only its own channels, which are retried every half second; a
+//! slot that migrates relies on the `redis` crate moving its subscriptions.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), onefill::BackendError> {
@@ -293,7 +301,10 @@ impl RedisBackend {
             Conn::Cluster(router) => {
                 let slot = slot_of(keys.value().as_bytes());
                 router
-                    .run(slot, |mut c| async move {
+                    .run(slot, |mut c, asking| async move {
+                        if asking {
+                            redis::cmd("ASKING").query_async::<()>(&mut c).await?;
+                        }
                         invocation.invoke_async(&mut c).await
                     })
                     .await
@@ -343,8 +354,23 @@ impl Backend for RedisBackend {
             Conn::Cluster(router) => {
                 let slot = slot_of(keys.value().as_bytes());
                 let pipe = &pipe;
+                // After an `ASK`: `ASKING` before each command.
+                let mut asking_pipe = redis::pipe();
+                asking_pipe
+                    .cmd("ASKING")
+                    .ignore()
+                    .cmd("GET")
+                    .arg(keys.value())
+                    .cmd("ASKING")
+                    .ignore()
+                    .cmd("PTTL")
+                    .arg(keys.value());
+                let asking_pipe = &asking_pipe;
                 router
-                    .run(slot, |mut c| async move { pipe.query_async(&mut c).await })
+                    .run(slot, |mut c, asking| async move {
+                        let pipe = if asking { asking_pipe } else { pipe };
+                        pipe.query_async(&mut c).await
+                    })
                     .await
             }
         };

@@ -42,6 +42,12 @@ use crate::backend::FillSubscription;
 /// How long a cluster subscription that failed waits before it is retried.
 const SUBSCRIBE_RETRY: Duration = Duration::from_millis(500);
 
+/// How long [`subscribe`](PubSubShared::subscribe) waits for the server's
+/// confirmation (a round trip, normally) before it returns a subscription
+/// that fires once the confirmation comes: a slow node must not hold the
+/// waiter (nor count against the backend), its polling covers the gap.
+const CONFIRM_PATIENCE: Duration = Duration::from_millis(100);
+
 /// State shared by the backend, its subscriptions and the subscriber task.
 pub(super) struct PubSubShared {
     state: Mutex<SubState>,
@@ -69,6 +75,9 @@ struct Channel {
     /// Cluster: `ssubscribe` confirmations we asked for and have not seen
     /// yet (other confirmations are the driver's resubscriptions).
     expected_confirmations: u32,
+    /// Cluster: an `SSUBSCRIBE` is under way (its outcome comes back to
+    /// the subscriber task on its own).
+    subscribing: bool,
 }
 
 impl Channel {
@@ -79,6 +88,7 @@ impl Channel {
             fire_on_confirm: false,
             waiters: Vec::new(),
             expected_confirmations: 0,
+            subscribing: false,
         }
     }
 
@@ -149,7 +159,18 @@ impl PubSubShared {
             let _ = self.wake.send(());
             // An error means the subscriber lost its connection meanwhile:
             // the channel is marked to fire once it is subscribed again.
-            let _ = confirmed.await;
+            if tokio::time::timeout(CONFIRM_PATIENCE, confirmed)
+                .await
+                .is_err()
+            {
+                // Not confirmed yet: fire once it is, so a fill announced
+                // before that is not missed.
+                if let Some(chan) = self.state.lock().channels.get_mut(&subscription.channel) {
+                    if !chan.confirmed {
+                        chan.fire_on_confirm = true;
+                    }
+                }
+            }
         }
         Box::new(subscription)
     }
@@ -196,6 +217,8 @@ impl Drop for RedisSubscription {
 /// What the subscriber task should do next.
 enum Step {
     Wake(Option<()>),
+    /// A cluster `SSUBSCRIBE` ended: the channel, and whether it worked.
+    Subscribed(Option<(String, bool)>),
     Push(Option<PushInfo>),
     Retry,
     Ping,
@@ -216,6 +239,9 @@ async fn run_subscriber(
     ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // When to reconnect (standalone) or retry failed subscriptions.
     let mut retry_at: Option<Instant> = None;
+    // Cluster subscriptions run apart (one slow node must not hold the
+    // others) and report here.
+    let (subscribed_tx, mut subscribed) = unbounded_channel::<(String, bool)>();
     loop {
         let retry_sleep = tokio::time::sleep_until(retry_at.unwrap_or_else(Instant::now));
         let step = {
@@ -232,6 +258,7 @@ async fn run_subscriber(
             };
             tokio::select! {
                 w = wake.recv() => Step::Wake(w),
+                d = subscribed.recv() => Step::Subscribed(d),
                 p = next_push, if has_pushes => Step::Push(p),
                 _ = retry_sleep, if retry_at.is_some() => Step::Retry,
                 _ = ping.tick() => Step::Ping,
@@ -244,7 +271,15 @@ async fn run_subscriber(
             Step::Wake(None) => return,
             Step::Wake(Some(())) => {
                 while wake.try_recv().is_ok() {}
-                retry_at = reconcile(&shared, &mut link).await.or(retry_at);
+                retry_at = reconcile(&shared, &mut link, &subscribed_tx)
+                    .await
+                    .or(retry_at);
+            }
+            Step::Subscribed(None) => {}
+            Step::Subscribed(Some((channel, ok))) => {
+                if let Some(at) = subscribed_to(&shared, &link, &channel, ok) {
+                    retry_at = Some(retry_at.map_or(at, |r| r.min(at)));
+                }
             }
             Step::Push(Some(push)) => handle_push(&shared, push),
             Step::Push(None) => {
@@ -260,7 +295,7 @@ async fn run_subscriber(
                         }
                     }
                 }
-                retry_at = reconcile(&shared, &mut link).await;
+                retry_at = reconcile(&shared, &mut link, &subscribed_tx).await;
             }
             Step::Ping => {
                 if let Link::Single(l) = &mut link {
@@ -352,10 +387,53 @@ async fn reconnect(shared: &PubSubShared, l: &mut SingleLink) -> Option<Instant>
     }
 }
 
+/// A cluster `SSUBSCRIBE` of `channel` ended (`ok`: confirmed). Returns
+/// when to retry it if it failed.
+fn subscribed_to(shared: &PubSubShared, link: &Link, channel: &str, ok: bool) -> Option<Instant> {
+    let mut state = shared.state.lock();
+    let Some(chan) = state.channels.get_mut(channel) else {
+        drop(state);
+        if ok {
+            // Nobody wants it any more.
+            if let Link::Cluster(l) = link {
+                l.unsubscribe(vec![channel.to_owned()]);
+            }
+        }
+        return None;
+    };
+    chan.subscribing = false;
+    if ok {
+        chan.confirmed = true;
+        for waiter in chan.waiters.drain(..) {
+            let _ = waiter.send(());
+        }
+        if chan.fire_on_confirm {
+            chan.fire_on_confirm = false;
+            chan.fire();
+        }
+        let unused = !chan.in_use();
+        drop(state);
+        if unused {
+            let _ = shared.wake.send(());
+        }
+        None
+    } else {
+        chan.fire_on_confirm = true;
+        chan.expected_confirmations = chan.expected_confirmations.saturating_sub(1);
+        chan.waiters.clear();
+        tracing::debug!(channel, "redis subscription failed; retrying");
+        Some(Instant::now() + SUBSCRIBE_RETRY)
+    }
+}
+
 /// Brings the server's subscriptions in line with the channels in use:
 /// unsubscribes the unused ones and subscribes the new (or lost) ones.
 /// Returns when to try again if something failed.
-async fn reconcile(shared: &PubSubShared, link: &mut Link) -> Option<Instant> {
+async fn reconcile(
+    shared: &PubSubShared,
+    link: &mut Link,
+    subscribed: &UnboundedSender<(String, bool)>,
+) -> Option<Instant> {
     let cluster = matches!(link, Link::Cluster(_));
     let (to_unsubscribe, to_subscribe) = {
         let mut state = shared.state.lock();
@@ -374,9 +452,10 @@ async fn reconcile(shared: &PubSubShared, link: &mut Link) -> Option<Instant> {
         });
         let mut to_subscribe = Vec::new();
         for (name, chan) in state.channels.iter_mut() {
-            if !chan.confirmed {
+            if !chan.confirmed && !chan.subscribing {
                 if cluster {
                     chan.expected_confirmations += 1;
+                    chan.subscribing = true;
                 }
                 to_subscribe.push(name.clone());
             }
@@ -400,16 +479,14 @@ async fn reconcile(shared: &PubSubShared, link: &mut Link) -> Option<Instant> {
             Vec::new()
         }
         Link::Cluster(l) => {
-            if !to_unsubscribe.is_empty() {
-                // A failure leaves a subscription nobody listens to; it goes
-                // with the connection.
-                let _ = l.command(to_unsubscribe, false).await;
+            // A failed unsubscription leaves a subscription nobody listens
+            // to; it goes with the connection.
+            l.unsubscribe(to_unsubscribe);
+            for channel in to_subscribe {
+                l.subscribe(channel, subscribed.clone());
             }
-            if to_subscribe.is_empty() {
-                Vec::new()
-            } else {
-                l.command(to_subscribe.clone(), true).await
-            }
+            // Their outcomes come back one by one (`subscribed_to`).
+            return None;
         }
     };
 

@@ -1,0 +1,199 @@
+//! Issue 11 on a private 3-master cluster, inside one process: routing
+//! (a slot that migrates answers `ASK`, then `MOVED`; neither reaches a
+//! strict caller) and failure per shard (a hung master degrades its own
+//! keys only; the keys of the healthy masters keep their normal service).
+//! The failover of a master to its replica, across real processes, is in
+//! the CLI's `tests/cluster_failover.rs`.
+
+use std::time::Duration;
+
+use onefill::backend::FillKeys;
+use onefill::redis::RedisBackend;
+use onefill::{Cache, CallOptions, CircuitState, Outcome};
+use onefill_testkit::{RedisCluster, RedisServer};
+
+fn unique_ns(name: &str) -> String {
+    format!("{name}-{}", &onefill::LeaseToken::random().as_str()[..8])
+}
+
+async fn connect(cluster: &RedisCluster) -> RedisBackend {
+    let urls = cluster.urls();
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    // The default options: what users run.
+    RedisBackend::connect_cluster(&urls)
+        .await
+        .expect("connect to the cluster")
+}
+
+fn node_id(node: &RedisServer) -> String {
+    node.command(&["CLUSTER", "MYID"]).trim().to_owned()
+}
+
+async fn fetch(cache: &Cache<String, String>, key: &str) -> Result<Outcome, onefill::Error> {
+    cache
+        .fetch(
+            &key.to_owned(),
+            &CallOptions::new(),
+            |k: String| async move { Ok::<_, std::io::Error>(format!("loaded {k}")) },
+        )
+        .await
+        .map(|f| f.outcome)
+}
+
+/// A slot migrating from one master to another: while it migrates, the
+/// source answers `ASK` for the key it no longer has; once it moved, the
+/// source answers `MOVED`. A strict cache (which surfaces backend errors)
+/// sees neither: both are followed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_migrating_slot_is_followed_and_never_reaches_a_strict_caller() {
+    let cluster = RedisCluster::start(3);
+    let ns = unique_ns("migrate");
+    let cache = Cache::<String, String>::builder()
+        .namespace(&ns)
+        .backend(connect(&cluster).await)
+        .strict(true)
+        .build()
+        .unwrap();
+    let key = "moving".to_owned();
+    cache.set(&key, "v1".to_owned()).await.unwrap();
+
+    let keys = FillKeys::new(&ns, &key);
+    let source = cluster.node_for_key(keys.value());
+    let target = cluster
+        .nodes()
+        .iter()
+        .find(|n| n.port() != source.port())
+        .unwrap();
+    let slot = source
+        .query(&["CLUSTER", "KEYSLOT", keys.value()])
+        .as_int()
+        .unwrap()
+        .to_string();
+    let (source_id, target_id) = (node_id(source), node_id(target));
+    target.command(&["CLUSTER", "SETSLOT", &slot, "IMPORTING", &source_id]);
+    source.command(&["CLUSTER", "SETSLOT", &slot, "MIGRATING", &target_id]);
+    let port = target.port().to_string();
+    let moved = source.command(&[
+        "MIGRATE",
+        "127.0.0.1",
+        &port,
+        "",
+        "0",
+        "5000",
+        "KEYS",
+        keys.value(),
+    ]);
+    assert!(moved.contains("OK"), "MIGRATE: {moved}");
+
+    // Migrating: the source answers ASK for the value, which is followed.
+    assert_eq!(cache.get(&key).await.unwrap().as_deref(), Some("v1"));
+    assert_eq!(fetch(&cache, &key).await.unwrap(), Outcome::Hit);
+
+    // Migrated: every node says the slot is the target's; the backend
+    // still thinks it is the source's, which answers MOVED.
+    for node in cluster.nodes() {
+        node.command(&["CLUSTER", "SETSLOT", &slot, "NODE", &target_id]);
+    }
+    cache.set(&key, "v2".to_owned()).await.unwrap();
+    assert_eq!(cache.get(&key).await.unwrap().as_deref(), Some("v2"));
+    assert!(
+        !target.query(&["GET", keys.value()]).is_nil(),
+        "the value was written on the slot's new master"
+    );
+    cache.invalidate(&key).await.unwrap();
+    assert_eq!(fetch(&cache, &key).await.unwrap(), Outcome::Loaded);
+    assert_eq!(fetch(&cache, &key).await.unwrap(), Outcome::Hit);
+    assert_eq!(cache.stats().backend_errors, 0, "{:?}", cache.stats());
+}
+
+/// Resumes a paused node however the test ends.
+struct Resume<'a>(&'a RedisServer);
+
+impl Drop for Resume<'_> {
+    fn drop(&mut self) {
+        self.0.resume();
+    }
+}
+
+/// Regression (issue 11): one circuit breaker per process covered every
+/// key, so a hung master opened it and the keys of the two healthy masters
+/// were served degraded too. Now each master has its own breaker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_master_degrades_only_its_own_keys() {
+    let cluster = RedisCluster::start(3);
+    let ns = unique_ns("hung");
+    let cache = Cache::<String, String>::builder()
+        .namespace(&ns)
+        .backend(connect(&cluster).await)
+        .build()
+        .unwrap();
+    let keys: Vec<String> = (0..30).map(|i| format!("k{i}")).collect();
+    let victim_port = cluster
+        .node_for_key(FillKeys::new(&ns, &keys[0]).value())
+        .port();
+    let on_victim =
+        |key: &str| cluster.node_for_key(FillKeys::new(&ns, key).value()).port() == victim_port;
+    let victim = cluster
+        .nodes()
+        .iter()
+        .find(|n| n.port() == victim_port)
+        .unwrap();
+    // Warm every key, so the healthy ones are hits from now on.
+    for key in &keys {
+        fetch(&cache, key).await.unwrap();
+    }
+
+    victim.pause();
+    let _resume = Resume(victim);
+    let (mut healthy, mut degraded) = (Vec::new(), 0);
+    for _round in 0..4 {
+        let calls: Vec<_> = keys
+            .iter()
+            .map(|key| {
+                let cache = cache.clone();
+                let key = key.clone();
+                tokio::spawn(async move { (key.clone(), fetch(&cache, &key).await) })
+            })
+            .collect();
+        for call in calls {
+            let (key, outcome) = call.await.unwrap();
+            let outcome = outcome.unwrap_or_else(|e| panic!("{key}: {e}"));
+            if on_victim(&key) {
+                // Served from the outage fallback (the last value this
+                // process saw), or loaded without storing.
+                assert!(
+                    matches!(outcome, Outcome::Stale | Outcome::Degraded),
+                    "{key} is on the hung master: {outcome:?}"
+                );
+                degraded += 1;
+            } else {
+                healthy.push(outcome);
+            }
+        }
+    }
+    assert!(degraded >= 8, "enough victim calls to open its circuit");
+    assert!(!healthy.is_empty());
+    assert!(
+        healthy.iter().all(|o| *o == Outcome::Hit),
+        "keys on healthy masters keep their normal service: {healthy:?}"
+    );
+    assert_eq!(cache.circuit_state(), CircuitState::Open, "the victim's");
+    assert!(cache.stats().circuit_opened >= 1);
+
+    // The master comes back: its keys return to normal after its
+    // breaker's probe.
+    victim.resume();
+    let victim_key = keys[0].clone();
+    let mut back = false;
+    for _ in 0..60 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        if matches!(
+            fetch(&cache, &victim_key).await,
+            Ok(Outcome::Hit | Outcome::Loaded)
+        ) {
+            back = true;
+            break;
+        }
+    }
+    assert!(back, "the victim's keys are served normally again");
+}
