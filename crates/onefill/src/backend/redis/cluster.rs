@@ -257,6 +257,23 @@ impl ClusterRouter {
             .map_or(0, |node| node.shard)
     }
 
+    /// A master that does not serve `slot` and is not failing, as
+    /// `(host, port)`: asked about the slot, it answers `MOVED` (see
+    /// `link.rs`, which uses this to make the driver refresh its slot map).
+    pub(super) fn another_master(&self, slot: u16) -> Option<(String, u16)> {
+        let topology = self.inner.topology.read();
+        let owner = topology.owners[usize::from(slot)].as_ref();
+        topology
+            .masters
+            .iter()
+            .filter(|m| owner.is_none_or(|o| !Arc::ptr_eq(o, m)))
+            .find(|m| !m.failing.load(Ordering::Relaxed))
+            .and_then(|m| {
+                let (host, port) = m.addr.rsplit_once(':')?;
+                Some((host.to_owned(), port.parse().ok()?))
+            })
+    }
+
     /// Runs `op` on a connection to the master of `slot`, following
     /// redirections and retrying transient cluster states (see the module
     /// docs). `op`'s flag says it runs after an `ASK`, on a connection of

@@ -8,10 +8,15 @@ use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
 use redis::cluster_async::ClusterConnection;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{AsyncConnectionConfig, Client, PushInfo, RedisError, Value};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 use tokio::time::Instant;
 
+use super::cluster::{slot_of, ClusterRouter};
 use super::errors::{classify, with_deadline, within};
 use super::options::{RedisOptions, MIN_BACKOFF};
 use crate::backoff::Backoff;
@@ -22,6 +27,10 @@ pub(super) enum Link {
     Single(Box<SingleLink>),
     Cluster(ClusterLink),
 }
+
+/// How often a failed cluster subscription may make the driver refresh
+/// its slot map.
+const NUDGE_INTERVAL: Duration = Duration::from_secs(1);
 
 pub(super) struct SingleLink {
     client: Client,
@@ -36,6 +45,11 @@ pub(super) struct SingleLink {
 
 pub(super) struct ClusterLink {
     conn: ClusterConnection,
+    /// The command path's slot map, which leaves a hung master behind; the
+    /// driver's own does not (see [`ClusterLink::subscribe`]).
+    router: ClusterRouter,
+    /// When the driver was last made to refresh its slot map.
+    last_nudge: Arc<Mutex<Option<Instant>>>,
     /// `None` once the driver dropped its push sender (it never should).
     pub(super) pushes: Option<UnboundedReceiver<PushInfo>>,
     options: RedisOptions,
@@ -139,9 +153,12 @@ impl ClusterLink {
         conn: ClusterConnection,
         pushes: UnboundedReceiver<PushInfo>,
         options: RedisOptions,
+        router: ClusterRouter,
     ) -> ClusterLink {
         ClusterLink {
             conn,
+            router,
+            last_nudge: Arc::new(Mutex::new(None)),
             pushes: Some(pushes),
             options,
         }
@@ -150,12 +167,39 @@ impl ClusterLink {
     /// `SSUBSCRIBE` of `channel` (routed to its slot's node) in a task of
     /// its own, which reports `(channel, confirmed)` on `done`: a node that
     /// hangs holds its own channels only.
+    ///
+    /// The driver retries a timed-out command on the same node and never
+    /// refreshes its slot map for it, so after a hung master's replica is
+    /// promoted its channels would never be subscribed again. When a
+    /// subscription fails, the driver is asked (at most once a second) to
+    /// route a harmless `EXISTS` of the channel to a master that does not
+    /// serve its slot: that master's `MOVED` makes the driver refresh its
+    /// slot map and move its subscriptions.
     pub(super) fn subscribe(&self, channel: String, done: UnboundedSender<(String, bool)>) {
         let mut conn = self.conn.clone();
         let timeout = self.options.response_timeout;
+        let router = self.router.clone();
+        let last_nudge = self.last_nudge.clone();
         tokio::spawn(async move {
             let ok = within(timeout, conn.ssubscribe(&channel)).await.is_ok();
-            let _ = done.send((channel, ok));
+            let _ = done.send((channel.clone(), ok));
+            if ok {
+                return;
+            }
+            {
+                let mut last = last_nudge.lock();
+                if last.is_some_and(|at| at.elapsed() < NUDGE_INTERVAL) {
+                    return;
+                }
+                *last = Some(Instant::now());
+            }
+            let Some((host, port)) = router.another_master(slot_of(channel.as_bytes())) else {
+                return;
+            };
+            let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress { host, port });
+            let mut exists = redis::cmd("EXISTS");
+            exists.arg(&channel);
+            let _ = within(timeout, conn.route_command(exists, routing)).await;
         });
     }
 

@@ -260,7 +260,7 @@ impl RedisBackend {
             .map_err(|e| classify("connect", e))?;
         let sub_conn =
             with_deadline("connect", deadline, sub_client.get_async_connection()).await?;
-        let link = ClusterLink::new(sub_conn, push_rx, options.clone());
+        let link = ClusterLink::new(sub_conn, push_rx, options.clone(), router.clone());
 
         let target = urls.iter().map(|u| redact(u)).collect::<Vec<_>>().join(",");
         Ok(Self::assemble(
