@@ -8,8 +8,8 @@
 
 use std::io::BufRead;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
 use onefill::backend::FillKeys;
@@ -18,6 +18,7 @@ use onefill::{Cache, CallOptions, LeaseTtl, Outcome, WaitPolicy};
 use tokio::sync::{mpsc, oneshot};
 
 use super::args::{FleetStrategy, RunArgs, WorkerArgs};
+use super::fault_report::{outcome_code, ERROR};
 use super::report::WorkerReport;
 use crate::shared::percentile::percentile;
 
@@ -28,8 +29,37 @@ pub fn load_counter_key(namespace: &str, key: &str) -> String {
 
 struct Call {
     started: Duration,
+    key_index: usize,
     latency: Duration,
     outcome: Result<&'static str, String>,
+    /// Age of the answered value (0 for an error or a value without a
+    /// load time).
+    age_ms: u64,
+}
+
+/// The most entries a worker keeps in each of its detail logs.
+const MAX_LOG: usize = 2_000_000;
+
+/// Now, as milliseconds since the Unix epoch (0 if the clock is before it).
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// The value a load produces: the key, the process, the load's number in
+/// it and the load's completion time (Unix ms) after an `@`.
+fn loaded_value(key: &str, n: u64) -> String {
+    format!("{key}-{}-v{n}@{}", std::process::id(), unix_ms())
+}
+
+/// How old a value of [`loaded_value`] is at `now` (Unix ms): 0 if it
+/// carries no load time.
+fn age_ms(value: &str, now: u64) -> u64 {
+    value
+        .rsplit_once('@')
+        .and_then(|(_, t)| t.parse::<u64>().ok())
+        .map_or(0, |t| now.saturating_sub(t))
 }
 
 /// Runs the worker; the summary goes to stdout as one JSON line.
@@ -123,16 +153,24 @@ async fn work(args: &WorkerArgs) -> anyhow::Result<WorkerReport> {
         std::io::stdin().lock().read_line(&mut line)?;
     }
     let local_loads = Arc::new(AtomicU64::new(0));
+    let loads_per_key: Arc<Vec<AtomicU64>> =
+        Arc::new(run.keys.iter().map(|_| AtomicU64::new(0)).collect());
+    let load_log: Arc<Mutex<Vec<[u64; 2]>>> = Arc::new(Mutex::new(Vec::new()));
+    let detail = run.detail;
     let (counts, counting) = LoadCounter::start(raw.clone());
     let origin = Instant::now();
+    let origin_unix_ms = unix_ms();
     let sampler = cache.clone().map(|cache| Sampler::start(cache, origin));
     let mut tasks = Vec::new();
     let keys: Vec<String> = run.keys.clone();
     let spawn_call = |i: usize| {
-        let key = keys[i % keys.len()].clone();
+        let key_index = i % keys.len();
+        let key = keys[key_index].clone();
         let cache = cache.clone();
         let raw = raw.clone();
         let local_loads = local_loads.clone();
+        let loads_per_key = loads_per_key.clone();
+        let load_log = load_log.clone();
         let counts = counts.clone();
         let namespace = args.namespace.clone();
         let load = Duration::from_millis(run.load_ms);
@@ -146,25 +184,41 @@ async fn work(args: &WorkerArgs) -> anyhow::Result<WorkerReport> {
                 let counter = load_counter_key(&namespace, &key);
                 move |key: String| async move {
                     let n = local_loads.fetch_add(1, Ordering::SeqCst) + 1;
+                    if let Some(count) = loads_per_key.get(key_index) {
+                        count.fetch_add(1, Ordering::SeqCst);
+                    }
+                    if detail {
+                        let mut log = load_log.lock().unwrap_or_else(|p| p.into_inner());
+                        if log.len() < MAX_LOG {
+                            log.push([origin.elapsed().as_millis() as u64, key_index as u64]);
+                        }
+                    }
                     // Counted in Redis off the loader's path: the simulated
                     // origin takes `load`, whatever state Redis is in.
                     let _ = counts.send((counter, n));
                     tokio::time::sleep(load).await;
-                    Ok::<_, std::io::Error>(format!("{key}-{}-v{n}", std::process::id()))
+                    Ok::<_, std::io::Error>(loaded_value(&key, n))
                 }
             };
-            let outcome = match cache {
+            let answer = match cache {
                 Some(cache) => cache
                     .fetch(&key, &CallOptions::new(), loader)
                     .await
-                    .map(|f| outcome_name(f.outcome))
+                    .map(|f| (outcome_name(f.outcome), f.value))
                     .map_err(|e| e.to_string()),
                 None => naive(&raw, &namespace, &key, ttl_ms, loader).await,
             };
+            let latency = t0.elapsed();
+            let age_ms = match &answer {
+                Ok((_, value)) => age_ms(value, unix_ms()),
+                Err(_) => 0,
+            };
             Call {
                 started,
-                latency: t0.elapsed(),
-                outcome,
+                key_index,
+                latency,
+                outcome: answer.map(|(name, _)| name),
+                age_ms,
             }
         })
     };
@@ -197,12 +251,20 @@ async fn work(args: &WorkerArgs) -> anyhow::Result<WorkerReport> {
         Some(sampler) => sampler.finish().await?,
         None => Vec::new(),
     };
-    Ok(summarize(
+    let mut report = summarize(
         calls,
         local_loads.load(Ordering::SeqCst),
         cache.map(|c| c.stats()),
         samples,
-    ))
+        detail,
+    );
+    report.origin_unix_ms = origin_unix_ms;
+    report.local_loads_per_key = loads_per_key
+        .iter()
+        .map(|n| n.load(Ordering::SeqCst))
+        .collect();
+    report.load_log = std::mem::take(&mut *load_log.lock().unwrap_or_else(|p| p.into_inner()));
+    Ok(report)
 }
 
 /// Counts loads in Redis (`SADD` of the load's `pid:n` to the key's
@@ -302,13 +364,14 @@ impl Sampler {
 }
 
 /// Naive cache-aside over the raw connection: GET, on a miss load and SET.
+/// Answers the outcome's name and the value.
 async fn naive<F, Fut>(
     raw: &Raw,
     namespace: &str,
     key: &str,
     ttl_ms: u64,
     loader: F,
-) -> Result<&'static str, String>
+) -> Result<(&'static str, String), String>
 where
     F: FnOnce(String) -> Fut,
     Fut: std::future::Future<Output = Result<String, std::io::Error>>,
@@ -318,20 +381,20 @@ where
         .query(redis::cmd("GET").arg(&value_key))
         .await
         .map_err(|e| e.to_string())?;
-    if found.is_some() {
-        return Ok("naive_hit");
+    if let Some(found) = found {
+        return Ok(("naive_hit", found));
     }
     let value = loader(key.to_owned()).await.map_err(|e| e.to_string())?;
     raw.query::<()>(
         redis::cmd("SET")
             .arg(&value_key)
-            .arg(value)
+            .arg(&value)
             .arg("PX")
             .arg(ttl_ms),
     )
     .await
     .map_err(|e| e.to_string())?;
-    Ok("naive_load")
+    Ok(("naive_load", value))
 }
 
 fn outcome_name(outcome: Outcome) -> &'static str {
@@ -350,6 +413,7 @@ fn summarize(
     local_loads: u64,
     stats: Option<onefill::Stats>,
     samples: Vec<Sample>,
+    detail: bool,
 ) -> WorkerReport {
     let mut report = WorkerReport {
         pid: std::process::id(),
@@ -367,6 +431,18 @@ fn summarize(
     let mut latencies: Vec<Duration> = Vec::with_capacity(calls.len());
     for call in &calls {
         latencies.push(call.latency);
+        if detail && report.call_log.len() < MAX_LOG {
+            report.call_log.push([
+                call.started.as_millis() as u64,
+                call.key_index as u64,
+                match &call.outcome {
+                    Ok(name) => outcome_code(name),
+                    Err(_) => ERROR,
+                },
+                call.latency.as_micros() as u64,
+                call.age_ms,
+            ]);
+        }
         match &call.outcome {
             Ok(name) => {
                 *report.outcomes.entry((*name).to_owned()).or_default() += 1;
@@ -389,4 +465,22 @@ fn summarize(
     report.p99_ms = ms(percentile(&latencies, 99.0));
     report.max_ms = ms(latencies.last().copied());
     report
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_loaded_value_carries_its_load_time() {
+        let before = unix_ms();
+        let value = loaded_value("key-3", 7);
+        assert!(value.starts_with(&format!("key-3-{}-v7@", std::process::id())));
+        let age = age_ms(&value, before + 5_000);
+        assert!((4_000..=5_000).contains(&age), "{value}: {age}");
+        assert_eq!(age_ms(&value, 0), 0, "a clock gone back is age 0");
+        assert_eq!(age_ms("no-time", before), 0);
+        assert_eq!(age_ms("x@not-a-number", before), 0);
+        assert_eq!(age_ms("a@b@1000", 1_500), 500, "the last @ counts");
+    }
 }
