@@ -22,7 +22,9 @@
 //!   so did the victim's keys outside the outage window
 //!   `[fault, promotion + 1.5 s]`.
 
-use std::process::Command;
+use std::io::Read;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 use onefill::backend::FillKeys;
 use onefill_testkit::RedisCluster;
@@ -32,6 +34,49 @@ const BIN: &str = env!("CARGO_BIN_EXE_onefill");
 
 /// The recovery allowed after the promotion, ms.
 const RECOVERY_MS: f64 = 1_500.0;
+
+/// A 10 s run takes about 11 s; one that has not ended after this is hung
+/// (and fails the test rather than hanging it).
+const FLEET_PATIENCE: Duration = Duration::from_secs(180);
+
+/// Runs `cmd` to the end like `Command::output`, but kills it (and fails)
+/// if it has not ended within `patience`.
+fn output_within(mut cmd: Command, patience: Duration) -> Output {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start onefill fleet");
+    let drain = |mut pipe: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            let _ = pipe.read_to_end(&mut bytes);
+            bytes
+        })
+    };
+    let stdout = drain(Box::new(child.stdout.take().expect("stdout")));
+    let stderr = drain(Box::new(child.stderr.take().expect("stderr")));
+    let deadline = Instant::now() + patience;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for onefill fleet") {
+            break status;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "onefill fleet did not end within {patience:?}:\n{}",
+                String::from_utf8_lossy(&stderr.join().unwrap_or_default())
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    Output {
+        status,
+        stdout: stdout.join().expect("stdout"),
+        stderr: stderr.join().expect("stderr"),
+    }
+}
 
 /// Runs the scenario with `--fault fault` on a fresh 3 + 3 cluster
 /// and checks the report.
@@ -58,7 +103,7 @@ fn failover_scenario(fault: &str) {
         "--fault",
         fault,
     ]);
-    let out = cmd.output().expect("run onefill fleet");
+    let out = output_within(cmd, FLEET_PATIENCE);
     let stderr = String::from_utf8_lossy(&out.stderr);
     eprintln!("{stderr}");
     assert!(

@@ -110,6 +110,10 @@ pub struct WorkerReport {
     /// Unix time (ms) of this worker's t = 0, its "go".
     #[serde(default)]
     pub origin_unix_ms: u64,
+    /// Loads this process ran that its counter could not count in Redis
+    /// (it waits a few seconds at most at the end).
+    #[serde(default)]
+    pub loads_not_counted_in_redis: u64,
     /// Loads this process ran, per key (in the order of the run's keys).
     #[serde(default)]
     pub local_loads_per_key: Vec<u64>,

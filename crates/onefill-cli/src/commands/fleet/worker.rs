@@ -37,6 +37,15 @@ struct Call {
     age_ms: u64,
 }
 
+/// How long the worker waits for one call: a call that never answers is an
+/// error, not a worker that never ends. Far beyond any bound of the
+/// library's: 2 minutes plus three loads plus the wait deadline.
+fn call_patience(run: &RunArgs) -> Duration {
+    Duration::from_secs(120)
+        + Duration::from_millis(run.load_ms.saturating_mul(3))
+        + Duration::from_millis(run.wait_deadline_ms.unwrap_or(10_000))
+}
+
 /// The most entries a worker keeps in each of its detail logs.
 const MAX_LOG: usize = 2_000_000;
 
@@ -175,6 +184,7 @@ async fn work(args: &WorkerArgs) -> anyhow::Result<WorkerReport> {
         let namespace = args.namespace.clone();
         let load = Duration::from_millis(run.load_ms);
         let ttl_ms = run.ttl_ms;
+        let patience = call_patience(run);
         tokio::spawn(async move {
             let started = origin.elapsed();
             let t0 = Instant::now();
@@ -200,14 +210,18 @@ async fn work(args: &WorkerArgs) -> anyhow::Result<WorkerReport> {
                     Ok::<_, std::io::Error>(loaded_value(&key, n))
                 }
             };
-            let answer = match cache {
-                Some(cache) => cache
-                    .fetch(&key, &CallOptions::new(), loader)
-                    .await
-                    .map(|f| (outcome_name(f.outcome), f.value))
-                    .map_err(|e| e.to_string()),
-                None => naive(&raw, &namespace, &key, ttl_ms, loader).await,
-            };
+            let answer = tokio::time::timeout(patience, async {
+                match cache {
+                    Some(cache) => cache
+                        .fetch(&key, &CallOptions::new(), loader)
+                        .await
+                        .map(|f| (outcome_name(f.outcome), f.value))
+                        .map_err(|e| e.to_string()),
+                    None => naive(&raw, &namespace, &key, ttl_ms, loader).await,
+                }
+            })
+            .await
+            .unwrap_or_else(|_| Err(format!("no answer within {patience:?}")));
             let latency = t0.elapsed();
             let age_ms = match &answer {
                 Ok((_, value)) => age_ms(value, unix_ms()),
@@ -246,7 +260,10 @@ async fn work(args: &WorkerArgs) -> anyhow::Result<WorkerReport> {
         calls.push(t.await.context("caller task")?);
     }
     drop(counts);
-    counting.finish().await;
+    let not_counted = counting.finish().await;
+    if not_counted > 0 {
+        eprintln!("worker: {not_counted} loads could not be counted in Redis");
+    }
     let samples = match sampler {
         Some(sampler) => sampler.finish().await?,
         None => Vec::new(),
@@ -259,6 +276,7 @@ async fn work(args: &WorkerArgs) -> anyhow::Result<WorkerReport> {
         detail,
     );
     report.origin_unix_ms = origin_unix_ms;
+    report.loads_not_counted_in_redis = not_counted;
     report.local_loads_per_key = loads_per_key
         .iter()
         .map(|n| n.load(Ordering::SeqCst))
@@ -269,49 +287,86 @@ async fn work(args: &WorkerArgs) -> anyhow::Result<WorkerReport> {
 
 /// Counts loads in Redis (`SADD` of the load's `pid:n` to the key's
 /// counter set, and `SET` of the loading pid beside it, for fault tests that
-/// kill the holder), in a task of its own: a load is never slowed by a hung
-/// Redis, and a count that fails is retried until Redis answers, so none is
-/// lost to an outage; `SADD` makes a retry whose first try did land (its
-/// reply lost) count once.
+/// kill the holder), each in a task of its own: a load is never slowed by a
+/// hung Redis, one hung node does not hold up the counts of the others, and
+/// a count that fails (or takes over a second) is retried until Redis
+/// answers, so none is lost to a short outage; `SADD` makes a retry whose
+/// first try did land (its reply lost) count once. The worker waits for the
+/// counts a few seconds at most at the end: what has not landed by then is
+/// reported, never waited for (a node hung until the run ends would
+/// otherwise hold up the whole fleet).
 struct LoadCounter {
     task: tokio::task::JoinHandle<()>,
+    /// Counts sent and not (yet) landed.
+    pending: Arc<AtomicU64>,
 }
 
 /// How long a count is retried before it is given up (and reported).
 const COUNT_PATIENCE: Duration = Duration::from_secs(30);
+/// How long one attempt at a count may take.
+const COUNT_ATTEMPT: Duration = Duration::from_secs(1);
+/// How long the worker waits for its last counts at the end.
+const COUNT_FINISH: Duration = Duration::from_secs(5);
 
 impl LoadCounter {
     fn start(raw: Arc<Raw>) -> (mpsc::UnboundedSender<(String, u64)>, LoadCounter) {
         let (tx, mut rx) = mpsc::unbounded_channel::<(String, u64)>();
+        let pending = Arc::new(AtomicU64::new(0));
+        let counting = pending.clone();
         let task = tokio::spawn(async move {
-            while let Some((counter, n)) = rx.recv().await {
-                let given_up = Instant::now() + COUNT_PATIENCE;
-                let id = format!("{}:{n}", std::process::id());
-                while raw
-                    .query::<i64>(redis::cmd("SADD").arg(&counter).arg(&id))
-                    .await
-                    .is_err()
-                {
-                    if Instant::now() > given_up {
-                        eprintln!("worker: a load could not be counted in Redis");
-                        break;
-                    }
-                    tokio::time::sleep(Duration::from_millis(50)).await;
+            // Dropped (so its counts aborted) if the task is aborted.
+            let mut counts = tokio::task::JoinSet::new();
+            loop {
+                tokio::select! {
+                    next = rx.recv() => match next {
+                        Some((counter, n)) => {
+                            counting.fetch_add(1, Ordering::SeqCst);
+                            counts.spawn(Self::count(raw.clone(), counter, n, counting.clone()));
+                        }
+                        None => break,
+                    },
+                    Some(_) = counts.join_next(), if !counts.is_empty() => {}
                 }
-                let pid = redis::cmd("SET")
-                    .arg(format!("{counter}:pid"))
-                    .arg(std::process::id())
-                    .clone();
-                let _ = raw.query::<()>(&pid).await;
             }
+            while counts.join_next().await.is_some() {}
         });
-        (tx, LoadCounter { task })
+        (tx, LoadCounter { task, pending })
     }
 
-    /// Waits until every load sent so far is counted (the senders must be
-    /// dropped first).
-    async fn finish(self) {
-        let _ = self.task.await;
+    /// Counts one load.
+    async fn count(raw: Arc<Raw>, counter: String, n: u64, pending: Arc<AtomicU64>) {
+        let given_up = Instant::now() + COUNT_PATIENCE;
+        let id = format!("{}:{n}", std::process::id());
+        let sadd = redis::cmd("SADD").arg(&counter).arg(&id).clone();
+        loop {
+            let attempt = tokio::time::timeout(COUNT_ATTEMPT, raw.query::<i64>(&sadd)).await;
+            if let Ok(Ok(_)) = attempt {
+                pending.fetch_sub(1, Ordering::SeqCst);
+                break;
+            }
+            if Instant::now() > given_up {
+                eprintln!("worker: a load could not be counted in Redis");
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let pid = redis::cmd("SET")
+            .arg(format!("{counter}:pid"))
+            .arg(std::process::id())
+            .clone();
+        let _ = tokio::time::timeout(COUNT_ATTEMPT, raw.query::<()>(&pid)).await;
+    }
+
+    /// Waits (up to 5 s) until every load sent so far is counted (the
+    /// senders must be dropped first); returns how many were not.
+    async fn finish(mut self) -> u64 {
+        if tokio::time::timeout(COUNT_FINISH, &mut self.task)
+            .await
+            .is_err()
+        {
+            self.task.abort();
+        }
+        self.pending.load(Ordering::SeqCst)
     }
 }
 
