@@ -142,6 +142,23 @@ pub struct AnswerFigures {
     pub max_ms: f64,
 }
 
+/// Abnormal calls by kind.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct AbnormalKinds {
+    /// Abnormal calls.
+    pub calls: u64,
+    /// Failed.
+    pub errors: u64,
+    /// Answered stale.
+    pub stale: u64,
+    /// Answered degraded.
+    pub degraded: u64,
+    /// Answered a value older than the age limit.
+    pub over_age_limit: u64,
+    /// Slower than the slow limit.
+    pub slow: u64,
+}
+
 /// The keys on healthy masters.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct HealthyFigures {
@@ -164,6 +181,9 @@ pub struct VictimFigures {
     /// minus the promotion time (0 if there is none; `None` without a
     /// promotion).
     pub recovered_after_promotion_ms: Option<f64>,
+    /// The abnormal calls that started after the promotion, by kind (a
+    /// call may count under several): what the recovery time is made of.
+    pub abnormal_after_promotion: AbnormalKinds,
     /// Their loads (counted by the workers).
     pub loads: u64,
     /// Loads that started outside the outage window.
@@ -336,6 +356,20 @@ pub fn analyse(
             .map(|c| c.started_ms + c.latency_ms - p)
             .fold(0.0, f64::max)
     });
+    let mut after = AbnormalKinds::default();
+    if let Some(p) = injected.promoted_at_ms {
+        for c in calls
+            .iter()
+            .filter(|c| victim_key(c.key) && c.started_ms >= p && abnormal(c))
+        {
+            after.calls += 1;
+            after.errors += u64::from(c.outcome == ERROR);
+            after.stale += u64::from(c.outcome == STALE);
+            after.degraded += u64::from(c.outcome == DEGRADED);
+            after.over_age_limit += u64::from(c.age_ms > age_limit);
+            after.slow += u64::from(c.latency_ms > slow_limit);
+        }
+    }
     let victim_loads: Vec<&LoadRecord> = loads.iter().filter(|l| victim_key(l.key)).collect();
     let inside = victim_loads
         .iter()
@@ -364,6 +398,7 @@ pub fn analyse(
         victim: VictimFigures {
             answers: figures(victim_count, &|c| victim_key(c.key)),
             recovered_after_promotion_ms: recovered,
+            abnormal_after_promotion: after,
             loads: victim_loads.len() as u64,
             loads_outside_outage: victim_loads.len() as u64 - inside,
             ideal_loads_outside_outage: shape
@@ -498,6 +533,9 @@ mod tests {
         calls.push(call(7_900.0, 0, STALE, 1.0, 0)); // a healthy key: ignored
         let r = analyse(&injected(Some(7_000.0)), &names(), shape(), &calls, &[]);
         assert_eq!(r.victim.recovered_after_promotion_ms, Some(1_100.0));
+        let after = &r.victim.abnormal_after_promotion;
+        assert_eq!((after.calls, after.degraded, after.slow), (2, 1, 1));
+        assert_eq!((after.errors, after.stale, after.over_age_limit), (0, 0, 0));
         assert_eq!(r.victim.answers.last_abnormal_end_ms, Some(8_100.0));
         assert_eq!(r.victim.answers.first_abnormal_ms, Some(6_000.0));
     }
