@@ -117,4 +117,53 @@ mod tests {
         cluster.wait_until_ok();
         assert_eq!(owner.command(&["GET", "ns:{k}"]), "(nil)");
     }
+
+    #[test]
+    fn a_replicated_cluster_forms_and_a_replica_takes_over() {
+        let cluster = RedisCluster::start_with_replicas(3, 1);
+        assert_eq!(cluster.nodes().len(), 6);
+        let master = cluster.node_for_key("ns:{k}");
+        let replicas = cluster.replicas_of(master);
+        assert_eq!(replicas.len(), 1, "one replica per master");
+        let replica = replicas[0];
+        assert_ne!(replica.port(), master.port());
+        let info = replica.command(&["INFO", "replication"]);
+        assert!(info.contains("master_link_status:up"), "{info}");
+        assert!(
+            info.contains(&format!("master_port:{}", master.port())),
+            "{info}"
+        );
+        assert_eq!(master.command(&["SET", "ns:{k}", "1"]), "OK");
+        assert_eq!(master.command(&["WAIT", "1", "2000"]), "1");
+
+        // A graceful failover: the replica becomes the slot's master.
+        let slot = cluster.slot_of("ns:{k}");
+        assert_eq!(replica.command(&["CLUSTER", "FAILOVER"]), "OK");
+        let new_master = cluster
+            .wait_until_slot_moves(slot, master, Duration::from_secs(10))
+            .expect("the replica was promoted");
+        assert_eq!(new_master.port(), replica.port());
+        assert_eq!(cluster.node_for_key("ns:{k}").port(), replica.port());
+        assert_eq!(replica.command(&["GET", "ns:{k}"]), "1");
+        cluster.wait_until_ok();
+        // The old master follows the new one (every node learns it by
+        // gossip, within a few node timeouts).
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let swapped: Vec<u16> = cluster
+                .replicas_of(replica)
+                .iter()
+                .map(|n| n.port())
+                .collect();
+            if swapped == [master.port()] {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the old master does not follow: {swapped:?}\n{}",
+                cluster.nodes()[0].command(&["CLUSTER", "NODES"])
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
 }

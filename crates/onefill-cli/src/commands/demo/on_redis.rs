@@ -39,6 +39,7 @@ pub fn run(args: &DemoArgs, url: &str) -> anyhow::Result<()> {
             backend_timeout_ms: None,
             lease_ttl_ms: None,
             wait_deadline_ms: Some(args.load_ms * 3 + 5_000),
+            detail: false,
         };
         let report = fleet::run(&run, args.instances, &fleet::fresh_namespace())
             .with_context(|| format!("strategy {strategy:?}"))?;

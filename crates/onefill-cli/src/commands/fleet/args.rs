@@ -11,6 +11,7 @@ use std::ops::RangeInclusive;
 use clap::Args;
 use serde::{Deserialize, Serialize};
 
+use super::fault::FaultKind;
 use crate::cli::{parse_key, MAX_CALLERS, MAX_LOAD_MS};
 
 // The bounds of the numeric run flags, enforced by clap on the command line
@@ -25,6 +26,7 @@ const GRACE_MS: RangeInclusive<u64> = 0..=86_400_000;
 const BACKEND_TIMEOUT_MS: RangeInclusive<u64> = 1..=60_000;
 const LEASE_TTL_MS: RangeInclusive<u64> = 30..=3_600_000;
 const WAIT_DEADLINE_MS: RangeInclusive<u64> = 1..=3_600_000;
+const KEY_COUNT: RangeInclusive<i64> = 1..=100_000;
 
 /// Which way the fleet's callers get the value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
@@ -82,6 +84,13 @@ pub struct RunArgs {
     /// The waiters' deadline in milliseconds (default 10 s).
     #[arg(long, value_parser = clap::value_parser!(u64).range(WAIT_DEADLINE_MS))]
     pub wait_deadline_ms: Option<u64>,
+    /// Keep every call (`[started_ms, key_index, outcome_code, latency_us,
+    /// age_ms]`) and every load (`[started_ms, key_index]`) in the workers'
+    /// reports (`call_log`, `load_log`). Implied by --fault, which then
+    /// keeps only its summary unless --detail is given too.
+    #[arg(long)]
+    #[serde(default)]
+    pub detail: bool,
 }
 
 impl RunArgs {
@@ -154,6 +163,32 @@ pub struct FleetArgs {
     /// What every worker runs.
     #[command(flatten)]
     pub run: RunArgs,
+    /// Use N keys, `key-0` … `key-{N-1}`, instead of --keys.
+    #[arg(long, value_name = "N", conflicts_with = "keys",
+          value_parser = clap::value_parser!(u32).range(KEY_COUNT))]
+    pub key_count: Option<u32>,
+    /// Steady mode on a cluster: fault the master that owns the most of the
+    /// run's keys (the victim) at --fault-at-ms and report what callers saw
+    /// (the `fault` section). This changes the cluster: see --help.
+    ///
+    /// `failover` sends CLUSTER FAILOVER to a replica of the victim: the two
+    /// swap roles, and stay swapped. `kill` sends SIGKILL to the victim's
+    /// redis-server, which must run on this machine (a loopback address):
+    /// the node stays dead. `hang` sends it SIGSTOP (same machine) and
+    /// SIGCONT when the run ends, whatever happens; it then rejoins as a
+    /// replica.
+    ///
+    /// The parent then polls CLUSTER SLOTS of a healthy master every 20 ms
+    /// until the victim's slots are served by another node (the
+    /// promotion). An answer older than ttl + grace + 100 ms counts as too
+    /// old, a call slower than max(100 ms, 2 × load) as slow; the victim's
+    /// recovery is the end of its last abnormal call after the promotion.
+    #[arg(long, value_enum, requires_all = ["cluster", "rate"])]
+    pub fault: Option<FaultKind>,
+    /// When the fault is injected, in milliseconds after the start (less
+    /// than --duration-ms).
+    #[arg(long, default_value_t = 5_000, requires = "fault")]
+    pub fault_at_ms: u64,
     /// Worker processes.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub processes: u32,
@@ -239,7 +274,60 @@ mod tests {
             backend_timeout_ms: Some(333),
             lease_ttl_ms: Some(1_234),
             wait_deadline_ms: Some(2_468),
+            detail: true,
         }
+    }
+
+    fn fleet(argv: &[&str]) -> Result<FleetArgs, clap::Error> {
+        let argv = ["onefill", "fleet", "--redis", "redis://x"]
+            .iter()
+            .chain(argv);
+        match Cli::try_parse_from(argv)?.command {
+            Command::Fleet(args) => Ok(args),
+            other => panic!("not a fleet: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn fault_flags_need_a_steady_cluster_run() {
+        let ok = fleet(&["--cluster", "--rate", "10", "--fault", "hang"]).expect("parses");
+        assert_eq!(ok.fault, Some(FaultKind::Hang));
+        assert_eq!(ok.fault_at_ms, 5_000);
+        let at = fleet(&[
+            "--cluster",
+            "--rate",
+            "10",
+            "--fault",
+            "kill",
+            "--fault-at-ms",
+            "100",
+        ])
+        .expect("parses");
+        assert_eq!((at.fault, at.fault_at_ms), (Some(FaultKind::Kill), 100));
+        assert!(
+            fleet(&["--rate", "10", "--fault", "kill"]).is_err(),
+            "no --cluster"
+        );
+        assert!(
+            fleet(&["--cluster", "--fault", "kill"]).is_err(),
+            "no --rate"
+        );
+        assert!(fleet(&["--cluster", "--rate", "10", "--fault", "nap"]).is_err());
+        assert!(
+            fleet(&["--fault-at-ms", "100"]).is_err(),
+            "--fault-at-ms without --fault"
+        );
+        assert_eq!(fleet(&[]).expect("parses").fault, None);
+    }
+
+    #[test]
+    fn key_count_replaces_the_key_list() {
+        assert_eq!(
+            fleet(&["--key-count", "50"]).expect("parses").key_count,
+            Some(50)
+        );
+        assert!(fleet(&["--key-count", "5", "--keys", "a,b"]).is_err());
+        assert!(fleet(&["--key-count", "0"]).is_err());
     }
 
     #[test]

@@ -1,7 +1,34 @@
 //! Talking to Redis directly from the parent: reading the load counters and
 //! the servers' command statistics around a run.
+//!
+//! Every connection has a timeout; in a cluster a node that cannot be
+//! reached (killed by `--fault kill`, say) is skipped.
+
+use std::time::Duration;
 
 use super::args::RunArgs;
+
+/// Connect, read and write timeout of the parent's own commands.
+const ADMIN_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A short-lived connection with timeouts.
+fn connect(url: &str) -> redis::RedisResult<redis::Connection> {
+    let client = redis::Client::open(url)?;
+    let con = client.get_connection_with_timeout(ADMIN_TIMEOUT)?;
+    con.set_read_timeout(Some(ADMIN_TIMEOUT))?;
+    con.set_write_timeout(Some(ADMIN_TIMEOUT))?;
+    Ok(con)
+}
+
+/// A connection to `url`, or `None` for a cluster node that cannot be
+/// reached (one server that cannot be reached is an error).
+fn reach(args: &RunArgs, url: &str) -> anyhow::Result<Option<redis::Connection>> {
+    match connect(url) {
+        Ok(con) => Ok(Some(con)),
+        Err(_) if args.cluster => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
 
 /// Runs one command on every node (or the one server) with a short-lived
 /// connection and returns the first node's reply as text.
@@ -9,8 +36,9 @@ pub fn admin(args: &RunArgs, cmd: &[&str]) -> anyhow::Result<String> {
     let mut first = None;
     let single_key_command = matches!(cmd[0], "GET" | "SCARD");
     for url in &args.redis {
-        let client = redis::Client::open(url.as_str())?;
-        let mut con = client.get_connection()?;
+        let Some(mut con) = reach(args, url)? else {
+            continue;
+        };
         let mut c = redis::cmd(cmd[0]);
         for a in &cmd[1..] {
             c.arg(*a);
@@ -23,7 +51,12 @@ pub fn admin(args: &RunArgs, cmd: &[&str]) -> anyhow::Result<String> {
             }
             continue;
         }
-        let reply: redis::Value = c.query(&mut con)?;
+        let reply: redis::Value = match c.query(&mut con) {
+            Ok(reply) => reply,
+            // A cluster node that stopped answering (a fault) is skipped.
+            Err(e) if args.cluster && (e.is_timeout() || e.is_io_error()) => continue,
+            Err(e) => return Err(e.into()),
+        };
         if first.is_none() {
             first = Some(match reply {
                 redis::Value::BulkString(b) => String::from_utf8_lossy(&b).into_owned(),
@@ -41,15 +74,22 @@ pub fn admin(args: &RunArgs, cmd: &[&str]) -> anyhow::Result<String> {
     Ok(first.unwrap_or_default())
 }
 
-/// Sum of `calls=` over INFO commandstats of every node, less the parent's
-/// own admin commands.
+/// Sum of `calls=` over INFO commandstats of every node (that answers, in a
+/// cluster), less the parent's own admin commands.
 pub fn command_count(args: &RunArgs) -> anyhow::Result<u64> {
     let mut total = 0;
     for url in &args.redis {
-        let client = redis::Client::open(url.as_str())?;
-        let mut con = client.get_connection()?;
-        let info: String = redis::cmd("INFO").arg("commandstats").query(&mut con)?;
-        total += parse_commandstats(&info);
+        let Some(mut con) = reach(args, url)? else {
+            continue;
+        };
+        match redis::cmd("INFO")
+            .arg("commandstats")
+            .query::<String>(&mut con)
+        {
+            Ok(info) => total += parse_commandstats(&info),
+            Err(e) if args.cluster && (e.is_timeout() || e.is_io_error()) => continue,
+            Err(e) => return Err(e.into()),
+        }
     }
     Ok(total)
 }

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::args::{FleetStrategy, RunArgs};
+use super::fault_report::FaultReport;
 
 /// The measured result of one fleet run.
 #[derive(Debug, Clone, Serialize)]
@@ -21,6 +22,14 @@ pub struct FleetReport {
     pub loads_per_key: Vec<(String, i64)>,
     /// All loads, counted in Redis.
     pub loads: i64,
+    /// Loads per key, counted by the workers (reliable when a node holding
+    /// a Redis counter failed).
+    pub local_loads_per_key: Vec<(String, u64)>,
+    /// All loads, counted by the workers.
+    pub local_loads: u64,
+    /// With `--fault`: the fault and what callers saw.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fault: Option<FaultReport>,
     /// Commands the server executed during the run (all nodes), excluding
     /// the parent's own CONFIG/INFO.
     pub redis_commands: u64,
@@ -51,7 +60,7 @@ impl FleetReport {
                 self.processes, self.callers_per_process
             ),
         };
-        format!(
+        let summary = format!(
             "{shape} ({:?}): {} loads (counted in Redis), {} Redis commands, {} calls, \
              {} errors, worst p99 {:.1} ms, max {:.1} ms",
             self.strategy,
@@ -61,7 +70,11 @@ impl FleetReport {
             self.errors,
             self.p99_ms,
             self.max_ms
-        )
+        );
+        match &self.fault {
+            Some(fault) => format!("{summary}\n{}", fault.to_text()),
+            None => summary,
+        }
     }
 }
 
@@ -94,4 +107,24 @@ pub struct WorkerReport {
     pub stats: Option<onefill::Stats>,
     /// Samples every 100 ms: `[t_ms, lease_acquired, loads_ok, degraded_loads, stale_served]`.
     pub samples: Vec<[u64; 5]>,
+    /// Unix time (ms) of this worker's t = 0, its "go".
+    #[serde(default)]
+    pub origin_unix_ms: u64,
+    /// Loads this process ran that its counter could not count in Redis
+    /// (it waits a few seconds at most at the end).
+    #[serde(default)]
+    pub loads_not_counted_in_redis: u64,
+    /// Loads this process ran, per key (in the order of the run's keys).
+    #[serde(default)]
+    pub local_loads_per_key: Vec<u64>,
+    /// With `--detail` (or `--fault`): every call, `[started_ms, key_index,
+    /// outcome_code, latency_us, age_ms]`, `started_ms` from this worker's
+    /// t = 0, `outcome_code` 0 error, 1 hit, 2 stale, 3 loaded, 4 waited,
+    /// 5 degraded, 6 naive_hit, 7 naive_load, 8 other; `age_ms` the age of
+    /// the answered value (its load's completion time is in the value).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub call_log: Vec<[u64; 5]>,
+    /// With `--detail` (or `--fault`): every load, `[started_ms, key_index]`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub load_log: Vec<[u64; 2]>,
 }

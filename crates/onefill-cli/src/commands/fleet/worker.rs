@@ -8,8 +8,8 @@
 
 use std::io::BufRead;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
 use onefill::backend::FillKeys;
@@ -18,6 +18,7 @@ use onefill::{Cache, CallOptions, LeaseTtl, Outcome, WaitPolicy};
 use tokio::sync::{mpsc, oneshot};
 
 use super::args::{FleetStrategy, RunArgs, WorkerArgs};
+use super::fault_report::{outcome_code, ERROR};
 use super::report::WorkerReport;
 use crate::shared::percentile::percentile;
 
@@ -28,8 +29,46 @@ pub fn load_counter_key(namespace: &str, key: &str) -> String {
 
 struct Call {
     started: Duration,
+    key_index: usize,
     latency: Duration,
     outcome: Result<&'static str, String>,
+    /// Age of the answered value (0 for an error or a value without a
+    /// load time).
+    age_ms: u64,
+}
+
+/// How long the worker waits for one call: a call that never answers is an
+/// error, not a worker that never ends. Far beyond any bound of the
+/// library's: 2 minutes plus three loads plus the wait deadline.
+fn call_patience(run: &RunArgs) -> Duration {
+    Duration::from_secs(120)
+        + Duration::from_millis(run.load_ms.saturating_mul(3))
+        + Duration::from_millis(run.wait_deadline_ms.unwrap_or(10_000))
+}
+
+/// The most entries a worker keeps in each of its detail logs.
+const MAX_LOG: usize = 2_000_000;
+
+/// Now, as milliseconds since the Unix epoch (0 if the clock is before it).
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// The value a load produces: the key, the process, the load's number in
+/// it and the load's completion time (Unix ms) after an `@`.
+fn loaded_value(key: &str, n: u64) -> String {
+    format!("{key}-{}-v{n}@{}", std::process::id(), unix_ms())
+}
+
+/// How old a value of [`loaded_value`] is at `now` (Unix ms): 0 if it
+/// carries no load time.
+fn age_ms(value: &str, now: u64) -> u64 {
+    value
+        .rsplit_once('@')
+        .and_then(|(_, t)| t.parse::<u64>().ok())
+        .map_or(0, |t| now.saturating_sub(t))
 }
 
 /// Runs the worker; the summary goes to stdout as one JSON line.
@@ -123,20 +162,29 @@ async fn work(args: &WorkerArgs) -> anyhow::Result<WorkerReport> {
         std::io::stdin().lock().read_line(&mut line)?;
     }
     let local_loads = Arc::new(AtomicU64::new(0));
+    let loads_per_key: Arc<Vec<AtomicU64>> =
+        Arc::new(run.keys.iter().map(|_| AtomicU64::new(0)).collect());
+    let load_log: Arc<Mutex<Vec<[u64; 2]>>> = Arc::new(Mutex::new(Vec::new()));
+    let detail = run.detail;
     let (counts, counting) = LoadCounter::start(raw.clone());
     let origin = Instant::now();
+    let origin_unix_ms = unix_ms();
     let sampler = cache.clone().map(|cache| Sampler::start(cache, origin));
     let mut tasks = Vec::new();
     let keys: Vec<String> = run.keys.clone();
     let spawn_call = |i: usize| {
-        let key = keys[i % keys.len()].clone();
+        let key_index = i % keys.len();
+        let key = keys[key_index].clone();
         let cache = cache.clone();
         let raw = raw.clone();
         let local_loads = local_loads.clone();
+        let loads_per_key = loads_per_key.clone();
+        let load_log = load_log.clone();
         let counts = counts.clone();
         let namespace = args.namespace.clone();
         let load = Duration::from_millis(run.load_ms);
         let ttl_ms = run.ttl_ms;
+        let patience = call_patience(run);
         tokio::spawn(async move {
             let started = origin.elapsed();
             let t0 = Instant::now();
@@ -146,25 +194,45 @@ async fn work(args: &WorkerArgs) -> anyhow::Result<WorkerReport> {
                 let counter = load_counter_key(&namespace, &key);
                 move |key: String| async move {
                     let n = local_loads.fetch_add(1, Ordering::SeqCst) + 1;
+                    if let Some(count) = loads_per_key.get(key_index) {
+                        count.fetch_add(1, Ordering::SeqCst);
+                    }
+                    if detail {
+                        let mut log = load_log.lock().unwrap_or_else(|p| p.into_inner());
+                        if log.len() < MAX_LOG {
+                            log.push([origin.elapsed().as_millis() as u64, key_index as u64]);
+                        }
+                    }
                     // Counted in Redis off the loader's path: the simulated
                     // origin takes `load`, whatever state Redis is in.
                     let _ = counts.send((counter, n));
                     tokio::time::sleep(load).await;
-                    Ok::<_, std::io::Error>(format!("{key}-{}-v{n}", std::process::id()))
+                    Ok::<_, std::io::Error>(loaded_value(&key, n))
                 }
             };
-            let outcome = match cache {
-                Some(cache) => cache
-                    .fetch(&key, &CallOptions::new(), loader)
-                    .await
-                    .map(|f| outcome_name(f.outcome))
-                    .map_err(|e| e.to_string()),
-                None => naive(&raw, &namespace, &key, ttl_ms, loader).await,
+            let answer = tokio::time::timeout(patience, async {
+                match cache {
+                    Some(cache) => cache
+                        .fetch(&key, &CallOptions::new(), loader)
+                        .await
+                        .map(|f| (outcome_name(f.outcome), f.value))
+                        .map_err(|e| e.to_string()),
+                    None => naive(&raw, &namespace, &key, ttl_ms, loader).await,
+                }
+            })
+            .await
+            .unwrap_or_else(|_| Err(format!("no answer within {patience:?}")));
+            let latency = t0.elapsed();
+            let age_ms = match &answer {
+                Ok((_, value)) => age_ms(value, unix_ms()),
+                Err(_) => 0,
             };
             Call {
                 started,
-                latency: t0.elapsed(),
-                outcome,
+                key_index,
+                latency,
+                outcome: answer.map(|(name, _)| name),
+                age_ms,
             }
         })
     };
@@ -192,64 +260,113 @@ async fn work(args: &WorkerArgs) -> anyhow::Result<WorkerReport> {
         calls.push(t.await.context("caller task")?);
     }
     drop(counts);
-    counting.finish().await;
+    let not_counted = counting.finish().await;
+    if not_counted > 0 {
+        eprintln!("worker: {not_counted} loads could not be counted in Redis");
+    }
     let samples = match sampler {
         Some(sampler) => sampler.finish().await?,
         None => Vec::new(),
     };
-    Ok(summarize(
+    let mut report = summarize(
         calls,
         local_loads.load(Ordering::SeqCst),
         cache.map(|c| c.stats()),
         samples,
-    ))
+        detail,
+    );
+    report.origin_unix_ms = origin_unix_ms;
+    report.loads_not_counted_in_redis = not_counted;
+    report.local_loads_per_key = loads_per_key
+        .iter()
+        .map(|n| n.load(Ordering::SeqCst))
+        .collect();
+    report.load_log = std::mem::take(&mut *load_log.lock().unwrap_or_else(|p| p.into_inner()));
+    Ok(report)
 }
 
 /// Counts loads in Redis (`SADD` of the load's `pid:n` to the key's
 /// counter set, and `SET` of the loading pid beside it, for fault tests that
-/// kill the holder), in a task of its own: a load is never slowed by a hung
-/// Redis, and a count that fails is retried until Redis answers, so none is
-/// lost to an outage; `SADD` makes a retry whose first try did land (its
-/// reply lost) count once.
+/// kill the holder), each in a task of its own: a load is never slowed by a
+/// hung Redis, one hung node does not hold up the counts of the others, and
+/// a count that fails (or takes over a second) is retried until Redis
+/// answers, so none is lost to a short outage; `SADD` makes a retry whose
+/// first try did land (its reply lost) count once. The worker waits for the
+/// counts a few seconds at most at the end: what has not landed by then is
+/// reported, never waited for (a node hung until the run ends would
+/// otherwise hold up the whole fleet).
 struct LoadCounter {
     task: tokio::task::JoinHandle<()>,
+    /// Counts sent and not (yet) landed.
+    pending: Arc<AtomicU64>,
 }
 
 /// How long a count is retried before it is given up (and reported).
 const COUNT_PATIENCE: Duration = Duration::from_secs(30);
+/// How long one attempt at a count may take.
+const COUNT_ATTEMPT: Duration = Duration::from_secs(1);
+/// How long the worker waits for its last counts at the end.
+const COUNT_FINISH: Duration = Duration::from_secs(5);
 
 impl LoadCounter {
     fn start(raw: Arc<Raw>) -> (mpsc::UnboundedSender<(String, u64)>, LoadCounter) {
         let (tx, mut rx) = mpsc::unbounded_channel::<(String, u64)>();
+        let pending = Arc::new(AtomicU64::new(0));
+        let counting = pending.clone();
         let task = tokio::spawn(async move {
-            while let Some((counter, n)) = rx.recv().await {
-                let given_up = Instant::now() + COUNT_PATIENCE;
-                let id = format!("{}:{n}", std::process::id());
-                while raw
-                    .query::<i64>(redis::cmd("SADD").arg(&counter).arg(&id))
-                    .await
-                    .is_err()
-                {
-                    if Instant::now() > given_up {
-                        eprintln!("worker: a load could not be counted in Redis");
-                        break;
-                    }
-                    tokio::time::sleep(Duration::from_millis(50)).await;
+            // Dropped (so its counts aborted) if the task is aborted.
+            let mut counts = tokio::task::JoinSet::new();
+            loop {
+                tokio::select! {
+                    next = rx.recv() => match next {
+                        Some((counter, n)) => {
+                            counting.fetch_add(1, Ordering::SeqCst);
+                            counts.spawn(Self::count(raw.clone(), counter, n, counting.clone()));
+                        }
+                        None => break,
+                    },
+                    Some(_) = counts.join_next(), if !counts.is_empty() => {}
                 }
-                let pid = redis::cmd("SET")
-                    .arg(format!("{counter}:pid"))
-                    .arg(std::process::id())
-                    .clone();
-                let _ = raw.query::<()>(&pid).await;
             }
+            while counts.join_next().await.is_some() {}
         });
-        (tx, LoadCounter { task })
+        (tx, LoadCounter { task, pending })
     }
 
-    /// Waits until every load sent so far is counted (the senders must be
-    /// dropped first).
-    async fn finish(self) {
-        let _ = self.task.await;
+    /// Counts one load.
+    async fn count(raw: Arc<Raw>, counter: String, n: u64, pending: Arc<AtomicU64>) {
+        let given_up = Instant::now() + COUNT_PATIENCE;
+        let id = format!("{}:{n}", std::process::id());
+        let sadd = redis::cmd("SADD").arg(&counter).arg(&id).clone();
+        loop {
+            let attempt = tokio::time::timeout(COUNT_ATTEMPT, raw.query::<i64>(&sadd)).await;
+            if let Ok(Ok(_)) = attempt {
+                pending.fetch_sub(1, Ordering::SeqCst);
+                break;
+            }
+            if Instant::now() > given_up {
+                eprintln!("worker: a load could not be counted in Redis");
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let pid = redis::cmd("SET")
+            .arg(format!("{counter}:pid"))
+            .arg(std::process::id())
+            .clone();
+        let _ = tokio::time::timeout(COUNT_ATTEMPT, raw.query::<()>(&pid)).await;
+    }
+
+    /// Waits (up to 5 s) until every load sent so far is counted (the
+    /// senders must be dropped first); returns how many were not.
+    async fn finish(mut self) -> u64 {
+        if tokio::time::timeout(COUNT_FINISH, &mut self.task)
+            .await
+            .is_err()
+        {
+            self.task.abort();
+        }
+        self.pending.load(Ordering::SeqCst)
     }
 }
 
@@ -302,13 +419,14 @@ impl Sampler {
 }
 
 /// Naive cache-aside over the raw connection: GET, on a miss load and SET.
+/// Answers the outcome's name and the value.
 async fn naive<F, Fut>(
     raw: &Raw,
     namespace: &str,
     key: &str,
     ttl_ms: u64,
     loader: F,
-) -> Result<&'static str, String>
+) -> Result<(&'static str, String), String>
 where
     F: FnOnce(String) -> Fut,
     Fut: std::future::Future<Output = Result<String, std::io::Error>>,
@@ -318,20 +436,20 @@ where
         .query(redis::cmd("GET").arg(&value_key))
         .await
         .map_err(|e| e.to_string())?;
-    if found.is_some() {
-        return Ok("naive_hit");
+    if let Some(found) = found {
+        return Ok(("naive_hit", found));
     }
     let value = loader(key.to_owned()).await.map_err(|e| e.to_string())?;
     raw.query::<()>(
         redis::cmd("SET")
             .arg(&value_key)
-            .arg(value)
+            .arg(&value)
             .arg("PX")
             .arg(ttl_ms),
     )
     .await
     .map_err(|e| e.to_string())?;
-    Ok("naive_load")
+    Ok(("naive_load", value))
 }
 
 fn outcome_name(outcome: Outcome) -> &'static str {
@@ -350,6 +468,7 @@ fn summarize(
     local_loads: u64,
     stats: Option<onefill::Stats>,
     samples: Vec<Sample>,
+    detail: bool,
 ) -> WorkerReport {
     let mut report = WorkerReport {
         pid: std::process::id(),
@@ -367,6 +486,18 @@ fn summarize(
     let mut latencies: Vec<Duration> = Vec::with_capacity(calls.len());
     for call in &calls {
         latencies.push(call.latency);
+        if detail && report.call_log.len() < MAX_LOG {
+            report.call_log.push([
+                call.started.as_millis() as u64,
+                call.key_index as u64,
+                match &call.outcome {
+                    Ok(name) => outcome_code(name),
+                    Err(_) => ERROR,
+                },
+                call.latency.as_micros() as u64,
+                call.age_ms,
+            ]);
+        }
         match &call.outcome {
             Ok(name) => {
                 *report.outcomes.entry((*name).to_owned()).or_default() += 1;
@@ -389,4 +520,22 @@ fn summarize(
     report.p99_ms = ms(percentile(&latencies, 99.0));
     report.max_ms = ms(latencies.last().copied());
     report
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_loaded_value_carries_its_load_time() {
+        let before = unix_ms();
+        let value = loaded_value("key-3", 7);
+        assert!(value.starts_with(&format!("key-3-{}-v7@", std::process::id())));
+        let age = age_ms(&value, before + 5_000);
+        assert!((4_000..=5_000).contains(&age), "{value}: {age}");
+        assert_eq!(age_ms(&value, 0), 0, "a clock gone back is age 0");
+        assert_eq!(age_ms("no-time", before), 0);
+        assert_eq!(age_ms("x@not-a-number", before), 0);
+        assert_eq!(age_ms("a@b@1000", 1_500), 500, "the last @ counts");
+    }
 }
