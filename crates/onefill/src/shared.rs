@@ -160,7 +160,14 @@ impl<V: 'static> Shared<V> {
                 return Read::Unreadable;
             }
         };
-        let fresh_for = stored.ttl.saturating_sub(env.grace);
+        // With no grace window, a value still stored is fresh: Redis rounds
+        // its last millisecond down to a `PTTL` of 0, which must not make it
+        // "stale" (served as such, and refreshed in the background).
+        let fresh_for = if env.grace.is_zero() {
+            stored.ttl.max(Duration::from_millis(1))
+        } else {
+            stored.ttl.saturating_sub(env.grace)
+        };
         match env.kind {
             Kind::Value => match self.codec.decode(env.payload) {
                 Ok(value) => Read::Value {

@@ -51,7 +51,7 @@ const SLOTS: usize = 16384;
 /// The first interval between topology refreshes while a master is failing.
 const FAILING_REFRESH: Duration = Duration::from_millis(100);
 /// The longest interval between them (how late a promotion can be seen).
-const FAILING_REFRESH_MAX: Duration = Duration::from_millis(400);
+const FAILING_REFRESH_MAX: Duration = Duration::from_millis(200);
 /// The fewest time between two refreshes, however many wake-ups.
 const REFRESH_GAP: Duration = Duration::from_millis(20);
 /// How long one `CLUSTER SLOTS` query may take during a refresh.

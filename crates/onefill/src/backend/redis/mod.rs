@@ -29,7 +29,7 @@
 //!   slot). `MOVED` and `ASK` are followed and `TRYAGAIN`/`CLUSTERDOWN`
 //!   retried within the response timeout, so routing never reaches
 //!   callers; a master that times out or refuses connections keeps the slot
-//!   map refreshing (every 100–400 ms, asking the other masters) until its
+//!   map refreshing (every 100–200 ms, asking the other masters) until its
 //!   slots move, so a promoted replica takes over even from a master that
 //!   hangs. Each master is a [shard](Backend::shard): the cache keeps one
 //!   circuit breaker per master. Fill notifications use a RESP3 cluster
@@ -61,7 +61,7 @@
 //!
 //! Limits: notifications are best effort (Redis pub/sub has no delivery
 //! guarantee; callers poll as well). A subscription not confirmed within
-//! 100 ms is handed to the waiter anyway and fires once confirmed. On a
+//! 20 ms is handed to the waiter anyway and fires once confirmed. On a
 //! cluster, each channel is subscribed on its own, so a node that hangs
 //! delays only its own channels, which are retried every half second; a
 //! slot that migrates relies on the `redis` crate moving its subscriptions.

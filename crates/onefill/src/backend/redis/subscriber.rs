@@ -46,7 +46,7 @@ const SUBSCRIBE_RETRY: Duration = Duration::from_millis(500);
 /// confirmation (a round trip, normally) before it returns a subscription
 /// that fires once the confirmation comes: a slow node must not hold the
 /// waiter (nor count against the backend), its polling covers the gap.
-const CONFIRM_PATIENCE: Duration = Duration::from_millis(100);
+const CONFIRM_PATIENCE: Duration = Duration::from_millis(20);
 
 /// State shared by the backend, its subscriptions and the subscriber task.
 pub(super) struct PubSubShared {
