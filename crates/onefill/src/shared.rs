@@ -276,3 +276,50 @@ impl<V: 'static> Drop for Writing<'_, V> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::codec::JsonCodec;
+    use crate::MemoryBackend;
+
+    fn shared() -> Shared<String> {
+        Shared::new(
+            "t".to_owned(),
+            Arc::new(MemoryBackend::new()),
+            Arc::new(JsonCodec),
+            Policy::default(),
+        )
+    }
+
+    fn stored(grace: Duration, ttl: Duration) -> Stored {
+        let payload = serde_json::to_vec("v").unwrap();
+        Stored {
+            bytes: envelope::encode(Kind::Value, grace, Duration::ZERO, &payload),
+            ttl,
+        }
+    }
+
+    /// Regression (issue 11's fleet runs): with grace 0, a value whose
+    /// `PTTL` had rounded down to 0 ms was read as stale: served as
+    /// `Stale` and refreshed in the background, 5 times in 10 s of a steady
+    /// run on healthy keys.
+    #[test]
+    fn without_grace_a_stored_value_is_fresh_to_its_last_millisecond() {
+        let shared = shared();
+        let Read::Value { fresh_for, .. } =
+            shared.read(&stored(Duration::ZERO, Duration::ZERO), None)
+        else {
+            panic!("a value");
+        };
+        assert!(!fresh_for.is_zero());
+        // With a grace window, the same remaining TTL is stale.
+        let Read::Value { fresh_for, .. } = shared.read(
+            &stored(Duration::from_secs(1), Duration::from_millis(500)),
+            None,
+        ) else {
+            panic!("a value");
+        };
+        assert!(fresh_for.is_zero());
+    }
+}
