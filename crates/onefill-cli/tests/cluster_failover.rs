@@ -86,7 +86,11 @@ fn output_within(mut cmd: Command, patience: Duration) -> Output {
 /// measure the machine, not the failover.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
-fn failover_scenario(fault: &str) {
+/// Runs the scenario with `fault`; `strict` runs the fleet in strict mode
+/// (backend failures reach callers as errors), where the victim's callers
+/// may get errors while it is down (a real failure), but nobody gets one
+/// for routing (`MOVED`, `CLUSTERDOWN`) or on a healthy master.
+fn failover_scenario(fault: &str, strict: bool) {
     let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let cluster = RedisCluster::start_with_replicas(3, 1);
     let mut cmd = Command::new(BIN);
@@ -110,6 +114,9 @@ fn failover_scenario(fault: &str) {
         "--fault",
         fault,
     ]);
+    if strict {
+        cmd.arg("--strict");
+    }
     let out = output_within(cmd, FLEET_PATIENCE);
     let stderr = String::from_utf8_lossy(&out.stderr);
     eprintln!("{stderr}");
@@ -156,8 +163,15 @@ fn failover_scenario(fault: &str) {
         }
     };
 
-    // Nobody got an error.
-    for (class, v) in [("all", &report), ("healthy", healthy), ("victim", victim)] {
+    // Nobody got an error (in strict mode, only the callers of a master
+    // that was down may).
+    let outage_errors_allowed = strict && fault != "failover";
+    let classes: &[(&str, &Value)] = if outage_errors_allowed {
+        &[("healthy", healthy)]
+    } else {
+        &[("all", &report), ("healthy", healthy), ("victim", victim)]
+    };
+    for &(class, v) in classes {
         let errors = n(v, "errors");
         check(
             errors == 0,
@@ -248,21 +262,34 @@ fn failover_scenario(fault: &str) {
 /// A graceful `CLUSTER FAILOVER` sent to the victim's replica.
 #[test]
 fn a_graceful_failover_is_invisible() {
-    failover_scenario("failover");
+    failover_scenario("failover", false);
+}
+
+/// The same in strict mode: no `MOVED` or `CLUSTERDOWN` reaches a caller.
+#[test]
+fn a_graceful_failover_is_invisible_even_in_strict_mode() {
+    failover_scenario("failover", true);
 }
 
 /// SIGKILL of the victim: the replica is promoted after the node timeout
 /// and the failure detection.
 #[test]
 fn a_killed_master_is_replaced_without_errors() {
-    failover_scenario("kill");
+    failover_scenario("kill", false);
+}
+
+/// The same in strict mode: the dead master's callers get errors until its
+/// replica is promoted, the healthy masters' callers none.
+#[test]
+fn in_strict_mode_a_killed_master_fails_only_its_own_callers() {
+    failover_scenario("kill", true);
 }
 
 /// SIGSTOP of the victim (a hung host, connections open): the same, while
 /// every connection to it hangs instead of being refused.
 #[test]
 fn a_hung_master_is_replaced_without_errors() {
-    failover_scenario("hang");
+    failover_scenario("hang", false);
 }
 
 /// The fleet's `--fault` refuses what it cannot do: no cluster, a fault

@@ -40,6 +40,7 @@ pub fn run(args: &DemoArgs, url: &str) -> anyhow::Result<()> {
             lease_ttl_ms: None,
             wait_deadline_ms: Some(args.load_ms * 3 + 5_000),
             detail: false,
+            strict: false,
         };
         let report = fleet::run(&run, args.instances, &fleet::fresh_namespace())
             .with_context(|| format!("strategy {strategy:?}"))?;

@@ -91,6 +91,11 @@ pub struct RunArgs {
     #[arg(long)]
     #[serde(default)]
     pub detail: bool,
+    /// Strict mode (`CacheBuilder::strict`): backend failures reach the
+    /// callers as errors instead of stale or degraded answers.
+    #[arg(long)]
+    #[serde(default)]
+    pub strict: bool,
 }
 
 impl RunArgs {
@@ -275,6 +280,7 @@ mod tests {
             lease_ttl_ms: Some(1_234),
             wait_deadline_ms: Some(2_468),
             detail: true,
+            strict: true,
         }
     }
 

@@ -147,6 +147,9 @@ async fn cache(run: &RunArgs, namespace: &str) -> anyhow::Result<Option<Cache<St
             if strategy == FleetStrategy::CoalescingOnly {
                 builder = builder.no_lease();
             }
+            if run.strict {
+                builder = builder.strict(true);
+            }
             Some(builder.build()?)
         }
     })
