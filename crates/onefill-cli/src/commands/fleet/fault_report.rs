@@ -6,9 +6,12 @@
 //! not notice anything) and the victim's keys (which should be back to
 //! normal soon after a replica is promoted). A call is **abnormal** if it
 //! failed, answered stale or degraded, answered a value older than the age
-//! limit (`ttl + grace + 100 ms`: a value served past its life, plus
-//! 100 ms of scheduling slack), or took longer than the slow limit
-//! (`max(100 ms, 2 × load)`).
+//! limit (`ttl + grace + 250 ms`: a value's TTL starts when it is stored,
+//! which may be up to the backend timeout, 250 ms by default, after the
+//! load that stamped it ends), or took longer than the slow limit
+//! (`max(100 ms, 2 × load, p99 of the healthy keys' calls)`: normal
+//! service is what the healthy keys get on the same machine in the same
+//! run).
 
 use std::time::Duration;
 
@@ -17,8 +20,9 @@ use serde::{Deserialize, Serialize};
 use super::fault::{FaultKind, Injected};
 use crate::shared::percentile::percentile;
 
-/// Added to `ttl + grace` for the age limit of an answer.
-pub const AGE_SLACK_MS: u64 = 100;
+/// Added to `ttl + grace` for the age limit of an answer: the longest a
+/// fill may take after its load ends (the default backend timeout).
+pub const AGE_SLACK_MS: u64 = 250;
 /// The victim's outage window ends this long after the promotion: the
 /// recovery a caller may see.
 pub const RECOVERY_MS: f64 = 1_500.0;
@@ -92,12 +96,12 @@ pub struct RunShape {
 }
 
 impl RunShape {
-    /// `ttl + grace + 100 ms`.
+    /// `ttl + grace + 250 ms`.
     pub fn age_limit_ms(&self) -> u64 {
         self.ttl_ms + self.grace_ms + AGE_SLACK_MS
     }
 
-    /// `max(100 ms, 2 × load)`.
+    /// `max(100 ms, 2 × load)`, the floor of the slow limit.
     pub fn slow_limit_ms(&self) -> f64 {
         SLOW_FLOOR_MS.max(2.0 * self.load_ms as f64)
     }
@@ -212,9 +216,10 @@ pub struct FaultReport {
     /// When a healthy master first saw the victim's slots served by another
     /// node, ms after "go" (`None`: not within the run).
     pub promoted_at_ms: Option<f64>,
-    /// `ttl + grace + 100 ms`: an older answer is abnormal.
+    /// `ttl + grace + 250 ms`: an older answer is abnormal.
     pub age_limit_ms: u64,
-    /// `max(100 ms, 2 × load)`: a slower call is abnormal.
+    /// `max(100 ms, 2 × load, the healthy keys' p99)`: a slower call is
+    /// abnormal.
     pub slow_limit_ms: f64,
     /// The outage window `[fault_at, promoted_at + 1500 ms]` (to the end of
     /// the run without a promotion), ms after "go".
@@ -297,7 +302,16 @@ pub fn analyse(
     let victim_count = is_victim.iter().filter(|v| **v).count();
     let healthy_count = is_victim.len() - victim_count;
     let age_limit = shape.age_limit_ms();
-    let slow_limit = shape.slow_limit_ms();
+    let healthy_p99 = {
+        let mut latencies: Vec<Duration> = calls
+            .iter()
+            .filter(|c| !victim_key(c.key))
+            .map(|c| Duration::from_secs_f64(c.latency_ms.max(0.0) / 1000.0))
+            .collect();
+        latencies.sort_unstable();
+        percentile(&latencies, 99.0).map_or(0.0, |d| d.as_secs_f64() * 1000.0)
+    };
+    let slow_limit = shape.slow_limit_ms().max(healthy_p99);
     let abnormal = |c: &CallRecord| {
         c.outcome == ERROR
             || c.outcome == STALE
@@ -478,7 +492,7 @@ mod tests {
             &[],
         );
         assert_eq!(r.victim_keys, ["key-2", "key-3"]);
-        assert_eq!(r.age_limit_ms, 1_100);
+        assert_eq!(r.age_limit_ms, 1_250);
         assert_eq!(r.slow_limit_ms, 100.0);
         assert_eq!(r.outage_window_ms, [5_000.0, 8_500.0]);
         for a in [&r.healthy.answers, &r.victim.answers] {
@@ -609,7 +623,7 @@ mod tests {
             load_ms: 200,
             ..shape()
         };
-        assert_eq!(s.age_limit_ms(), 6_100);
+        assert_eq!(s.age_limit_ms(), 6_250);
         assert_eq!(s.slow_limit_ms(), 400.0);
     }
 }
