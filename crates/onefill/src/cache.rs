@@ -398,9 +398,10 @@ where
         self.shared.recorder.snapshot()
     }
 
-    /// The circuit breakers' state: the worst over the backend's shards
-    /// (`Open` if any shard's circuit is open). A Redis Cluster has one
-    /// breaker per master; other backends have one.
+    /// The circuit breakers' state: the worst over the backend's shards in
+    /// use (`Open` if the circuit of any shard called in the last 10 s is
+    /// open). A Redis Cluster has one breaker per master; other backends
+    /// have one.
     pub fn circuit_state(&self) -> CircuitState {
         self.shared.breakers.state()
     }

@@ -84,6 +84,10 @@ pub(crate) struct Breakers {
     others: RwLock<HashMap<u64, Arc<Breaker>>>,
 }
 
+/// How long after its last call a shard's breaker still counts in
+/// [`Breakers::state`].
+const IN_USE_FOR: Duration = Duration::from_secs(10);
+
 /// Shards remembered before the closed breakers of the others are pruned
 /// (a shard's number changes when a failover moves its slots).
 const MAX_REMEMBERED_SHARDS: usize = 1024;
@@ -133,11 +137,16 @@ impl Breakers {
         )
     }
 
-    /// The worst state over the shards: open if any is.
+    /// The worst state over the shards in use: open if any is. A shard no
+    /// call asked about for [`IN_USE_FOR`] is left out: after a failover
+    /// moved its slots, a dead master's breaker is never probed again, and
+    /// must not make the cache look unhealthy for good.
     pub(crate) fn state(&self) -> CircuitState {
         let others = self.others.read();
-        std::iter::once(self.first.state())
-            .chain(others.values().map(|b| b.state()))
+        std::iter::once(&self.first)
+            .chain(others.values().map(|b| &**b))
+            .filter(|b| b.in_use())
+            .map(|b| b.state())
             .max_by_key(|state| match state {
                 CircuitState::Closed => 0,
                 CircuitState::HalfOpen => 1,
@@ -155,6 +164,8 @@ pub(crate) struct Breaker {
 
 #[derive(Debug)]
 struct BreakerState {
+    /// When a call last asked to go through.
+    last_call: Option<Instant>,
     consecutive_failures: u32,
     open_until: Option<Instant>,
     probing: bool,
@@ -180,6 +191,7 @@ impl Breaker {
         Breaker {
             config,
             state: Mutex::new(BreakerState {
+                last_call: None,
                 consecutive_failures: 0,
                 open_until: None,
                 probing: false,
@@ -195,6 +207,7 @@ impl Breaker {
     /// one probe is under way).
     pub(crate) fn admit(&self) -> Option<Permit<'_>> {
         let mut s = self.lock();
+        s.last_call = Some(Instant::now());
         let probe = match s.open_until {
             None => None,
             Some(until) if Instant::now() < until => return None,
@@ -237,6 +250,13 @@ impl Breaker {
             return true;
         }
         false
+    }
+
+    /// Whether a call asked to go through in the last [`IN_USE_FOR`].
+    fn in_use(&self) -> bool {
+        self.lock()
+            .last_call
+            .is_some_and(|at| at.elapsed() < IN_USE_FOR)
     }
 
     pub(crate) fn state(&self) -> CircuitState {
@@ -349,6 +369,19 @@ mod tests {
         tokio::time::advance(Duration::from_millis(1001)).await;
         breakers.of(7).admit().expect("probe").succeeded();
         assert_eq!(breakers.state(), CircuitState::Closed);
+    }
+
+    /// Review of issue 11: after a failover, the dead master's breaker is
+    /// never called again; it must not keep the cache's state open.
+    #[tokio::test(start_paused = true)]
+    async fn a_shard_nobody_calls_any_more_does_not_count() {
+        let breakers = Breakers::new(CircuitBreaker::new(1, Duration::from_secs(1)));
+        assert!(fail(&breakers.of(7)));
+        assert_eq!(breakers.state(), CircuitState::Open);
+        breakers.of(8).admit().expect("closed").succeeded();
+        tokio::time::advance(IN_USE_FOR).await;
+        breakers.of(8).admit().expect("closed").succeeded();
+        assert_eq!(breakers.state(), CircuitState::Closed, "7 is out of use");
     }
 
     #[test]

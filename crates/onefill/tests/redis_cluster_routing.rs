@@ -5,9 +5,10 @@
 //! The failover of a master to its replica, across real processes, is in
 //! the CLI's `tests/cluster_failover.rs`.
 
+use std::future::Future;
 use std::time::Duration;
 
-use onefill::backend::FillKeys;
+use onefill::backend::{Backend, FillKeys};
 use onefill::redis::RedisBackend;
 use onefill::{Cache, CallOptions, CircuitState, Outcome};
 use onefill_testkit::{RedisCluster, RedisServer};
@@ -23,6 +24,30 @@ async fn connect(cluster: &RedisCluster) -> RedisBackend {
     RedisBackend::connect_cluster(&urls)
         .await
         .expect("connect to the cluster")
+}
+
+fn info_field(node: &RedisServer, section: &str, field: &str) -> u64 {
+    node.command(&["INFO", section])
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{field}:")).map(str::to_owned))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+fn cluster_slots_calls(cluster: &RedisCluster) -> u64 {
+    cluster
+        .nodes()
+        .iter()
+        .map(|n| {
+            n.command(&["INFO", "commandstats"])
+                .lines()
+                .find(|l| l.starts_with("cmdstat_cluster|slots:"))
+                .and_then(|l| l.split("calls=").nth(1))
+                .and_then(|r| r.split(',').next())
+                .and_then(|c| c.parse::<u64>().ok())
+                .unwrap_or(0)
+        })
+        .sum()
 }
 
 fn node_id(node: &RedisServer) -> String {
@@ -85,9 +110,16 @@ async fn a_migrating_slot_is_followed_and_never_reaches_a_strict_caller() {
     ]);
     assert!(moved.contains("OK"), "MIGRATE: {moved}");
 
-    // Migrating: the source answers ASK for the value, which is followed.
-    assert_eq!(cache.get(&key).await.unwrap().as_deref(), Some("v1"));
+    // Migrating: the source answers ASK for the value, which is followed,
+    // on the connection the backend already has to the target (review of
+    // issue 11: each ASK opened a connection of its own).
+    let connections_before = info_field(target, "stats", "total_connections_received");
+    for _ in 0..50 {
+        assert_eq!(cache.get(&key).await.unwrap().as_deref(), Some("v1"));
+    }
     assert_eq!(fetch(&cache, &key).await.unwrap(), Outcome::Hit);
+    let opened = info_field(target, "stats", "total_connections_received") - connections_before;
+    assert!(opened <= 2, "{opened} connections opened for 51 ASKs");
 
     // Migrated: every node says the slot is the target's; the backend
     // still thinks it is the source's, which answers MOVED.
@@ -196,4 +228,159 @@ async fn a_hung_master_degrades_only_its_own_keys() {
         }
     }
     assert!(back, "the victim's keys are served normally again");
+}
+
+/// Review of issue 11: an unsubscription and the next subscription of the
+/// same channel ran in tasks of their own, and the `SUNSUBSCRIBE` could
+/// reach the server last: the channel was deaf while its subscriber state
+/// said subscribed (5 in 1,500 rounds). A subscription now waits for the
+/// channel's unsubscription to end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_channel_subscribed_again_right_after_its_unsubscription_hears_its_fills() {
+    let cluster = RedisCluster::start(3);
+    let backend = connect(&cluster).await;
+    let keys = FillKeys::new(&unique_ns("deaf"), "k");
+    let node = cluster.node_for_key(keys.channel());
+    for round in 0..400u64 {
+        drop(backend.subscribe(&keys).await.unwrap());
+        // Vary the gap, to meet the unsubscription at every stage.
+        let spin = Duration::from_micros((round % 12) * 25);
+        let t = std::time::Instant::now();
+        while t.elapsed() < spin {
+            std::hint::spin_loop();
+        }
+        let mut held = backend.subscribe(&keys).await.unwrap();
+        let mut heard = false;
+        for _ in 0..50 {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            let subscribers = node.command(&["PUBSUB", "SHARDNUMSUB", keys.channel()]);
+            if subscribers.trim_end().ends_with('1') {
+                heard = true;
+                break;
+            }
+        }
+        assert!(
+            heard,
+            "round {round}: a held subscription with none on the server"
+        );
+        if round % 50 == 0 {
+            backend
+                .set(&keys, b"x", Duration::from_secs(10))
+                .await
+                .unwrap();
+            tokio::time::timeout(Duration::from_secs(2), held.notified())
+                .await
+                .unwrap_or_else(|_| panic!("round {round}: the fill was not heard"));
+        }
+    }
+}
+
+/// Review of issue 11: a call its caller gave up on at once (a healthy
+/// master had no time to answer) marked the master failing, and the
+/// slot map was refreshed every 100–400 ms from then on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_given_up_at_once_does_not_count_against_a_healthy_master() {
+    let cluster = RedisCluster::start(3);
+    let backend = connect(&cluster).await;
+    let keys = FillKeys::new(&unique_ns("cancel"), "k");
+    backend.get(&keys).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let before = cluster_slots_calls(&cluster);
+    for _ in 0..20 {
+        // Polled once, then dropped before the master could answer.
+        let mut get = backend.get(&keys);
+        let pending =
+            std::future::poll_fn(|cx| std::task::Poll::Ready(get.as_mut().poll(cx).is_pending()))
+                .await;
+        assert!(pending);
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let refreshes = cluster_slots_calls(&cluster) - before;
+    assert!(
+        refreshes <= 1,
+        "{refreshes} CLUSTER SLOTS after 20 cancelled calls"
+    );
+    backend.get(&keys).await.unwrap();
+}
+
+/// Review of issue 11: after a failover, the old master's breaker was never
+/// called again and `circuit_state()` stayed open for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_circuit_state_forgets_a_master_whose_slots_moved() {
+    let cluster = RedisCluster::start(3);
+    let ns = unique_ns("orphan");
+    let cache = Cache::<String, String>::builder()
+        .namespace(&ns)
+        .backend(connect(&cluster).await)
+        .build()
+        .unwrap();
+    let key = "victim".to_owned();
+    let keys = FillKeys::new(&ns, &key);
+    let victim = cluster.node_for_key(keys.value());
+    let other = cluster
+        .nodes()
+        .iter()
+        .find(|n| n.port() != victim.port())
+        .unwrap();
+    let slot = victim
+        .query(&["CLUSTER", "KEYSLOT", keys.value()])
+        .as_int()
+        .unwrap()
+        .to_string();
+    fetch(&cache, &key).await.unwrap();
+    victim.pause();
+    let _resume = Resume(victim);
+    for _ in 0..8 {
+        let _ = fetch(&cache, &key).await;
+    }
+    assert_eq!(cache.circuit_state(), CircuitState::Open);
+    // The slot goes to another master, as a failover would move it.
+    let other_id = node_id(other);
+    for node in cluster.nodes().iter().filter(|n| n.port() != victim.port()) {
+        node.command(&["CLUSTER", "SETSLOT", &slot, "NODE", &other_id]);
+    }
+    let mut served = false;
+    for _ in 0..30 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        if matches!(
+            fetch(&cache, &key).await,
+            Ok(Outcome::Loaded | Outcome::Hit)
+        ) {
+            served = true;
+            break;
+        }
+    }
+    assert!(served, "the key is served by its new master");
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    fetch(&cache, &key).await.unwrap();
+    assert_eq!(cache.circuit_state(), CircuitState::Closed);
+}
+
+/// Review of issue 11: with `cluster-preferred-endpoint-type
+/// unknown-endpoint` (nodes behind a load balancer), `CLUSTER SLOTS` names
+/// masters with a NULL endpoint, meaning "the node you asked".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_endpoints_mean_the_node_that_answered() {
+    let cluster = RedisCluster::start(3);
+    for node in cluster.nodes() {
+        node.command(&[
+            "CONFIG",
+            "SET",
+            "cluster-preferred-endpoint-type",
+            "unknown-endpoint",
+        ]);
+    }
+    let cache = Cache::<String, String>::builder()
+        .namespace(unique_ns("unknown"))
+        .backend(connect(&cluster).await)
+        .build()
+        .unwrap();
+    // Each master is found at the host of the node that answered, with the
+    // port the cluster gives: keys of every master are served.
+    for i in 0..20 {
+        assert!(matches!(
+            fetch(&cache, &format!("k{i}")).await,
+            Ok(Outcome::Loaded)
+        ));
+    }
 }

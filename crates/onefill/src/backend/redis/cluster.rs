@@ -31,14 +31,14 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use parking_lot::{Mutex, RwLock};
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Client, ErrorKind, RedisError, ServerErrorKind, Value};
-use tokio::sync::Notify;
+use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 
 use super::errors::within;
@@ -63,6 +63,16 @@ const RETRY_PAUSE_MAX: Duration = Duration::from_millis(100);
 /// Redirections followed for one command before giving up (a loop of
 /// `MOVED` between two nodes that disagree).
 const MAX_REDIRECTS: u32 = 8;
+/// A command abandoned by its caller after this long without an answer
+/// counts as unanswered (the cache's backend timeout usually fires before
+/// the driver's). One abandoned sooner says nothing about the node: a
+/// healthy Redis answers in well under a millisecond.
+const ABANDONED_AFTER: Duration = Duration::from_millis(100);
+/// Unanswered commands in a row after which a node's connection is
+/// replaced.
+const REPLACE_AFTER: u32 = 3;
+/// Nodes asked for `CLUSTER SLOTS` at once in a refresh.
+const REFRESH_FAN_OUT: usize = 3;
 
 /// The slot of `key`: CRC16 (XMODEM) of its hash tag, or of the whole key
 /// without one, modulo 16384, as Redis Cluster computes it.
@@ -105,29 +115,61 @@ pub(super) struct Node {
     connect_timeout: Duration,
     /// The current connection and its generation.
     conn: Mutex<Option<(u64, MultiplexedConnection)>>,
-    /// One connection attempt at a time.
-    connecting: tokio::sync::Mutex<()>,
+    /// A connection attempt is under way, in a task of its own: a caller
+    /// that stops waiting (the cache's timeout) does not abort it, so a
+    /// slow handshake still completes for the next caller.
+    connecting: AtomicBool,
+    /// Woken when a connection attempt ends.
+    attempt_ended: Notify,
+    /// How the last connection attempt failed.
+    connect_error: Mutex<Option<RedisError>>,
     generation: AtomicU64,
-    /// The last command timed out or could not reach the node.
+    /// The node did not answer its last command (a timeout, a refused or
+    /// dropped connection, or a call abandoned after [`ABANDONED_AFTER`]).
     failing: AtomicBool,
+    /// Commands in a row that went unanswered; at [`REPLACE_AFTER`] the
+    /// connection is replaced (it may be silently dead).
+    unanswered: AtomicU32,
 }
 
 impl Node {
-    async fn connection(&self) -> Result<(u64, MultiplexedConnection), RedisError> {
-        if let Some(current) = self.conn.lock().clone() {
-            return Ok(current);
+    /// The shared connection, opened if there is none.
+    async fn connection(self: &Arc<Self>) -> Result<(u64, MultiplexedConnection), RedisError> {
+        loop {
+            let ended = self.attempt_ended.notified();
+            tokio::pin!(ended);
+            ended.as_mut().enable();
+            if let Some(current) = self.conn.lock().clone() {
+                return Ok(current);
+            }
+            if !self.connecting.swap(true, Ordering::AcqRel) {
+                *self.connect_error.lock() = None;
+                let node = self.clone();
+                tokio::spawn(async move {
+                    match node.connect().await {
+                        Ok(conn) => {
+                            let generation = node.generation.fetch_add(1, Ordering::Relaxed) + 1;
+                            *node.conn.lock() = Some((generation, conn));
+                        }
+                        Err(e) => *node.connect_error.lock() = Some(e),
+                    }
+                    node.connecting.store(false, Ordering::Release);
+                    node.attempt_ended.notify_waiters();
+                });
+            }
+            // Bounded: the attempt gives up after the connect timeout.
+            ended.await;
+            if let Some(current) = self.conn.lock().clone() {
+                return Ok(current);
+            }
+            if let Some(e) = self.connect_error.lock().clone() {
+                return Err(e);
+            }
+            // Another attempt started meanwhile: wait for it.
         }
-        let _one_at_a_time = self.connecting.lock().await;
-        if let Some(current) = self.conn.lock().clone() {
-            return Ok(current);
-        }
-        let conn = self.connect().await?;
-        let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
-        *self.conn.lock() = Some((generation, conn.clone()));
-        Ok((generation, conn))
     }
 
-    /// A connection of its own (for `ASKING`), not shared.
+    /// A new connection (bounded by the connect timeout).
     async fn connect(&self) -> Result<MultiplexedConnection, RedisError> {
         within(
             self.connect_timeout,
@@ -144,6 +186,28 @@ impl Node {
         if conn.as_ref().is_some_and(|(g, _)| *g == generation) {
             *conn = None;
         }
+    }
+
+    /// The node answered.
+    fn answered(&self) {
+        self.failing.store(false, Ordering::Relaxed);
+        self.unanswered.store(0, Ordering::Relaxed);
+    }
+
+    /// A command on connection `generation` went unanswered; returns
+    /// whether the node just started failing. After [`REPLACE_AFTER`] in a
+    /// row the connection is replaced: a connection that died silently
+    /// (an idle-dropping middlebox, a peer gone without a reset) would
+    /// otherwise time out until the kernel gives up on it.
+    fn unanswered(&self, generation: Option<u64>) -> bool {
+        let in_a_row = self.unanswered.fetch_add(1, Ordering::Relaxed) + 1;
+        if in_a_row >= REPLACE_AFTER {
+            if let Some(generation) = generation {
+                self.drop_connection(generation);
+            }
+            self.unanswered.store(0, Ordering::Relaxed);
+        }
+        !self.failing.swap(true, Ordering::Relaxed)
     }
 }
 
@@ -176,6 +240,15 @@ pub(super) struct ClusterRouter {
     inner: Arc<RouterInner>,
 }
 
+/// A [`ClusterRouter`] that does not keep it alive.
+pub(super) struct WeakRouter(Weak<RouterInner>);
+
+impl WeakRouter {
+    pub(super) fn upgrade(&self) -> Option<ClusterRouter> {
+        self.0.upgrade().map(|inner| ClusterRouter { inner })
+    }
+}
+
 struct RouterInner {
     /// The first seed URL: scheme, credentials and query for every node.
     template: url::Url,
@@ -183,10 +256,18 @@ struct RouterInner {
     seeds: Vec<String>,
     options: RedisOptions,
     topology: RwLock<Topology>,
+    /// Every node seen, by address (a node that leaves the topology keeps
+    /// its entry: its shard number stays the same if it comes back).
     nodes: Mutex<HashMap<String, Arc<Node>>>,
     next_shard: AtomicU64,
     /// Wakes the refresher.
-    refresh: Notify,
+    refresh: Arc<Notify>,
+    /// Bumped by every slot learned from a `MOVED`: a refresh that started
+    /// before one does not install its (older) answer.
+    moved: AtomicU64,
+    /// Bumped at every change of the slot map, with a slot that changed
+    /// owner (for the subscriber, see `link.rs`).
+    changes: watch::Sender<(u64, u16)>,
 }
 
 impl ClusterRouter {
@@ -223,7 +304,8 @@ impl ClusterRouter {
                     e,
                 )
             })?;
-            let host = parsed.host_str().unwrap_or("127.0.0.1");
+            // `[::1]` in a URL is `::1` in the cluster's answers.
+            let host = unbracketed(parsed.host_str().unwrap_or("127.0.0.1"));
             seeds.push(format!("{host}:{}", parsed.port().unwrap_or(6379)));
         }
         let inner = Arc::new(RouterInner {
@@ -233,7 +315,9 @@ impl ClusterRouter {
             topology: RwLock::new(Topology::empty()),
             nodes: Mutex::new(HashMap::new()),
             next_shard: AtomicU64::new(1),
-            refresh: Notify::new(),
+            refresh: Arc::new(Notify::new()),
+            moved: AtomicU64::new(0),
+            changes: watch::channel((0, 0)).0,
         });
         // Fail early on a URL the driver refuses (credentials, TLS).
         for seed in inner.seeds.clone() {
@@ -245,8 +329,17 @@ impl ClusterRouter {
                 "connect: no cluster node answered CLUSTER SLOTS",
             ));
         }
-        tokio::spawn(refresher(Arc::downgrade(&inner)));
+        tokio::spawn(refresher(Arc::downgrade(&inner), inner.refresh.clone()));
         Ok(ClusterRouter { inner })
+    }
+
+    pub(super) fn downgrade(&self) -> WeakRouter {
+        WeakRouter(Arc::downgrade(&self.inner))
+    }
+
+    /// Changes of the slot map: a counter, and one slot whose owner changed.
+    pub(super) fn changes(&self) -> watch::Receiver<(u64, u16)> {
+        self.inner.changes.subscribe()
     }
 
     /// The failure domain of `slot`: its master's, or 0 while no master is
@@ -276,8 +369,9 @@ impl ClusterRouter {
 
     /// Runs `op` on a connection to the master of `slot`, following
     /// redirections and retrying transient cluster states (see the module
-    /// docs). `op`'s flag says it runs after an `ASK`, on a connection of
-    /// its own: it must send `ASKING` before each of its commands.
+    /// docs). `op`'s flag says it runs after an `ASK`: each of its commands
+    /// must be sent right after an `ASKING`, in one pipeline (the
+    /// connection is shared; a pipeline is written in one piece).
     pub(super) async fn run<T, F, Fut>(&self, slot: u16, op: F) -> Result<T, RedisError>
     where
         F: Fn(MultiplexedConnection, bool) -> Fut,
@@ -299,48 +393,48 @@ impl ClusterRouter {
                     }
                 },
             };
-            // Marks the node failing if this attempt is dropped unanswered:
-            // the cache's backend timeout usually fires before the driver's.
+            // Armed until the node answers: a call abandoned without an
+            // answer for long enough counts as unanswered.
             let mut attempt = Attempt::start(inner, &node);
-            let (result, generation) = if asking {
-                match node.connect().await {
-                    Ok(conn) => (op(conn, true).await, None),
-                    Err(e) => (Err(e), None),
+            let (result, generation) = match node.connection().await {
+                Ok((generation, conn)) => {
+                    attempt.generation = Some(generation);
+                    (op(conn, asking).await, Some(generation))
                 }
-            } else {
-                match node.connection().await {
-                    Ok((generation, conn)) => (op(conn, false).await, Some(generation)),
-                    Err(e) => (Err(e), None),
-                }
+                Err(e) => (Err(e), None),
             };
-            attempt.answered();
+            attempt.disarm();
             let error = match result {
                 Ok(value) => {
-                    node.failing.store(false, Ordering::Relaxed);
+                    node.answered();
                     return Ok(value);
                 }
                 Err(error) => error,
             };
-            match Reaction::to(&error) {
-                Reaction::Moved(addr) | Reaction::Ask(addr) if redirects >= MAX_REDIRECTS => {
-                    let _ = addr;
+            let reaction = Reaction::to(&error);
+            if matches!(reaction, Reaction::Moved(_) | Reaction::Ask(_)) {
+                if redirects >= MAX_REDIRECTS {
                     return Err(error);
                 }
+                redirects += 1;
+            }
+            match reaction {
                 Reaction::Moved(addr) => {
-                    redirects += 1;
+                    node.answered();
+                    let addr = with_host_of(&addr, &node.addr);
                     let target = inner.node(&addr).map_err(|_| error)?;
-                    inner.topology.write().set(slot, &target);
-                    inner.refresh.notify_one();
+                    inner.learned(slot, &target);
                     redirect = Some((target, false));
                 }
                 Reaction::Ask(addr) => {
-                    redirects += 1;
+                    node.answered();
+                    let addr = with_host_of(&addr, &node.addr);
                     let target = inner.node(&addr).map_err(|_| error)?;
                     redirect = Some((target, true));
                 }
                 Reaction::Retry { refresh } => {
                     // The node answered: it is up, the cluster is busy.
-                    node.failing.store(false, Ordering::Relaxed);
+                    node.answered();
                     if refresh {
                         inner.refresh.notify_one();
                     }
@@ -357,21 +451,26 @@ impl ClusterRouter {
                         }
                     }
                     tracing::debug!(node = %node.addr, error = %error, "redis cluster node unreachable");
-                    inner.failing(&node);
+                    inner.unanswered(&node, generation);
                     return Err(error);
                 }
-                Reaction::Fail => return Err(error),
+                Reaction::Fail => {
+                    node.answered();
+                    return Err(error);
+                }
             }
         }
     }
 }
 
 /// One attempt of a command on a node, armed until it is answered: dropped
-/// unanswered (the caller gave up waiting), it marks the node failing, as a
-/// timeout would have.
+/// unanswered after [`ABANDONED_AFTER`] (the caller gave up waiting), it
+/// counts against the node as a timeout would have.
 struct Attempt<'a> {
     router: &'a RouterInner,
     node: Option<&'a Arc<Node>>,
+    generation: Option<u64>,
+    started: Instant,
 }
 
 impl<'a> Attempt<'a> {
@@ -379,9 +478,11 @@ impl<'a> Attempt<'a> {
         Attempt {
             router,
             node: Some(node),
+            generation: None,
+            started: Instant::now(),
         }
     }
-    fn answered(&mut self) {
+    fn disarm(&mut self) {
         self.node = None;
     }
 }
@@ -389,18 +490,41 @@ impl<'a> Attempt<'a> {
 impl Drop for Attempt<'_> {
     fn drop(&mut self) {
         if let Some(node) = self.node.take() {
-            self.router.failing(node);
+            if self.started.elapsed() >= ABANDONED_AFTER {
+                self.router.unanswered(node, self.generation);
+            }
         }
     }
 }
 
 impl RouterInner {
-    /// `node` did not answer: mark it failing, and refresh the slot map now
-    /// (and keep refreshing while it fails) in case its slots moved.
-    fn failing(&self, node: &Node) {
-        if !node.failing.swap(true, Ordering::Relaxed) {
+    /// `node` did not answer: count it, and if it just started failing,
+    /// refresh the slot map now (and keep refreshing while it fails) in
+    /// case its slots moved.
+    fn unanswered(&self, node: &Node, generation: Option<u64>) {
+        if node.unanswered(generation) {
             self.refresh.notify_one();
         }
+    }
+
+    /// A `MOVED` said `target` serves `slot`.
+    fn learned(&self, slot: u16, target: &Arc<Node>) {
+        self.moved.fetch_add(1, Ordering::AcqRel);
+        let changed = {
+            let mut topology = self.topology.write();
+            let changed = !topology.owners[usize::from(slot)]
+                .as_ref()
+                .is_some_and(|o| Arc::ptr_eq(o, target));
+            topology.set(slot, target);
+            changed
+        };
+        if changed {
+            self.changes.send_modify(|(n, s)| {
+                *n += 1;
+                *s = slot;
+            });
+        }
+        self.refresh.notify_one();
     }
 
     fn owner(&self, slot: u16) -> Option<Arc<Node>> {
@@ -423,7 +547,7 @@ impl RouterInner {
                 )
             })?;
         let mut url = self.template.clone();
-        let host = host.trim_start_matches('[').trim_end_matches(']');
+        let host = unbracketed(host);
         let host_ok = if host.contains(':') {
             url.set_host(Some(&format!("[{host}]")))
         } else {
@@ -449,9 +573,12 @@ impl RouterInner {
                 .connection_timeout
                 .saturating_add(self.options.response_timeout),
             conn: Mutex::new(None),
-            connecting: tokio::sync::Mutex::new(()),
+            connecting: AtomicBool::new(false),
+            attempt_ended: Notify::new(),
+            connect_error: Mutex::new(None),
             generation: AtomicU64::new(0),
             failing: AtomicBool::new(false),
+            unanswered: AtomicU32::new(0),
         });
         Ok(self
             .nodes
@@ -470,12 +597,14 @@ impl RouterInner {
             .any(|m| m.failing.load(Ordering::Relaxed))
     }
 
-    /// Asks the masters that are not failing (then the seeds and the rest)
-    /// for `CLUSTER SLOTS`, all at once, and installs the first answer.
-    /// Returns whether any node answered.
+    /// Asks up to [`REFRESH_FAN_OUT`] nodes for `CLUSTER SLOTS` at once
+    /// (masters that answer first, then the seeds, then failing masters)
+    /// and installs the first answer, unless a `MOVED` taught a newer slot
+    /// meanwhile (then another refresh follows). Returns whether any node
+    /// answered.
     async fn refresh_topology(&self) -> bool {
+        let moved_before = self.moved.load(Ordering::Acquire);
         let mut candidates: Vec<Arc<Node>> = self.topology.read().masters.clone();
-        candidates.sort_by_key(|n| n.failing.load(Ordering::Relaxed));
         for seed in &self.seeds {
             if let Ok(node) = self.node(seed) {
                 if !candidates.iter().any(|c| Arc::ptr_eq(c, &node)) {
@@ -483,6 +612,9 @@ impl RouterInner {
                 }
             }
         }
+        // Healthy nodes first; among them, a different few each time.
+        candidates.sort_by_key(|n| (n.failing.load(Ordering::Relaxed), rand::random::<u32>()));
+        candidates.truncate(REFRESH_FAN_OUT);
         let mut queries = tokio::task::JoinSet::new();
         for node in candidates {
             queries.spawn(async move {
@@ -504,10 +636,17 @@ impl RouterInner {
             };
             match answer.map(|value| parse_slots(&value, &node.addr)) {
                 Ok(Some(ranges)) if !ranges.is_empty() => {
-                    self.install(&ranges);
+                    node.answered();
+                    if self.moved.load(Ordering::Acquire) != moved_before {
+                        // Older than what a MOVED taught since: ask again.
+                        self.refresh.notify_one();
+                    } else {
+                        self.install(&ranges);
+                    }
                     return true;
                 }
                 Ok(_) => {
+                    node.answered();
                     tracing::debug!(node = %node.addr, "CLUSTER SLOTS answer not understood");
                 }
                 Err(e) => {
@@ -533,57 +672,48 @@ impl RouterInner {
             .owners
             .iter()
             .zip(&topology.owners)
-            .any(|(old, new)| match (old, new) {
+            .position(|(old, new)| match (old, new) {
                 (Some(a), Some(b)) => !Arc::ptr_eq(a, b),
                 (None, None) => false,
                 _ => true,
             });
-        if changed {
-            tracing::info!(
-                masters = topology.masters.len(),
-                "redis cluster topology changed"
-            );
-        }
         *current = topology;
         drop(current);
-        // Forget nodes that serve nothing any more (their connections go).
-        let masters: Vec<String> = self
-            .topology
-            .read()
-            .masters
-            .iter()
-            .map(|m| m.addr.clone())
-            .collect();
-        self.nodes
-            .lock()
-            .retain(|addr, _| masters.contains(addr) || self.seeds.contains(addr));
+        if let Some(slot) = changed {
+            tracing::info!("redis cluster topology changed");
+            self.changes.send_modify(|(n, s)| {
+                *n += 1;
+                *s = slot as u16;
+            });
+        }
     }
 }
 
 /// Keeps the slot map current: refreshes when woken (a `MOVED`, a master
 /// newly failing, a slot without master) and, while a master that serves
 /// slots is failing, every [`FAILING_REFRESH`] to [`FAILING_REFRESH_MAX`].
-/// Ends with the router.
-async fn refresher(router: Weak<RouterInner>) {
+/// Holds the router only while it refreshes; ends with it.
+async fn refresher(router: Weak<RouterInner>, wake: Arc<Notify>) {
     let mut interval = FAILING_REFRESH;
     loop {
-        let Some(inner) = router.upgrade() else {
-            return;
+        let failing = match router.upgrade() {
+            Some(inner) => inner.a_master_is_failing(),
+            None => return,
         };
-        let failing = inner.a_master_is_failing();
-        let woken = {
-            let notified = inner.refresh.notified();
-            if failing {
-                tokio::time::timeout(interval, notified).await.is_ok()
-            } else {
-                // Woken only by a router that is still alive: hold it weakly
-                // while idle by checking back now and then.
-                tokio::time::timeout(Duration::from_secs(5), notified)
-                    .await
-                    .is_ok()
-            }
+        let woken = if failing {
+            tokio::time::timeout(interval, wake.notified())
+                .await
+                .is_ok()
+        } else {
+            // Checks now and then that the router is still there.
+            tokio::time::timeout(Duration::from_secs(1), wake.notified())
+                .await
+                .is_ok()
         };
         if woken || failing {
+            let Some(inner) = router.upgrade() else {
+                return;
+            };
             inner.refresh_topology().await;
         }
         interval = if woken || !failing {
@@ -591,9 +721,32 @@ async fn refresher(router: Weak<RouterInner>) {
         } else {
             (interval * 2).min(FAILING_REFRESH_MAX)
         };
-        drop(inner);
         tokio::time::sleep(REFRESH_GAP).await;
     }
+}
+
+/// `host` without the brackets of an IPv6 address in a URL.
+fn unbracketed(host: &str) -> &str {
+    host.strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host)
+}
+
+/// `addr` (`host:port`, from a redirection) with the host of `answered_by`
+/// if it names none: an empty host, `?`, or a wildcard address means the
+/// node that answered (as Redis documents for `CLUSTER SLOTS`).
+fn with_host_of(addr: &str, answered_by: &str) -> String {
+    match addr.rsplit_once(':') {
+        Some((host, port)) if unknown_host(host) => {
+            let answering = answered_by.rsplit_once(':').map_or("", |(h, _)| h);
+            format!("{answering}:{port}")
+        }
+        _ => addr.to_owned(),
+    }
+}
+
+fn unknown_host(host: &str) -> bool {
+    matches!(host, "" | "?" | "0.0.0.0" | "::" | "[::]")
 }
 
 /// What the router does about an error.
@@ -672,18 +825,21 @@ fn parse_slots(value: &Value, answered_by: &str) -> Option<Vec<(u16, u16, String
         else {
             return None;
         };
+        // A NULL endpoint (`cluster-preferred-endpoint-type
+        // unknown-endpoint`) is the node that answered, like an empty one.
         let host = match master.first() {
             Some(Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
             Some(Value::SimpleString(s)) => s.clone(),
+            Some(Value::Nil) => String::new(),
             _ => return None,
         };
         let Some(Value::Int(port)) = master.get(1) else {
             return None;
         };
-        let host = if host.is_empty() {
+        let host = if unknown_host(&host) {
             answering_host.to_owned()
         } else {
-            host
+            unbracketed(&host).to_owned()
         };
         let (Ok(start), Ok(end)) = (u16::try_from(*start), u16::try_from(*end)) else {
             return None;

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
 use redis::cluster_async::ClusterConnection;
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -16,7 +17,7 @@ use redis::{AsyncConnectionConfig, Client, PushInfo, RedisError, Value};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 use tokio::time::Instant;
 
-use super::cluster::{slot_of, ClusterRouter};
+use super::cluster::{slot_of, ClusterRouter, WeakRouter};
 use super::errors::{classify, with_deadline, within};
 use super::options::{RedisOptions, MIN_BACKOFF};
 use crate::backoff::Backoff;
@@ -50,6 +51,8 @@ pub(super) struct ClusterLink {
     router: ClusterRouter,
     /// When the driver was last made to refresh its slot map.
     last_nudge: Arc<Mutex<Option<Instant>>>,
+    /// Channels with an `SUNSUBSCRIBE` under way.
+    unsubscribing: Arc<Mutex<HashSet<String>>>,
     /// `None` once the driver dropped its push sender (it never should).
     pub(super) pushes: Option<UnboundedReceiver<PushInfo>>,
     options: RedisOptions,
@@ -155,34 +158,40 @@ impl ClusterLink {
         options: RedisOptions,
         router: ClusterRouter,
     ) -> ClusterLink {
+        tokio::spawn(nudge_on_changes(
+            router.downgrade(),
+            conn.clone(),
+            options.response_timeout,
+        ));
         ClusterLink {
             conn,
             router,
             last_nudge: Arc::new(Mutex::new(None)),
+            unsubscribing: Arc::new(Mutex::new(HashSet::new())),
             pushes: Some(pushes),
             options,
         }
     }
 
     /// `SSUBSCRIBE` of `channel` (routed to its slot's node) in a task of
-    /// its own, which reports `(channel, confirmed)` on `done`: a node that
-    /// hangs holds its own channels only.
+    /// its own, which reports on `done`: a node that hangs holds its own
+    /// channels only. Not sent while an `SUNSUBSCRIBE` of the same channel
+    /// is under way (see [`ClusterLink::unsubscribing`]).
     ///
     /// The driver retries a timed-out command on the same node and never
     /// refreshes its slot map for it, so after a hung master's replica is
     /// promoted its channels would never be subscribed again. When a
-    /// subscription fails, the driver is asked (at most once a second) to
-    /// route a harmless `EXISTS` of the channel to a master that does not
-    /// serve its slot: that master's `MOVED` makes the driver refresh its
-    /// slot map and move its subscriptions.
-    pub(super) fn subscribe(&self, channel: String, done: UnboundedSender<(String, bool)>) {
+    /// subscription fails (at most once a second), and whenever onefill's
+    /// own slot map changes, the driver is made to refresh its slot map
+    /// ([`nudge`]).
+    pub(super) fn subscribe(&self, channel: String, done: UnboundedSender<Ended>) {
         let mut conn = self.conn.clone();
         let timeout = self.options.response_timeout;
         let router = self.router.clone();
         let last_nudge = self.last_nudge.clone();
         tokio::spawn(async move {
             let ok = within(timeout, conn.ssubscribe(&channel)).await.is_ok();
-            let _ = done.send((channel.clone(), ok));
+            let _ = done.send(Ended::Subscribed(channel.clone(), ok));
             if ok {
                 return;
             }
@@ -193,25 +202,76 @@ impl ClusterLink {
                 }
                 *last = Some(Instant::now());
             }
-            let Some((host, port)) = router.another_master(slot_of(channel.as_bytes())) else {
-                return;
-            };
-            let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress { host, port });
-            let mut exists = redis::cmd("EXISTS");
-            exists.arg(&channel);
-            let _ = within(timeout, conn.route_command(exists, routing)).await;
+            nudge(&router, &mut conn, slot_of(channel.as_bytes()), timeout).await;
         });
     }
 
-    /// `SUNSUBSCRIBE` of `channels`, in the background (a failure leaves a
-    /// subscription nobody listens to, which goes with the connection).
-    pub(super) fn unsubscribe(&self, channels: Vec<String>) {
+    /// `SUNSUBSCRIBE` of `channels`, in the background; each reports on
+    /// `done` when it ends. A failure leaves a subscription nobody listens
+    /// to, which goes with the connection.
+    pub(super) fn unsubscribe(&self, channels: Vec<String>, done: &UnboundedSender<Ended>) {
         for channel in channels {
+            self.unsubscribing.lock().insert(channel.clone());
             let mut conn = self.conn.clone();
             let timeout = self.options.response_timeout;
+            let unsubscribing = self.unsubscribing.clone();
+            let done = done.clone();
             tokio::spawn(async move {
                 let _ = within(timeout, conn.sunsubscribe(&channel)).await;
+                unsubscribing.lock().remove(&channel);
+                let _ = done.send(Ended::Unsubscribed(channel));
             });
         }
+    }
+
+    /// Whether an `SUNSUBSCRIBE` of `channel` is under way: a subscription
+    /// sent meanwhile could reach the server first and be undone by it,
+    /// leaving the channel deaf while it looks subscribed.
+    pub(super) fn unsubscribing(&self, channel: &str) -> bool {
+        self.unsubscribing.lock().contains(channel)
+    }
+}
+
+/// How a cluster (un)subscription sent in the background ended.
+pub(super) enum Ended {
+    /// The channel, and whether the server confirmed it.
+    Subscribed(String, bool),
+    Unsubscribed(String),
+}
+
+/// Makes the driver refresh its slot map: a harmless `EXISTS` of a key of
+/// `slot`, routed to a master that does not serve it, answers `MOVED`,
+/// which the driver follows and answers with a refresh (and moves its
+/// subscriptions to the slots' new masters).
+async fn nudge(router: &ClusterRouter, conn: &mut ClusterConnection, slot: u16, timeout: Duration) {
+    let (Some((host, port)), Some(key)) = (router.another_master(slot), key_in_slot(slot)) else {
+        return;
+    };
+    let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress { host, port });
+    let mut exists = redis::cmd("EXISTS");
+    exists.arg(key);
+    let _ = within(timeout, conn.route_command(exists, routing)).await;
+}
+
+/// A key whose slot is `slot` (found by trying hash tags; a few thousand
+/// tries on average).
+fn key_in_slot(slot: u16) -> Option<String> {
+    (0..2_000_000u32)
+        .map(|i| format!("{{onefill-nudge-{i}}}"))
+        .find(|key| slot_of(key.as_bytes()) == slot)
+}
+
+/// Nudges the driver at every change of onefill's slot map, until the
+/// router is gone.
+async fn nudge_on_changes(router: WeakRouter, mut conn: ClusterConnection, timeout: Duration) {
+    let Some(mut changes) = router.upgrade().map(|r| r.changes()) else {
+        return;
+    };
+    while changes.changed().await.is_ok() {
+        let (_, slot) = *changes.borrow_and_update();
+        let Some(router) = router.upgrade() else {
+            return;
+        };
+        nudge(&router, &mut conn, slot, timeout).await;
     }
 }

@@ -98,7 +98,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
-use redis::{Client, FromRedisValue, ProtocolVersion, RedisError, Script, ScriptInvocation};
+use redis::{Client, FromRedisValue, ProtocolVersion, RedisError, Script};
 use tokio::sync::mpsc::unbounded_channel;
 
 use super::{Acquired, Backend, BackendError, FillKeys, FillSubscription, LeaseToken, Stored};
@@ -120,7 +120,7 @@ use cluster::{slot_of, ClusterRouter};
 use errors::{classify, with_deadline};
 use link::{ClusterLink, Link, SingleLink};
 use options::{check_url_and_tls, connect_deadline, open_client};
-use scripts::{Scripts, CLUSTER_SCRIPTS, STANDALONE_SCRIPTS};
+use scripts::{ScriptCall, Scripts, CLUSTER_SCRIPTS, STANDALONE_SCRIPTS};
 use subscriber::PubSubShared;
 use ttl::{ms_ceil, px, ttl_from_ms};
 use urls::redact;
@@ -294,18 +294,15 @@ impl RedisBackend {
         &self,
         op: &'static str,
         keys: &FillKeys,
-        invocation: &ScriptInvocation<'_>,
+        invocation: &ScriptCall<'_>,
     ) -> Result<T, BackendError> {
         let result = match &self.inner.conn {
-            Conn::Single(c) => invocation.invoke_async(&mut c.clone()).await,
+            Conn::Single(c) => invocation.invoke(&mut c.clone(), false).await,
             Conn::Cluster(router) => {
                 let slot = slot_of(keys.value().as_bytes());
                 router
                     .run(slot, |mut c, asking| async move {
-                        if asking {
-                            redis::cmd("ASKING").query_async::<()>(&mut c).await?;
-                        }
-                        invocation.invoke_async(&mut c).await
+                        invocation.invoke(&mut c, asking).await
                     })
                     .await
             }
@@ -317,7 +314,7 @@ impl RedisBackend {
         &self,
         op: &'static str,
         keys: &FillKeys,
-        invocation: &ScriptInvocation<'_>,
+        invocation: &ScriptCall<'_>,
     ) -> Result<bool, BackendError> {
         match self.eval::<i64>(op, keys, invocation).await? {
             0 => Ok(false),
@@ -332,8 +329,8 @@ impl RedisBackend {
 
 /// An invocation of `script` on the key's value, lock and channel: the
 /// `KEYS` of every script that announces a change, in that order.
-fn announcing<'a>(script: &'a Script, keys: &FillKeys) -> ScriptInvocation<'a> {
-    let mut invocation = script.prepare_invoke();
+fn announcing<'a>(script: &'a Script, keys: &FillKeys) -> ScriptCall<'a> {
+    let mut invocation = ScriptCall::new(script);
     invocation
         .key(keys.value())
         .key(keys.lock())
@@ -386,7 +383,7 @@ impl Backend for RedisBackend {
         lease_ttl: Duration,
         refresh_window: Duration,
     ) -> Result<Acquired, BackendError> {
-        let mut invocation = self.inner.scripts.acquire.prepare_invoke();
+        let mut invocation = ScriptCall::new(&self.inner.scripts.acquire);
         invocation
             .key(keys.value())
             .key(keys.lock())
@@ -450,7 +447,7 @@ impl Backend for RedisBackend {
         token: &LeaseToken,
         lease_ttl: Duration,
     ) -> Result<bool, BackendError> {
-        let mut invocation = self.inner.scripts.extend.prepare_invoke();
+        let mut invocation = ScriptCall::new(&self.inner.scripts.extend);
         invocation
             .key(keys.lock())
             .arg(token.as_bytes())

@@ -11,7 +11,8 @@
 
 use std::sync::LazyLock;
 
-use redis::Script;
+use redis::aio::ConnectionLike;
+use redis::{Cmd, ErrorKind, FromRedisValue, RedisResult, Script, ServerErrorKind, ToRedisArgs};
 
 /// One backend's scripts, with its publish command filled in.
 pub(super) struct Scripts {
@@ -46,6 +47,77 @@ impl Scripts {
             extend: script(EXTEND),
             set: script(SET),
             invalidate: script(INVALIDATE),
+        }
+    }
+}
+
+/// One call of a script: its keys and arguments, sent as `EVALSHA`, with
+/// the script loaded again on `NOSCRIPT`. Unlike the driver's
+/// `ScriptInvocation`, it can also be sent right after an `ASKING`, in one
+/// pipeline, as a Redis Cluster `ASK` redirection needs on a shared
+/// connection.
+pub(super) struct ScriptCall<'a> {
+    script: &'a Script,
+    keys: Vec<Vec<u8>>,
+    args: Vec<Vec<u8>>,
+}
+
+impl<'a> ScriptCall<'a> {
+    pub(super) fn new(script: &'a Script) -> Self {
+        ScriptCall {
+            script,
+            keys: Vec::new(),
+            args: Vec::new(),
+        }
+    }
+
+    pub(super) fn key(&mut self, key: impl ToRedisArgs) -> &mut Self {
+        self.keys.extend(key.to_redis_args());
+        self
+    }
+
+    pub(super) fn arg(&mut self, arg: impl ToRedisArgs) -> &mut Self {
+        self.args.extend(arg.to_redis_args());
+        self
+    }
+
+    fn evalsha(&self) -> Cmd {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(self.script.get_hash())
+            .arg(self.keys.len())
+            .arg(&self.keys)
+            .arg(&self.args);
+        cmd
+    }
+
+    /// Runs the script on `conn` (after an `ASKING`, in one pipeline, if
+    /// `asking`), loading it first if the server does not know it.
+    pub(super) async fn invoke<T: FromRedisValue, C: ConnectionLike + Send>(
+        &self,
+        conn: &mut C,
+        asking: bool,
+    ) -> RedisResult<T> {
+        match self.send(conn, asking).await {
+            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                self.script.load_async(conn).await?;
+                self.send(conn, asking).await
+            }
+            result => result,
+        }
+    }
+
+    async fn send<T: FromRedisValue, C: ConnectionLike + Send>(
+        &self,
+        conn: &mut C,
+        asking: bool,
+    ) -> RedisResult<T> {
+        if asking {
+            let mut pipe = redis::pipe();
+            pipe.cmd("ASKING").ignore().add_command(self.evalsha());
+            let (value,): (T,) = pipe.query_async(conn).await?;
+            Ok(value)
+        } else {
+            self.evalsha().query_async(conn).await
         }
     }
 }

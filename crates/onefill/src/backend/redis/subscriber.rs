@@ -35,7 +35,7 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
-use super::link::{Link, SingleLink};
+use super::link::{Ended, Link, SingleLink};
 use super::options::RedisOptions;
 use crate::backend::FillSubscription;
 
@@ -217,8 +217,8 @@ impl Drop for RedisSubscription {
 /// What the subscriber task should do next.
 enum Step {
     Wake(Option<()>),
-    /// A cluster `SSUBSCRIBE` ended: the channel, and whether it worked.
-    Subscribed(Option<(String, bool)>),
+    /// A cluster (un)subscription sent in the background ended.
+    Subscribed(Option<Ended>),
     Push(Option<PushInfo>),
     Retry,
     Ping,
@@ -241,7 +241,7 @@ async fn run_subscriber(
     let mut retry_at: Option<Instant> = None;
     // Cluster subscriptions run apart (one slow node must not hold the
     // others) and report here.
-    let (subscribed_tx, mut subscribed) = unbounded_channel::<(String, bool)>();
+    let (subscribed_tx, mut subscribed) = unbounded_channel::<Ended>();
     loop {
         let retry_sleep = tokio::time::sleep_until(retry_at.unwrap_or_else(Instant::now));
         let step = {
@@ -276,8 +276,22 @@ async fn run_subscriber(
                     .or(retry_at);
             }
             Step::Subscribed(None) => {}
-            Step::Subscribed(Some((channel, ok))) => {
-                if let Some(at) = subscribed_to(&shared, &link, &channel, ok) {
+            Step::Subscribed(Some(Ended::Unsubscribed(channel))) => {
+                // Its subscription may have waited for this.
+                let waiting = shared
+                    .state
+                    .lock()
+                    .channels
+                    .get(&channel)
+                    .is_some_and(|c| !c.confirmed);
+                if waiting {
+                    retry_at = reconcile(&shared, &mut link, &subscribed_tx)
+                        .await
+                        .or(retry_at);
+                }
+            }
+            Step::Subscribed(Some(Ended::Subscribed(channel, ok))) => {
+                if let Some(at) = subscribed_to(&shared, &link, &channel, ok, &subscribed_tx) {
                     retry_at = Some(retry_at.map_or(at, |r| r.min(at)));
                 }
             }
@@ -322,6 +336,21 @@ fn handle_push(shared: &PubSubShared, push: PushInfo) {
         PushKind::Message | PushKind::SMessage => {
             if let Some(chan) = shared.state.lock().channels.get(&channel) {
                 chan.fire();
+            }
+        }
+        PushKind::SUnsubscribe => {
+            // Redis 7 unsubscribes the channels of a slot its node lost (a
+            // failover, a migration): subscribe again, on the new owner, and
+            // wake the subscriptions once that is confirmed. (Our own
+            // `SUNSUBSCRIBE`s concern channels no longer in use: ignored.)
+            let mut state = shared.state.lock();
+            if let Some(chan) = state.channels.get_mut(&channel) {
+                if chan.confirmed && !chan.subscribing {
+                    chan.confirmed = false;
+                    chan.fire_on_confirm = true;
+                    drop(state);
+                    let _ = shared.wake.send(());
+                }
             }
         }
         PushKind::SSubscribe => {
@@ -389,14 +418,20 @@ async fn reconnect(shared: &PubSubShared, l: &mut SingleLink) -> Option<Instant>
 
 /// A cluster `SSUBSCRIBE` of `channel` ended (`ok`: confirmed). Returns
 /// when to retry it if it failed.
-fn subscribed_to(shared: &PubSubShared, link: &Link, channel: &str, ok: bool) -> Option<Instant> {
+fn subscribed_to(
+    shared: &PubSubShared,
+    link: &Link,
+    channel: &str,
+    ok: bool,
+    done: &UnboundedSender<Ended>,
+) -> Option<Instant> {
     let mut state = shared.state.lock();
     let Some(chan) = state.channels.get_mut(channel) else {
         drop(state);
         if ok {
             // Nobody wants it any more.
             if let Link::Cluster(l) = link {
-                l.unsubscribe(vec![channel.to_owned()]);
+                l.unsubscribe(vec![channel.to_owned()], done);
             }
         }
         return None;
@@ -432,7 +467,7 @@ fn subscribed_to(shared: &PubSubShared, link: &Link, channel: &str, ok: bool) ->
 async fn reconcile(
     shared: &PubSubShared,
     link: &mut Link,
-    subscribed: &UnboundedSender<(String, bool)>,
+    subscribed: &UnboundedSender<Ended>,
 ) -> Option<Instant> {
     let cluster = matches!(link, Link::Cluster(_));
     let (to_unsubscribe, to_subscribe) = {
@@ -451,8 +486,14 @@ async fn reconcile(
             false
         });
         let mut to_subscribe = Vec::new();
+        let unsubscribing = |name: &str| match &*link {
+            Link::Cluster(l) => l.unsubscribing(name),
+            Link::Single(_) => false,
+        };
         for (name, chan) in state.channels.iter_mut() {
-            if !chan.confirmed && !chan.subscribing {
+            // A channel with an `SUNSUBSCRIBE` under way waits for it (see
+            // `ClusterLink::unsubscribing`).
+            if !chan.confirmed && !chan.subscribing && !unsubscribing(name) {
                 if cluster {
                     chan.expected_confirmations += 1;
                     chan.subscribing = true;
@@ -481,7 +522,7 @@ async fn reconcile(
         Link::Cluster(l) => {
             // A failed unsubscription leaves a subscription nobody listens
             // to; it goes with the connection.
-            l.unsubscribe(to_unsubscribe);
+            l.unsubscribe(to_unsubscribe, subscribed);
             for channel in to_subscribe {
                 l.subscribe(channel, subscribed.clone());
             }
