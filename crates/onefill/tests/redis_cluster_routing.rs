@@ -5,7 +5,6 @@
 //! The failover of a master to its replica, across real processes, is in
 //! the CLI's `tests/cluster_failover.rs`.
 
-use std::future::Future;
 use std::time::Duration;
 
 use onefill::backend::{Backend, FillKeys};
