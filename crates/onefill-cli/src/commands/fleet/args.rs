@@ -185,9 +185,10 @@ pub struct FleetArgs {
     ///
     /// The parent then polls CLUSTER SLOTS of a healthy master every 20 ms
     /// until the victim's slots are served by another node (the
-    /// promotion). An answer older than ttl + grace + 100 ms counts as too
-    /// old, a call slower than max(100 ms, 2 × load) as slow; the victim's
-    /// recovery is the end of its last abnormal call after the promotion.
+    /// promotion). An answer older than ttl + grace + 250 ms counts as too
+    /// old, a call slower than max(100 ms, 2 × load, the healthy keys'
+    /// p99) as slow; the victim's recovery is the end of its last abnormal
+    /// call after the promotion.
     #[arg(long, value_enum, requires_all = ["cluster", "rate"])]
     pub fault: Option<FaultKind>,
     /// When the fault is injected, in milliseconds after the start (less

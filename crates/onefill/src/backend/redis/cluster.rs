@@ -11,23 +11,37 @@
 //!
 //! Here:
 //! - each slot maps to the master serving it, each master has its own
-//!   multiplexed connection (opened on first use, replaced after it drops),
-//!   and each master is a [`shard`](ClusterRouter::shard_of) of its own, so
-//!   the cache above keeps one circuit breaker per master;
-//! - `MOVED` updates the slot at once and is followed; `ASK` is followed on
-//!   a connection of its own, with `ASKING` before each command (it
-//!   applies to the next command of a connection only, which a shared
-//!   connection cannot promise); `TRYAGAIN`,
-//!   `CLUSTERDOWN`, `MASTERDOWN`, `LOADING` and `READONLY` are retried with
-//!   a short backoff for up to the response timeout (the cache's backend
-//!   timeout cuts it shorter): routing never reaches the caller;
-//! - a timeout or a connection failure marks the master *failing* and
-//!   wakes the refresher; while any master serving slots is failing, the
-//!   refresher asks every other master for `CLUSTER SLOTS` (concurrently,
-//!   the first answer wins) every [`FAILING_REFRESH`] (backing off to
-//!   [`FAILING_REFRESH_MAX`]), so a promotion is seen within that interval
-//!   whether the old master refuses connections or hangs. A command that
-//!   timed out is not retried: it may have run.
+//!   multiplexed connection (opened on first use in a task of its own, so
+//!   a caller that gives up does not abort a slow handshake; replaced after
+//!   it drops, or after [`REPLACE_AFTER`] unanswered commands in a row, as
+//!   it may have died silently), and each master is a
+//!   [`shard`](ClusterRouter::shard_of) of its own, so the cache above
+//!   keeps one circuit breaker per master;
+//! - `MOVED` updates the slot at once and is followed; `ASK` is followed
+//!   on the target's shared connection with `ASKING` and the command in one
+//!   pipeline (`ASKING` applies to the next command of a connection only,
+//!   and a pipeline is written in one piece); `TRYAGAIN`, `CLUSTERDOWN`,
+//!   `MASTERDOWN`, `LOADING` and `READONLY` are retried with a short
+//!   backoff for up to the response timeout (the cache's backend timeout
+//!   cuts it shorter): routing never reaches the caller;
+//! - a timeout, a connection failure, or a call its caller gave up on
+//!   after [`ABANDONED_AFTER`] without an answer marks the master *failing*
+//!   and wakes the refresher; while any master serving slots is failing,
+//!   the refresher asks [`REFRESH_FAN_OUT`] nodes (healthy ones first) for
+//!   `CLUSTER SLOTS` at once, the first answer winning, every
+//!   [`FAILING_REFRESH`] (backing off to [`FAILING_REFRESH_MAX`]), so a
+//!   promotion is seen within that interval whether the old master refuses
+//!   connections or hangs. An answer is not installed over a slot a
+//!   `MOVED` taught since the refresh began. A command that timed out is
+//!   not retried: it may have run;
+//! - endpoints the cluster leaves unnamed (NULL, empty, `?`, a wildcard
+//!   address) are the node that answered, as Redis documents.
+//!
+//! Known limits: the first answer wins (no agreement between nodes; a
+//! lagging node's view is corrected by the next `MOVED`); replicas are not
+//! read from; during a slot migration the scripts, whose lease and channel
+//! keys do not exist yet, meet `TRYAGAIN` until the slot has moved (reads
+//! follow `ASK`).
 
 use std::collections::HashMap;
 use std::future::Future;
