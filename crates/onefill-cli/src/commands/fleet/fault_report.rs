@@ -515,14 +515,14 @@ mod tests {
         let mut calls = quiet_calls();
         calls.push(call(5_100.0, 0, STALE, 1.0, 900));
         calls.push(call(5_200.0, 1, DEGRADED, 60.0, 0));
-        calls.push(call(5_300.0, 0, HIT, 1.0, 1_101));
+        calls.push(call(5_300.0, 0, HIT, 1.0, 1_251));
         calls.push(call(5_400.0, 1, HIT, 100.5, 10));
         calls.push(call(5_500.0, 2, ERROR, 250.0, 0));
         let r = analyse(&injected(Some(7_000.0)), &names(), shape(), &calls, &[]);
         let h = &r.healthy.answers;
         assert_eq!((h.calls, h.errors, h.stale, h.degraded), (204, 0, 1, 1));
         assert_eq!((h.over_age_limit, h.slow, h.abnormal), (1, 1, 4));
-        assert_eq!(h.max_age_ms, 1_101);
+        assert_eq!(h.max_age_ms, 1_251);
         assert_eq!(h.first_abnormal_ms, Some(5_100.0));
         assert_eq!(h.abnormal_timeline.len(), 21);
         assert_eq!(h.abnormal_timeline[10], 4, "5 000 to 5 500 ms");
