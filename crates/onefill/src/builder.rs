@@ -28,8 +28,8 @@ use crate::shared::Shared;
 /// | codec | [`JsonCodec`] |
 /// | ttl | 60 s |
 /// | grace (stale-while-refresh window) | 0 (off) |
-/// | jitter | ±10 % |
-/// | early refresh `beta` (XFetch) | 1.0 |
+/// | jitter | up to 10 % shorter |
+/// | early refresh `beta` (a load time before expiry) | 1.0 |
 /// | lease TTL | adaptive: 3 × p99 load time within [1 s, 30 s] |
 /// | max load time | 30 s |
 /// | wait | deadline 10 s, polls 20 ms → 500 ms, then stale or one degraded load |

@@ -74,7 +74,7 @@ pub enum Outcome {
 enum Refresh {
     /// Served stale in the grace window.
     Stale,
-    /// XFetch drew an early refresh; the window is handed to `acquire`.
+    /// The value is due for early refresh; the window is handed to `acquire`.
     Early(Duration),
 }
 
@@ -175,7 +175,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
                     delta,
                 } if !fresh_for.is_zero() => {
                     self.rec().hit();
-                    // XFetch and the grace window answer the same question
+                    // Early refresh and the grace window answer the same question
                     // (who pays for the refresh at expiry); with a grace
                     // window the first stale read refreshes in the
                     // background, so early refresh would only add loads.

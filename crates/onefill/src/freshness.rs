@@ -1,5 +1,5 @@
-//! Freshness decisions: TTL jitter, the grace window and probabilistic early
-//! refresh (XFetch).
+//! Freshness decisions: TTL jitter, the grace window and early refresh
+//! (refresh-ahead, a load time before expiry).
 //!
 //! All of them are computed from what the *server* reports (the remaining
 //! TTL) and what the envelope records (grace, delta), never from a client
@@ -7,37 +7,44 @@
 
 use std::time::Duration;
 
-/// The TTL to write: `ttl ± jitter·ttl`, plus the grace window. Jitter spreads
-/// the expiry of keys filled together so they do not expire together.
+/// The TTL to write: `ttl` shortened by up to `jitter·ttl`, plus the grace
+/// window. Jitter spreads the expiry of keys filled together so they do not
+/// expire together; it only shortens, so `ttl` stays what it promises: no
+/// value is served (fresh) older than that (issue 9).
 pub(crate) fn written_ttl(ttl: Duration, jitter: f64, grace: Duration) -> Duration {
     let spread = if jitter > 0.0 {
-        1.0 + jitter * (2.0 * rand::random::<f64>() - 1.0)
+        1.0 - jitter * rand::random::<f64>()
     } else {
         1.0
     };
     ttl.mul_f64(spread).max(Duration::from_millis(1)) + grace
 }
 
-/// The XFetch draw (Vattani, Chierichetti, Lowenstein, VLDB 2015): a window
-/// `delta · beta · (−ln u)`, `u` uniform in (0, 1]. A value whose remaining
-/// fresh time is inside the window is refreshed now, so the probability of
-/// refreshing grows as expiry nears and with how long a load takes.
+/// Covers the two round trips of a refresh (its `acquire` and its `fill`)
+/// on top of the load itself.
+const ROUND_TRIPS: Duration = Duration::from_millis(5);
+
+/// Refresh-ahead: whether a value with `fresh_for` left should be refreshed
+/// now, and the window to hand to `acquire` so the server applies the same
+/// test. The window is `beta × delta` (the time the value's last load took)
+/// plus [`ROUND_TRIPS`]: a refresh started then is stored about when the
+/// value would have expired, so nobody waits for it and the key still loads
+/// once per TTL. The lease makes it one refresh fleet-wide.
 ///
-/// Returns `None` when early refresh is off (`beta == 0` or no measured delta).
-pub(crate) fn xfetch_window(delta: Duration, beta: f64) -> Option<Duration> {
+/// Deterministic on purpose (decision 0007): XFetch's random draw
+/// (`delta · beta · −ln u`) is made by every call, and at hundreds of calls
+/// per TTL the earliest draw comes long before expiry: a hot key loaded
+/// 16 times in 10 s instead of 10.
+///
+/// Returns `None` when early refresh is off (`beta == 0` or no measured
+/// delta) or the value is not due yet.
+pub(crate) fn early_refresh(fresh_for: Duration, delta: Duration, beta: f64) -> Option<Duration> {
     if beta <= 0.0 || delta.is_zero() {
         return None;
     }
-    // 1 - random() is in (0, 1], so ln() is finite and ≤ 0.
-    let u = 1.0 - rand::random::<f64>();
-    let gap = delta.as_secs_f64() * beta * -u.ln();
-    Some(Duration::try_from_secs_f64(gap).unwrap_or(Duration::MAX))
-}
-
-/// Whether a value with `fresh_for` left should be refreshed early, and the
-/// window to hand to `acquire` so the server applies the same test.
-pub(crate) fn early_refresh(fresh_for: Duration, delta: Duration, beta: f64) -> Option<Duration> {
-    xfetch_window(delta, beta).filter(|window| *window >= fresh_for)
+    let ahead = Duration::try_from_secs_f64(delta.as_secs_f64() * beta).unwrap_or(Duration::MAX);
+    let window = ahead.saturating_add(ROUND_TRIPS);
+    (fresh_for <= window).then_some(window)
 }
 
 #[cfg(test)]
@@ -53,36 +60,41 @@ mod tests {
         for _ in 0..2000 {
             let t = written_ttl(ttl, 0.1, grace);
             assert!(
-                t >= Duration::from_secs(100) && t <= Duration::from_secs(120),
-                "{t:?}"
+                t > Duration::from_secs(100) && t <= Duration::from_secs(110),
+                "never longer than ttl + grace: {t:?}"
             );
-            seen_low |= t < Duration::from_secs(105);
-            seen_high |= t > Duration::from_secs(115);
+            seen_low |= t < Duration::from_secs(102);
+            seen_high |= t > Duration::from_secs(108);
         }
-        assert!(seen_low && seen_high, "jitter should spread both ways");
+        assert!(
+            seen_low && seen_high,
+            "jitter should spread over its fraction"
+        );
         assert_eq!(written_ttl(ttl, 0.0, grace), Duration::from_secs(110));
     }
 
     #[test]
-    fn xfetch_is_off_without_beta_or_delta() {
-        assert_eq!(xfetch_window(Duration::from_secs(1), 0.0), None);
-        assert_eq!(xfetch_window(Duration::ZERO, 1.0), None);
+    fn early_refresh_is_off_without_beta_or_delta() {
+        let second = Duration::from_secs(1);
+        assert_eq!(early_refresh(Duration::ZERO, second, 0.0), None);
+        assert_eq!(early_refresh(Duration::ZERO, Duration::ZERO, 1.0), None);
     }
 
+    /// Issue 9, item 4: one refresh per expiry, started shortly before it,
+    /// whatever the call rate: not before `beta × delta` (+ round trips)
+    /// of fresh time is left, always once it is.
     #[test]
-    fn xfetch_probability_grows_as_expiry_nears() {
+    fn early_refresh_starts_a_load_time_before_expiry() {
         let delta = Duration::from_millis(100);
-        let rate = |fresh_for: Duration| {
-            (0..20_000)
-                .filter(|_| early_refresh(fresh_for, delta, 1.0).is_some())
-                .count() as f64
-                / 20_000.0
-        };
-        // P(window >= t) = exp(-t / (delta·beta)).
-        let far = rate(Duration::from_millis(500)); // e^-5 ≈ 0.0067
-        let near = rate(Duration::from_millis(50)); // e^-0.5 ≈ 0.61
-        assert!(far < 0.02, "far from expiry: {far}");
-        assert!((0.55..0.67).contains(&near), "near expiry: {near}");
-        assert!(early_refresh(Duration::ZERO, delta, 1.0).is_some());
+        let due = |fresh_ms: u64, beta| early_refresh(Duration::from_millis(fresh_ms), delta, beta);
+        for _ in 0..10_000 {
+            assert_eq!(due(106, 1.0), None, "too early, at any call rate");
+        }
+        assert_eq!(due(105, 1.0), Some(Duration::from_millis(105)));
+        assert_eq!(due(0, 1.0), Some(Duration::from_millis(105)));
+        assert_eq!(due(205, 2.0), Some(Duration::from_millis(205)));
+        assert_eq!(due(206, 2.0), None);
+        // A huge beta covers any remaining time without overflowing.
+        assert!(early_refresh(Duration::MAX, Duration::MAX, 100.0).is_some());
     }
 }

@@ -13,7 +13,7 @@
 //!   notification with jittered polling as the fallback, up to a deadline,
 //!   then a configured outcome ([`WaitPolicy`], [`OnWaitTimeout`]);
 //! - **freshness**: TTL, grace (serve stale while one refresh runs), jitter,
-//!   XFetch early refresh, negative caching, fail-safe;
+//!   early refresh (a load time before expiry), negative caching, fail-safe;
 //! - **resilience**: backend timeouts, a circuit breaker, degradation to
 //!   in-process coalescing;
 //! - **observability**: [`Stats`] and the `metrics` facade, `tracing` spans.

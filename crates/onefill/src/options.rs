@@ -150,15 +150,21 @@ options! {
             fn grace(grace: Duration) = grace;
         }
         jitter: f64 = 0.1, check(within(0.0, 0.5)) {
-            /// The ± fraction applied to every TTL written (0 to 0.5).
+            /// The fraction by which every TTL written may be shortened, at
+            /// random (0 to 0.5): keys filled together do not expire
+            /// together, and none lives longer than `ttl`.
             fn jitter(fraction: f64) = fraction;
         }
         early_refresh_beta: f64 = 1.0, check(within(0.0, 100.0)) {
-            /// XFetch's `beta`: 1.0 is the paper's optimum, larger refreshes
-            /// earlier, 0 turns early refresh off. Early refresh applies to
-            /// caches without a grace window: with one, the first stale read
-            /// already refreshes in the background without making anyone
-            /// wait, and early refreshes would only add loads.
+            /// How far ahead of its expiry a value is refreshed, in units of
+            /// its last load time: with `beta` 1.0 (the default) the first
+            /// call that finds a value with at most one load time (+ 5 ms
+            /// for the round trips) of freshness left refreshes it in the
+            /// background, once fleet-wide, so it is stored again about when
+            /// it would have expired; larger refreshes earlier, 0 turns it
+            /// off (0 to 100). Applies to caches without a grace window: with
+            /// one, the first stale read already refreshes in the background
+            /// without making anyone wait.
             fn early_refresh_beta(beta: f64) = beta;
         }
         lease_ttl: Option<LeaseTtl> = Some(LeaseTtl::default()), check(optional(|_, lease: &LeaseTtl| lease.validate())) {

@@ -58,7 +58,7 @@ pub(crate) enum Read<V> {
     Value {
         value: Option<V>,
         fresh_for: Duration,
-        /// How long the load that produced it took (for XFetch).
+        /// How long the load that produced it took (for early refresh).
         delta: Duration,
     },
     /// A cached loader failure (negative caching).

@@ -75,7 +75,7 @@ counters! {
     decode_errors,
     /// Backend calls that failed or timed out.
     backend_errors,
-    /// Refreshes started before expiry by the early-refresh (XFetch) draw.
+    /// Refreshes started before expiry (early refresh).
     early_refreshes,
     /// Background refreshes started while a stale value was served.
     background_refreshes,

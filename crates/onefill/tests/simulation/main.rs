@@ -170,7 +170,7 @@
 //! Replay is as deterministic as the library lets it be: the scenario and
 //! the injector's decisions come from the seed and the runtime is one
 //! thread in paused time, but the library draws its own randomness (lease
-//! tokens, TTL jitter, the ±25 % of its poll backoff, XFetch), so the
+//! tokens, TTL jitter, the ±25 % of its poll backoff), so the
 //! timings of a run, and with them the order in which injector decisions
 //! are consumed, can differ between runs of a seed. The replay test
 //! therefore runs the seed up to `ONEFILL_SIM_REPEAT` times (default 200)

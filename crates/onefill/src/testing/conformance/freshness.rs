@@ -76,8 +76,8 @@ scenarios! { $ __onefill_conformance_freshness;
         assert!(refreshes >= 1);
     }
 
-    /// XFetch refreshes a hot key before it expires, once fleet-wide, and no
-    /// caller ever sees a miss. With `beta = 0` it never does.
+    /// Early refresh refreshes a hot key before it expires, once fleet-wide,
+    /// and no caller ever sees a miss. With `beta = 0` it never does.
     pub async fn early_refresh_before_expiry(h: &dyn Harness) {
         for beta in [100.0, 0.0] {
             let ns = unique_ns("xfetch");
@@ -108,8 +108,8 @@ scenarios! { $ __onefill_conformance_freshness;
                 "beta {beta}"
             );
             if beta > 0.0 {
-                // delta 100 ms × beta 100: the draw covers the remaining second
-                // with probability ≈ 0.9 per call; 30 calls make it certain.
+                // delta 100 ms × beta 100: the window covers the remaining
+                // second, so the first call refreshes.
                 eventually(Duration::from_secs(3), || origin.count() == 2).await;
                 tokio::time::sleep(Duration::from_millis(300)).await;
                 assert_eq!(origin.count(), 2, "one early refresh fleet-wide");
@@ -259,7 +259,8 @@ scenarios! { $ __onefill_conformance_freshness;
         assert!(c.stats().stale_served >= 2);
     }
 
-    /// Jitter spreads the TTLs written for keys filled together.
+    /// Jitter spreads the TTLs written for keys filled together, never
+    /// beyond the TTL.
     pub async fn jitter_spreads_expiry(h: &dyn Harness) {
         let ns = unique_ns("jitter");
         let c = cache_with(h, &ns, |b| b.ttl(Duration::from_secs(100)).jitter(0.2)).await;
@@ -281,8 +282,8 @@ scenarios! { $ __onefill_conformance_freshness;
         let min = *ttls.iter().min().unwrap();
         let max = *ttls.iter().max().unwrap();
         assert!(
-            min >= Duration::from_secs(79) && max <= Duration::from_secs(120),
-            "{min:?}..{max:?}"
+            min >= Duration::from_secs(79) && max <= Duration::from_secs(100),
+            "never longer than the TTL: {min:?}..{max:?}"
         );
         assert!(
             max - min >= Duration::from_secs(10),
