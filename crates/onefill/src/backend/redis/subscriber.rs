@@ -96,6 +96,29 @@ impl Channel {
         self.tx.send_modify(|n| *n = n.wrapping_add(1));
     }
 
+    /// The server confirmed the subscription: the `subscribe` calls
+    /// waiting for it return, and the subscriptions that may have missed a
+    /// fill meanwhile are woken once.
+    fn confirm(&mut self) {
+        self.confirmed = true;
+        for waiter in self.waiters.drain(..) {
+            let _ = waiter.send(());
+        }
+        if self.fire_on_confirm {
+            self.fire_on_confirm = false;
+            self.fire();
+        }
+    }
+
+    /// The subscription failed: the `subscribe` calls waiting for it
+    /// return (their waiters poll), and the subscriptions are woken once it
+    /// is confirmed on a later try.
+    fn not_subscribed(&mut self) {
+        self.fire_on_confirm = true;
+        self.expected_confirmations = self.expected_confirmations.saturating_sub(1);
+        self.waiters.clear();
+    }
+
     fn in_use(&self) -> bool {
         self.tx.receiver_count() > 0 || !self.waiters.is_empty()
     }
@@ -438,14 +461,7 @@ fn subscribed_to(
     };
     chan.subscribing = false;
     if ok {
-        chan.confirmed = true;
-        for waiter in chan.waiters.drain(..) {
-            let _ = waiter.send(());
-        }
-        if chan.fire_on_confirm {
-            chan.fire_on_confirm = false;
-            chan.fire();
-        }
+        chan.confirm();
         let unused = !chan.in_use();
         drop(state);
         if unused {
@@ -453,9 +469,7 @@ fn subscribed_to(
         }
         None
     } else {
-        chan.fire_on_confirm = true;
-        chan.expected_confirmations = chan.expected_confirmations.saturating_sub(1);
-        chan.waiters.clear();
+        chan.not_subscribed();
         tracing::debug!(channel, "redis subscription failed; retrying");
         Some(Instant::now() + SUBSCRIBE_RETRY)
     }
@@ -538,18 +552,9 @@ async fn reconcile(
         };
         let ok = !failed.contains(name);
         if ok {
-            chan.confirmed = true;
-            for waiter in chan.waiters.drain(..) {
-                let _ = waiter.send(());
-            }
-            if chan.fire_on_confirm {
-                chan.fire_on_confirm = false;
-                chan.fire();
-            }
+            chan.confirm();
         } else {
-            chan.fire_on_confirm = true;
-            chan.expected_confirmations = chan.expected_confirmations.saturating_sub(1);
-            chan.waiters.clear();
+            chan.not_subscribed();
         }
     }
     let unused = state.channels.values().any(|c| !c.in_use());
