@@ -7,7 +7,7 @@
 //! 2       1     kind: 0 value, 1 cached failure (payload = UTF-8 message), 2 absent
 //! 3       1     reserved (0)
 //! 4       8     grace in milliseconds, big-endian
-//! 12      4     delta: how long the load took, in milliseconds, big-endian
+//! 12      4     delta: how long the load took, in milliseconds (rounded up), big-endian
 //! 16      ..    payload
 //! ```
 //!
@@ -52,7 +52,11 @@ pub(crate) fn encode(kind: Kind, grace: Duration, delta: Duration, payload: &[u8
     let mut out = Vec::with_capacity(HEADER_LEN + payload.len());
     out.extend_from_slice(&[MAGIC, VERSION, kind as u8, 0]);
     out.extend_from_slice(&millis_u64(grace).to_be_bytes());
-    out.extend_from_slice(&(millis_u64(delta).min(u32::MAX as u64) as u32).to_be_bytes());
+    // Rounded up: a load under a millisecond is still a measured load (0
+    // means "not measured": a `set`, a fail-safe re-store), and early
+    // refresh needs its delta.
+    let delta_ms = millis_u64(delta) + u64::from(delta.subsec_nanos() % 1_000_000 != 0);
+    out.extend_from_slice(&(delta_ms.min(u32::MAX as u64) as u32).to_be_bytes());
     out.extend_from_slice(payload);
     out
 }
@@ -100,6 +104,27 @@ pub(crate) fn millis_u64(d: Duration) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Review of issue 9, item 4: a load under a millisecond was stored as
+    /// delta 0 ("not measured"), which turned early refresh off.
+    #[test]
+    fn a_sub_millisecond_load_is_a_measured_load() {
+        let bytes = encode(
+            Kind::Value,
+            Duration::ZERO,
+            Duration::from_micros(300),
+            b"x",
+        );
+        assert_eq!(decode(&bytes).unwrap().delta, Duration::from_millis(1));
+        let bytes = encode(Kind::Value, Duration::ZERO, Duration::ZERO, b"x");
+        assert_eq!(
+            decode(&bytes).unwrap().delta,
+            Duration::ZERO,
+            "a set: not measured"
+        );
+        let bytes = encode(Kind::Value, Duration::ZERO, Duration::from_millis(42), b"x");
+        assert_eq!(decode(&bytes).unwrap().delta, Duration::from_millis(42));
+    }
 
     #[test]
     fn round_trip() {

@@ -103,6 +103,10 @@ pub(crate) struct Flight<V> {
     /// A fill put off until after the callers were answered, because the
     /// budget was spent by then.
     deferred_fill: Option<DeferredFill>,
+    /// This flight refreshes a value that is still fresh (early refresh):
+    /// if its load fails, nothing is written (no fail-safe re-store, no
+    /// cached failure over a fresh value).
+    refreshing_fresh: bool,
 }
 
 /// A fill to run once the callers have their answer.
@@ -131,6 +135,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
             from_fallback: false,
             deferred_fill: None,
             value_expires: Mutex::new(None),
+            refreshing_fresh: false,
             policy,
         };
         // Boxed: the flight's state machine is large, and a box is cheaper
@@ -180,7 +185,13 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
                     // window the first stale read refreshes in the
                     // background, so early refresh would only add loads.
                     let early = if self.policy.grace.is_zero() {
-                        freshness::early_refresh(fresh_for, delta, self.policy.early_refresh_beta)
+                        let cap = freshness::early_refresh_cap(self.policy.ttl, self.policy.jitter);
+                        freshness::early_refresh(
+                            fresh_for,
+                            delta,
+                            self.policy.early_refresh_beta,
+                            cap,
+                        )
                     } else {
                         None
                     };
@@ -434,6 +445,19 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         error: Error,
         stale: Option<Option<V>>,
     ) -> Result<Answer<V>, Error> {
+        if self.refreshing_fresh {
+            // An early refresh failed: the value is still fresh and stays as
+            // it is, for its remaining TTL (review of issue 9: a cached
+            // failure or a fail-safe re-store replaced it, shortening or
+            // stretching its life). Nobody waits for this answer.
+            if let Some(lease) = lease {
+                let _ = self
+                    .budget
+                    .run("release", |t| lease.release(&self.shared, t, None))
+                    .await;
+            }
+            return Err(error);
+        }
         // Fail-safe serves (and re-stores for the throttle) the stale value
         // read before the load only while it still lives on the server: not
         // one that expired during the failed load.
@@ -509,7 +533,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
                 Duration::ZERO
             }
             Refresh::Early(window) => {
-                self.rec().early_refresh();
+                self.refreshing_fresh = true;
                 window
             }
         };
@@ -518,6 +542,11 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         let lease = self.policy.lease_ttl.unwrap_or_default();
         match self.acquire(lease, window).await {
             Ok(Acquisition::Won { lease, stale }) => {
+                // Counted when it starts for real (not at each attempt that
+                // found the lease held).
+                if self.refreshing_fresh {
+                    self.rec().early_refresh();
+                }
                 let stale = self.stale_value(stale);
                 let _ = self.load_leased(lease, stale).await;
             }

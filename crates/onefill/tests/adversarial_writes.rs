@@ -427,3 +427,62 @@ async fn stress_no_answer_older_than_a_returned_set() {
         h.await.unwrap();
     }
 }
+
+/// Review of issue 9, item 4: an early refresh whose load failed replaced
+/// the value it refreshed, which was still fresh: with negative caching, by
+/// a cached failure (callers got `CachedFailure` for a value fresh for
+/// seconds more); with fail-safe, by a re-store for the throttle period,
+/// which shortened or stretched its life. Now nothing is written: the value
+/// keeps its remaining TTL.
+#[tokio::test(start_paused = true)]
+async fn a_failed_early_refresh_leaves_the_fresh_value_alone() {
+    for fail_safe in [false, true] {
+        let cache = Cache::<String, String>::builder()
+            .namespace("early-fail")
+            .backend(onefill::MemoryBackend::new())
+            .ttl(Duration::from_secs(10))
+            .jitter(0.0)
+            .fail_safe(fail_safe)
+            .fail_safe_throttle(Duration::from_secs(30))
+            .negative_ttl(Duration::from_secs(30))
+            .build()
+            .unwrap();
+        let key = "k".to_owned();
+        cache
+            .get_or_load(&key, |_| async {
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                Ok::<_, std::io::Error>("v1".to_owned())
+            })
+            .await
+            .unwrap();
+        // 1.5 s of freshness left: inside the window (1.2 × 2 s + 5 ms).
+        tokio::time::advance(Duration::from_millis(8_500)).await;
+        let failing = |_| async { Err::<String, _>(std::io::Error::other("origin down")) };
+        let f = cache
+            .fetch(&key, &CallOptions::new(), failing)
+            .await
+            .unwrap();
+        assert_eq!((f.outcome, f.value.as_str()), (Outcome::Hit, "v1"));
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        tokio::time::advance(Duration::from_millis(10)).await;
+        assert_eq!(cache.stats().early_refreshes, 1, "fail_safe {fail_safe}");
+        // Still the fresh value, until its own expiry, and not after it.
+        let f = cache
+            .fetch(&key, &CallOptions::new(), failing)
+            .await
+            .unwrap();
+        assert_eq!(
+            (f.outcome, f.value.as_str()),
+            (Outcome::Hit, "v1"),
+            "fail_safe {fail_safe}"
+        );
+        tokio::time::advance(Duration::from_millis(1_600)).await;
+        assert_eq!(
+            cache.get(&key).await.unwrap(),
+            None,
+            "expired at its own TTL"
+        );
+    }
+}

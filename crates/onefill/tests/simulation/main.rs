@@ -139,7 +139,7 @@
 //!    calls.
 //! 7. **No answer outlives its value.** A value written at `t` (its last
 //!    fill, fail-safe entry or `set` that landed; a value never stored, from
-//!    its load's end) lives at most `ttl × (1 + jitter) + grace` on the
+//!    its load's end) lives at most `ttl + grace` (jitter only shortens) on the
 //!    store; no call answers it later than that plus one backend timeout
 //!    (the outage fallback counts a value's life from its flight's answer,
 //!    which a fill that timed out may delay). A `Stale` answer given as

@@ -293,10 +293,10 @@ impl Scenario {
     }
 
     /// The longest a value lives on the store after it is written (or, for
-    /// a value never stored, after its load ended): its TTL with the most
-    /// jitter, plus the grace window.
+    /// a value never stored, after its load ended): its TTL (jitter only
+    /// shortens it), plus the grace window.
     pub(crate) fn value_life(&self) -> Duration {
-        self.ttl.mul_f64(1.0 + self.jitter) + self.grace
+        self.ttl + self.grace
     }
 
     /// How long before a degraded load a fault of its process can explain
