@@ -55,7 +55,7 @@ pub(crate) fn encode(kind: Kind, grace: Duration, delta: Duration, payload: &[u8
     // Rounded up: a load under a millisecond is still a measured load (0
     // means "not measured": a `set`, a fail-safe re-store), and early
     // refresh needs its delta.
-    let delta_ms = millis_u64(delta) + u64::from(delta.subsec_nanos() % 1_000_000 != 0);
+    let delta_ms = millis_u64(delta) + u64::from(!delta.subsec_nanos().is_multiple_of(1_000_000));
     out.extend_from_slice(&(delta_ms.min(u32::MAX as u64) as u32).to_be_bytes());
     out.extend_from_slice(payload);
     out
