@@ -158,11 +158,11 @@ options! {
         early_refresh_beta: f64 = 1.0, check(within(0.0, 100.0)) {
             /// How far ahead of its expiry a value is refreshed, in units of
             /// its last load time: with `beta` 1.0 (the default) the first
-            /// call that finds a value with at most one load time (+ 5 ms
-            /// for the round trips) of freshness left refreshes it in the
-            /// background, once fleet-wide, so it is stored again about when
-            /// it would have expired; larger refreshes earlier, 0 turns it
-            /// off (0 to 100). Applies to caches without a grace window: with
+            /// call that finds a value with at most 1.2 load times (+ 5 ms
+            /// for the round trips; at most half the TTL) of freshness left
+            /// refreshes it in the background, once fleet-wide, so it is
+            /// stored again shortly before it would have expired; larger
+            /// refreshes earlier, 0 turns it off (0 to 100). Applies to caches without a grace window: with
             /// one, the first stale read already refreshes in the background
             /// without making anyone wait.
             fn early_refresh_beta(beta: f64) = beta;
