@@ -152,7 +152,7 @@ options! {
         jitter: f64 = 0.1, check(within(0.0, 0.5)) {
             /// The fraction by which every TTL written may be shortened, at
             /// random (0 to 0.5): keys filled together do not expire
-            /// together, and none lives longer than `ttl`.
+            /// together, and no hit is older than `ttl`.
             fn jitter(fraction: f64) = fraction;
         }
         early_refresh_beta: f64 = 1.0, check(within(0.0, 100.0)) {
