@@ -426,29 +426,33 @@ impl ClusterRouter {
                 Err(error) => error,
             };
             let reaction = Reaction::to(&error);
-            if matches!(reaction, Reaction::Moved(_) | Reaction::Ask(_)) {
-                if redirects >= MAX_REDIRECTS {
-                    return Err(error);
+            if let Reaction::Unreachable { dropped } = reaction {
+                if dropped {
+                    if let Some(generation) = generation {
+                        node.drop_connection(generation);
+                    }
                 }
-                redirects += 1;
+                tracing::debug!(node = %node.addr, error = %error, "redis cluster node unreachable");
+                inner.unanswered(&node, generation);
+                return Err(error);
             }
+            // Any other error is an answer: the node is up.
+            node.answered();
             match reaction {
-                Reaction::Moved(addr) => {
-                    node.answered();
+                Reaction::Redirect { addr, ask } => {
+                    if redirects >= MAX_REDIRECTS {
+                        return Err(error);
+                    }
+                    redirects += 1;
                     let addr = with_host_of(&addr, &node.addr);
                     let target = inner.node(&addr).map_err(|_| error)?;
-                    inner.learned(slot, &target);
-                    redirect = Some((target, false));
-                }
-                Reaction::Ask(addr) => {
-                    node.answered();
-                    let addr = with_host_of(&addr, &node.addr);
-                    let target = inner.node(&addr).map_err(|_| error)?;
-                    redirect = Some((target, true));
+                    if !ask {
+                        inner.learned(slot, &target);
+                    }
+                    redirect = Some((target, ask));
                 }
                 Reaction::Retry { refresh } => {
-                    // The node answered: it is up, the cluster is busy.
-                    node.answered();
+                    // The cluster is busy (or its map is changing).
                     if refresh {
                         inner.refresh.notify_one();
                     }
@@ -458,20 +462,7 @@ impl ClusterRouter {
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(RETRY_PAUSE_MAX);
                 }
-                Reaction::Unreachable { dropped } => {
-                    if dropped {
-                        if let Some(generation) = generation {
-                            node.drop_connection(generation);
-                        }
-                    }
-                    tracing::debug!(node = %node.addr, error = %error, "redis cluster node unreachable");
-                    inner.unanswered(&node, generation);
-                    return Err(error);
-                }
-                Reaction::Fail => {
-                    node.answered();
-                    return Err(error);
-                }
+                Reaction::Unreachable { .. } | Reaction::Fail => return Err(error),
             }
         }
     }
@@ -765,16 +756,13 @@ fn unknown_host(host: &str) -> bool {
 
 /// What the router does about an error.
 enum Reaction {
-    Moved(String),
-    Ask(String),
+    /// `MOVED` (`ask: false`: the slot lives there now) or `ASK` (this
+    /// command only) to the node at `addr`.
+    Redirect { addr: String, ask: bool },
     /// Send it again after a pause (and refresh the slot map?).
-    Retry {
-        refresh: bool,
-    },
+    Retry { refresh: bool },
     /// The node did not answer (`dropped`: its connection is gone).
-    Unreachable {
-        dropped: bool,
-    },
+    Unreachable { dropped: bool },
     /// An answer: the caller's.
     Fail,
 }
@@ -788,12 +776,12 @@ impl Reaction {
             .and_then(|errors| errors.first().map(|(_, e)| RedisError::from(e.clone())));
         let error = first.as_ref().unwrap_or(error);
         match error.kind() {
-            ErrorKind::Server(ServerErrorKind::Moved) => error
+            ErrorKind::Server(kind @ (ServerErrorKind::Moved | ServerErrorKind::Ask)) => error
                 .redirect_node()
-                .map_or(Reaction::Fail, |(addr, _)| Reaction::Moved(addr.to_owned())),
-            ErrorKind::Server(ServerErrorKind::Ask) => error
-                .redirect_node()
-                .map_or(Reaction::Fail, |(addr, _)| Reaction::Ask(addr.to_owned())),
+                .map_or(Reaction::Fail, |(addr, _)| Reaction::Redirect {
+                    addr: addr.to_owned(),
+                    ask: kind == ServerErrorKind::Ask,
+                }),
             ErrorKind::Server(ServerErrorKind::TryAgain | ServerErrorKind::BusyLoading) => {
                 Reaction::Retry { refresh: false }
             }
@@ -914,11 +902,11 @@ mod tests {
         };
         assert!(matches!(
             Reaction::to(&server("-MOVED 3999 127.0.0.1:6381\r\n")),
-            Reaction::Moved(addr) if addr == "127.0.0.1:6381"
+            Reaction::Redirect { addr, ask: false } if addr == "127.0.0.1:6381"
         ));
         assert!(matches!(
             Reaction::to(&server("-ASK 3999 127.0.0.1:6381\r\n")),
-            Reaction::Ask(addr) if addr == "127.0.0.1:6381"
+            Reaction::Redirect { addr, ask: true } if addr == "127.0.0.1:6381"
         ));
         assert!(matches!(
             Reaction::to(&server("-CLUSTERDOWN The cluster is down\r\n")),

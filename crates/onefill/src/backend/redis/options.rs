@@ -85,8 +85,10 @@ impl RedisOptions {
 
     /// How many times a reconnection is retried (with backoff) before the
     /// commands waiting for it fail; the next command starts a new one.
-    /// Standalone: the connection manager's retries; cluster: the number of
-    /// retries of a redirected or failed request (at most 16).
+    /// Standalone: the connection manager's retries. Cluster: the retries of
+    /// the fill-notification connection's requests (at most 16); commands
+    /// go through onefill's own routing, which follows redirections and
+    /// retries `TRYAGAIN`/`CLUSTERDOWN` within the response timeout.
     pub fn reconnect_retries(mut self, retries: usize) -> Self {
         self.reconnect_retries = retries;
         self
