@@ -10,7 +10,8 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::backend::memory::MemoryBackend;
-use crate::backend::Backend;
+use crate::backend::{Backend, ChangeListener};
+use crate::l1::L1;
 use crate::cache::Cache;
 use crate::codec::{Codec, JsonCodec};
 use crate::error::ConfigError;
@@ -48,6 +49,7 @@ pub struct CacheBuilder<K, V> {
     namespace: String,
     backend: Option<Arc<dyn Backend>>,
     codec: Option<Arc<dyn Codec<V>>>,
+    l1: Option<L1>,
     /// Set by the generated setters in `options.rs`.
     pub(crate) policy: Policy,
     _key: PhantomData<fn(K)>,
@@ -75,6 +77,7 @@ impl<K, V> CacheBuilder<K, V> {
             namespace: "onefill".to_owned(),
             backend: None,
             codec: None,
+            l1: None,
             policy: Policy::default(),
             _key: PhantomData,
         }
@@ -94,6 +97,20 @@ impl<K, V> CacheBuilder<K, V> {
         self.backend = Some(backend);
         self
     }
+    /// An in-process L1 in front of the backend, kept coherent by it (see
+    /// [`L1`]). Off by default.
+    ///
+    /// ```
+    /// let cache = onefill::Cache::<u64, String>::builder()
+    ///     .l1(onefill::L1::new(10_000))
+    ///     .build()
+    ///     .unwrap();
+    /// # drop(cache);
+    /// ```
+    pub fn l1(mut self, l1: L1) -> Self {
+        self.l1 = Some(l1);
+        self
+    }
     /// The value codec.
     pub fn codec(mut self, codec: impl Codec<V>) -> Self {
         self.codec = Some(Arc::new(codec));
@@ -103,7 +120,7 @@ impl<K, V> CacheBuilder<K, V> {
 
 impl<K, V> CacheBuilder<K, V>
 where
-    V: Serialize + DeserializeOwned + Send + Sync + 'static,
+    V: Serialize + DeserializeOwned + Clone + Send + Sync + 'static,
 {
     /// Validates the options and builds the cache.
     ///
@@ -118,7 +135,30 @@ where
             .backend
             .unwrap_or_else(|| Arc::new(MemoryBackend::new()));
         let codec = self.codec.unwrap_or_else(|| Arc::new(JsonCodec));
-        let shared = Shared::new(self.namespace, backend, codec, self.policy);
-        Ok(Cache::from_shared(Arc::new(shared)))
+        if let Some(l1) = &self.l1 {
+            l1.validate()?;
+        }
+        let shared = Arc::new(Shared::new(
+            self.namespace,
+            backend,
+            codec,
+            self.policy,
+            self.l1.as_ref(),
+        ));
+        if let (Some(local), Some(l1)) = (&shared.l1, &self.l1) {
+            let listener: Arc<dyn ChangeListener> = local.clone();
+            shared
+                .backend
+                .track_changes(
+                    local.prefix(),
+                    l1.confirm_every(),
+                    Arc::downgrade(&listener),
+                )
+                .map_err(|e| ConfigError::Option {
+                    option: "l1",
+                    reason: format!("cannot be kept coherent: {e}"),
+                })?;
+        }
+        Ok(Cache::from_shared(shared))
     }
 }

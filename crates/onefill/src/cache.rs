@@ -8,13 +8,16 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use crate::builder::CacheBuilder;
 use crate::circuit::CircuitState;
 use crate::coalesce::Joined;
 use crate::error::{BackendError, Error, LoaderError};
 use crate::flight::{Flight, Outcome};
 use crate::freshness;
-use crate::key::{self, FillKeys};
+use crate::key::{self, FillKeys, KeyBuf};
+use crate::l1::{Local, Lookup};
 use crate::loader::Load;
 use crate::options::{CallOptions, Policy};
 use crate::shared::{Shared, Writing};
@@ -271,11 +274,68 @@ where
         Fut: Future<Output = Result<Option<V>, E>> + Send + 'static,
         E: std::error::Error + Send + Sync + 'static,
     {
-        let owned = key.clone();
-        let load: Load<V> = Box::new(move || {
-            Box::pin(async move { loader(owned).await.map_err(LoaderError::new) })
-        });
-        self.fetch_erased(key, options, load).await
+        let loader = match &self.shared.l1 {
+            Some(l1) => match self.from_l1(l1, key, options, loader) {
+                Ok(fetched) => return Ok(fetched),
+                Err(loader) => loader,
+            },
+            None => loader,
+        };
+        self.fetch_erased(key, options, erase(key, loader)).await
+    }
+
+    /// The L1 hit path: a lookup and a clone, no task, no channel, no
+    /// allocation (for keys up to 128 bytes). `Err(loader)`: not in the L1
+    /// (or not servable from it); the flight answers.
+    fn from_l1<F, Fut, E>(
+        &self,
+        l1: &Local<V>,
+        key: &K,
+        options: &CallOptions,
+        loader: F,
+    ) -> Result<Fetched<Option<V>>, F>
+    where
+        F: FnOnce(K) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<Option<V>, E>> + Send + 'static,
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        // Call options are checked (and bad ones refused) by the flight.
+        if *options != CallOptions::default() {
+            return Err(loader);
+        }
+        let buf = KeyBuf::new(key);
+        let user_key = buf.as_str();
+        if user_key.is_empty() || user_key.len() > self.shared.policy.max_key_bytes {
+            return Err(loader);
+        }
+        let (value, outcome) = match l1.get(user_key, Instant::now()) {
+            Lookup::Fresh(value) => {
+                self.shared.recorder.l1_hit();
+                (value, Outcome::Hit)
+            }
+            Lookup::Stale(value) => {
+                self.shared.recorder.stale_served();
+                let keys = FillKeys::new(&self.shared.namespace, user_key);
+                if !self.shared.refreshing.lock().contains(keys.value()) {
+                    let load = erase(key, loader);
+                    let policy = self.shared.policy.clone();
+                    Flight::spawn_refresh(
+                        self.shared.clone(),
+                        user_key.to_owned(),
+                        keys,
+                        policy,
+                        load,
+                    );
+                }
+                (value, Outcome::Stale)
+            }
+            Lookup::Miss => return Err(loader),
+        };
+        Ok(Fetched {
+            value,
+            outcome,
+            coalesced: false,
+        })
     }
 
     async fn fetch_erased(
@@ -292,7 +352,7 @@ where
             }
             Joined::Leader(completion, awaiter) => {
                 let keys = FillKeys::new(&self.shared.namespace, &key);
-                Flight::spawn(self.shared.clone(), keys, policy, load, completion);
+                Flight::spawn(self.shared.clone(), key, keys, policy, load, completion);
                 (awaiter, false)
             }
         };
@@ -410,4 +470,16 @@ where
     pub fn namespace(&self) -> &str {
         &self.shared.namespace
     }
+}
+
+/// The caller's loader, type-erased for the flight.
+fn erase<K, V, F, Fut, E>(key: &K, loader: F) -> Load<V>
+where
+    K: Clone + Send + 'static,
+    F: FnOnce(K) -> Fut + Send + 'static,
+    Fut: Future<Output = Result<Option<V>, E>> + Send + 'static,
+    E: std::error::Error + Send + Sync + 'static,
+{
+    let owned = key.clone();
+    Box::new(move || Box::pin(async move { loader(owned).await.map_err(LoaderError::new) }))
 }

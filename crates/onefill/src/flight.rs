@@ -39,6 +39,7 @@ use crate::envelope::{self, Kind};
 use crate::error::{BackendError, Error};
 use crate::freshness;
 use crate::key::FillKeys;
+use crate::l1::Ticket;
 use crate::lease::{Acquisition, Lease, LeaseTtl};
 use crate::loader::{self, Load, Loaded, Sharing};
 use crate::options::{Policy, MAX_TTL};
@@ -103,6 +104,14 @@ pub(crate) struct Flight<V> {
     /// A fill put off until after the callers were answered, because the
     /// budget was spent by then.
     deferred_fill: Option<DeferredFill>,
+    /// The user key (the L1's key).
+    key: String,
+    /// Taken before the first read: the L1 keeps the answer only if no
+    /// change of the key was reported since (see `l1.rs`).
+    l1_ticket: Option<Ticket>,
+    /// When the answer's value stops being fresh, how long its load took and
+    /// its encoded size: set by a read or a successful fill, for the L1.
+    l1_fresh: Mutex<Option<(Instant, Duration, usize)>>,
     /// This flight refreshes a value that is still fresh (early refresh):
     /// if its load fails, nothing is written (no fail-safe re-store, no
     /// cached failure over a fresh value).
@@ -121,13 +130,49 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
     /// answers every caller that joined it.
     pub(crate) fn spawn(
         shared: Arc<Shared<V>>,
+        key: String,
         keys: FillKeys,
         policy: Policy,
         load: Load<V>,
         completion: Completion<Answer<V>>,
     ) {
-        let mut flight = Flight {
+        let mut flight = Flight::new(shared, key, keys, policy, load);
+        // Boxed: the flight's state machine is large, and a box is cheaper
+        // to hand to the task than a copy of it (measured with callgrind).
+        tokio::spawn(Box::pin(async move {
+            let (answer, refresh) = flight.run().await;
+            flight.remember(&answer);
+            flight.keep_in_l1(&answer, refresh.is_some());
+            completion.complete(answer);
+            flight.after_answer(refresh).await;
+        }));
+    }
+
+    /// Starts the background refresh of a value the L1 served stale (one
+    /// per key per process, one fleet-wide, as for a stale read).
+    pub(crate) fn spawn_refresh(
+        shared: Arc<Shared<V>>,
+        key: String,
+        keys: FillKeys,
+        policy: Policy,
+        load: Load<V>,
+    ) {
+        let flight = Flight::new(shared, key, keys, policy, load);
+        tokio::spawn(Box::pin(flight.refresh(Refresh::Stale)));
+    }
+
+    fn new(
+        shared: Arc<Shared<V>>,
+        key: String,
+        keys: FillKeys,
+        policy: Policy,
+        load: Load<V>,
+    ) -> Self {
+        Flight {
             epoch: shared.epoch.load(Ordering::SeqCst),
+            l1_ticket: shared.l1.as_ref().map(|l1| l1.ticket(&key)),
+            l1_fresh: Mutex::new(None),
+            key,
             shared,
             keys,
             budget: Budget::new(policy.backend_timeout),
@@ -137,26 +182,65 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
             value_expires: Mutex::new(None),
             refreshing_fresh: false,
             policy,
+        }
+    }
+
+    /// After the callers' answer: the deferred fill, then any refresh.
+    async fn after_answer(mut self, refresh: Option<Refresh>) {
+        // Off the callers' path from here: a full budget again.
+        self.budget.refill();
+        if let Some(fill) = self.deferred_fill.take() {
+            let timeout = self.policy.backend_timeout;
+            let _ = fill
+                .lease
+                .fill(&self.shared, timeout, &fill.bytes, fill.ttl)
+                .await;
+        }
+        if let Some(why) = refresh {
+            self.refresh(why).await;
+        }
+    }
+
+    /// Keeps the answer in the L1, with the freshness the backend gave it:
+    /// a value read (fresh, or stale in grace with a refresh under way) or
+    /// stored by this flight's fill. Nothing else (a degraded load, an
+    /// outage's or fail-safe's stale value) is known to be what the backend
+    /// holds.
+    fn keep_in_l1(&self, answer: &Result<Answer<V>, Error>, refreshing: bool) {
+        let (Some(l1), Some(ticket)) = (&self.shared.l1, self.l1_ticket) else {
+            return;
         };
-        // Boxed: the flight's state machine is large, and a box is cheaper
-        // to hand to the task than a copy of it (measured with callgrind).
-        tokio::spawn(Box::pin(async move {
-            let (answer, refresh) = flight.run().await;
-            flight.remember(&answer);
-            completion.complete(answer);
-            // Off the callers' path from here: a full budget again.
-            flight.budget.refill();
-            if let Some(fill) = flight.deferred_fill.take() {
-                let timeout = flight.policy.backend_timeout;
-                let _ = fill
-                    .lease
-                    .fill(&flight.shared, timeout, &fill.bytes, fill.ttl)
-                    .await;
-            }
-            if let Some(why) = refresh {
-                flight.refresh(why).await;
-            }
-        }));
+        let Ok((value, outcome)) = answer else {
+            return;
+        };
+        let eligible = match outcome {
+            Outcome::Hit | Outcome::Loaded | Outcome::Waited => true,
+            Outcome::Stale => refreshing && !self.from_fallback,
+            Outcome::Degraded => false,
+        };
+        let fresh = *self.l1_fresh.lock();
+        let expires = *self.value_expires.lock();
+        let (true, Some((fresh_until, delta, size)), Some(expires_at)) = (eligible, fresh, expires)
+        else {
+            return;
+        };
+        let window = if self.policy.grace.is_zero() {
+            let cap = freshness::early_refresh_cap(self.policy.ttl, self.policy.jitter);
+            freshness::early_refresh(Duration::ZERO, delta, self.policy.early_refresh_beta, cap)
+        } else {
+            None
+        };
+        let refresh_at = window
+            .and_then(|w| fresh_until.checked_sub(w))
+            .unwrap_or(fresh_until);
+        let entry = crate::l1::Entry {
+            value: value.clone(),
+            fresh_until,
+            refresh_at,
+            expires_at,
+            weight: u32::try_from(size).unwrap_or(u32::MAX),
+        };
+        l1.insert(&self.key, entry, ticket);
     }
 
     fn rec(&self) -> &Recorder {
@@ -384,10 +468,14 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         if self.budget.left().is_zero() {
             self.deferred_fill = Some(DeferredFill { lease, bytes, ttl });
         } else {
-            let _ = self
+            let filled = self
                 .budget
                 .run("fill", |t| lease.fill(&self.shared, t, &bytes, ttl))
                 .await;
+            if let Ok(true) = filled {
+                let fresh_until = Instant::now() + ttl.saturating_sub(self.policy.grace);
+                *self.l1_fresh.lock() = Some((fresh_until, took, bytes.len()));
+            }
         }
         Ok((value, Outcome::Loaded))
     }
@@ -582,8 +670,13 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
     /// Reads stored bytes, counting an unreadable value against the key.
     fn read(&self, stored: &Stored) -> Read<V> {
         let read = self.shared.read(stored, Some(self.keys.value()));
-        if let Read::Value { .. } = read {
+        if let Read::Value {
+            fresh_for, delta, ..
+        } = &read
+        {
             self.note_value_ttl(stored.ttl);
+            let fresh_until = Instant::now() + *fresh_for;
+            *self.l1_fresh.lock() = Some((fresh_until, *delta, stored.bytes.len()));
         }
         read
     }

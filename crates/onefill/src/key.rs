@@ -89,9 +89,69 @@ pub(crate) fn validate_key(key: &str, max_len: usize) -> Result<(), InputError> 
     Ok(())
 }
 
+/// A user key's string form, formatted without a heap allocation when it
+/// is short (the L1 hit path looks keys up without allocating).
+pub(crate) struct KeyBuf {
+    inline: [u8; INLINE],
+    len: usize,
+    /// Set once the key outgrew the inline buffer.
+    heap: Option<String>,
+}
+
+const INLINE: usize = 128;
+
+impl KeyBuf {
+    pub(crate) fn new(key: &impl std::fmt::Display) -> KeyBuf {
+        use std::fmt::Write;
+        let mut buf = KeyBuf {
+            inline: [0; INLINE],
+            len: 0,
+            heap: None,
+        };
+        // Writing to a `KeyBuf` cannot fail; a `Display` that reports an
+        // error leaves what it wrote, as `to_string` would panic instead.
+        let _ = write!(buf, "{key}");
+        buf
+    }
+
+    pub(crate) fn as_str(&self) -> &str {
+        match &self.heap {
+            Some(s) => s,
+            // Only whole `&str`s are ever copied in, so this is valid UTF-8.
+            None => std::str::from_utf8(&self.inline[..self.len]).unwrap_or_default(),
+        }
+    }
+}
+
+impl std::fmt::Write for KeyBuf {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        if let Some(heap) = &mut self.heap {
+            heap.push_str(s);
+        } else if self.len + s.len() <= INLINE {
+            self.inline[self.len..self.len + s.len()].copy_from_slice(s.as_bytes());
+            self.len += s.len();
+        } else {
+            let mut heap = String::with_capacity(2 * (self.len + s.len()));
+            heap.push_str(self.as_str());
+            heap.push_str(s);
+            self.heap = Some(heap);
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn key_buffers_hold_short_and_long_keys() {
+        assert_eq!(KeyBuf::new(&42).as_str(), "42");
+        let long = "é".repeat(200);
+        let buf = KeyBuf::new(&format_args!("{long}{}", 7));
+        assert_eq!(buf.as_str(), format!("{long}7"));
+        assert_eq!(KeyBuf::new(&"").as_str(), "");
+    }
 
     #[test]
     fn keys_share_the_hash_tag() {

@@ -80,6 +80,7 @@ mod fallback;
 mod flight;
 mod freshness;
 mod key;
+mod l1;
 mod lease;
 mod loader;
 mod options;
@@ -106,6 +107,7 @@ pub use error::{
     BackendError, BackendErrorKind, CodecError, ConfigError, Error, InputError, LoaderError,
 };
 pub use flight::Outcome;
+pub use l1::L1;
 pub use lease::{LeaseToken, LeaseTtl};
 pub use options::{CallOptions, MAX_TTL};
 pub use stats::Stats;

@@ -20,6 +20,7 @@ use crate::codec::Codec;
 use crate::envelope::{self, Kind};
 use crate::error::{BackendError, BackendErrorKind, Error, InputError};
 use crate::fallback::Fallback;
+use crate::l1::{Local, L1};
 use crate::flight::Answer;
 use crate::lease::LoadTimes;
 use crate::loader::Loaded;
@@ -50,6 +51,8 @@ pub(crate) struct Shared<V> {
     /// One circuit breaker per shard of the backend.
     pub breakers: Breakers,
     pub fallback: Fallback<V>,
+    /// The in-process L1, if configured.
+    pub l1: Option<Arc<Local<V>>>,
 }
 
 /// What a stored value turned out to be, for this cache's codec.
@@ -67,15 +70,18 @@ pub(crate) enum Read<V> {
     Unreadable,
 }
 
-impl<V: 'static> Shared<V> {
+impl<V: Clone + 'static> Shared<V> {
     pub(crate) fn new(
         namespace: String,
         backend: Arc<dyn Backend>,
         codec: Arc<dyn Codec<V>>,
         policy: Policy,
+        l1: Option<&L1>,
     ) -> Self {
+        let recorder = Recorder::new(&namespace);
         Shared {
-            recorder: Recorder::new(&namespace),
+            l1: l1.map(|l1| Arc::new(Local::new(l1, &namespace, recorder.clone()))),
+            recorder,
             breakers: Breakers::new(policy.circuit_breaker),
             fallback: Fallback::new(policy.outage_fallback_capacity),
             namespace,
@@ -96,11 +102,17 @@ impl<V: 'static> Shared<V> {
     /// (Flights are keyed by the user's key, loads by the value key.)
     pub(crate) fn written(&self, key: &str, keys: &FillKeys) -> u64 {
         let epoch = self.epoch.fetch_add(1, Ordering::SeqCst) + 1;
+        if let Some(l1) = &self.l1 {
+            l1.forget(key);
+        }
         self.flights.detach(key);
         self.loads.detach(keys.value());
         epoch
     }
 
+}
+
+impl<V: 'static> Shared<V> {
     /// Calls the backend about `keys` through the circuit breaker of their
     /// shard, bounded by `timeout` (the driver's own timeouts are not
     /// trusted to fire), with counters and a span.
@@ -236,7 +248,7 @@ impl<V: 'static> Shared<V> {
 /// outage fallback forgets the key (a tombstone that older flights cannot
 /// overwrite), so nothing from before the write answers after it. Only a
 /// `set` known to have landed records its own value instead.
-pub(crate) struct Writing<'a, V: 'static> {
+pub(crate) struct Writing<'a, V: Clone + 'static> {
     shared: &'a Shared<V>,
     key: &'a str,
     keys: &'a FillKeys,
@@ -267,7 +279,7 @@ impl<'a, V: Clone + 'static> Writing<'a, V> {
     }
 }
 
-impl<V: 'static> Drop for Writing<'_, V> {
+impl<V: Clone + 'static> Drop for Writing<'_, V> {
     fn drop(&mut self) {
         if self.armed {
             let epoch = self.shared.written(self.key, self.keys);
@@ -289,6 +301,7 @@ mod tests {
             Arc::new(MemoryBackend::new()),
             Arc::new(JsonCodec),
             Policy::default(),
+            None,
         )
     }
 

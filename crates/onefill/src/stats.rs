@@ -38,8 +38,16 @@ macro_rules! counters {
 }
 
 counters! {
-    /// Calls answered by a fresh value.
+    /// Calls answered by a fresh value from the backend (flights).
     hits,
+    /// Calls answered by the in-process [`L1`](crate::L1) without a
+    /// flight (not counted in `hits`).
+    l1_hits,
+    /// L1 entries dropped because the backend reported a change of their key.
+    l1_invalidations,
+    /// Times the L1 was emptied because the backend lost track of changes
+    /// (its tracking connection was re-established).
+    l1_resets,
     /// Calls that found no usable value (cold, expired or unreadable).
     misses,
     /// Calls answered by a stale value (grace window, fail-safe, or outage).
@@ -179,6 +187,15 @@ impl Recorder {
     }
     pub(crate) fn hit(&self) {
         bump!(self, hits)
+    }
+    pub(crate) fn l1_hit(&self) {
+        bump!(self, l1_hits)
+    }
+    pub(crate) fn l1_invalidation(&self) {
+        bump!(self, l1_invalidations)
+    }
+    pub(crate) fn l1_reset(&self) {
+        bump!(self, l1_resets)
     }
     pub(crate) fn miss(&self) {
         bump!(self, misses)

@@ -5,15 +5,15 @@
 //! is tokio's, so tests under `tokio::time::pause` drive expiry.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use parking_lot::{Mutex, MutexGuard};
+use parking_lot::{Mutex, MutexGuard, RwLock};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::{Acquired, Backend, BackendError, FillKeys, FillSubscription, LeaseToken, Stored};
+use super::{Acquired, Backend, ChangeListener, BackendError, FillKeys, FillSubscription, LeaseToken, Stored};
 use crate::envelope;
 
 /// An in-process [`Backend`]: the embedded default.
@@ -41,10 +41,22 @@ pub struct MemoryBackend {
     inner: Arc<Inner>,
 }
 
-#[derive(Debug, Default)]
+#[derive(Default)]
 struct Inner {
     state: Mutex<State>,
     channels: Mutex<HashMap<String, watch::Sender<u64>>>,
+    /// L1s to tell of changed values, by key prefix (see
+    /// [`Backend::track_changes`]).
+    listeners: RwLock<Vec<(String, Weak<dyn ChangeListener>)>>,
+}
+
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Inner")
+            .field("state", &self.state)
+            .field("listeners", &self.listeners.read().len())
+            .finish_non_exhaustive()
+    }
 }
 
 #[derive(Debug, Default)]
@@ -106,6 +118,19 @@ impl MemoryBackend {
         self.inner.state.lock()
     }
 
+    /// Tells the L1s listening to `key`'s prefix that it changed, before
+    /// the write that changed it returns (so a `set` is seen by every cache
+    /// on this store as soon as it is done).
+    fn changed(&self, key: &str) {
+        for (prefix, listener) in self.inner.listeners.read().iter() {
+            if key.starts_with(prefix.as_str()) {
+                if let Some(listener) = listener.upgrade() {
+                    listener.changed(key.as_bytes());
+                }
+            }
+        }
+    }
+
     fn publish(&self, channel: &str) {
         let mut channels = self.inner.channels.lock();
         if let Some(tx) = channels.get(channel) {
@@ -154,6 +179,7 @@ impl MemoryBackend {
     #[cfg(feature = "test-support")]
     pub fn put_raw(&self, key: &str, bytes: &[u8], ttl: Duration) {
         self.state().put(key, bytes.to_vec(), ttl, Instant::now());
+        self.changed(key);
     }
 
     /// Reads the raw bytes and the remaining TTL of a backend key, if it is
@@ -222,6 +248,7 @@ impl Backend for MemoryBackend {
             state.put(keys.value(), bytes.to_vec(), ttl, now);
             state.entries.remove(keys.lock());
         }
+        self.changed(keys.value());
         self.publish(keys.channel());
         Ok(true)
     }
@@ -242,6 +269,9 @@ impl Backend for MemoryBackend {
             if let Some((bytes, ttl)) = entry {
                 state.put(keys.value(), bytes.to_vec(), ttl, now);
             }
+        }
+        if entry.is_some() {
+            self.changed(keys.value());
         }
         self.publish(keys.channel());
         Ok(true)
@@ -270,6 +300,7 @@ impl Backend for MemoryBackend {
             state.put(keys.value(), bytes.to_vec(), ttl, Instant::now());
             state.entries.remove(keys.lock());
         }
+        self.changed(keys.value());
         self.publish(keys.channel());
         Ok(())
     }
@@ -280,6 +311,7 @@ impl Backend for MemoryBackend {
             state.entries.remove(keys.value());
             state.entries.remove(keys.lock());
         }
+        self.changed(keys.value());
         self.publish(keys.channel());
         Ok(())
     }
@@ -294,6 +326,28 @@ impl Backend for MemoryBackend {
             .or_insert_with(|| watch::channel(0).0)
             .subscribe();
         Ok(Box::new(MemorySubscription { rx }))
+    }
+
+    /// Every change is reported before the write returns, so the listener
+    /// is always in sync (expiry needs no report: an L1 entry expires with
+    /// the value it copies).
+    fn track_changes(
+        &self,
+        prefix: &str,
+        _confirm_every: Duration,
+        listener: Weak<dyn ChangeListener>,
+    ) -> Result<(), BackendError> {
+        if let Some(live) = listener.upgrade() {
+            let now = Instant::now();
+            let forever = now
+                .checked_add(Duration::from_secs(100 * 365 * 24 * 3600))
+                .unwrap_or(now + Duration::from_secs(365 * 24 * 3600));
+            live.synced(Some(forever));
+        }
+        let mut listeners = self.inner.listeners.write();
+        listeners.retain(|(_, l)| l.strong_count() > 0);
+        listeners.push((prefix.to_owned(), listener));
+        Ok(())
     }
 }
 

@@ -19,6 +19,7 @@
 //! that are not a readable envelope are never fresh.
 
 use std::fmt::Debug;
+use std::sync::Weak;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -28,6 +29,8 @@ pub use crate::key::FillKeys;
 pub use crate::lease::LeaseToken;
 
 pub mod memory;
+mod tracking;
+pub use tracking::ChangeListener;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
@@ -148,5 +151,32 @@ pub trait Backend: Debug + Send + Sync + 'static {
     fn shard(&self, keys: &FillKeys) -> u64 {
         let _ = keys;
         0
+    }
+
+    /// Starts reporting changes of the keys that begin with `prefix` to
+    /// `listener`, for as long as it lives (the backend holds it weakly and
+    /// stops when it is gone), confirming the sync at least every
+    /// `confirm_every` (see [`ChangeListener::synced`]). This is what keeps
+    /// an in-process [`L1`](crate::L1) coherent.
+    ///
+    /// Must be called within a tokio runtime (a backend may start a task).
+    /// Until the first [`synced`](ChangeListener::synced), the listener
+    /// must assume nothing is in sync.
+    ///
+    /// # Errors
+    ///
+    /// The default: [`BackendErrorKind::Command`], for a backend that cannot
+    /// report changes (a cache with an L1 then fails to build).
+    fn track_changes(
+        &self,
+        prefix: &str,
+        confirm_every: Duration,
+        listener: Weak<dyn ChangeListener>,
+    ) -> Result<(), BackendError> {
+        let _ = (prefix, confirm_every, listener);
+        Err(BackendError::new(
+            BackendErrorKind::Command,
+            "this backend cannot report changes of values, so it cannot keep an L1 coherent",
+        ))
     }
 }

@@ -1,0 +1,41 @@
+//! How a backend tells an in-process L1 that values changed.
+//!
+//! An L1 ([`L1`](crate::L1)) may serve a value without asking the backend
+//! only while the backend vouches that it would hear of any change to it.
+//! [`Backend::track_changes`](super::Backend::track_changes) registers a
+//! [`ChangeListener`]; the backend then reports, for the value keys under a
+//! prefix:
+//!
+//! - [`changed`](ChangeListener::changed): this key was written, deleted,
+//!   expired or evicted, whoever did it;
+//! - [`reset`](ChangeListener::reset): anything may have changed (the
+//!   backend lost track for a while: a reconnection, a `FLUSHALL`);
+//! - [`synced`](ChangeListener::synced): every change the store made before
+//!   this instant has been reported (`None`: the backend cannot vouch for
+//!   anything now, e.g. its connection is down).
+//!
+//! The [`MemoryBackend`](crate::MemoryBackend) reports every change before
+//! the write returns and is always in sync; the Redis backend uses
+//! server-assisted client-side caching (`CLIENT TRACKING ... BCAST`) and
+//! confirms its sync with a `PING` on the tracking connection.
+
+use tokio::time::Instant;
+
+/// Receives a backend's reports of changed values (see the module docs).
+///
+/// Implemented by onefill's L1; a [`Backend`](super::Backend) implementation
+/// only calls it. Calls must be cheap and must not block: they may be made
+/// while the backend holds a lock.
+pub trait ChangeListener: Send + Sync + 'static {
+    /// The value stored at `value_key` (a [`FillKeys::value`](super::FillKeys::value)
+    /// key, or any other key under the registered prefix, which the listener
+    /// ignores) changed or vanished.
+    fn changed(&self, value_key: &[u8]);
+
+    /// Anything under the prefix may have changed.
+    fn reset(&self);
+
+    /// Every change made before `as_of` has been reported (`None`: no longer
+    /// in sync, until the next `Some`).
+    fn synced(&self, as_of: Option<Instant>);
+}

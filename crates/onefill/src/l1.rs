@@ -1,0 +1,492 @@
+//! The L1: decoded values in this process, in front of the backend, kept
+//! coherent by the backend's change reports (see `backend/tracking.rs`).
+//!
+//! [`L1`] is the public configuration; [`Local`] is the store one cache
+//! owns. Its whole lifecycle lives here:
+//!
+//! - **filled** by flights, with the freshness the backend gave the value
+//!   (its remaining TTL when it was read, or the TTL it was written with),
+//!   and only if no change of the key (and no reset) was reported since the
+//!   flight started reading: [`Local::ticket`] is taken before the read,
+//!   [`Local::insert`] inserts, then checks the ticket and takes the entry
+//!   back out if a report came in between (inserting first and checking
+//!   after closes the race with a report that arrives during the insert);
+//! - **served** ([`Local::get`]) only while the backend vouches for it
+//!   ([`ChangeListener::synced`] within the sync bound) and only until the
+//!   value's own freshness ends;
+//! - **emptied** by the backend's reports: a changed key is dropped, a
+//!   reset drops everything.
+
+use std::fmt;
+use std::hash::{Hash, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::backend::ChangeListener;
+use crate::error::InvalidOption;
+use crate::stats::Recorder;
+
+/// An in-process L1 for a [`Cache`](crate::Cache): decoded values served
+/// without a backend round trip, kept coherent across the fleet by the
+/// backend.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let cache: onefill::Cache<u64, String> = onefill::Cache::builder()
+///     .l1(onefill::L1::new(10_000))
+///     .build()?;
+/// let load = |id: u64| async move { Ok::<_, std::io::Error>(format!("user {id}")) };
+/// cache.get_or_load(&7, load).await?; // loaded, stored, kept in L1
+/// cache.get_or_load(&7, load).await?; // an L1 hit: no backend call
+/// assert_eq!(cache.stats().l1_hits, 1);
+/// # Ok(()) }
+/// ```
+///
+/// # Coherence
+///
+/// An entry is dropped when the backend reports that its key changed,
+/// whoever changed it: a fill, `set` or `invalidate` by any process, and on
+/// Redis also a plain `SET`/`DEL`/`EXPIRE` by another client, an eviction,
+/// an expiry (Redis's server-assisted client-side caching, `CLIENT TRACKING`
+/// in `BCAST` mode, on a connection of its own; one per master on a
+/// cluster). On loopback a change reaches every process's L1 within about
+/// a millisecond.
+///
+/// An entry never outlives the freshness the backend gave the value (its
+/// remaining TTL at read time): a value in its grace window is served from
+/// the L1 as `Stale` while one refresh runs, fleet-wide, exactly as from the
+/// backend.
+///
+/// # When the backend cannot vouch for it
+///
+/// The backend confirms that it is in sync (on Redis, a `PING` on the
+/// tracking connection, answered after every invalidation sent before it)
+/// every fifth of the [sync bound](L1::sync_bound). The L1 serves only
+/// while the last confirmation is younger than the bound (250 ms by
+/// default): if the tracking connection is lost or the server hangs, the L1
+/// stops serving within the bound, and calls go to the backend (and its
+/// outage handling) as without an L1. When the connection is back, the L1
+/// is emptied before it serves again, since changes made meanwhile were
+/// not reported. So a value changed while the connection is down is served
+/// from the L1 for at most the bound after the change.
+#[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
+pub struct L1 {
+    /// The most entries kept.
+    pub max_entries: usize,
+    /// If set, the most bytes kept (counted as the stored, encoded size of
+    /// the values plus their keys); `max_entries` then only sizes the table.
+    pub max_bytes: Option<u64>,
+    /// How long the L1 keeps serving after the backend last confirmed it
+    /// was in sync.
+    pub sync_bound: Duration,
+}
+
+/// The default [`L1::sync_bound`].
+const DEFAULT_SYNC_BOUND: Duration = Duration::from_millis(250);
+
+impl L1 {
+    /// An L1 of at most `max_entries` values, with the default sync bound
+    /// (250 ms).
+    pub fn new(max_entries: usize) -> Self {
+        L1 {
+            max_entries,
+            max_bytes: None,
+            sync_bound: DEFAULT_SYNC_BOUND,
+        }
+    }
+
+    /// Bounds the L1 by bytes (the encoded size of the values plus their
+    /// keys) rather than by entries.
+    pub fn max_bytes(mut self, bytes: u64) -> Self {
+        self.max_bytes = Some(bytes);
+        self
+    }
+
+    /// How long the L1 keeps serving after the backend last confirmed that
+    /// every change was reported (see [Coherence](L1#when-the-backend-cannot-vouch-for-it)).
+    /// The backend confirms every fifth of it. At least 10 ms.
+    pub fn sync_bound(mut self, bound: Duration) -> Self {
+        self.sync_bound = bound;
+        self
+    }
+
+    pub(crate) fn validate(&self) -> Result<(), InvalidOption> {
+        if self.max_entries == 0 {
+            return Err(InvalidOption::new("l1", "needs max_entries of at least 1"));
+        }
+        if self.max_bytes == Some(0) {
+            return Err(InvalidOption::new("l1", "needs max_bytes of at least 1"));
+        }
+        if self.sync_bound < Duration::from_millis(10) || self.sync_bound > Duration::from_secs(60)
+        {
+            return Err(InvalidOption::new(
+                "l1",
+                format!(
+                    "needs a sync_bound between 10 ms and 60 s, got {:?}",
+                    self.sync_bound
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// How often the backend confirms the sync.
+    pub(crate) fn confirm_every(&self) -> Duration {
+        self.sync_bound / 5
+    }
+}
+
+/// One L1 entry: a decoded value (`None`: a cached absence) and its life.
+#[derive(Clone)]
+pub(crate) struct Entry<V> {
+    pub value: Option<V>,
+    /// Served as a hit until then.
+    pub fresh_until: Instant,
+    /// From then on a call goes to the backend instead (early refresh is
+    /// decided there); at most `fresh_until`.
+    pub refresh_at: Instant,
+    /// Served as stale (grace) until then: the server's hard expiry.
+    pub expires_at: Instant,
+    /// The weight for a byte-bounded L1.
+    pub weight: u32,
+}
+
+/// What the L1 has for a key.
+pub(crate) enum Lookup<V> {
+    Fresh(Option<V>),
+    /// Past its freshness, within grace.
+    Stale(Option<V>),
+    Miss,
+}
+
+#[derive(Clone)]
+struct Weigher {
+    by_bytes: bool,
+}
+
+impl<V> quick_cache::Weighter<String, Entry<V>> for Weigher {
+    fn weight(&self, key: &String, entry: &Entry<V>) -> u64 {
+        if self.by_bytes {
+            u64::from(entry.weight) + key.len() as u64
+        } else {
+            1
+        }
+    }
+}
+
+type Store<V> = quick_cache::sync::Cache<String, Entry<V>, Weigher>;
+
+/// Stripes of the change counters: a report bumps the stripe of its key,
+/// and an insert checks the stripe of its own.
+const STRIPES: usize = 1024;
+
+/// What an insert checks: no reset and no change of its stripe since the
+/// ticket was taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Ticket {
+    resets: u64,
+    stripe: usize,
+    changes: u64,
+}
+
+/// A cache's L1 store, and the listener its backend reports to.
+pub(crate) struct Local<V> {
+    store: Store<V>,
+    /// `namespace:{`: the value keys of this cache.
+    prefix: String,
+    changes: Box<[AtomicU64]>,
+    resets: AtomicU64,
+    /// Milliseconds after `epoch` until which the L1 may serve (0: not now).
+    trusted_until: AtomicU64,
+    epoch: Instant,
+    sync_bound: Duration,
+    recorder: Recorder,
+}
+
+impl<V: Clone> fmt::Debug for Local<V> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Local")
+            .field("entries", &self.store.len())
+            .field("prefix", &self.prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<V: Clone> Local<V> {
+    pub(crate) fn new(config: &L1, namespace: &str, recorder: Recorder) -> Self {
+        let weigher = Weigher {
+            by_bytes: config.max_bytes.is_some(),
+        };
+        let capacity = config.max_bytes.unwrap_or(config.max_entries as u64);
+        Local {
+            store: Store::with_weighter(config.max_entries, capacity, weigher),
+            prefix: format!("{namespace}:{{"),
+            changes: (0..STRIPES).map(|_| AtomicU64::new(0)).collect(),
+            resets: AtomicU64::new(0),
+            trusted_until: AtomicU64::new(0),
+            epoch: Instant::now(),
+            sync_bound: config.sync_bound,
+            recorder,
+        }
+    }
+
+    /// The prefix of the backend keys this L1 listens to.
+    pub(crate) fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    fn millis(&self, at: Instant) -> u64 {
+        u64::try_from(at.saturating_duration_since(self.epoch).as_millis()).unwrap_or(u64::MAX)
+    }
+
+    fn trusted(&self, now: Instant) -> bool {
+        self.millis(now) < self.trusted_until.load(Ordering::Acquire)
+    }
+
+    /// The entry for `key` as of `now`: the hit path (a lookup and a clone).
+    pub(crate) fn get(&self, key: &str, now: Instant) -> Lookup<V> {
+        if !self.trusted(now) {
+            return Lookup::Miss;
+        }
+        match self.store.get(key) {
+            Some(entry) if now < entry.refresh_at => Lookup::Fresh(entry.value),
+            Some(entry) if now >= entry.fresh_until && now < entry.expires_at => {
+                Lookup::Stale(entry.value)
+            }
+            _ => Lookup::Miss,
+        }
+    }
+
+    /// Taken before a flight's first read of `key`.
+    pub(crate) fn ticket(&self, key: &str) -> Ticket {
+        let stripe = stripe_of(key);
+        Ticket {
+            resets: self.resets.load(Ordering::SeqCst),
+            stripe,
+            changes: self.changes[stripe].load(Ordering::SeqCst),
+        }
+    }
+
+    /// Keeps `entry` for `key`, unless a change of the key (or a reset) was
+    /// reported since `ticket`.
+    pub(crate) fn insert(&self, key: &str, entry: Entry<V>, ticket: Ticket) {
+        if !self.current(ticket) {
+            return;
+        }
+        self.store.insert(key.to_owned(), entry);
+        // Inserted first, checked after: a report that came in during the
+        // insert either is seen here, or removes the entry after it.
+        if !self.current(ticket) {
+            self.store.remove(key);
+        }
+    }
+
+    fn current(&self, ticket: Ticket) -> bool {
+        self.resets.load(Ordering::SeqCst) == ticket.resets
+            && self.changes[ticket.stripe].load(Ordering::SeqCst) == ticket.changes
+    }
+
+    /// This process changed `key` (`set`, `invalidate`): its entry goes at
+    /// once, and flights that read before the change cannot put it back.
+    pub(crate) fn forget(&self, key: &str) {
+        self.changes[stripe_of(key)].fetch_add(1, Ordering::SeqCst);
+        self.store.remove(key);
+    }
+
+    /// Entries held now (for tests).
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.store.len()
+    }
+}
+
+impl<V: Clone + Send + Sync + 'static> ChangeListener for Local<V> {
+    fn changed(&self, value_key: &[u8]) {
+        let Some(key) = user_key_of(&self.prefix, value_key) else {
+            return;
+        };
+        self.forget(&key);
+        self.recorder.l1_invalidation();
+    }
+
+    fn reset(&self) {
+        self.resets.fetch_add(1, Ordering::SeqCst);
+        self.store.clear();
+        self.recorder.l1_reset();
+    }
+
+    fn synced(&self, as_of: Option<Instant>) {
+        let until = match as_of {
+            Some(at) => self
+                .millis(at)
+                .saturating_add(u64::try_from(self.sync_bound.as_millis()).unwrap_or(u64::MAX)),
+            None => 0,
+        };
+        self.trusted_until.store(until, Ordering::Release);
+    }
+}
+
+fn stripe_of(key: &str) -> usize {
+    let mut hasher = Fnv(0xcbf2_9ce4_8422_2325);
+    key.hash(&mut hasher);
+    (hasher.finish() as usize) % STRIPES
+}
+
+/// FNV-1a: the stripe only needs a cheap, even spread.
+struct Fnv(u64);
+
+impl Hasher for Fnv {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 ^= u64::from(b);
+            self.0 = self.0.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+}
+
+/// The user key of a value key `prefix` + escaped key + `}`; `None` for a
+/// lease or channel key (something after the `}`) or another namespace's.
+fn user_key_of(prefix: &str, value_key: &[u8]) -> Option<String> {
+    let rest = value_key.strip_prefix(prefix.as_bytes())?;
+    let escaped = rest.strip_suffix(b"}")?;
+    if escaped.contains(&b'}') || escaped.contains(&b'{') {
+        return None;
+    }
+    let escaped = std::str::from_utf8(escaped).ok()?;
+    if !escaped.contains('%') {
+        return Some(escaped.to_owned());
+    }
+    Some(
+        escaped
+            .replace("%7B", "{")
+            .replace("%7D", "}")
+            .replace("%25", "%"),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::key::FillKeys;
+
+    fn local() -> Local<u32> {
+        let local = Local::new(&L1::new(100), "ns", Recorder::new("ns"));
+        local.synced(Some(Instant::now() + Duration::from_secs(3600)));
+        local
+    }
+
+    fn entry(v: u32) -> Entry<u32> {
+        let far = Instant::now() + Duration::from_secs(60);
+        Entry {
+            value: Some(v),
+            fresh_until: far,
+            refresh_at: far,
+            expires_at: far,
+            weight: 1,
+        }
+    }
+
+    #[test]
+    fn value_keys_map_back_to_user_keys() {
+        for key in ["42", "a{b}c", "%7B", "100%", "}{"] {
+            let keys = FillKeys::new("ns", key);
+            assert_eq!(
+                user_key_of("ns:{", keys.value().as_bytes()).as_deref(),
+                Some(key)
+            );
+            assert_eq!(user_key_of("ns:{", keys.lock().as_bytes()), None);
+            assert_eq!(user_key_of("ns:{", keys.channel().as_bytes()), None);
+            assert_eq!(user_key_of("other:{", keys.value().as_bytes()), None);
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_change_reported_during_a_read_keeps_the_read_out() {
+        let l1 = local();
+        let ticket = l1.ticket("k");
+        l1.changed(FillKeys::new("ns", "k").value().as_bytes());
+        l1.insert("k", entry(1), ticket);
+        assert!(matches!(l1.get("k", Instant::now()), Lookup::Miss));
+        // A change of another stripe's key does not matter.
+        let ticket = l1.ticket("k");
+        l1.changed(FillKeys::new("ns", "other").value().as_bytes());
+        l1.insert("k", entry(2), ticket);
+        assert!(matches!(
+            l1.get("k", Instant::now()),
+            Lookup::Fresh(Some(2))
+        ));
+        // A reset keeps every read out, and empties the store.
+        let ticket = l1.ticket("k2");
+        l1.reset();
+        assert_eq!(l1.len(), 0);
+        l1.insert("k2", entry(3), ticket);
+        assert_eq!(l1.len(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn serves_only_within_the_sync_bound() {
+        let l1 = Local::new(&L1::new(10), "ns", Recorder::new("ns"));
+        l1.insert("k", entry(1), l1.ticket("k"));
+        assert!(
+            matches!(l1.get("k", Instant::now()), Lookup::Miss),
+            "never confirmed: not served"
+        );
+        l1.synced(Some(Instant::now()));
+        assert!(matches!(l1.get("k", Instant::now()), Lookup::Fresh(_)));
+        tokio::time::advance(DEFAULT_SYNC_BOUND).await;
+        assert!(
+            matches!(l1.get("k", Instant::now()), Lookup::Miss),
+            "a confirmation older than the bound: not served"
+        );
+        l1.synced(Some(Instant::now()));
+        assert!(matches!(l1.get("k", Instant::now()), Lookup::Fresh(_)));
+        l1.synced(None);
+        assert!(matches!(l1.get("k", Instant::now()), Lookup::Miss));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn freshness_then_grace_then_gone() {
+        let l1 = local();
+        let now = Instant::now();
+        let entry = Entry {
+            value: Some(1),
+            refresh_at: now + Duration::from_millis(80),
+            fresh_until: now + Duration::from_millis(100),
+            expires_at: now + Duration::from_millis(200),
+            weight: 1,
+        };
+        l1.insert("k", entry, l1.ticket("k"));
+        assert!(matches!(l1.get("k", now), Lookup::Fresh(_)));
+        let at = |ms| now + Duration::from_millis(ms);
+        assert!(matches!(l1.get("k", at(90)), Lookup::Miss), "due for refresh");
+        assert!(matches!(l1.get("k", at(150)), Lookup::Stale(Some(1))));
+        assert!(matches!(l1.get("k", at(200)), Lookup::Miss));
+    }
+
+    #[test]
+    fn bounded_by_entries() {
+        let l1 = local();
+        for i in 0..1_000 {
+            let key = i.to_string();
+            l1.insert(&key, entry(i), l1.ticket(&key));
+        }
+        assert!(l1.len() <= 100, "{} entries", l1.len());
+    }
+
+    #[test]
+    fn bad_configs_are_refused() {
+        assert!(L1::new(0).validate().is_err());
+        assert!(L1::new(1).max_bytes(0).validate().is_err());
+        assert!(L1::new(1)
+            .sync_bound(Duration::from_millis(1))
+            .validate()
+            .is_err());
+        assert!(L1::new(1).validate().is_ok());
+    }
+}
