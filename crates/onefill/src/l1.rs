@@ -464,7 +464,10 @@ mod tests {
         l1.insert("k", entry, l1.ticket("k"));
         assert!(matches!(l1.get("k", now), Lookup::Fresh(_)));
         let at = |ms| now + Duration::from_millis(ms);
-        assert!(matches!(l1.get("k", at(90)), Lookup::Miss), "due for refresh");
+        assert!(
+            matches!(l1.get("k", at(90)), Lookup::Miss),
+            "due for refresh"
+        );
         assert!(matches!(l1.get("k", at(150)), Lookup::Stale(Some(1))));
         assert!(matches!(l1.get("k", at(200)), Lookup::Miss));
     }
