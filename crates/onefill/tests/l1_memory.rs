@@ -149,3 +149,107 @@ async fn a_read_that_races_a_write_does_not_put_back_the_old_value() {
         );
     }
 }
+
+/// A store whose reads answer 100 ms after they read: a read that starts
+/// before a write and answers after it, deterministically.
+#[derive(Debug)]
+struct SlowReads(MemoryBackend);
+
+#[async_trait::async_trait]
+impl onefill::Backend for SlowReads {
+    async fn get(
+        &self,
+        keys: &FillKeys,
+    ) -> Result<Option<onefill::backend::Stored>, onefill::BackendError> {
+        let read = self.0.get(keys).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        read
+    }
+    async fn acquire(
+        &self,
+        keys: &FillKeys,
+        token: &onefill::LeaseToken,
+        ttl: Duration,
+        window: Duration,
+    ) -> Result<onefill::backend::Acquired, onefill::BackendError> {
+        self.0.acquire(keys, token, ttl, window).await
+    }
+    async fn fill(
+        &self,
+        keys: &FillKeys,
+        token: &onefill::LeaseToken,
+        bytes: &[u8],
+        ttl: Duration,
+    ) -> Result<bool, onefill::BackendError> {
+        self.0.fill(keys, token, bytes, ttl).await
+    }
+    async fn release(
+        &self,
+        keys: &FillKeys,
+        token: &onefill::LeaseToken,
+        entry: Option<(&[u8], Duration)>,
+    ) -> Result<bool, onefill::BackendError> {
+        self.0.release(keys, token, entry).await
+    }
+    async fn extend(
+        &self,
+        keys: &FillKeys,
+        token: &onefill::LeaseToken,
+        ttl: Duration,
+    ) -> Result<bool, onefill::BackendError> {
+        self.0.extend(keys, token, ttl).await
+    }
+    async fn set(
+        &self,
+        keys: &FillKeys,
+        bytes: &[u8],
+        ttl: Duration,
+    ) -> Result<(), onefill::BackendError> {
+        self.0.set(keys, bytes, ttl).await
+    }
+    async fn invalidate(&self, keys: &FillKeys) -> Result<(), onefill::BackendError> {
+        self.0.invalidate(keys).await
+    }
+    async fn subscribe(
+        &self,
+        keys: &FillKeys,
+    ) -> Result<Box<dyn onefill::backend::FillSubscription>, onefill::BackendError> {
+        self.0.subscribe(keys).await
+    }
+    fn track_changes(
+        &self,
+        prefix: &str,
+        every: Duration,
+        listener: std::sync::Weak<dyn onefill::backend::ChangeListener>,
+    ) -> Result<(), onefill::BackendError> {
+        self.0.track_changes(prefix, every, listener)
+    }
+}
+
+/// Regression guard for the L1's ticket: a read that started before a
+/// write elsewhere and answers after it must not leave the old value in
+/// the L1 (without the ticket it would be served until its TTL).
+#[tokio::test(start_paused = true)]
+async fn a_slow_read_overtaken_by_a_write_stays_out_of_the_l1() {
+    let backend = MemoryBackend::new();
+    let a = cache(&backend, Duration::from_secs(60), Duration::ZERO);
+    let b: Cache<String, String> = Cache::builder()
+        .namespace("users")
+        .backend(SlowReads(backend.clone()))
+        .l1(L1::new(100))
+        .ttl(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let loads = Arc::new(AtomicUsize::new(0));
+    fetch(&a, "k", &loads).await;
+    let reader = {
+        let b = b.clone();
+        let loads = loads.clone();
+        tokio::spawn(async move { fetch(&b, "k", &loads).await })
+    };
+    tokio::time::sleep(Duration::from_millis(10)).await; // B has read v1
+    a.set(&"k".to_owned(), "new".into()).await.unwrap();
+    assert_eq!(reader.await.unwrap().0, "v1", "it started before the set");
+    assert_eq!(fetch(&b, "k", &loads).await.0, "new");
+    assert_eq!(fetch(&b, "k", &loads).await.0, "new");
+}
