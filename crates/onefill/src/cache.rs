@@ -345,18 +345,19 @@ where
         load: Load<V>,
     ) -> Result<Fetched<Option<V>>, Error> {
         let (key, policy) = self.prepare(key, options)?;
-        let (awaiter, coalesced) = match self.shared.flights.join(&key) {
+        let ((value, outcome), coalesced) = match self.shared.flights.join(&key) {
             Joined::Follower(awaiter) => {
                 self.shared.recorder.coalesced();
-                (awaiter, true)
+                (awaiter.outcome().await?, true)
             }
             Joined::Leader(completion, awaiter) => {
+                drop(awaiter);
                 let keys = FillKeys::new(&self.shared.namespace, &key);
-                Flight::spawn(self.shared.clone(), key, keys, policy, load, completion);
-                (awaiter, false)
+                let shared = self.shared.clone();
+                let answer = Flight::lead(shared, key, keys, policy, load, completion).await?;
+                (answer, false)
             }
         };
-        let (value, outcome) = awaiter.outcome().await?;
         Ok(Fetched {
             value,
             outcome,

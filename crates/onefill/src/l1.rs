@@ -38,7 +38,8 @@ use crate::stats::Recorder;
 ///     .l1(onefill::L1::new(10_000))
 ///     .build()?;
 /// let load = |id: u64| async move { Ok::<_, std::io::Error>(format!("user {id}")) };
-/// cache.get_or_load(&7, load).await?; // loaded, stored, kept in L1
+/// cache.get_or_load(&7, load).await?; // loaded and stored
+/// cache.get_or_load(&7, load).await?; // read from the backend, kept in L1
 /// cache.get_or_load(&7, load).await?; // an L1 hit: no backend call
 /// assert_eq!(cache.stats().l1_hits, 1);
 /// # Ok(()) }
