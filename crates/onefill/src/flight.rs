@@ -381,7 +381,10 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
                     } else {
                         None
                     };
-                    return FirstRead::Answered(Ok((value, Outcome::Hit)), early.map(Refresh::Early));
+                    return FirstRead::Answered(
+                        Ok((value, Outcome::Hit)),
+                        early.map(Refresh::Early),
+                    );
                 }
                 Read::Value { value, .. } => {
                     self.rec().stale_served();
