@@ -285,7 +285,7 @@ where
         E: std::error::Error + Send + Sync + 'static,
     {
         let loader = match &self.shared.l1 {
-            Some(l1) => match self.from_l1(l1, key, options, loader) {
+            Some(l1) => match self.answer_from_l1(l1, key, options, loader) {
                 Ok(fetched) => return Ok(fetched),
                 Err(loader) => loader,
             },
@@ -297,7 +297,7 @@ where
     /// The L1 hit path: a lookup and a clone, no task, no channel, no
     /// allocation (for keys up to 128 bytes). `Err(loader)`: not in the L1
     /// (or not servable from it); the flight answers.
-    fn from_l1<F, Fut, E>(
+    fn answer_from_l1<F, Fut, E>(
         &self,
         l1: &Local<V>,
         key: &K,
