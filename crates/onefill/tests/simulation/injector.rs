@@ -286,6 +286,18 @@ fn bool_reply(ok: &bool) -> Reply {
 
 #[async_trait]
 impl Backend for Injector {
+    /// The store's own reports, past the faults: they happen on the
+    /// server, not on the wire (the Redis backend's tracking connection is
+    /// tested on real Redis).
+    fn track_changes(
+        &self,
+        prefix: &str,
+        confirm_every: Duration,
+        listener: std::sync::Weak<dyn onefill::backend::ChangeListener>,
+    ) -> Result<(), BackendError> {
+        self.inner.track_changes(prefix, confirm_every, listener)
+    }
+
     async fn get(&self, keys: &FillKeys) -> Result<Option<Stored>, BackendError> {
         let key = self.world.key_of(keys);
         self.call(BOp::Get, key, None, self.inner.get(keys), unit_reply)

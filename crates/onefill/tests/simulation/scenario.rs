@@ -43,6 +43,9 @@ pub(crate) struct Scenario {
     /// No waiting for another process's load (`no_lease`): a flight takes
     /// the lease only if it is free, else loads without storing.
     pub(crate) no_lease: bool,
+    /// Every instance has an L1 (kept coherent by the store's change
+    /// reports): one seed in three.
+    pub(crate) l1: bool,
     /// Per instance: probability that a backend call is faulted, and that a
     /// notification is.
     pub(crate) fault_rates: Vec<(f64, f64)>,
@@ -167,6 +170,7 @@ impl Scenario {
             },
             strict: rng.random_bool(0.1),
             no_lease: false,
+            l1: false,
             fault_rates,
             death: None,
             ops: Vec::new(),
@@ -229,6 +233,9 @@ impl Scenario {
             let when = at.mul_f64(rng.random_range(0.0..0.8));
             s.death = Some((rng.random_range(0..instances), when));
         }
+        // Drawn last: the rest of a seed's scenario is what it was before
+        // the L1 existed.
+        s.l1 = rng.random_bool(1.0 / 3.0);
         s
     }
 
@@ -253,6 +260,11 @@ impl Scenario {
             .fail_safe_throttle(self.fail_safe_throttle)
             .circuit_breaker(self.breaker)
             .strict(self.strict);
+        let builder = if self.l1 {
+            builder.l1(onefill::L1::new(64))
+        } else {
+            builder
+        };
         let builder = if self.no_lease {
             builder.no_lease()
         } else {
