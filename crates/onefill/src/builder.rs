@@ -11,11 +11,11 @@ use serde::Serialize;
 
 use crate::backend::memory::MemoryBackend;
 use crate::backend::{Backend, ChangeListener};
-use crate::l1::L1;
 use crate::cache::Cache;
 use crate::codec::{Codec, JsonCodec};
 use crate::error::ConfigError;
 use crate::key;
+use crate::l1::L1;
 use crate::options::Policy;
 use crate::shared::Shared;
 

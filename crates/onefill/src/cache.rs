@@ -116,10 +116,20 @@ where
     ///
     /// # Cancellation
     ///
-    /// The flight and the loader run detached (spawned). Dropping the future
-    /// of any caller, the one whose loader runs included, cancels neither the
-    /// load nor the lease: the other callers still get the result and the
-    /// lease is released or filled as usual.
+    /// The loader and everything after a miss run detached (spawned).
+    /// Dropping the future of any caller, the one whose loader runs
+    /// included, cancels neither the load nor the lease: the other callers
+    /// still get the result and the lease is released or filled as usual.
+    /// (A flight's first read runs in its first caller's task, so a hit
+    /// costs no task; if that caller is dropped during the read, the flight
+    /// starts over in a task of its own for the others.)
+    ///
+    /// # With an L1
+    ///
+    /// With [`CacheBuilder::l1`], a fresh value this process read before is
+    /// answered from memory (no backend call, no flight) while the backend
+    /// vouches for it; see [`L1`](crate::L1). Calls with non-default
+    /// [`CallOptions`] always go through the flight.
     ///
     /// # Errors
     ///
@@ -345,18 +355,19 @@ where
         load: Load<V>,
     ) -> Result<Fetched<Option<V>>, Error> {
         let (key, policy) = self.prepare(key, options)?;
-        let (awaiter, coalesced) = match self.shared.flights.join(&key) {
+        let ((value, outcome), coalesced) = match self.shared.flights.join(&key) {
             Joined::Follower(awaiter) => {
                 self.shared.recorder.coalesced();
-                (awaiter, true)
+                (awaiter.outcome().await?, true)
             }
             Joined::Leader(completion, awaiter) => {
+                drop(awaiter);
                 let keys = FillKeys::new(&self.shared.namespace, &key);
-                Flight::spawn(self.shared.clone(), key, keys, policy, load, completion);
-                (awaiter, false)
+                let shared = self.shared.clone();
+                let answer = Flight::lead(shared, key, keys, policy, load, completion).await?;
+                (answer, false)
             }
         };
-        let (value, outcome) = awaiter.outcome().await?;
         Ok(Fetched {
             value,
             outcome,
@@ -405,6 +416,13 @@ where
     /// [`Error::InvalidInput`] for a bad key; [`Error::Backend`] if the
     /// backend fails.
     pub async fn get(&self, key: &K) -> Result<Option<V>, Error> {
+        if let Some(l1) = &self.shared.l1 {
+            let buf = KeyBuf::new(key);
+            if let Lookup::Fresh(value) = l1.get(buf.as_str(), Instant::now()) {
+                self.shared.recorder.l1_hit();
+                return Ok(value);
+            }
+        }
         let keys = self.keys(key)?;
         let stored = self
             .call(&keys, "get", self.shared.backend.get(&keys))

@@ -121,6 +121,28 @@ impl<T> Completion<T> {
         self.tx.send_replace(Some(outcome));
     }
 
+    /// Like [`complete`](Self::complete), for a leader that has the outcome
+    /// itself: returns it, and clones it only if another caller joined.
+    pub(crate) fn complete_shared(self, outcome: Result<T, Error>) -> Result<T, Error>
+    where
+        T: Clone,
+    {
+        self.remove();
+        // Removed from the map first: nobody can subscribe any more, so a
+        // count of zero stays zero.
+        if self.tx.receiver_count() > 0 {
+            self.tx.send_replace(Some(outcome.clone()));
+        }
+        outcome
+    }
+
+    /// An awaiter of this flight.
+    pub(crate) fn awaiter(&self) -> Awaiter<T> {
+        Awaiter {
+            rx: self.tx.subscribe(),
+        }
+    }
+
     fn remove(&self) {
         let mut map = self.map.lock();
         if map

@@ -13,34 +13,38 @@
 //! was read or loaded (see `Shared::epoch`). `set` and `invalidate` record
 //! (or tombstone) the key with a newer epoch however their write ends, so a
 //! flight that started before them can never put back what they replaced.
+//!
+//! `record` runs once per flight answer, hits included, so it sits on the
+//! hit path: the entries live in a `quick_cache` (sharded locks, O(1)
+//! CLOCK-Pro eviction, no global mutex). A record takes one shard's lock
+//! once for a key already kept (the epoch check and the replacement happen
+//! under it), twice for a new key (`entry` leaves a placeholder, then the
+//! value is inserted), and clones the value once, into an `Arc` (the map's
+//! own clones of an entry are that `Arc`'s). Eviction is the cache's:
+//! keys recorded again (the ones being used) stay, others go first; entries
+//! past their usefulness are not swept, they are evicted like the others.
+//! A tombstone evicted while still needed raises a floor epoch (the
+//! `Lifecycle::on_evict` hook, under the evicting shard's lock) below which
+//! no value is recorded; the floor is read again under the key's shard lock
+//! before a value goes in, so an eviction racing a record is seen by it.
 
-use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
-use parking_lot::Mutex;
+use quick_cache::sync::{Cache, EntryAction, EntryResult};
+use quick_cache::{DefaultHashBuilder, Lifecycle, UnitWeighter};
 use tokio::time::Instant;
+
+type Entries<V> = Cache<String, Arc<Entry<V>>, UnitWeighter, DefaultHashBuilder, RaiseFloor>;
 
 #[derive(Debug)]
 pub(crate) struct Fallback<V> {
-    capacity: usize,
-    state: Mutex<State<V>>,
-}
-
-#[derive(Debug)]
-struct State<V> {
-    entries: HashMap<String, Entry<V>>,
+    /// `None` when the capacity is 0 (turned off).
+    entries: Option<Entries<V>>,
     /// The newest epoch of a tombstone evicted while still needed: values
     /// read or loaded before it are not recorded, since the key they belong
-    /// to may be the one it guarded.
-    floor: u64,
-}
-
-impl<V> Default for State<V> {
-    fn default() -> Self {
-        State {
-            entries: HashMap::new(),
-            floor: 0,
-        }
-    }
+    /// to may be the one it guarded. Only grows.
+    floor: Arc<AtomicU64>,
 }
 
 #[derive(Debug)]
@@ -51,60 +55,89 @@ struct Entry<V> {
     epoch: u64,
 }
 
+impl<V> Entry<V> {
+    /// A value (not a tombstone) read or loaded before the floor.
+    fn below(&self, floor: &AtomicU64) -> bool {
+        self.value.is_some() && self.epoch < floor.load(Ordering::Acquire)
+    }
+}
+
+/// The eviction hook: an evicted tombstone still in force raises the floor.
+#[derive(Debug, Clone)]
+struct RaiseFloor(Arc<AtomicU64>);
+
+impl<V> Lifecycle<String, Arc<Entry<V>>> for RaiseFloor {
+    type RequestState = ();
+
+    fn begin_request(&self) -> Self::RequestState {}
+
+    fn on_evict(&self, _: &mut Self::RequestState, _: String, evicted: Arc<Entry<V>>) {
+        if evicted.value.is_none() && evicted.usable_until > Instant::now() {
+            self.0.fetch_max(evicted.epoch, Ordering::AcqRel);
+        }
+    }
+}
+
 impl<V> Fallback<V> {
     pub(crate) fn new(capacity: usize) -> Self {
-        Fallback {
-            capacity,
-            state: Mutex::default(),
-        }
+        let floor = Arc::new(AtomicU64::new(0));
+        let entries = (capacity > 0).then(|| {
+            Cache::with(
+                capacity,
+                capacity as u64,
+                UnitWeighter,
+                DefaultHashBuilder::default(),
+                RaiseFloor(floor.clone()),
+            )
+        });
+        Fallback { entries, floor }
     }
 
     /// Forgets the key's value as of `epoch` (after an `invalidate`), and
     /// keeps a tombstone until `until` so older flights cannot record it.
     pub(crate) fn forget(&self, key: &str, until: Instant, epoch: u64) {
-        self.put(key, None, until, epoch);
+        if let Some(entries) = &self.entries {
+            self.put(entries, key, None, until, epoch);
+        }
     }
 
-    fn put(&self, key: &str, value: Option<Option<V>>, usable_until: Instant, epoch: u64) {
-        if self.capacity == 0 {
-            return;
-        }
-        let now = Instant::now();
-        let mut state = self.state.lock();
-        if value.is_some() && epoch < state.floor {
-            return;
-        }
-        let State { entries, floor } = &mut *state;
-        match entries.get(key) {
-            Some(newer) if newer.epoch > epoch => return,
-            Some(_) => {}
-            None if entries.len() >= self.capacity => {
-                entries.retain(|_, e| e.usable_until > now);
-                if entries.len() >= self.capacity {
-                    // Evict the entry closest to the end of its usefulness.
-                    if let Some(victim) = entries
-                        .iter()
-                        .min_by_key(|(_, e)| e.usable_until)
-                        .map(|(k, _)| k.clone())
-                    {
-                        if let Some(evicted) = entries.remove(&victim) {
-                            if evicted.value.is_none() {
-                                *floor = (*floor).max(evicted.epoch);
-                            }
-                        }
-                    }
+    fn put(
+        &self,
+        entries: &Entries<V>,
+        key: &str,
+        value: Option<Option<V>>,
+        usable_until: Instant,
+        epoch: u64,
+    ) {
+        let mut new = Some(Arc::new(Entry {
+            value,
+            usable_until,
+            epoch,
+        }));
+        // Under the key's shard lock: keep a newer write, else replace (the
+        // old entry is dropped after the lock is released).
+        let kept = entries.entry(key, None, |_, old| {
+            let entry = new.as_ref().expect("the callback runs at most once");
+            if old.epoch > entry.epoch || entry.below(&self.floor) {
+                return EntryAction::Retain(None);
+            }
+            EntryAction::Retain(new.take().map(|entry| std::mem::replace(old, entry)))
+        });
+        match kept {
+            EntryResult::Retained(replaced) => drop(replaced),
+            // The key had no entry: the shard holds a placeholder for it
+            // until the guard inserts or is dropped (a `put` of the same key
+            // meanwhile waits for it, then compares epochs as above). Its
+            // tombstone, if it had one, was evicted before the placeholder
+            // was placed, under the same lock: the floor it raised is seen.
+            EntryResult::Vacant(slot) => {
+                if let Some(entry) = new.take().filter(|new| !new.below(&self.floor)) {
+                    let _ = slot.insert(entry);
                 }
             }
-            None => {}
+            // Removals, replacement guards and timeouts are never asked for.
+            EntryResult::Removed(..) | EntryResult::Replaced(..) | EntryResult::Timeout => {}
         }
-        entries.insert(
-            key.to_owned(),
-            Entry {
-                value,
-                usable_until,
-                epoch,
-            },
-        );
     }
 }
 
@@ -113,17 +146,24 @@ impl<V: Clone> Fallback<V> {
     /// (counted from when it was read or loaded, never renewed by serving
     /// it). Ignored if a newer write of the key is already recorded.
     pub(crate) fn record(&self, key: &str, value: &Option<V>, usable_until: Instant, epoch: u64) {
-        self.put(key, Some(value.clone()), usable_until, epoch);
+        let Some(entries) = &self.entries else {
+            return;
+        };
+        // The floor only grows: a value below it now is below it for good
+        // (checked again under the lock), and is not even cloned.
+        if epoch < self.floor.load(Ordering::Acquire) {
+            return;
+        }
+        self.put(entries, key, Some(value.clone()), usable_until, epoch);
     }
 
     /// The key's last value, if still usable.
     pub(crate) fn get(&self, key: &str) -> Option<Option<V>> {
-        let state = self.state.lock();
-        state
-            .entries
-            .get(key)
-            .filter(|e| e.usable_until > Instant::now())
-            .and_then(|e| e.value.clone())
+        let entry = self.entries.as_ref()?.get(key)?;
+        if entry.usable_until <= Instant::now() {
+            return None;
+        }
+        entry.value.clone()
     }
 }
 
@@ -137,19 +177,59 @@ mod tests {
         Instant::now() + Duration::from_secs(n)
     }
 
+    /// Whether the key has an entry (a value or a tombstone, usable or not).
+    fn holds(fb: &Fallback<i32>, key: &str) -> bool {
+        fb.entries.as_ref().unwrap().peek(key).is_some()
+    }
+
+    /// Records (twice each, so they count as used) other keys until `key`
+    /// is evicted: which entry goes first is the cache's policy.
+    fn evict(fb: &Fallback<i32>, key: &str, epoch: u64) {
+        for i in 0..1000 {
+            let other = format!("other-{i}");
+            fb.record(&other, &Some(-1), in_secs(10), epoch);
+            fb.record(&other, &Some(-1), in_secs(10), epoch);
+            if !holds(fb, key) {
+                return;
+            }
+        }
+        panic!("{key} was never evicted");
+    }
+
     #[tokio::test(start_paused = true)]
     async fn bounded_and_time_limited() {
         let fb = Fallback::new(2);
         fb.record("a", &Some(1), in_secs(10), 0);
         fb.record("b", &Some(2), in_secs(5), 0);
         fb.record("c", &Some(3), in_secs(10), 0);
-        assert_eq!(fb.get("b"), None, "the entry closest to expiry was evicted");
-        assert_eq!(fb.get("a"), Some(Some(1)));
+        let kept = ["a", "b", "c"].iter().filter(|k| holds(&fb, k)).count();
+        assert_eq!(kept, 2, "one entry was evicted to stay within the capacity");
+        assert_eq!(fb.get("c"), Some(Some(3)), "a new record is always kept");
         tokio::time::advance(Duration::from_secs(11)).await;
-        assert_eq!(fb.get("a"), None, "too old to serve");
+        assert_eq!(fb.get("c"), None, "too old to serve");
         let off = Fallback::new(0);
         off.record("a", &Some(1), in_secs(10), 0);
         assert_eq!(off.get("a"), None);
+    }
+
+    /// Bounded with several shards too: never more entries than the
+    /// capacity rounded up to a whole number per shard.
+    #[tokio::test(start_paused = true)]
+    async fn bounded_under_many_keys() {
+        let capacity = 1000;
+        let fb = Fallback::new(capacity);
+        for i in 0..20_000 {
+            fb.record(&i.to_string(), &Some(i), in_secs(10), 0);
+        }
+        let entries = fb.entries.as_ref().unwrap();
+        let shards = entries.num_shards();
+        assert!(shards > 1, "{shards} shard(s)");
+        assert!(
+            entries.len() < capacity + shards,
+            "{} entries for a capacity of {capacity} over {shards} shards",
+            entries.len()
+        );
+        assert_eq!(fb.get("19999"), Some(Some(19999)));
     }
 
     /// Regression (issue 8, fault 8): a flight that started before an
@@ -170,11 +250,59 @@ mod tests {
     async fn an_evicted_tombstone_still_keeps_older_values_out() {
         let fb = Fallback::new(2);
         fb.forget("k", in_secs(1), 5);
-        fb.record("a", &Some(1), in_secs(10), 6);
-        fb.record("b", &Some(2), in_secs(10), 7);
+        evict(&fb, "k", 6);
+        assert_eq!(fb.floor.load(Ordering::Relaxed), 5);
         fb.record("k", &Some(0), in_secs(10), 4);
         assert_eq!(fb.get("k"), None, "a value from before the invalidate");
         fb.record("k", &Some(9), in_secs(10), 8);
         assert_eq!(fb.get("k"), Some(Some(9)));
+    }
+
+    /// A tombstone past its `until` (every flight that could undo it is
+    /// over) guards nothing: evicting it does not raise the floor.
+    #[tokio::test(start_paused = true)]
+    async fn an_expired_tombstone_leaves_the_floor_alone() {
+        let fb = Fallback::new(2);
+        fb.forget("k", in_secs(1), 5);
+        tokio::time::advance(Duration::from_secs(2)).await;
+        evict(&fb, "k", 6);
+        assert_eq!(fb.floor.load(Ordering::Relaxed), 0);
+        fb.record("j", &Some(4), in_secs(10), 4);
+        assert_eq!(fb.get("j"), Some(Some(4)));
+    }
+
+    /// The tombstone rule under real concurrency: threads keep recording an
+    /// older value of `k` while others churn the capacity (evicting the
+    /// tombstone, raising the floor) around an `invalidate`: once `forget`
+    /// has returned, the older value is never served again.
+    #[test]
+    fn the_tombstone_rule_holds_across_threads() {
+        let fb = Fallback::new(4);
+        let until = Instant::now() + Duration::from_secs(3600);
+        std::thread::scope(|s| {
+            for _ in 0..2 {
+                s.spawn(|| {
+                    for _ in 0..20_000 {
+                        fb.record("k", &Some(1), until, 9);
+                    }
+                });
+            }
+            for t in 0..2 {
+                let fb = &fb;
+                s.spawn(move || {
+                    for i in 0..20_000 {
+                        fb.record(&format!("{t}-{}", i % 8), &Some(2), until, 11);
+                    }
+                });
+            }
+            s.spawn(|| {
+                std::thread::yield_now();
+                fb.forget("k", until, 10);
+                for _ in 0..20_000 {
+                    assert_eq!(fb.get("k"), None, "an older value came back");
+                }
+            });
+        });
+        assert_eq!(fb.get("k"), None, "an older value came back");
     }
 }

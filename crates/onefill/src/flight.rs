@@ -118,6 +118,50 @@ pub(crate) struct Flight<V> {
     refreshing_fresh: bool,
 }
 
+/// What the first read of a flight found.
+enum FirstRead<V> {
+    /// The answer (a hit, stale in grace, a cached failure), and any
+    /// refresh to run after it.
+    Answered(Result<Answer<V>, Error>, Option<Refresh>),
+    /// Nothing usable: the lease is next.
+    Miss { unreadable: bool },
+    /// The backend failed.
+    Failed(BackendError),
+}
+
+/// The leader's flight while its first read runs in the caller's task;
+/// dropped armed (the caller's future was dropped), it restarts the
+/// flight in a task of its own for the callers that joined.
+struct LeaderGuard<V: Clone + Send + Sync + 'static> {
+    armed: Option<(Flight<V>, Completion<Answer<V>>)>,
+}
+
+impl<V: Clone + Send + Sync + 'static> Drop for LeaderGuard<V> {
+    fn drop(&mut self) {
+        let Some((flight, completion)) = self.armed.take() else {
+            return;
+        };
+        // Outside a runtime (it is shutting down) nobody is left to answer:
+        // the completion is dropped and the others get `FlightAbandoned`.
+        if tokio::runtime::Handle::try_current().is_err() {
+            return;
+        }
+        let Flight {
+            shared,
+            key,
+            keys,
+            policy,
+            load,
+            ..
+        } = flight;
+        let Some(load) = load.into_inner() else {
+            return;
+        };
+        let fresh = Flight::new(shared, key, keys, policy, load);
+        fresh.spawn_from(None, completion);
+    }
+}
+
 /// A fill to run once the callers have their answer.
 struct DeferredFill {
     lease: Lease,
@@ -126,26 +170,58 @@ struct DeferredFill {
 }
 
 impl<V: Clone + Send + Sync + 'static> Flight<V> {
-    /// Starts the flight for `keys` in a task of its own; `completion`
-    /// answers every caller that joined it.
-    pub(crate) fn spawn(
+    /// Runs the flight in a task of its own from `first` (its first read,
+    /// already made by the leader), or from the start.
+    fn spawn_from(mut self, first: Option<FirstRead<V>>, completion: Completion<Answer<V>>) {
+        // Boxed: the flight's state machine is large, and a box is cheaper
+        // to hand to the task than a copy of it (measured with callgrind).
+        tokio::spawn(Box::pin(async move {
+            let (answer, refresh) = match first {
+                Some(first) => self.after_first_read(first).await,
+                None => self.run().await,
+            };
+            self.remember(&answer);
+            self.keep_in_l1(&answer, refresh.is_some());
+            completion.complete(answer);
+            self.after_answer(refresh).await;
+        }));
+    }
+
+    /// The leader's path: the first read runs in the caller's own task (no
+    /// task, no channel for a hit); anything more (a miss, a refresh, a
+    /// deferred fill) goes on in a task of its own. If the caller's future
+    /// is dropped during the read, the flight starts over in a task of its
+    /// own, so the callers that joined it still get their answer.
+    pub(crate) async fn lead(
         shared: Arc<Shared<V>>,
         key: String,
         keys: FillKeys,
         policy: Policy,
         load: Load<V>,
         completion: Completion<Answer<V>>,
-    ) {
-        let mut flight = Flight::new(shared, key, keys, policy, load);
-        // Boxed: the flight's state machine is large, and a box is cheaper
-        // to hand to the task than a copy of it (measured with callgrind).
-        tokio::spawn(Box::pin(async move {
-            let (answer, refresh) = flight.run().await;
-            flight.remember(&answer);
-            flight.keep_in_l1(&answer, refresh.is_some());
-            completion.complete(answer);
-            flight.after_answer(refresh).await;
-        }));
+    ) -> Result<Answer<V>, Error> {
+        let mut guard = LeaderGuard {
+            armed: Some((Flight::new(shared, key, keys, policy, load), completion)),
+        };
+        let first = match guard.armed.as_mut() {
+            Some((flight, _)) => flight.first_read().await,
+            None => return Err(Error::FlightAbandoned),
+        };
+        let Some((flight, completion)) = guard.armed.take() else {
+            return Err(Error::FlightAbandoned);
+        };
+        let FirstRead::Answered(answer, refresh) = first else {
+            let awaiter = completion.awaiter();
+            flight.spawn_from(Some(first), completion);
+            return awaiter.outcome().await;
+        };
+        flight.remember(&answer);
+        flight.keep_in_l1(&answer, refresh.is_some());
+        let answer = completion.complete_shared(answer);
+        if refresh.is_some() {
+            tokio::spawn(Box::pin(flight.after_answer(refresh)));
+        }
+        answer
     }
 
     /// Starts the background refresh of a value the L1 served stale (one
@@ -250,10 +326,36 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
     /// Runs the conversation up to the callers' answer, and says whether a
     /// background refresh should follow it.
     async fn run(&mut self) -> (Result<Answer<V>, Error>, Option<Refresh>) {
+        let first = self.first_read().await;
+        self.after_first_read(first).await
+    }
+
+    /// The rest of the conversation after its first read.
+    async fn after_first_read(
+        &mut self,
+        first: FirstRead<V>,
+    ) -> (Result<Answer<V>, Error>, Option<Refresh>) {
+        match first {
+            FirstRead::Answered(answer, refresh) => (answer, refresh),
+            FirstRead::Failed(e) => (self.degrade(e, None).await, None),
+            FirstRead::Miss { unreadable } => {
+                let answer = match self.policy.lease_ttl {
+                    Some(lease) => self.lease_or_wait(lease, unreadable).await,
+                    None => self.load_without_waiting(unreadable).await,
+                };
+                (answer, None)
+            }
+        }
+    }
+
+    /// The first read: a hit (or stale in grace, or a cached failure)
+    /// answers at once; a miss goes on to the lease. The only step a hit
+    /// takes, so the leader runs it in its own task (see `cache.rs`).
+    async fn first_read(&mut self) -> FirstRead<V> {
         self.rec().flight();
         let stored = match self.call("get", self.shared.backend.get(&self.keys)).await {
             Ok(stored) => stored,
-            Err(e) => return (self.degrade(e, None).await, None),
+            Err(e) => return FirstRead::Failed(e),
         };
         let mut unreadable = false;
         if let Some(stored) = stored {
@@ -279,29 +381,28 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
                     } else {
                         None
                     };
-                    return (Ok((value, Outcome::Hit)), early.map(Refresh::Early));
+                    return FirstRead::Answered(
+                        Ok((value, Outcome::Hit)),
+                        early.map(Refresh::Early),
+                    );
                 }
                 Read::Value { value, .. } => {
                     self.rec().stale_served();
-                    return (Ok((value, Outcome::Stale)), Some(Refresh::Stale));
+                    return FirstRead::Answered(Ok((value, Outcome::Stale)), Some(Refresh::Stale));
                 }
                 Read::Failure {
                     message,
                     fresh: true,
                 } => {
                     self.rec().negative_hit();
-                    return (Err(Error::CachedFailure(message)), None);
+                    return FirstRead::Answered(Err(Error::CachedFailure(message)), None);
                 }
                 Read::Failure { fresh: false, .. } => {}
                 Read::Unreadable => unreadable = true,
             }
         }
         self.rec().miss();
-        let answer = match self.policy.lease_ttl {
-            Some(lease) => self.lease_or_wait(lease, unreadable).await,
-            None => self.load_without_waiting(unreadable).await,
-        };
-        (answer, None)
+        FirstRead::Miss { unreadable }
     }
 
     /// The miss path: take the lease and load, or wait for whoever has it.

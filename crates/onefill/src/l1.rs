@@ -38,7 +38,8 @@ use crate::stats::Recorder;
 ///     .l1(onefill::L1::new(10_000))
 ///     .build()?;
 /// let load = |id: u64| async move { Ok::<_, std::io::Error>(format!("user {id}")) };
-/// cache.get_or_load(&7, load).await?; // loaded, stored, kept in L1
+/// cache.get_or_load(&7, load).await?; // loaded and stored
+/// cache.get_or_load(&7, load).await?; // read from the backend, kept in L1
 /// cache.get_or_load(&7, load).await?; // an L1 hit: no backend call
 /// assert_eq!(cache.stats().l1_hits, 1);
 /// # Ok(()) }
@@ -464,7 +465,10 @@ mod tests {
         l1.insert("k", entry, l1.ticket("k"));
         assert!(matches!(l1.get("k", now), Lookup::Fresh(_)));
         let at = |ms| now + Duration::from_millis(ms);
-        assert!(matches!(l1.get("k", at(90)), Lookup::Miss), "due for refresh");
+        assert!(
+            matches!(l1.get("k", at(90)), Lookup::Miss),
+            "due for refresh"
+        );
         assert!(matches!(l1.get("k", at(150)), Lookup::Stale(Some(1))));
         assert!(matches!(l1.get("k", at(200)), Lookup::Miss));
     }

@@ -20,8 +20,8 @@ use crate::codec::Codec;
 use crate::envelope::{self, Kind};
 use crate::error::{BackendError, BackendErrorKind, Error, InputError};
 use crate::fallback::Fallback;
-use crate::l1::{Local, L1};
 use crate::flight::Answer;
+use crate::l1::{Local, L1};
 use crate::lease::LoadTimes;
 use crate::loader::Loaded;
 use crate::options::Policy;
@@ -109,7 +109,6 @@ impl<V: Clone + 'static> Shared<V> {
         self.loads.detach(keys.value());
         epoch
     }
-
 }
 
 impl<V: 'static> Shared<V> {

@@ -2,6 +2,16 @@
 //! [`Stats`] snapshot on the cache, and through the `metrics` facade
 //! (`onefill_*` counters and histograms labelled by namespace) for whatever
 //! exporter the application installed.
+//!
+//! Counting sits on the hit path, so nothing is looked up or allocated per
+//! event: the `metrics` handles of a cache (one per counter, two
+//! histograms, each labelled with its namespace) are registered once, when
+//! the cache is built, and kept next to the snapshot's atomics. A handle is
+//! bound to the recorder that was installed when it was registered: the
+//! `metrics` recorder (exporter) must be installed *before* the cache is
+//! built; a cache built earlier reports to the recorder of that moment (the
+//! no-op one if none was) for the rest of its life. Every series exists,
+//! at 0, from the moment the cache is built.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
@@ -32,6 +42,41 @@ macro_rules! counters {
         impl Counters {
             fn snapshot(&self) -> Stats {
                 Stats { $( $name: self.$name.load(Relaxed), )* }
+            }
+        }
+
+        /// A cache's `metrics` handles, registered once (see the module docs).
+        #[derive(Debug)]
+        struct Handles {
+            $( $name: metrics::Counter, )*
+            load_seconds: metrics::Histogram,
+            wait_seconds: metrics::Histogram,
+        }
+
+        impl Handles {
+            fn register(namespace: &str) -> Self {
+                Handles {
+                    $( $name: metrics::counter!(
+                        concat!("onefill_", stringify!($name)),
+                        "namespace" => namespace.to_owned()
+                    ), )*
+                    load_seconds: metrics::histogram!(
+                        "onefill_load_seconds",
+                        "namespace" => namespace.to_owned()
+                    ),
+                    wait_seconds: metrics::histogram!(
+                        "onefill_wait_seconds",
+                        "namespace" => namespace.to_owned()
+                    ),
+                }
+            }
+        }
+
+        #[cfg(test)]
+        impl Stats {
+            /// Every counter with its `metrics` name.
+            fn named(&self) -> Vec<(&'static str, u64)> {
+                vec![ $( (concat!("onefill_", stringify!($name)), self.$name), )* ]
             }
         }
     };
@@ -103,6 +148,7 @@ counters! {
 #[derive(Debug, Clone)]
 pub(crate) struct Recorder {
     counters: Arc<Counters>,
+    metrics: Arc<Handles>,
     namespace: Arc<str>,
     contention: Arc<Contention>,
 }
@@ -169,15 +215,17 @@ impl Contention {
 macro_rules! bump {
     ($self:ident, $field:ident) => {{
         $self.counters.$field.fetch_add(1, Relaxed);
-        metrics::counter!(concat!("onefill_", stringify!($field)), "namespace" => $self.namespace.to_string())
-            .increment(1);
+        $self.metrics.$field.increment(1);
     }};
 }
 
 impl Recorder {
+    /// Registers the cache's `metrics` handles with the recorder installed
+    /// now (see the module docs).
     pub(crate) fn new(namespace: &str) -> Self {
         Recorder {
             counters: Arc::default(),
+            metrics: Arc::new(Handles::register(namespace)),
             namespace: namespace.into(),
             contention: Arc::new(Contention::new()),
         }
@@ -209,8 +257,7 @@ impl Recorder {
         } else {
             bump!(self, loads_error)
         }
-        metrics::histogram!("onefill_load_seconds", "namespace" => self.namespace.to_string())
-            .record(took.as_secs_f64());
+        self.metrics.load_seconds.record(took.as_secs_f64());
     }
     pub(crate) fn degraded_load(&self) {
         bump!(self, degraded_loads)
@@ -251,8 +298,7 @@ impl Recorder {
         if timed_out {
             bump!(self, wait_timeouts)
         }
-        metrics::histogram!("onefill_wait_seconds", "namespace" => self.namespace.to_string())
-            .record(waited.as_secs_f64());
+        self.metrics.wait_seconds.record(waited.as_secs_f64());
     }
     pub(crate) fn wait_poll(&self, notified: bool) {
         if notified {
@@ -291,5 +337,113 @@ impl Recorder {
     pub(crate) fn circuit_opened(&self) {
         bump!(self, circuit_opened);
         tracing::warn!("circuit breaker opened: backend calls are skipped for a while");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+    use std::time::Duration;
+
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+
+    use crate::{Cache, MemoryBackend};
+
+    fn build(namespace: &str, backend: &MemoryBackend) -> Cache<String, String> {
+        Cache::builder()
+            .namespace(namespace)
+            .backend(backend.clone())
+            .build()
+            .unwrap()
+    }
+
+    async fn load(value: &'static str, took: u64) -> Result<String, std::io::Error> {
+        tokio::time::sleep(Duration::from_millis(took)).await;
+        Ok(value.to_owned())
+    }
+
+    /// Every counter and both histograms reach the `metrics` recorder under
+    /// their names, labelled with the namespace, and agree with `stats()`.
+    /// The handles are registered while the cache is built (here with a
+    /// thread-local recorder); everything is counted afterwards, outside
+    /// that scope and partly on spawned tasks, and still reaches it.
+    #[tokio::test(start_paused = true)]
+    async fn metrics_are_emitted_under_their_names_and_namespace() {
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        let backend = MemoryBackend::new();
+        // Two processes of namespace "m" (one series each: they add up).
+        let (a, b) = metrics::with_local_recorder(&recorder, || {
+            (build("m", &backend), build("m", &backend))
+        });
+        // Built with no recorder installed: its handles are no-ops for good.
+        let late = build("late", &backend);
+
+        let k = "k".to_owned();
+        let (x, y, z) = tokio::join!(
+            a.get_or_load(&k, |_| load("v", 100)),
+            a.get_or_load(&k, |_| load("v", 100)),
+            a.get_or_load(&k, |_| load("v", 100)),
+        );
+        assert_eq!([x.unwrap(), y.unwrap(), z.unwrap()], ["v", "v", "v"]);
+        assert_eq!(a.get_or_load(&k, |_| load("v2", 100)).await.unwrap(), "v");
+        let failed = a
+            .get_or_load(&"bad".to_owned(), |_| async {
+                Err::<String, _>(std::io::Error::other("boom"))
+            })
+            .await;
+        assert!(failed.is_err());
+        let holder = tokio::spawn({
+            let a = a.clone();
+            async move { a.get_or_load(&"w".to_owned(), |_| load("w", 500)).await }
+        });
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let waited = b
+            .get_or_load(&"w".to_owned(), |_| load("not this", 1))
+            .await;
+        assert_eq!(waited.unwrap(), "w");
+        assert_eq!(holder.await.unwrap().unwrap(), "w");
+        late.get_or_load(&k, |_| load("v", 1)).await.unwrap();
+        assert_eq!(late.stats().loads_ok, 1, "counted in its own stats");
+
+        let (sa, sb) = (a.stats(), b.stats());
+        // The snapshots themselves: the scenario above, counted once each.
+        assert_eq!((sa.misses, sa.hits, sa.coalesced), (2 + 1, 1, 2));
+        assert_eq!((sa.loads_ok, sa.loads_error, sa.lease_acquired), (2, 1, 3));
+        assert_eq!((sb.misses, sb.waits), (1, 1), "{sb:?}");
+        assert!(sb.lease_contended >= 1, "{sb:?}");
+        assert_eq!(sb.wait_notified, 1, "woken by the fill: {sb:?}");
+        assert_eq!((sb.loads_ok, sb.wait_timeouts), (0, 0));
+
+        let mut counters = HashMap::new();
+        let mut histograms = HashMap::new();
+        for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+            let key = key.key();
+            let labels: Vec<_> = key.labels().map(|l| (l.key(), l.value())).collect();
+            assert_eq!(labels, [("namespace", "m")], "{}", key.name());
+            let name = key.name().to_owned();
+            match value {
+                DebugValue::Counter(n) => assert!(counters.insert(name, n).is_none()),
+                DebugValue::Histogram(xs) => assert!(histograms.insert(name, xs).is_none()),
+                DebugValue::Gauge(_) => panic!("no gauge is emitted: {name}"),
+            }
+        }
+        let expected: Vec<_> = (sa.named().into_iter().zip(sb.named()))
+            .map(|((name, x), (_, y))| (name.to_owned(), x + y))
+            .collect();
+        assert_eq!(
+            counters.len(),
+            expected.len(),
+            "every counter is registered (at 0 if nothing happened): {counters:?}"
+        );
+        for (name, n) in expected {
+            assert_eq!(counters.get(&name), Some(&n), "{name}");
+        }
+        let loads = &histograms["onefill_load_seconds"];
+        assert_eq!(loads.len() as u64, sa.loads_ok + sa.loads_error);
+        assert!(loads.iter().any(|s| s.0 >= 0.5), "{loads:?}");
+        let waits = &histograms["onefill_wait_seconds"];
+        assert_eq!(waits.len() as u64, sb.waits);
+        assert_eq!(histograms.len(), 2);
     }
 }

@@ -24,7 +24,7 @@ use onefill::{CallOptions, CircuitState, Error, Outcome};
 use parking_lot::Mutex;
 use support::{
     a_far_waiter_of_a_long_load, counting_loader, fetch_loading, fetch_now, fixed_lease, key, keys,
-    pod, two_pods, Switched,
+    pod, spawn_fetch, two_pods, Switched,
 };
 use tokio::time::Instant;
 
@@ -245,6 +245,28 @@ async fn a_dropped_leader_neither_cancels_the_load_nor_orphans_the_lease() {
         (again.outcome, loads.load(Ordering::SeqCst)),
         (Outcome::Hit, 1)
     );
+}
+
+/// Issue 9: the leader's first read runs in the caller's own task (a hit
+/// needs no task). A leader dropped during that read must not strand the
+/// caller that joined it: the flight starts over in a task of its own.
+#[tokio::test(start_paused = true)]
+async fn a_leader_dropped_during_its_first_read_does_not_strand_its_followers() {
+    let wire = Switched::default();
+    let c = pod(&wire, |b| b);
+    let loads = Arc::new(AtomicUsize::new(0));
+    wire.delay(50);
+    let leader = spawn_fetch(&c, CallOptions::new(), &loads, Duration::ZERO);
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let follower = spawn_fetch(&c, CallOptions::new(), &loads, Duration::ZERO);
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    leader.abort();
+    assert!(leader.await.unwrap_err().is_cancelled());
+    let f = follower.await.unwrap().unwrap();
+    assert!(f.coalesced);
+    assert_eq!((f.value.as_str(), f.outcome), ("k-v1", Outcome::Loaded));
+    assert_eq!(loads.load(Ordering::SeqCst), 1);
+    assert!(!lease_held(wire.store(), &keys()).await);
 }
 
 /// Held in the review: a loader that panics under the lease releases it,

@@ -13,7 +13,9 @@ use parking_lot::{Mutex, MutexGuard, RwLock};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::{Acquired, Backend, ChangeListener, BackendError, FillKeys, FillSubscription, LeaseToken, Stored};
+use super::{
+    Acquired, Backend, BackendError, ChangeListener, FillKeys, FillSubscription, LeaseToken, Stored,
+};
 use crate::envelope;
 
 /// An in-process [`Backend`]: the embedded default.

@@ -351,6 +351,18 @@ impl ClusterRouter {
         WeakRouter(Arc::downgrade(&self.inner))
     }
 
+    /// The masters of the slot map now: their address and a client for
+    /// them (for the L1's tracking connections).
+    pub(super) fn masters(&self) -> Vec<(String, Client)> {
+        self.inner
+            .topology
+            .read()
+            .masters
+            .iter()
+            .map(|node| (node.addr.clone(), node.client.clone()))
+            .collect()
+    }
+
     /// Changes of the slot map: a counter, and one slot whose owner changed.
     pub(super) fn changes(&self) -> watch::Receiver<(u64, u16)> {
         self.inner.changes.subscribe()

@@ -92,7 +92,7 @@
 //! ```
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -101,7 +101,9 @@ use redis::cluster::ClusterClientBuilder;
 use redis::{Client, FromRedisValue, ProtocolVersion, RedisError, Script};
 use tokio::sync::mpsc::unbounded_channel;
 
-use super::{Acquired, Backend, BackendError, FillKeys, FillSubscription, LeaseToken, Stored};
+use super::{
+    Acquired, Backend, BackendError, ChangeListener, FillKeys, FillSubscription, LeaseToken, Stored,
+};
 use crate::error::BackendErrorKind;
 
 mod cluster;
@@ -110,6 +112,7 @@ mod link;
 mod options;
 mod scripts;
 mod subscriber;
+mod tracking;
 mod ttl;
 mod urls;
 
@@ -137,6 +140,10 @@ pub struct RedisBackend {
 
 struct Inner {
     conn: Conn,
+    /// Standalone: a RESP3 client of the server, for L1 tracking
+    /// connections (a cluster's come from the router's nodes).
+    resp3: Option<Client>,
+    options: RedisOptions,
     scripts: &'static Scripts,
     pubsub: Arc<PubSubShared>,
     /// Where we are connected, without credentials (for `Debug`).
@@ -201,11 +208,12 @@ impl RedisBackend {
             .set_protocol(ProtocolVersion::RESP3);
         let sub_client =
             Client::open(info.set_redis_settings(settings)).map_err(|e| classify("connect", e))?;
-        let mut link = SingleLink::new(sub_client, options.clone());
+        let mut link = SingleLink::new(sub_client.clone(), options.clone());
         link.connect().await?;
 
         Ok(Self::assemble(
             Conn::Single(manager),
+            Some(sub_client),
             &STANDALONE_SCRIPTS,
             Link::Single(Box::new(link)),
             options,
@@ -265,6 +273,7 @@ impl RedisBackend {
         let target = urls.iter().map(|u| redact(u)).collect::<Vec<_>>().join(",");
         Ok(Self::assemble(
             Conn::Cluster(router),
+            None,
             &CLUSTER_SCRIPTS,
             Link::Cluster(link),
             options,
@@ -274,6 +283,7 @@ impl RedisBackend {
 
     fn assemble(
         conn: Conn,
+        resp3: Option<Client>,
         scripts: &'static Scripts,
         link: Link,
         options: RedisOptions,
@@ -282,8 +292,10 @@ impl RedisBackend {
         RedisBackend {
             inner: Arc::new(Inner {
                 conn,
+                resp3,
                 scripts,
-                pubsub: PubSubShared::start(link, options),
+                pubsub: PubSubShared::start(link, options.clone()),
+                options,
                 target,
             }),
         }
@@ -471,6 +483,37 @@ impl Backend for RedisBackend {
     async fn subscribe(&self, keys: &FillKeys) -> Result<Box<dyn FillSubscription>, BackendError> {
         let channel = keys.channel().to_owned();
         Ok(self.inner.pubsub.subscribe(channel).await)
+    }
+
+    /// `CLIENT TRACKING ... BCAST PREFIX prefix` on a RESP3 connection of
+    /// its own (one per master on a cluster), confirmed by a `PING` every
+    /// `confirm_every`; see the module docs' "L1 coherence".
+    fn track_changes(
+        &self,
+        prefix: &str,
+        confirm_every: Duration,
+        listener: Weak<dyn ChangeListener>,
+    ) -> Result<(), BackendError> {
+        let tracking = tracking::Tracking {
+            prefix: prefix.to_owned(),
+            confirm_every,
+            options: self.inner.options.clone(),
+            listener,
+        };
+        match (&self.inner.conn, &self.inner.resp3) {
+            (Conn::Single(_), Some(client)) => {
+                tracking::track_standalone(client.clone(), tracking);
+                Ok(())
+            }
+            (Conn::Cluster(router), _) => {
+                tracking::track_cluster(router.downgrade(), tracking);
+                Ok(())
+            }
+            (Conn::Single(_), None) => Err(BackendError::new(
+                BackendErrorKind::Connection,
+                "no RESP3 client for the L1's tracking connection",
+            )),
+        }
     }
 
     /// Standalone: one shard. Cluster: the master that serves the key's

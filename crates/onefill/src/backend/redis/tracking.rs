@@ -1,0 +1,314 @@
+//! Reports of changed values for an L1 (`Backend::track_changes`), from
+//! Redis's server-assisted client-side caching.
+//!
+//! Each tracked node gets a RESP3 connection of its own with
+//! `CLIENT TRACKING ON BCAST PREFIX <namespace>:{`: the server then pushes
+//! an `invalidate` message for every key under the prefix that changes,
+//! whoever changed it (onefill anywhere, `redis-cli`, an expiry, an
+//! eviction); a `FLUSHALL` or `FLUSHDB` is a `nil` invalidation.
+//!
+//! A `PING` on the same connection every `confirm_every` is the sync
+//! confirmation: its answer comes after every invalidation the server sent
+//! before handling it, so once the answer is in and the pushes received
+//! so far are handled, every change before the `PING` was sent has been
+//! reported. (In `BCAST` mode the server sends a change's invalidations at
+//! the end of the event-loop iteration that made it, in the same write as
+//! the answer to a `PING` handled in that iteration: they arrive together.)
+//!
+//! When the connection fails (the `PING` times out, the connection drops)
+//! the listener is told at once that nothing is in sync; the task
+//! reconnects with backoff, turns tracking on again, then resets the
+//! listener (changes made meanwhile were not reported) before confirming.
+//!
+//! On a cluster a supervisor keeps one such connection per master of the
+//! router's slot map, adding and dropping them as the map changes; the
+//! listener is in sync as of the oldest confirmation among the current
+//! masters, so a new master (a promoted replica) must be tracked and
+//! confirmed before the L1 serves again.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use redis::{AsyncConnectionConfig, Client, ProtocolVersion, PushInfo, PushKind, Value};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use super::cluster::WeakRouter;
+use super::errors::within;
+use super::options::{RedisOptions, MIN_BACKOFF};
+use crate::backend::ChangeListener;
+use crate::backoff::Backoff;
+
+/// A RESP3 client for the server `client` points to.
+pub(super) fn resp3(client: &Client) -> Result<Client, redis::RedisError> {
+    let info = client.get_connection_info().clone();
+    let settings = info
+        .redis_settings()
+        .clone()
+        .set_protocol(ProtocolVersion::RESP3);
+    Client::open(info.set_redis_settings(settings))
+}
+
+/// What one node's tracking task needs.
+#[derive(Clone)]
+pub(super) struct Tracking {
+    pub prefix: String,
+    pub confirm_every: Duration,
+    pub options: RedisOptions,
+    pub listener: Weak<dyn ChangeListener>,
+}
+
+/// Where a node's task reports its confirmations.
+trait Confirm: Send + Sync + 'static {
+    fn confirmed(&self, listener: &dyn ChangeListener, as_of: Option<Instant>);
+}
+
+/// A standalone server: its confirmations are the listener's.
+struct Direct;
+
+impl Confirm for Direct {
+    fn confirmed(&self, listener: &dyn ChangeListener, as_of: Option<Instant>) {
+        listener.synced(as_of);
+    }
+}
+
+/// Tracks a standalone server (`client` must speak RESP3).
+pub(super) fn track_standalone(client: Client, tracking: Tracking) {
+    tokio::spawn(track_node(client, tracking, Arc::new(Direct)));
+}
+
+/// One node's tracking connection, for as long as the listener lives.
+async fn track_node(client: Client, tracking: Tracking, confirm: Arc<dyn Confirm>) {
+    let mut backoff = Backoff::new(MIN_BACKOFF, tracking.options.max_backoff);
+    // A `PING` slower than this cannot confirm anything useful (the L1
+    // stops serving after five confirmation intervals anyway).
+    let ping_timeout = (tracking.confirm_every * 4).min(tracking.options.response_timeout);
+    loop {
+        let Some(listener) = tracking.listener.upgrade() else {
+            return;
+        };
+        confirm.confirmed(&*listener, None);
+        drop(listener);
+        if let Some((mut conn, mut pushes)) = connect(&client, &tracking).await {
+            backoff.reset();
+            let Some(listener) = tracking.listener.upgrade() else {
+                return;
+            };
+            // Tracking is on: from now on every change is reported, but
+            // changes made before were not.
+            listener.reset();
+            drop(listener);
+            let mut ticker = tokio::time::interval(tracking.confirm_every);
+            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            'connected: loop {
+                tokio::select! {
+                    push = pushes.recv() => {
+                        let Some(listener) = tracking.listener.upgrade() else {
+                            return;
+                        };
+                        let alive = push.is_some_and(|push| handle(&*listener, push));
+                        if !alive {
+                            break 'connected;
+                        }
+                    }
+                    _ = ticker.tick() => {
+                        let sent = Instant::now();
+                        let cmd = redis::cmd("PING");
+                        let ping = cmd.query_async::<Value>(&mut conn);
+                        let answered = within(ping_timeout, ping).await.is_ok();
+                        let Some(listener) = tracking.listener.upgrade() else {
+                            return;
+                        };
+                        if !answered {
+                            break 'connected;
+                        }
+                        // The pushes that came before the answer.
+                        let mut alive = true;
+                        while let Ok(push) = pushes.try_recv() {
+                            alive &= handle(&*listener, push);
+                        }
+                        if !alive {
+                            break 'connected;
+                        }
+                        confirm.confirmed(&*listener, Some(sent));
+                    }
+                }
+            }
+            if let Some(listener) = tracking.listener.upgrade() {
+                confirm.confirmed(&*listener, None);
+            }
+        }
+        tokio::time::sleep(backoff.next_interval()).await;
+    }
+}
+
+/// A connection with tracking on, and its pushes.
+async fn connect(
+    client: &Client,
+    tracking: &Tracking,
+) -> Option<(
+    redis::aio::MultiplexedConnection,
+    UnboundedReceiver<PushInfo>,
+)> {
+    let (tx, rx) = unbounded_channel();
+    let config = AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(tracking.options.connection_timeout))
+        .set_response_timeout(Some(tracking.options.response_timeout))
+        .set_push_sender(tx);
+    let deadline = tracking
+        .options
+        .connection_timeout
+        .saturating_add(tracking.options.response_timeout);
+    let mut conn = within(
+        deadline,
+        client.get_multiplexed_async_connection_with_config(&config),
+    )
+    .await
+    .map_err(|e| tracing::debug!(error = %e, "L1 tracking: connect failed"))
+    .ok()?;
+    let mut on = redis::cmd("CLIENT");
+    on.arg("TRACKING")
+        .arg("ON")
+        .arg("BCAST")
+        .arg("PREFIX")
+        .arg(&tracking.prefix);
+    match within(
+        tracking.options.response_timeout,
+        on.query_async::<Value>(&mut conn),
+    )
+    .await
+    {
+        Ok(_) => Some((conn, rx)),
+        Err(e) => {
+            tracing::warn!(error = %e, "L1 tracking: CLIENT TRACKING failed; the L1 does not serve");
+            None
+        }
+    }
+}
+
+/// Handles one push; false if the connection is gone.
+fn handle(listener: &dyn ChangeListener, push: PushInfo) -> bool {
+    match push.kind {
+        PushKind::Invalidate => {
+            match push.data.into_iter().next() {
+                Some(Value::Array(keys)) | Some(Value::Set(keys)) => {
+                    for key in keys {
+                        match key {
+                            Value::BulkString(key) => listener.changed(&key),
+                            Value::SimpleString(key) => listener.changed(key.as_bytes()),
+                            _ => listener.reset(),
+                        }
+                    }
+                }
+                // `nil`: the database was flushed.
+                _ => listener.reset(),
+            }
+            true
+        }
+        PushKind::Disconnection => false,
+        _ => true,
+    }
+}
+
+/// The cluster's masters' confirmations: the listener is in sync as of the
+/// oldest among the current masters (none yet: not in sync).
+struct Confirmations {
+    nodes: Mutex<HashMap<String, Option<Instant>>>,
+}
+
+/// A cluster node's confirmations, reported into [`Confirmations`].
+struct NodeConfirm {
+    addr: String,
+    all: Arc<Confirmations>,
+}
+
+impl Confirmations {
+    fn publish(&self, listener: &dyn ChangeListener) {
+        let nodes = self.nodes.lock();
+        let oldest = nodes
+            .values()
+            .try_fold(None::<Instant>, |oldest, at| {
+                at.map(|at| Some(oldest.map_or(at, |o: Instant| o.min(at))))
+            })
+            .flatten();
+        listener.synced(oldest);
+    }
+}
+
+impl Confirm for NodeConfirm {
+    fn confirmed(&self, listener: &dyn ChangeListener, as_of: Option<Instant>) {
+        if let Some(slot) = self.all.nodes.lock().get_mut(&self.addr) {
+            *slot = as_of;
+        } else {
+            // No longer a master: its word does not count.
+            return;
+        }
+        self.all.publish(listener);
+    }
+}
+
+/// Tracks every master of the cluster, following the router's slot map.
+pub(super) fn track_cluster(router: WeakRouter, tracking: Tracking) {
+    tokio::spawn(async move {
+        let all = Arc::new(Confirmations {
+            nodes: Mutex::new(HashMap::new()),
+        });
+        let mut tasks: HashMap<String, JoinHandle<()>> = HashMap::new();
+        let mut changes = match router.upgrade() {
+            Some(router) => router.changes(),
+            None => return,
+        };
+        loop {
+            let Some(router) = router.upgrade() else {
+                break;
+            };
+            let masters = router.masters();
+            drop(router);
+            let Some(listener) = tracking.listener.upgrade() else {
+                break;
+            };
+            let mut changed = false;
+            tasks.retain(|addr, task| {
+                let keep = masters.iter().any(|(a, _)| a == addr) && !task.is_finished();
+                if !keep {
+                    task.abort();
+                    all.nodes.lock().remove(addr);
+                    changed = true;
+                }
+                keep
+            });
+            for (addr, client) in masters {
+                if tasks.contains_key(&addr) {
+                    continue;
+                }
+                let Ok(client) = resp3(&client) else {
+                    continue;
+                };
+                all.nodes.lock().insert(addr.clone(), None);
+                let confirm = Arc::new(NodeConfirm {
+                    addr: addr.clone(),
+                    all: all.clone(),
+                });
+                tasks.insert(
+                    addr,
+                    tokio::spawn(track_node(client, tracking.clone(), confirm)),
+                );
+                changed = true;
+            }
+            if changed {
+                all.publish(&*listener);
+            }
+            drop(listener);
+            // The slot map changed, or a periodic look (a node's task may
+            // have ended with its listener... or the map may have changed
+            // without a notification we saw).
+            let _ = tokio::time::timeout(Duration::from_secs(1), changes.changed()).await;
+        }
+        for task in tasks.values() {
+            task.abort();
+        }
+    });
+}

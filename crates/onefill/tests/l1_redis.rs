@@ -1,0 +1,241 @@
+//! The L1 on real Redis (standalone and a 3-master cluster): two backends
+//! with connections of their own stand for two processes. Each process's
+//! L1 must drop a key when it changes in Redis, whoever changed it (a
+//! `set` by the other process, a plain `SET`/`DEL`/`PEXPIRE` from another
+//! client), and must not serve what it missed while its tracking
+//! connection was down.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use onefill::backend::FillKeys;
+use onefill::redis::RedisBackend;
+use onefill::{Cache, CallOptions, Outcome, L1};
+use onefill_testkit::{RedisCluster, RedisServer};
+
+fn unique_ns(name: &str) -> String {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    format!(
+        "l1-{}-{}-{name}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+fn cache(ns: &str, backend: RedisBackend) -> Cache<String, String> {
+    Cache::builder()
+        .namespace(ns)
+        .backend(backend)
+        .l1(L1::new(1_000))
+        .ttl(Duration::from_secs(60))
+        .build()
+        .unwrap()
+}
+
+/// One call; the loader answers `loaded-<n>` and counts.
+async fn fetch(
+    cache: &Cache<String, String>,
+    key: &str,
+    loads: &Arc<AtomicUsize>,
+) -> (String, Outcome) {
+    let loads = loads.clone();
+    let f = cache
+        .fetch(&key.to_owned(), &CallOptions::new(), move |_| async move {
+            let n = loads.fetch_add(1, Ordering::SeqCst) + 1;
+            Ok::<_, std::io::Error>(format!("loaded-{n}"))
+        })
+        .await
+        .unwrap();
+    (f.value, f.outcome)
+}
+
+/// Calls until the L1 answers (its tracking connection confirmed), at most
+/// 5 s.
+async fn until_l1_serves(
+    cache: &Cache<String, String>,
+    key: &str,
+    loads: &Arc<AtomicUsize>,
+) -> String {
+    for _ in 0..500 {
+        let before = cache.stats().l1_hits;
+        let (value, _) = fetch(cache, key, loads).await;
+        if cache.stats().l1_hits > before {
+            return value;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the L1 never served {key}");
+}
+
+/// Calls until the answer is not `old`, at most 2 s; returns how long.
+async fn until_changed(
+    cache: &Cache<String, String>,
+    key: &str,
+    old: &str,
+    loads: &Arc<AtomicUsize>,
+) -> Duration {
+    let start = std::time::Instant::now();
+    while start.elapsed() < Duration::from_secs(2) {
+        if fetch(cache, key, loads).await.0 != old {
+            return start.elapsed();
+        }
+        tokio::task::yield_now().await;
+    }
+    panic!("{key} still served as {old:?} 2 s after it changed");
+}
+
+/// Writes by the other process and by plain clients, on `raw` (the node
+/// that holds the key).
+async fn coherence<'s>(
+    a: Cache<String, String>,
+    b: Cache<String, String>,
+    ns: &str,
+    raw: impl Fn(&str) -> &'s RedisServer,
+) {
+    let loads = Arc::new(AtomicUsize::new(0));
+    let key = "user:1";
+    let value_key = FillKeys::new(ns, key).value().to_owned();
+
+    fetch(&a, key, &loads).await;
+    let v1 = until_l1_serves(&b, key, &loads).await;
+    assert_eq!(v1, "loaded-1");
+
+    // A `set` by the other process.
+    a.set(&key.to_owned(), "from-a".into()).await.unwrap();
+    until_changed(&b, key, &v1, &loads).await;
+    assert_eq!(fetch(&b, key, &loads).await.0, "from-a");
+
+    // A plain `DEL` from another client: B loads again.
+    until_l1_serves(&b, key, &loads).await;
+    raw(&value_key).command(&["DEL", &value_key]);
+    until_changed(&b, key, "from-a", &loads).await;
+    let reloaded = fetch(&b, key, &loads).await.0;
+    assert!(reloaded.starts_with("loaded-"), "{reloaded}");
+
+    // A plain `SET` of bytes that are not onefill's: dropped, then
+    // unreadable, so loaded again.
+    until_l1_serves(&b, key, &loads).await;
+    raw(&value_key).command(&["SET", &value_key, "written by someone else"]);
+    until_changed(&b, key, &reloaded, &loads).await;
+
+    // A plain `PEXPIRE`: the key expires early; B loads again.
+    let current = until_l1_serves(&b, key, &loads).await;
+    raw(&value_key).command(&["PEXPIRE", &value_key, "1"]);
+    until_changed(&b, key, &current, &loads).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standalone_every_write_reaches_the_other_l1() {
+    let server = RedisServer::start();
+    let ns = unique_ns("standalone");
+    let a = cache(&ns, RedisBackend::connect(&server.url()).await.unwrap());
+    let b = cache(&ns, RedisBackend::connect(&server.url()).await.unwrap());
+    coherence(a, b, &ns, |_| &server).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_every_write_reaches_the_other_l1() {
+    let cluster = RedisCluster::start(3);
+    let urls = cluster.urls();
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let ns = unique_ns("cluster");
+    let a = cache(&ns, RedisBackend::connect_cluster(&urls).await.unwrap());
+    let b = cache(&ns, RedisBackend::connect_cluster(&urls).await.unwrap());
+    coherence(a, b, &ns, |key| cluster.node_for_key(key)).await;
+    // Keys on every master.
+    let loads = Arc::new(AtomicUsize::new(0));
+    let a2 = cache(&ns, RedisBackend::connect_cluster(&urls).await.unwrap());
+    for i in 0..20 {
+        let key = format!("spread:{i}");
+        fetch(&a2, &key, &loads).await;
+    }
+    let b2 = cache(&ns, RedisBackend::connect_cluster(&urls).await.unwrap());
+    for i in 0..20 {
+        let key = format!("spread:{i}");
+        let old = until_l1_serves(&b2, &key, &loads).await;
+        a2.set(&key, format!("new:{i}")).await.unwrap();
+        until_changed(&b2, &key, &old, &loads).await;
+    }
+}
+
+/// The tracking connection is killed and the key deleted in the same
+/// server round (so its invalidation is lost for sure): the L1 stops
+/// serving at once (or within the sync bound), and once tracking is back
+/// it was emptied, so the old value is never served again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_tracking_connection_empties_the_l1_before_it_serves_again() {
+    let server = RedisServer::start();
+    let ns = unique_ns("lost");
+    let b = cache(&ns, RedisBackend::connect(&server.url()).await.unwrap());
+    let loads = Arc::new(AtomicUsize::new(0));
+    let key = "k";
+    let value_key = FillKeys::new(&ns, key).value().to_owned();
+    fetch(&b, key, &loads).await;
+    let old = until_l1_serves(&b, key, &loads).await;
+    let resets = b.stats().l1_resets;
+
+    let tracking: Vec<String> = server
+        .command(&["CLIENT", "LIST"])
+        .lines()
+        .filter(|line| {
+            line.split(' ').any(|f| {
+                f.strip_prefix("flags=")
+                    .is_some_and(|flags| flags.contains('t'))
+            })
+        })
+        .filter_map(|line| {
+            line.split(' ')
+                .find_map(|f| f.strip_prefix("id="))
+                .map(str::to_owned)
+        })
+        .collect();
+    assert_eq!(tracking.len(), 1, "one tracking connection: {tracking:?}");
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let _: () = redis::pipe()
+        .cmd("CLIENT")
+        .arg("KILL")
+        .arg("ID")
+        .arg(&tracking[0])
+        .ignore()
+        .cmd("DEL")
+        .arg(&value_key)
+        .ignore()
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    // Past the sync bound (250 ms), whatever happened to the connection,
+    // the old value is not served.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for _ in 0..20 {
+        assert_ne!(fetch(&b, key, &loads).await.0, old);
+    }
+    // Tracking comes back, after emptying the L1; the L1 serves again.
+    let new = until_l1_serves(&b, key, &loads).await;
+    assert_ne!(new, old);
+    assert!(
+        b.stats().l1_resets > resets,
+        "the L1 was emptied on reconnect"
+    );
+}
+
+/// A hung server: the L1 stops serving within the sync bound (calls go to
+/// the backend's outage handling), and serves again once it answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_server_stops_the_l1_within_the_bound() {
+    let server = RedisServer::start();
+    let ns = unique_ns("hung");
+    let b = cache(&ns, RedisBackend::connect(&server.url()).await.unwrap());
+    let loads = Arc::new(AtomicUsize::new(0));
+    fetch(&b, "k", &loads).await;
+    until_l1_serves(&b, "k", &loads).await;
+    server.pause();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let before = b.stats().l1_hits;
+    let (_, outcome) = fetch(&b, "k", &loads).await;
+    assert_eq!(b.stats().l1_hits, before, "not an L1 hit");
+    assert_eq!(outcome, Outcome::Stale, "the outage fallback answers");
+    server.resume();
+    until_l1_serves(&b, "k", &loads).await;
+}
