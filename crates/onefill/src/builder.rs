@@ -27,6 +27,7 @@ use crate::shared::Shared;
 /// | namespace | `onefill` |
 /// | backend | a new [`MemoryBackend`] |
 /// | codec | [`JsonCodec`] |
+/// | L1 | on the embedded backend: 10,000 entries; elsewhere off ([`CacheBuilder::l1`], [`CacheBuilder::no_l1`]) |
 /// | ttl | 60 s |
 /// | grace (stale-while-refresh window) | 0 (off) |
 /// | jitter | up to 10 % shorter |
@@ -49,7 +50,9 @@ pub struct CacheBuilder<K, V> {
     namespace: String,
     backend: Option<Arc<dyn Backend>>,
     codec: Option<Arc<dyn Codec<V>>>,
-    l1: Option<L1>,
+    /// `None`: the default (an L1 on an in-process store only);
+    /// `Some(None)`: none.
+    l1: Option<Option<L1>>,
     /// Set by the generated setters in `options.rs`.
     pub(crate) policy: Policy,
     _key: PhantomData<fn(K)>,
@@ -108,7 +111,14 @@ impl<K, V> CacheBuilder<K, V> {
     /// # drop(cache);
     /// ```
     pub fn l1(mut self, l1: L1) -> Self {
-        self.l1 = Some(l1);
+        self.l1 = Some(Some(l1));
+        self
+    }
+    /// No L1, even on the embedded backend (where a cache has one of
+    /// 10,000 entries by default: that store reports every change before
+    /// the write returns, so the L1 only saves the decode).
+    pub fn no_l1(mut self) -> Self {
+        self.l1 = Some(None);
         self
     }
     /// The value codec.
@@ -117,6 +127,9 @@ impl<K, V> CacheBuilder<K, V> {
         self
     }
 }
+
+/// The L1 a cache on the embedded backend has unless told otherwise.
+const EMBEDDED_L1_ENTRIES: usize = 10_000;
 
 impl<K, V> CacheBuilder<K, V>
 where
@@ -135,7 +148,12 @@ where
             .backend
             .unwrap_or_else(|| Arc::new(MemoryBackend::new()));
         let codec = self.codec.unwrap_or_else(|| Arc::new(JsonCodec));
-        if let Some(l1) = &self.l1 {
+        let l1 = match self.l1 {
+            Some(choice) => choice,
+            None if backend.in_process() => Some(L1::new(EMBEDDED_L1_ENTRIES)),
+            None => None,
+        };
+        if let Some(l1) = &l1 {
             l1.validate()?;
         }
         let shared = Arc::new(Shared::new(
@@ -143,9 +161,9 @@ where
             backend,
             codec,
             self.policy,
-            self.l1.as_ref(),
+            l1.as_ref(),
         ));
-        if let (Some(local), Some(l1)) = (&shared.l1, &self.l1) {
+        if let (Some(local), Some(l1)) = (&shared.l1, &l1) {
             let listener: Arc<dyn ChangeListener> = local.clone();
             shared
                 .backend

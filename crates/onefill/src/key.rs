@@ -15,46 +15,62 @@
 use crate::error::{ConfigError, InputError};
 
 /// The three backend keys that belong to one cache key.
+///
+/// One allocation holds all three (`ns:{k}:lockns:{k}:filled`): they are
+/// built for every flight, hits included.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct FillKeys {
-    value: String,
-    lock: String,
-    channel: String,
+    buf: String,
+    /// The value key is `buf[..value]`.
+    value: usize,
+    /// The lock key is `buf[..lock]`; the channel is `buf[lock..]`.
+    lock: usize,
 }
+
+const LOCK_SUFFIX: &str = ":lock";
+const CHANNEL_SUFFIX: &str = ":filled";
 
 impl FillKeys {
     /// The keys for `key` in `namespace` (not validated: the cache checks
     /// namespaces and keys before building these).
     pub fn new(namespace: &str, key: &str) -> Self {
-        let mut value = String::with_capacity(namespace.len() + key.len() + 3);
-        value.push_str(namespace);
-        value.push_str(":{");
+        let escaped_len = key.len()
+            + 2 * key
+                .bytes()
+                .filter(|b| matches!(b, b'%' | b'{' | b'}'))
+                .count();
+        let value_len = namespace.len() + escaped_len + 3;
+        let mut buf =
+            String::with_capacity(2 * value_len + LOCK_SUFFIX.len() + CHANNEL_SUFFIX.len());
+        buf.push_str(namespace);
+        buf.push_str(":{");
         for c in key.chars() {
             match c {
-                '%' => value.push_str("%25"),
-                '{' => value.push_str("%7B"),
-                '}' => value.push_str("%7D"),
-                c => value.push(c),
+                '%' => buf.push_str("%25"),
+                '{' => buf.push_str("%7B"),
+                '}' => buf.push_str("%7D"),
+                c => buf.push(c),
             }
         }
-        value.push('}');
-        FillKeys {
-            lock: format!("{value}:lock"),
-            channel: format!("{value}:filled"),
-            value,
-        }
+        buf.push('}');
+        let value = buf.len();
+        buf.push_str(LOCK_SUFFIX);
+        let lock = buf.len();
+        buf.extend_from_within(..value);
+        buf.push_str(CHANNEL_SUFFIX);
+        FillKeys { buf, value, lock }
     }
     /// The key holding the stored envelope.
     pub fn value(&self) -> &str {
-        &self.value
+        &self.buf[..self.value]
     }
     /// The key holding the lease token.
     pub fn lock(&self) -> &str {
-        &self.lock
+        &self.buf[..self.lock]
     }
     /// The pub/sub channel on which fills are announced.
     pub fn channel(&self) -> &str {
-        &self.channel
+        &self.buf[self.lock..]
     }
 }
 

@@ -330,6 +330,10 @@ impl Backend for MemoryBackend {
         Ok(Box::new(MemorySubscription { rx }))
     }
 
+    fn in_process(&self) -> bool {
+        true
+    }
+
     /// Every change is reported before the write returns, so the listener
     /// is always in sync (expiry needs no report: an L1 entry expires with
     /// the value it copies).

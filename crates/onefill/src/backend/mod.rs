@@ -179,4 +179,13 @@ pub trait Backend: Debug + Send + Sync + 'static {
             "this backend cannot report changes of values, so it cannot keep an L1 coherent",
         ))
     }
+
+    /// Whether the store lives in this process and reports every change
+    /// before the write returns (the [`MemoryBackend`](crate::MemoryBackend)).
+    /// A cache on such a store keeps decoded values in an [`L1`](crate::L1)
+    /// by default, so a hit costs a lookup and a clone rather than a decode.
+    /// The default: `false`.
+    fn in_process(&self) -> bool {
+        false
+    }
 }
