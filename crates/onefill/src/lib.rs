@@ -14,6 +14,9 @@
 //!   then a configured outcome ([`WaitPolicy`], [`OnWaitTimeout`]);
 //! - **freshness**: TTL, grace (serve stale while one refresh runs), jitter,
 //!   early refresh (a load time before expiry), negative caching, fail-safe;
+//! - **an L1** ([`L1`]): decoded values in process, dropped everywhere when
+//!   the key changes in the backend, whoever changed it (Redis
+//!   `CLIENT TRACKING`); on by default on the embedded backend;
 //! - **resilience**: backend timeouts, a circuit breaker, degradation to
 //!   in-process coalescing;
 //! - **observability**: [`Stats`] and the `metrics` facade, `tracing` spans.
