@@ -25,8 +25,11 @@
 //! the policy is strict.
 
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -141,6 +144,11 @@ impl<V: Clone + Send + Sync + 'static> Drop for LeaderGuard<V> {
         let Some((flight, completion)) = self.armed.take() else {
             return;
         };
+        // Unwinding from a panic of the read itself: running it again would
+        // panic again; the callers get `FlightAbandoned`.
+        if std::thread::panicking() {
+            return;
+        }
         // Outside a runtime (it is shutting down) nobody is left to answer:
         // the completion is dropped and the others get `FlightAbandoned`.
         if tokio::runtime::Handle::try_current().is_err() {
@@ -159,6 +167,23 @@ impl<V: Clone + Send + Sync + 'static> Drop for LeaderGuard<V> {
         };
         let fresh = Flight::new(shared, key, keys, policy, load);
         fresh.spawn_from(None, completion);
+    }
+}
+
+/// Polls a pinned future, turning a panic into an `Err` (no allocation:
+/// the leader's first read is on the hit path).
+struct CatchUnwind<'a, F>(Pin<&'a mut F>);
+
+impl<F: Future> Future for CatchUnwind<'_, F> {
+    type Output = std::thread::Result<F::Output>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let inner = &mut self.0;
+        match std::panic::catch_unwind(AssertUnwindSafe(|| inner.as_mut().poll(cx))) {
+            Ok(Poll::Pending) => Poll::Pending,
+            Ok(Poll::Ready(value)) => Poll::Ready(Ok(value)),
+            Err(panic) => Poll::Ready(Err(panic)),
+        }
     }
 }
 
@@ -204,8 +229,24 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
             armed: Some((Flight::new(shared, key, keys, policy, load), completion)),
         };
         let first = match guard.armed.as_mut() {
-            Some((flight, _)) => flight.first_read().await,
+            Some((flight, _)) => {
+                let read = std::pin::pin!(flight.first_read());
+                CatchUnwind(read).await
+            }
             None => return Err(Error::FlightAbandoned),
+        };
+        let first = match first {
+            Ok(first) => first,
+            Err(_) => {
+                // A codec's `decode` or a backend's `get` panicked. As when
+                // the whole flight ran in a task of its own: every caller
+                // gets `FlightAbandoned`, and the panic stays here (review
+                // of issue 9: it reached the caller, and the guard ran the
+                // read again in a task, which panicked again).
+                tracing::error!("a flight's first read panicked (the codec or the backend)");
+                guard.armed = None;
+                return Err(Error::FlightAbandoned);
+            }
         };
         let Some((flight, completion)) = guard.armed.take() else {
             return Err(Error::FlightAbandoned);

@@ -253,7 +253,12 @@ impl<V: Clone> Local<V> {
             return Lookup::Miss;
         }
         match self.store.get(key) {
-            Some(entry) if now < entry.refresh_at => Lookup::Fresh(entry.value),
+            // Never past the hard expiry: without grace a value's last
+            // millisecond reads as fresh (`Shared::read`), so `refresh_at`
+            // may lie just beyond it (review of issue 9).
+            Some(entry) if now < entry.refresh_at && now < entry.expires_at => {
+                Lookup::Fresh(entry.value)
+            }
             Some(entry) if now >= entry.fresh_until && now < entry.expires_at => {
                 Lookup::Stale(entry.value)
             }
@@ -471,6 +476,28 @@ mod tests {
         );
         assert!(matches!(l1.get("k", at(150)), Lookup::Stale(Some(1))));
         assert!(matches!(l1.get("k", at(200)), Lookup::Miss));
+    }
+
+    /// Regression (review of issue 9): with grace 0 a value read in its
+    /// last millisecond got a freshness 1 ms past its hard expiry, and the
+    /// L1 answered it as a hit after the backend had dropped it.
+    #[tokio::test(start_paused = true)]
+    async fn never_fresh_past_the_hard_expiry() {
+        let l1 = local();
+        let now = Instant::now();
+        let entry = Entry {
+            value: Some(1),
+            refresh_at: now + Duration::from_millis(1),
+            fresh_until: now + Duration::from_millis(1),
+            expires_at: now + Duration::from_micros(300),
+            weight: 1,
+        };
+        l1.insert("k", entry, l1.ticket("k"));
+        assert!(matches!(l1.get("k", now), Lookup::Fresh(_)));
+        assert!(matches!(
+            l1.get("k", now + Duration::from_micros(600)),
+            Lookup::Miss
+        ));
     }
 
     #[test]

@@ -253,3 +253,54 @@ async fn a_slow_read_overtaken_by_a_write_stays_out_of_the_l1() {
     assert_eq!(fetch(&b, "k", &loads).await.0, "new");
     assert_eq!(fetch(&b, "k", &loads).await.0, "new");
 }
+
+/// A codec whose decode panics (a bug in user code).
+struct PanickyCodec;
+
+impl onefill::Codec<String> for PanickyCodec {
+    fn encode(&self, value: &String) -> Result<Vec<u8>, onefill::CodecError> {
+        Ok(value.as_bytes().to_vec())
+    }
+    fn decode(&self, _bytes: &[u8]) -> Result<String, onefill::CodecError> {
+        panic!("decode bug");
+    }
+}
+
+/// Regression (review of issue 9): the leader's first read runs in the
+/// caller's task, so a panicking decode unwound into the caller of
+/// `get_or_load`, and the leader's guard ran the read again in a task,
+/// which panicked again. Now the caller gets `FlightAbandoned`, as when
+/// the whole flight ran in a task of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_decode_in_the_first_read_does_not_reach_the_caller() {
+    let cache: Cache<String, String> = Cache::builder()
+        .namespace("panicky")
+        .codec(PanickyCodec)
+        .no_l1()
+        .build()
+        .unwrap();
+    let load = |_k: String| async { Ok::<_, std::io::Error>("v".to_owned()) };
+    cache.get_or_load(&"k".to_owned(), load).await.unwrap();
+    let c = cache.clone();
+    let joined = tokio::spawn(async move { c.get_or_load(&"k".to_owned(), load).await }).await;
+    let answer = joined.expect("the caller's task does not panic");
+    assert!(
+        matches!(answer, Err(onefill::Error::FlightAbandoned)),
+        "{answer:?}"
+    );
+}
+
+/// Regression (review of issue 9): with no grace, a value read in its last
+/// millisecond was answered from the L1 as a hit after the store had
+/// dropped it.
+#[tokio::test(start_paused = true)]
+async fn the_l1_never_answers_past_the_stores_expiry() {
+    let backend = MemoryBackend::new();
+    let a = cache(&backend, Duration::from_millis(10), Duration::ZERO);
+    let loads = Arc::new(AtomicUsize::new(0));
+    fetch(&a, "k", &loads).await;
+    tokio::time::advance(Duration::from_micros(9_700)).await;
+    assert_eq!(fetch(&a, "k", &loads).await, ("v1".into(), Outcome::Hit));
+    tokio::time::advance(Duration::from_micros(600)).await;
+    assert_eq!(fetch(&a, "k", &loads).await, ("v2".into(), Outcome::Loaded));
+}

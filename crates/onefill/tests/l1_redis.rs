@@ -239,3 +239,29 @@ async fn a_hung_server_stops_the_l1_within_the_bound() {
     server.resume();
     until_l1_serves(&b, "k", &loads).await;
 }
+
+/// Regression (review of issue 9): two caches of one namespace in one
+/// process, on one backend: after `a.invalidate(k)` returned, `b` answered
+/// the old value from its L1 until the tracking push arrived (5 times in
+/// 50). The backend now tells its own process's L1s of its writes before
+/// they return.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_cache_of_the_same_process_reads_its_writes() {
+    let server = RedisServer::start();
+    let ns = unique_ns("sameproc");
+    let backend = RedisBackend::connect(&server.url()).await.unwrap();
+    let a = cache(&ns, backend.clone());
+    let b = cache(&ns, backend);
+    let loads = Arc::new(AtomicUsize::new(0));
+    for i in 0..50 {
+        let key = format!("k{i}");
+        fetch(&a, &key, &loads).await;
+        let old = until_l1_serves(&b, &key, &loads).await;
+        if i % 2 == 0 {
+            a.invalidate(&key).await.unwrap();
+        } else {
+            a.set(&key, format!("set-{i}")).await.unwrap();
+        }
+        assert_ne!(fetch(&b, &key, &loads).await.0, old, "round {i}");
+    }
+}

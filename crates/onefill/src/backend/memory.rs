@@ -9,10 +9,11 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use parking_lot::{Mutex, MutexGuard, RwLock};
+use parking_lot::{Mutex, MutexGuard};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use super::Listeners;
 use super::{
     Acquired, Backend, BackendError, ChangeListener, FillKeys, FillSubscription, LeaseToken, Stored,
 };
@@ -47,16 +48,15 @@ pub struct MemoryBackend {
 struct Inner {
     state: Mutex<State>,
     channels: Mutex<HashMap<String, watch::Sender<u64>>>,
-    /// L1s to tell of changed values, by key prefix (see
-    /// [`Backend::track_changes`]).
-    listeners: RwLock<Vec<(String, Weak<dyn ChangeListener>)>>,
+    /// L1s to tell of changed values (see [`Backend::track_changes`]).
+    listeners: Listeners,
 }
 
 impl std::fmt::Debug for Inner {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Inner")
             .field("state", &self.state)
-            .field("listeners", &self.listeners.read().len())
+            .field("listeners", &self.listeners.len())
             .finish_non_exhaustive()
     }
 }
@@ -124,13 +124,7 @@ impl MemoryBackend {
     /// the write that changed it returns (so a `set` is seen by every cache
     /// on this store as soon as it is done).
     fn changed(&self, key: &str) {
-        for (prefix, listener) in self.inner.listeners.read().iter() {
-            if key.starts_with(prefix.as_str()) {
-                if let Some(listener) = listener.upgrade() {
-                    listener.changed(key.as_bytes());
-                }
-            }
-        }
+        self.inner.listeners.changed(key);
     }
 
     fn publish(&self, channel: &str) {
@@ -350,9 +344,7 @@ impl Backend for MemoryBackend {
                 .unwrap_or(now + Duration::from_secs(365 * 24 * 3600));
             live.synced(Some(forever));
         }
-        let mut listeners = self.inner.listeners.write();
-        listeners.retain(|(_, l)| l.strong_count() > 0);
-        listeners.push((prefix.to_owned(), listener));
+        self.inner.listeners.register(prefix, listener);
         Ok(())
     }
 }

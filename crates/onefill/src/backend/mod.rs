@@ -31,6 +31,7 @@ pub use crate::lease::LeaseToken;
 pub mod memory;
 mod tracking;
 pub use tracking::ChangeListener;
+pub(crate) use tracking::Listeners;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;

@@ -19,6 +19,9 @@
 //! server-assisted client-side caching (`CLIENT TRACKING ... BCAST`) and
 //! confirms its sync with a `PING` on the tracking connection.
 
+use std::sync::Weak;
+
+use parking_lot::RwLock;
 use tokio::time::Instant;
 
 /// Receives a backend's reports of changed values (see the module docs).
@@ -38,4 +41,36 @@ pub trait ChangeListener: Send + Sync + 'static {
     /// Every change made before `as_of` has been reported (`None`: no longer
     /// in sync, until the next `Some`).
     fn synced(&self, as_of: Option<Instant>);
+}
+
+/// The listeners registered with one backend, by key prefix: how a backend
+/// tells the caches of this process about a change it made itself, before
+/// the write returns (every cache of the process, not only the one that
+/// wrote, sees its own process's writes at once).
+#[derive(Default)]
+pub(crate) struct Listeners {
+    by_prefix: RwLock<Vec<(String, Weak<dyn ChangeListener>)>>,
+}
+
+impl Listeners {
+    pub(crate) fn register(&self, prefix: &str, listener: Weak<dyn ChangeListener>) {
+        let mut all = self.by_prefix.write();
+        all.retain(|(_, l)| l.strong_count() > 0);
+        all.push((prefix.to_owned(), listener));
+    }
+
+    /// `key` changed: every listener whose prefix it has hears of it.
+    pub(crate) fn changed(&self, key: &str) {
+        for (prefix, listener) in self.by_prefix.read().iter() {
+            if key.starts_with(prefix.as_str()) {
+                if let Some(listener) = listener.upgrade() {
+                    listener.changed(key.as_bytes());
+                }
+            }
+        }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.by_prefix.read().len()
+    }
 }

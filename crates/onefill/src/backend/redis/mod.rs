@@ -101,6 +101,7 @@ use redis::cluster::ClusterClientBuilder;
 use redis::{Client, FromRedisValue, ProtocolVersion, RedisError, Script};
 use tokio::sync::mpsc::unbounded_channel;
 
+use super::Listeners;
 use super::{
     Acquired, Backend, BackendError, ChangeListener, FillKeys, FillSubscription, LeaseToken, Stored,
 };
@@ -143,6 +144,9 @@ struct Inner {
     /// Standalone: a RESP3 client of the server, for L1 tracking
     /// connections (a cluster's come from the router's nodes).
     resp3: Option<Client>,
+    /// The L1s of this process on this backend: told of this backend's own
+    /// writes before they return (their tracking pushes come later).
+    listeners: Listeners,
     options: RedisOptions,
     scripts: &'static Scripts,
     pubsub: Arc<PubSubShared>,
@@ -293,6 +297,7 @@ impl RedisBackend {
             inner: Arc::new(Inner {
                 conn,
                 resp3,
+                listeners: Listeners::default(),
                 scripts,
                 pubsub: PubSubShared::start(link, options.clone()),
                 options,
@@ -436,7 +441,11 @@ impl Backend for RedisBackend {
     ) -> Result<bool, BackendError> {
         let mut invocation = announcing(&self.inner.scripts.fill, keys);
         invocation.arg(token.as_bytes()).arg(bytes).arg(px(ttl));
-        self.eval_flag("fill", keys, &invocation).await
+        let filled = self.eval_flag("fill", keys, &invocation).await;
+        if let Ok(true) = filled {
+            self.inner.listeners.changed(keys.value());
+        }
+        filled
     }
 
     async fn release(
@@ -450,7 +459,11 @@ impl Backend for RedisBackend {
         if let Some((bytes, ttl)) = entry {
             invocation.arg(bytes).arg(px(ttl));
         }
-        self.eval_flag("release", keys, &invocation).await
+        let released = self.eval_flag("release", keys, &invocation).await;
+        if let (Ok(true), Some(_)) = (&released, entry) {
+            self.inner.listeners.changed(keys.value());
+        }
+        released
     }
 
     async fn extend(
@@ -470,14 +483,20 @@ impl Backend for RedisBackend {
     async fn set(&self, keys: &FillKeys, bytes: &[u8], ttl: Duration) -> Result<(), BackendError> {
         let mut invocation = announcing(&self.inner.scripts.set, keys);
         invocation.arg(bytes).arg(px(ttl));
-        self.eval_flag("set", keys, &invocation).await.map(drop)
+        let set = self.eval_flag("set", keys, &invocation).await.map(drop);
+        // Failed or not, the write may have landed.
+        self.inner.listeners.changed(keys.value());
+        set
     }
 
     async fn invalidate(&self, keys: &FillKeys) -> Result<(), BackendError> {
         let invocation = announcing(&self.inner.scripts.invalidate, keys);
-        self.eval_flag("invalidate", keys, &invocation)
+        let invalidated = self
+            .eval_flag("invalidate", keys, &invocation)
             .await
-            .map(drop)
+            .map(drop);
+        self.inner.listeners.changed(keys.value());
+        invalidated
     }
 
     async fn subscribe(&self, keys: &FillKeys) -> Result<Box<dyn FillSubscription>, BackendError> {
@@ -494,6 +513,7 @@ impl Backend for RedisBackend {
         confirm_every: Duration,
         listener: Weak<dyn ChangeListener>,
     ) -> Result<(), BackendError> {
+        self.inner.listeners.register(prefix, listener.clone());
         let tracking = tracking::Tracking {
             prefix: prefix.to_owned(),
             confirm_every,

@@ -83,6 +83,9 @@ pub(super) fn track_standalone(client: Client, tracking: Tracking) {
 /// One node's tracking connection, for as long as the listener lives.
 async fn track_node(client: Client, tracking: Tracking, confirm: Arc<dyn Confirm>) {
     let mut backoff = Backoff::new(MIN_BACKOFF, tracking.options.max_backoff);
+    // The first failure to track is worth a warning (the L1 does not serve
+    // meanwhile); the retries after it are not.
+    let mut warned = false;
     // A `PING` slower than this cannot confirm anything useful (the L1
     // stops serving after five confirmation intervals anyway).
     let ping_timeout = (tracking.confirm_every * 4).min(tracking.options.response_timeout);
@@ -92,8 +95,17 @@ async fn track_node(client: Client, tracking: Tracking, confirm: Arc<dyn Confirm
         };
         confirm.confirmed(&*listener, None);
         drop(listener);
-        if let Some((mut conn, mut pushes)) = connect(&client, &tracking).await {
+        let connected = connect(&client, &tracking).await;
+        if connected.is_none() && !std::mem::replace(&mut warned, true) {
+            tracing::warn!(
+                prefix = tracking.prefix,
+                "L1 tracking: cannot open the tracking connection (RESP3 and CLIENT TRACKING \
+                 need Redis 6 or later); the L1 does not serve until it can"
+            );
+        }
+        if let Some((mut conn, mut pushes)) = connected {
             backoff.reset();
+            warned = false;
             let Some(listener) = tracking.listener.upgrade() else {
                 return;
             };
@@ -117,8 +129,25 @@ async fn track_node(client: Client, tracking: Tracking, confirm: Arc<dyn Confirm
                     _ = ticker.tick() => {
                         let sent = Instant::now();
                         let cmd = redis::cmd("PING");
-                        let ping = cmd.query_async::<Value>(&mut conn);
-                        let answered = within(ping_timeout, ping).await.is_ok();
+                        let ping = within(ping_timeout, cmd.query_async::<Value>(&mut conn));
+                        tokio::pin!(ping);
+                        // Pushes are handled while the `PING` is out: a slow
+                        // answer must not hold back an invalidation already
+                        // received (review of issue 9).
+                        let answered = loop {
+                            tokio::select! {
+                                biased;
+                                answer = &mut ping => break answer.is_ok(),
+                                push = pushes.recv() => {
+                                    let Some(listener) = tracking.listener.upgrade() else {
+                                        return;
+                                    };
+                                    if !push.is_some_and(|push| handle(&*listener, push)) {
+                                        break false;
+                                    }
+                                }
+                            }
+                        };
                         let Some(listener) = tracking.listener.upgrade() else {
                             return;
                         };
