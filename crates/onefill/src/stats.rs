@@ -26,7 +26,9 @@ macro_rules! counters {
         /// Counters only grow; subtract two snapshots to get a rate. Hits,
         /// misses, stale answers and negative hits count *flights* (backend
         /// conversations): callers that shared a flight are counted once in
-        /// `coalesced` each, and share the flight's outcome.
+        /// `coalesced` each, and share the flight's outcome. Answers from
+        /// the L1 are not flights: a fresh one counts in `l1_hits`, a stale
+        /// one (grace) in `stale_served`.
         #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
         #[serde(default)]
         #[non_exhaustive]
