@@ -19,7 +19,9 @@ use tokio::sync::watch;
 use crate::error::Error;
 
 type Slot<T> = Option<Result<T, Error>>;
-type Entries<T> = HashMap<String, (u64, watch::Receiver<Slot<T>>)>;
+/// ahash (quick_cache's hasher, randomly keyed) rather than SipHash: the
+/// map is looked up on every call that misses the L1.
+type Entries<T> = HashMap<String, (u64, watch::Receiver<Slot<T>>), quick_cache::DefaultHashBuilder>;
 type Map<T> = Arc<Mutex<Entries<T>>>;
 
 /// The map of flights under way in one [`Cache`](crate::Cache).
