@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 use std::ops::Deref;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -160,12 +161,18 @@ impl Breakers {
 pub(crate) struct Breaker {
     config: CircuitBreaker,
     state: Mutex<BreakerState>,
+    /// Closed with no failure since the last success: a call goes through
+    /// and a success has nothing to reset, without the lock (every backend
+    /// call of every flight passes here). Written under the lock only.
+    healthy: AtomicBool,
+    /// When a call last asked to go through: milliseconds after `epoch`,
+    /// plus one (0: never).
+    last_call: AtomicU64,
+    epoch: Instant,
 }
 
 #[derive(Debug)]
 struct BreakerState {
-    /// When a call last asked to go through.
-    last_call: Option<Instant>,
     consecutive_failures: u32,
     open_until: Option<Instant>,
     probing: bool,
@@ -191,11 +198,21 @@ impl Breaker {
         Breaker {
             config,
             state: Mutex::new(BreakerState {
-                last_call: None,
                 consecutive_failures: 0,
                 open_until: None,
                 probing: false,
             }),
+            healthy: AtomicBool::new(true),
+            last_call: AtomicU64::new(0),
+            epoch: Instant::now(),
+        }
+    }
+
+    fn note_call(&self) {
+        let now = u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX - 1) + 1;
+        // Written only when it changed: the line stays shared between cores.
+        if self.last_call.load(Ordering::Relaxed) != now {
+            self.last_call.store(now, Ordering::Relaxed);
         }
     }
 
@@ -206,8 +223,14 @@ impl Breaker {
     /// A permit for one call, or `None` while the circuit is open (or its
     /// one probe is under way).
     pub(crate) fn admit(&self) -> Option<Permit<'_>> {
+        self.note_call();
+        if self.healthy.load(Ordering::Acquire) {
+            return Some(Permit {
+                breaker: self,
+                probe: None,
+            });
+        }
         let mut s = self.lock();
-        s.last_call = Some(Instant::now());
         let probe = match s.open_until {
             None => None,
             Some(until) if Instant::now() < until => return None,
@@ -224,10 +247,14 @@ impl Breaker {
     }
 
     fn success(&self) {
+        if self.healthy.load(Ordering::Acquire) {
+            return;
+        }
         let mut s = self.lock();
         s.consecutive_failures = 0;
         s.open_until = None;
         s.probing = false;
+        self.healthy.store(true, Ordering::Release);
     }
 
     /// Records a transient failure of the probe (`probe`) or of any other
@@ -239,6 +266,7 @@ impl Breaker {
             return false;
         }
         let mut s = self.lock();
+        self.healthy.store(false, Ordering::Release);
         s.consecutive_failures = s.consecutive_failures.saturating_add(1);
         if probe {
             s.probing = false;
@@ -254,9 +282,15 @@ impl Breaker {
 
     /// Whether a call asked to go through in the last [`IN_USE_FOR`].
     fn in_use(&self) -> bool {
-        self.lock()
-            .last_call
-            .is_some_and(|at| at.elapsed() < IN_USE_FOR)
+        match self.last_call.load(Ordering::Relaxed) {
+            0 => false,
+            at => {
+                self.epoch
+                    .elapsed()
+                    .saturating_sub(Duration::from_millis(at - 1))
+                    < IN_USE_FOR
+            }
+        }
     }
 
     pub(crate) fn state(&self) -> CircuitState {
