@@ -17,9 +17,14 @@
 //!   subscribed again, because fills announced meanwhile were lost.
 //!
 //! While the subscriber is disconnected, `subscribe` returns at once with a
-//! subscription that fires only after the channel is subscribed again; the
-//! cache's polling covers the gap. On a cluster, a channel whose node cannot
-//! be reached is retried every [`SUBSCRIBE_RETRY`].
+//! subscription that fires only after the channel is subscribed again. A
+//! waiter that holds a subscription re-checks only when it fires (its
+//! polling is a slow safety net), so while its channel is not confirmed
+//! (before the first confirmation, or after the connection or the channel
+//! was lost) the subscription also resolves at the default waiters'
+//! polling pace ([`unconfirmed_pace`]): such a waiter polls as one without
+//! a subscription would. On a cluster, a channel whose node cannot be
+//! reached is retried every [`SUBSCRIBE_RETRY`].
 //!
 //! The task ends once the backend and every subscription are gone: it holds
 //! the shared state only weakly, and the wake channel's sender lives in it.
@@ -38,6 +43,8 @@ use tokio::time::Instant;
 use super::link::{Ended, Link, SingleLink};
 use super::options::RedisOptions;
 use crate::backend::FillSubscription;
+use crate::backoff::Backoff;
+use crate::wait::WaitPolicy;
 
 /// How long a cluster subscription that failed waits before it is retried.
 const SUBSCRIBE_RETRY: Duration = Duration::from_millis(500);
@@ -47,6 +54,15 @@ const SUBSCRIBE_RETRY: Duration = Duration::from_millis(500);
 /// that fires once the confirmation comes: a slow node must not hold the
 /// waiter (nor count against the backend), its polling covers the gap.
 const CONFIRM_PATIENCE: Duration = Duration::from_millis(20);
+
+/// How often a subscription whose channel is not confirmed resolves (a
+/// spurious wake-up, which makes its waiter re-check): the default
+/// waiters' polling without a subscription, since fills may go unannounced
+/// until the channel is confirmed.
+fn unconfirmed_pace() -> Backoff {
+    let policy = WaitPolicy::default();
+    Backoff::new(policy.poll_initial, policy.poll_max)
+}
 
 /// State shared by the backend, its subscriptions and the subscriber task.
 pub(super) struct PubSubShared {
@@ -175,6 +191,7 @@ impl PubSubShared {
                 shared: self.clone(),
                 channel,
                 rx: Some(rx),
+                unconfirmed: unconfirmed_pace(),
             };
             (subscription, confirmed)
         };
@@ -203,14 +220,35 @@ struct RedisSubscription {
     shared: Arc<PubSubShared>,
     channel: String,
     rx: Option<watch::Receiver<u64>>,
+    /// Paces the spurious wake-ups while the channel is not confirmed.
+    unconfirmed: Backoff,
+}
+
+impl RedisSubscription {
+    /// Whether the server confirmed the channel (and has not lost it since).
+    fn confirmed(&self) -> bool {
+        self.shared
+            .state
+            .lock()
+            .channels
+            .get(&self.channel)
+            .is_some_and(|c| c.confirmed)
+    }
 }
 
 #[async_trait]
 impl FillSubscription for RedisSubscription {
+    /// Resolves at the next message on the channel, and at the polling pace
+    /// while the channel is not confirmed (see the module docs).
     async fn notified(&mut self) {
-        let fired = match self.rx.as_mut() {
-            Some(rx) => rx.changed().await.is_ok(),
-            None => false,
+        let pace = (!self.confirmed()).then(|| self.unconfirmed.next_interval());
+        let fired = match (self.rx.as_mut(), pace) {
+            (Some(rx), None) => rx.changed().await.is_ok(),
+            (Some(rx), Some(pace)) => tokio::select! {
+                changed = rx.changed() => changed.is_ok(),
+                _ = tokio::time::sleep(pace) => true,
+            },
+            (None, _) => false,
         };
         if !fired {
             // Unreachable in practice (the sender lives while we hold a
