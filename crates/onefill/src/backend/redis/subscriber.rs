@@ -226,31 +226,53 @@ struct RedisSubscription {
 
 impl RedisSubscription {
     /// Whether the server confirmed the channel (and has not lost it since).
-    fn confirmed(&self) -> bool {
-        self.shared
+    fn confirmed(shared: &PubSubShared, channel: &str) -> bool {
+        shared
             .state
             .lock()
             .channels
-            .get(&self.channel)
+            .get(channel)
             .is_some_and(|c| c.confirmed)
     }
 }
 
 #[async_trait]
 impl FillSubscription for RedisSubscription {
-    /// Resolves at the next message on the channel, and at the polling pace
-    /// while the channel is not confirmed (see the module docs).
+    /// Resolves at the next message on the channel; and, while the channel
+    /// is not confirmed, at the polling pace (see the module docs): a pace
+    /// tick that finds it confirmed by then waits on for a message (the
+    /// confirmation itself wakes it if a fill may have been missed).
     async fn notified(&mut self) {
-        let pace = (!self.confirmed()).then(|| self.unconfirmed.next_interval());
-        let fired = match (self.rx.as_mut(), pace) {
-            (Some(rx), None) => rx.changed().await.is_ok(),
-            (Some(rx), Some(pace)) => tokio::select! {
-                changed = rx.changed() => changed.is_ok(),
-                _ = tokio::time::sleep(pace) => true,
-            },
-            (None, _) => false,
+        let RedisSubscription {
+            shared,
+            channel,
+            rx,
+            unconfirmed,
+        } = self;
+        let Some(rx) = rx.as_mut() else {
+            // Unreachable in practice (the receiver lives until `Drop`);
+            // never resolve rather than spin.
+            return std::future::pending().await;
         };
-        if !fired {
+        loop {
+            if Self::confirmed(shared, channel) {
+                break;
+            }
+            tokio::select! {
+                changed = rx.changed() => {
+                    if changed.is_ok() {
+                        return;
+                    }
+                    break;
+                }
+                _ = tokio::time::sleep(unconfirmed.next_interval()) => {
+                    if !Self::confirmed(shared, channel) {
+                        return;
+                    }
+                }
+            }
+        }
+        if rx.changed().await.is_err() {
             // Unreachable in practice (the sender lives while we hold a
             // receiver); never resolve rather than spin.
             std::future::pending::<()>().await;
@@ -439,7 +461,7 @@ fn lost(shared: &PubSubShared, link: &mut Link) -> Option<Instant> {
         Link::Cluster(l) => {
             // The driver reconnects nodes itself; its push channel closes
             // only if it is torn down. Notifications are gone for good then
-            // (callers still poll).
+            // (waiters still re-check at lease expiries and safety polls).
             if l.pushes.take().is_some() {
                 tracing::error!("redis cluster subscriber stopped delivering messages");
             }
