@@ -24,7 +24,10 @@
 //! was lost) the subscription also resolves at the default waiters'
 //! polling pace ([`unconfirmed_pace`]): such a waiter polls as one without
 //! a subscription would. On a cluster, a channel whose node cannot be
-//! reached is retried every [`SUBSCRIBE_RETRY`].
+//! reached is retried every [`SUBSCRIBE_RETRY`], and for a while after each
+//! change of the slot map no channel counts as confirmed
+//! ([`unsettled_for`]): the driver's subscriptions are unreliable while it
+//! moves them.
 //!
 //! The task ends once the backend and every subscription are gone: it holds
 //! the shared state only weakly, and the wake channel's sender lives in it.
@@ -55,6 +58,18 @@ const SUBSCRIBE_RETRY: Duration = Duration::from_millis(500);
 /// waiter (nor count against the backend), its polling covers the gap.
 const CONFIRM_PATIENCE: Duration = Duration::from_millis(20);
 
+/// How long after a change of a cluster's slot map (as the command path's
+/// router sees it) no channel counts as confirmed: fills the driver's
+/// subscriptions miss while it moves them to the slots' new owners are
+/// then found by polling. A subscription the driver confirmed right after
+/// a hung master's replica was promoted can miss the fill's message (seen
+/// with 4 processes under load: a waiter woken only by the lease expiry,
+/// a second later); the driver's requests stuck on the old master give up
+/// within its response timeout, so twice that.
+fn unsettled_for(options: &RedisOptions) -> Duration {
+    options.response_timeout.saturating_mul(2)
+}
+
 /// How often a subscription whose channel is not confirmed resolves (a
 /// spurious wake-up, which makes its waiter re-check): the default
 /// waiters' polling without a subscription, since fills may go unannounced
@@ -77,6 +92,9 @@ struct SubState {
     /// whose connection reconnects nodes by itself).
     connected: bool,
     channels: HashMap<String, Channel>,
+    /// Cluster: until when no channel counts as confirmed, after a change
+    /// of the slot map (see [`unsettled_for`]).
+    unsettled_until: Option<Instant>,
 }
 
 struct Channel {
@@ -149,6 +167,7 @@ impl PubSubShared {
             state: Mutex::new(SubState {
                 connected: true,
                 channels: HashMap::new(),
+                unsettled_until: None,
             }),
             wake: wake_tx,
         });
@@ -225,14 +244,14 @@ struct RedisSubscription {
 }
 
 impl RedisSubscription {
-    /// Whether the server confirmed the channel (and has not lost it since).
+    /// Whether the server confirmed the channel (and has not lost it
+    /// since), and the cluster's slot map has not changed just now.
     fn confirmed(shared: &PubSubShared, channel: &str) -> bool {
-        shared
-            .state
-            .lock()
-            .channels
-            .get(channel)
-            .is_some_and(|c| c.confirmed)
+        let state = shared.state.lock();
+        let settled = state
+            .unsettled_until
+            .is_none_or(|until| Instant::now() >= until);
+        settled && state.channels.get(channel).is_some_and(|c| c.confirmed)
     }
 }
 
@@ -300,6 +319,8 @@ impl Drop for RedisSubscription {
 /// What the subscriber task should do next.
 enum Step {
     Wake(Option<()>),
+    /// The cluster's slot map changed.
+    Topology,
     /// A cluster (un)subscription sent in the background ended.
     Subscribed(Option<Ended>),
     Push(Option<PushInfo>),
@@ -325,6 +346,10 @@ async fn run_subscriber(
     // Cluster subscriptions run apart (one slow node must not hold the
     // others) and report here.
     let (subscribed_tx, mut subscribed) = unbounded_channel::<Ended>();
+    let mut topology = match &link {
+        Link::Cluster(l) => Some(l.topology_changes()),
+        Link::Single(_) => None,
+    };
     loop {
         let retry_sleep = tokio::time::sleep_until(retry_at.unwrap_or_else(Instant::now));
         let step = {
@@ -339,8 +364,24 @@ async fn run_subscriber(
                     None => std::future::pending().await,
                 }
             };
+            let has_topology = topology.is_some();
+            let topology_change = async {
+                match topology.as_mut() {
+                    Some(rx) => rx.changed().await.is_ok(),
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 w = wake.recv() => Step::Wake(w),
+                changed = topology_change, if has_topology => {
+                    if changed {
+                        Step::Topology
+                    } else {
+                        // The router is gone: so is the backend.
+                        topology = None;
+                        continue;
+                    }
+                }
                 d = subscribed.recv() => Step::Subscribed(d),
                 p = next_push, if has_pushes => Step::Push(p),
                 _ = retry_sleep, if retry_at.is_some() => Step::Retry,
@@ -352,6 +393,15 @@ async fn run_subscriber(
         };
         match step {
             Step::Wake(None) => return,
+            Step::Topology => {
+                // Wake every waiter once: its next wait polls until the
+                // slot map has settled.
+                let mut state = shared.state.lock();
+                state.unsettled_until = Some(Instant::now() + unsettled_for(&options));
+                for chan in state.channels.values() {
+                    chan.fire();
+                }
+            }
             Step::Wake(Some(())) => {
                 while wake.try_recv().is_ok() {}
                 retry_at = reconcile(&shared, &mut link, &subscribed_tx)
