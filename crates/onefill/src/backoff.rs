@@ -1,8 +1,15 @@
 //! Jittered exponential backoff, the one pacing for everything that polls
-//! or retries: waiters polling for a fill, the Redis subscriber
-//! reconnecting.
+//! or retries: waiters polling for a fill (and a subscribed waiter's
+//! safety-net poll), the Redis subscriber reconnecting.
 
 use std::time::Duration;
+
+/// `interval` ±25 %, at random: the jitter of every interval here.
+/// Saturates at [`Duration::MAX`] instead of panicking.
+pub(crate) fn jittered(interval: Duration) -> Duration {
+    let factor = 0.75 + rand::random::<f64>() * 0.5;
+    Duration::try_from_secs_f64(interval.as_secs_f64() * factor).unwrap_or(Duration::MAX)
+}
 
 /// Jittered exponential backoff: each interval is the current base ±25 %,
 /// and the base doubles up to `max`.
@@ -35,9 +42,7 @@ impl Backoff {
     /// up to the max. Saturates at [`Duration::MAX`] instead of panicking
     /// however large the max is.
     pub(crate) fn next_interval(&mut self) -> Duration {
-        let factor = 0.75 + rand::random::<f64>() * 0.5;
-        let interval =
-            Duration::try_from_secs_f64(self.base.as_secs_f64() * factor).unwrap_or(Duration::MAX);
+        let interval = jittered(self.base);
         self.base = self.base.saturating_mul(2).min(self.max);
         interval
     }
@@ -69,6 +74,16 @@ mod tests {
         }
         let late = b.next_interval();
         assert!(late >= ms(375), "{late:?}");
+    }
+
+    #[test]
+    fn jitter_is_a_quarter_either_way() {
+        for _ in 0..100 {
+            let j = jittered(ms(2000));
+            assert!(j >= ms(1500) && j <= ms(2500), "{j:?}");
+        }
+        assert_eq!(jittered(Duration::ZERO), Duration::ZERO);
+        assert!(jittered(Duration::MAX) >= Duration::MAX.mul_f64(0.5));
     }
 
     #[test]

@@ -34,7 +34,7 @@ use crate::shared::Shared;
 /// | early refresh `beta` (a load time before expiry) | 1.0 |
 /// | lease TTL | adaptive: 3 × p99 load time within [1 s, 30 s] |
 /// | max load time | 30 s |
-/// | wait | deadline 10 s, polls 20 ms → 500 ms, then stale or one degraded load |
+/// | wait | deadline 10 s; woken by the fill notification, re-checking at the holder's lease expiry and every 3 s (safety poll; polls 20 ms → 500 ms without a subscription); then stale or one degraded load |
 /// | backend timeout (for all the calls of one flight) | 250 ms |
 /// | negative TTL | none |
 /// | fail-safe | on, throttle 5 s |

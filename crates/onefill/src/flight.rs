@@ -13,7 +13,8 @@
 //! acquire ── fresh (someone just filled) ─────────► Hit
 //!    │ won ── load (watchdog) ── fill (fenced) ───► Loaded
 //!    ▼ held
-//! subscribe, re-check with acquire on every notification or poll tick
+//! subscribe, re-check: on a notification (a read first, then acquire
+//!    │ unless fresh), at the holder's lease expiry, at a safety-net poll
 //!    │ fresh ─────────────────────────────────────► Waited
 //!    │ won (holder died or failed) ── load ───────► Loaded
 //!    ▼ deadline
@@ -454,7 +455,38 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
     ) -> Result<Answer<V>, Error> {
         let mut waiting: Option<Wait> = None;
         let mut stale: Option<Option<V>> = None;
+        let mut notified = false;
         loop {
+            // Notified: the fill has most likely landed, and a plain read
+            // (`GET` + `PTTL`, as a hit) is cheaper than the acquire script.
+            // Anything but a fresh answer goes on to acquire, which decides.
+            if std::mem::take(&mut notified) {
+                match self.call("get", self.shared.backend.get(&self.keys)).await {
+                    Err(e) => {
+                        self.finish_wait(waiting, false);
+                        return self.degrade(e, stale).await;
+                    }
+                    Ok(Some(stored)) => match self.shared.read(&stored, None) {
+                        Read::Value {
+                            value, fresh_for, ..
+                        } if !fresh_for.is_zero() => {
+                            self.note_value_ttl(stored.ttl);
+                            self.finish_wait(waiting, false);
+                            return Ok((value, Outcome::Waited));
+                        }
+                        Read::Failure {
+                            message,
+                            fresh: true,
+                        } => {
+                            self.finish_wait(waiting, false);
+                            self.rec().negative_hit();
+                            return Err(Error::CachedFailure(message));
+                        }
+                        _ => {}
+                    },
+                    Ok(None) => {}
+                }
+            }
             // A value that is fresh on the server but unreadable here (another
             // type or version) must not block the lease: ask for it regardless,
             // once. Only once: if someone else holds the lease, they are
@@ -519,16 +551,20 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
                 waiting = Some(Wait::start(&self.shared, &self.policy.wait, subscription));
                 continue;
             };
-            if wait.until_recheck(&self.shared, holder_ttl).await == Next::Deadline {
-                self.finish_wait(waiting, true);
-                return match self.policy.wait.at_deadline(stale) {
-                    AtDeadline::Serve(value) => {
-                        self.rec().stale_served();
-                        Ok((value, Outcome::Stale))
-                    }
-                    AtDeadline::Load => self.load_unstored().await,
-                    AtDeadline::Fail(error) => Err(error),
-                };
+            match wait.until_recheck(&self.shared, holder_ttl).await {
+                Next::Notified => notified = true,
+                Next::Recheck => {}
+                Next::Deadline => {
+                    self.finish_wait(waiting, true);
+                    return match self.policy.wait.at_deadline(stale) {
+                        AtDeadline::Serve(value) => {
+                            self.rec().stale_served();
+                            Ok((value, Outcome::Stale))
+                        }
+                        AtDeadline::Load => self.load_unstored().await,
+                        AtDeadline::Fail(error) => Err(error),
+                    };
+                }
             }
         }
     }

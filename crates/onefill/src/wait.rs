@@ -1,18 +1,20 @@
 //! How a process that lost the lease race waits: bounded, woken by the fill
-//! notification, with jittered exponential backoff polling as the fallback.
+//! notification, with polling only as a safety net.
 //!
 //! The policy ([`WaitPolicy`], [`OnWaitTimeout`]) and the state machine of
 //! one wait ([`Wait`]): subscribe to the key's fill channel first, then
-//! re-check (the flight's `acquire`) at every notification, poll tick, or
-//! the moment the holder's lease would expire, until the deadline; then the
-//! configured outcome ([`WaitPolicy::at_deadline`]).
+//! re-check (the flight's `acquire`) at every notification, at the moment
+//! the holder's lease would expire, and at a poll tick, until the deadline;
+//! then the configured outcome ([`WaitPolicy::at_deadline`]). A subscribed
+//! waiter's poll tick is the slow safety net ([`WaitPolicy::safety_poll`]);
+//! only a waiter without a subscription polls at the fast backoff.
 
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use crate::backend::FillSubscription;
-use crate::backoff::Backoff;
+use crate::backoff::{jittered, Backoff};
 use crate::error::{Error, InvalidOption};
 use crate::shared::Shared;
 
@@ -35,20 +37,45 @@ pub enum OnWaitTimeout {
 
 /// Bounds and pacing for waiting on another process's load.
 ///
-/// The defaults (deadline 10 s, polls from 20 ms doubling to 500 ms with
-/// ±25 % jitter, [`OnWaitTimeout::StaleOrLoad`]) wait out a live 6 s load
-/// (one load fleet-wide) yet bound every wait. A waiter also re-checks at
-/// the moment the holder's lease would expire, so a dead holder is taken
-/// over within its lease TTL, not a poll interval later.
+/// A waiter subscribes to the key's fill notifications, then re-checks the
+/// key (one `acquire`, which also takes the lease if it is free):
+///
+/// - when notified of the fill (or of a release or an invalidation): the
+///   normal wake-up, about a round trip after the fill;
+/// - at the moment the holder's lease would expire, as the last re-check
+///   saw it: a live holder's watchdog has extended it by then (the re-check
+///   learns the new expiry and the next one waits for it), a dead holder's
+///   lease is gone, so the waiter takes over within the lease TTL;
+/// - otherwise, while subscribed, only every [`safety_poll`] (default 3 s
+///   ±25 %) after its last re-check: a safety net for a notification
+///   lost on the way, not the way a waiter learns of a fill;
+/// - without a subscription (subscribing failed), it polls instead from
+///   [`poll_initial`] doubling to [`poll_max`] (20 ms → 500 ms by default,
+///   ±25 %).
+///
+/// With the Redis backend a subscription the server has not confirmed yet
+/// (a slow or reconnecting subscriber connection) also wakes its waiter at
+/// that default polling pace until it is confirmed, and once more then.
+///
+/// The defaults (deadline 10 s, [`OnWaitTimeout::StaleOrLoad`]) wait out a
+/// live 6 s load (one load fleet-wide) yet bound every wait.
+///
+/// [`safety_poll`]: WaitPolicy::safety_poll
+/// [`poll_initial`]: WaitPolicy::poll_initial
+/// [`poll_max`]: WaitPolicy::poll_max
 #[derive(Debug, Clone, Copy, PartialEq)]
 #[non_exhaustive]
 pub struct WaitPolicy {
     /// The longest a flight waits for another process's fill.
     pub deadline: Duration,
-    /// The first poll interval.
+    /// The first poll interval of a waiter without a subscription.
     pub poll_initial: Duration,
-    /// The largest poll interval.
+    /// The largest poll interval of a waiter without a subscription.
     pub poll_max: Duration,
+    /// The longest a subscribed waiter goes without re-checking (±25 %),
+    /// in case a notification was lost. It also re-checks at every
+    /// notification and when the holder's lease would expire.
+    pub safety_poll: Duration,
     /// What happens at the deadline.
     pub on_timeout: OnWaitTimeout,
 }
@@ -59,6 +86,7 @@ impl Default for WaitPolicy {
             deadline: Duration::from_secs(10),
             poll_initial: Duration::from_millis(20),
             poll_max: Duration::from_millis(500),
+            safety_poll: Duration::from_secs(3),
             on_timeout: OnWaitTimeout::default(),
         }
     }
@@ -70,10 +98,17 @@ impl WaitPolicy {
         self.deadline = deadline;
         self
     }
-    /// Sets the first and the largest poll interval.
+    /// Sets the first and the largest poll interval of a waiter without a
+    /// subscription.
     pub fn polling(mut self, initial: Duration, max: Duration) -> Self {
         self.poll_initial = initial;
         self.poll_max = max;
+        self
+    }
+    /// Sets the safety-net poll of a subscribed waiter: the longest it goes
+    /// without re-checking (±25 %).
+    pub fn safety_poll(mut self, interval: Duration) -> Self {
+        self.safety_poll = interval;
         self
     }
     /// Sets the outcome at the deadline.
@@ -103,6 +138,12 @@ impl WaitPolicy {
             return Err(InvalidOption::new(
                 "wait.poll_max",
                 format!("must be at most 60s, got {:?}", self.poll_max),
+            ));
+        }
+        if self.safety_poll < Duration::from_millis(1) || self.safety_poll > hour {
+            return Err(InvalidOption::new(
+                "wait.safety_poll",
+                format!("must be within [1ms, 1h], got {:?}", self.safety_poll),
             ));
         }
         Ok(())
@@ -141,13 +182,19 @@ pub(crate) struct Wait {
     subscription: Option<Box<dyn FillSubscription>>,
     started: Instant,
     deadline: Instant,
+    /// The fast polling of a waiter without a subscription.
     backoff: Backoff,
+    /// The safety-net interval of a subscribed waiter.
+    safety_poll: Duration,
 }
 
 /// What to do after [`Wait::until_recheck`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Next {
-    /// Re-check the key (acquire again).
+    /// The key's fill channel fired: re-check (the fill has most likely
+    /// landed).
+    Notified,
+    /// A poll tick or the holder's lease expiry: re-check (acquire again).
     Recheck,
     /// The deadline passed.
     Deadline,
@@ -169,13 +216,17 @@ impl Wait {
             started,
             deadline: started + policy.deadline,
             backoff: Backoff::new(policy.poll_initial, policy.poll_max),
+            safety_poll: policy.safety_poll,
         }
     }
 
-    /// Waits until the next re-check is due: the fill is announced, the
-    /// next poll tick comes, or the holder's lease (`holder_ttl` left)
-    /// would expire, so a dead holder is taken over without delay. Returns
-    /// [`Next::Deadline`] once the deadline has passed.
+    /// Waits until the next re-check is due, counting from the last one:
+    /// the fill is announced; the holder's lease (`holder_ttl` left at the
+    /// last re-check) would expire, so a dead holder is taken over without
+    /// delay; or the next poll tick comes, which for a subscribed waiter is
+    /// only the safety net ([`WaitPolicy::safety_poll`]) and for one
+    /// without a subscription the fast backoff. Returns [`Next::Deadline`]
+    /// once the deadline has passed.
     pub(crate) async fn until_recheck<V>(
         &mut self,
         shared: &Shared<V>,
@@ -185,10 +236,12 @@ impl Wait {
         if now >= self.deadline {
             return Next::Deadline;
         }
-        let nap = self
-            .backoff
-            .next_interval()
-            .min(holder_ttl + Duration::from_millis(1))
+        let tick = match self.subscription {
+            Some(_) => jittered(self.safety_poll),
+            None => self.backoff.next_interval(),
+        };
+        let nap = tick
+            .min(holder_ttl.saturating_add(Duration::from_millis(1)))
             .min(self.deadline - now);
         let notified = match self.subscription.as_mut() {
             Some(sub) => tokio::select! {
@@ -201,7 +254,11 @@ impl Wait {
             }
         };
         shared.recorder.wait_poll(notified);
-        Next::Recheck
+        if notified {
+            Next::Notified
+        } else {
+            Next::Recheck
+        }
     }
 
     /// Ends the wait (counted, with its duration).
@@ -225,6 +282,14 @@ mod tests {
             .is_err());
         assert!(WaitPolicy::default()
             .polling(Duration::from_secs(2), Duration::from_secs(1))
+            .validate()
+            .is_err());
+        assert!(WaitPolicy::default()
+            .safety_poll(Duration::ZERO)
+            .validate()
+            .is_err());
+        assert!(WaitPolicy::default()
+            .safety_poll(Duration::from_secs(7200))
             .validate()
             .is_err());
     }

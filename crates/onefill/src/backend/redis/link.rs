@@ -224,6 +224,12 @@ impl ClusterLink {
         }
     }
 
+    /// Changes of the command path's slot map (see
+    /// [`ClusterRouter::changes`]).
+    pub(super) fn topology_changes(&self) -> tokio::sync::watch::Receiver<(u64, u16)> {
+        self.router.changes()
+    }
+
     /// Whether an `SUNSUBSCRIBE` of `channel` is under way: a subscription
     /// sent meanwhile could reach the server first and be undone by it,
     /// leaving the channel deaf while it looks subscribed.

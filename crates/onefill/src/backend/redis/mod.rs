@@ -57,11 +57,15 @@
 //! itself. Either way every subscription is woken once when its channel is
 //! subscribed again, because fills announced meanwhile were lost. While the
 //! subscriber is disconnected, [`subscribe`](Backend::subscribe) returns at
-//! once and the cache's polling covers the gap.
+//! once, and while a channel is not confirmed its subscriptions wake their
+//! waiters at the default waiters' polling pace (20 ms doubling to
+//! 500 ms): a waiter whose subscription is confirmed re-checks only when
+//! notified, at the holder's lease expiry and at its slow safety poll.
 //!
 //! Limits: notifications are best effort (Redis pub/sub has no delivery
-//! guarantee; callers poll as well). A subscription not confirmed within
-//! 20 ms is handed to the waiter anyway and fires once confirmed. On a
+//! guarantee; the safety poll covers a lost one). A subscription not
+//! confirmed within 20 ms is handed to the waiter anyway and fires once
+//! confirmed. On a
 //! cluster, each channel is subscribed on its own, so a node that hangs
 //! delays only its own channels, which are retried every half second; a
 //! slot that migrates relies on the `redis` crate moving its subscriptions.

@@ -17,9 +17,17 @@
 //!   subscribed again, because fills announced meanwhile were lost.
 //!
 //! While the subscriber is disconnected, `subscribe` returns at once with a
-//! subscription that fires only after the channel is subscribed again; the
-//! cache's polling covers the gap. On a cluster, a channel whose node cannot
-//! be reached is retried every [`SUBSCRIBE_RETRY`].
+//! subscription that fires only after the channel is subscribed again. A
+//! waiter that holds a subscription re-checks only when it fires (its
+//! polling is a slow safety net), so while its channel is not confirmed
+//! (before the first confirmation, or after the connection or the channel
+//! was lost) the subscription also resolves at the default waiters'
+//! polling pace ([`unconfirmed_pace`]): such a waiter polls as one without
+//! a subscription would. On a cluster, a channel whose node cannot be
+//! reached is retried every [`SUBSCRIBE_RETRY`], and for a while after each
+//! change of the slot map no channel counts as confirmed
+//! ([`unsettled_for`]): the driver's subscriptions are unreliable while it
+//! moves them.
 //!
 //! The task ends once the backend and every subscription are gone: it holds
 //! the shared state only weakly, and the wake channel's sender lives in it.
@@ -38,6 +46,8 @@ use tokio::time::Instant;
 use super::link::{Ended, Link, SingleLink};
 use super::options::RedisOptions;
 use crate::backend::FillSubscription;
+use crate::backoff::Backoff;
+use crate::wait::WaitPolicy;
 
 /// How long a cluster subscription that failed waits before it is retried.
 const SUBSCRIBE_RETRY: Duration = Duration::from_millis(500);
@@ -47,6 +57,27 @@ const SUBSCRIBE_RETRY: Duration = Duration::from_millis(500);
 /// that fires once the confirmation comes: a slow node must not hold the
 /// waiter (nor count against the backend), its polling covers the gap.
 const CONFIRM_PATIENCE: Duration = Duration::from_millis(20);
+
+/// How long after a change of a cluster's slot map (as the command path's
+/// router sees it) no channel counts as confirmed: fills the driver's
+/// subscriptions miss while it moves them to the slots' new owners are
+/// then found by polling. A subscription the driver confirmed right after
+/// a hung master's replica was promoted can miss the fill's message (seen
+/// with 4 processes under load: a waiter woken only by the lease expiry,
+/// a second later); the driver's requests stuck on the old master give up
+/// within its response timeout, so twice that.
+fn unsettled_for(options: &RedisOptions) -> Duration {
+    options.response_timeout.saturating_mul(2)
+}
+
+/// How often a subscription whose channel is not confirmed resolves (a
+/// spurious wake-up, which makes its waiter re-check): the default
+/// waiters' polling without a subscription, since fills may go unannounced
+/// until the channel is confirmed.
+fn unconfirmed_pace() -> Backoff {
+    let policy = WaitPolicy::default();
+    Backoff::new(policy.poll_initial, policy.poll_max)
+}
 
 /// State shared by the backend, its subscriptions and the subscriber task.
 pub(super) struct PubSubShared {
@@ -61,6 +92,9 @@ struct SubState {
     /// whose connection reconnects nodes by itself).
     connected: bool,
     channels: HashMap<String, Channel>,
+    /// Cluster: until when no channel counts as confirmed, after a change
+    /// of the slot map (see [`unsettled_for`]).
+    unsettled_until: Option<Instant>,
 }
 
 struct Channel {
@@ -133,6 +167,7 @@ impl PubSubShared {
             state: Mutex::new(SubState {
                 connected: true,
                 channels: HashMap::new(),
+                unsettled_until: None,
             }),
             wake: wake_tx,
         });
@@ -175,6 +210,7 @@ impl PubSubShared {
                 shared: self.clone(),
                 channel,
                 rx: Some(rx),
+                unconfirmed: unconfirmed_pace(),
             };
             (subscription, confirmed)
         };
@@ -203,16 +239,59 @@ struct RedisSubscription {
     shared: Arc<PubSubShared>,
     channel: String,
     rx: Option<watch::Receiver<u64>>,
+    /// Paces the spurious wake-ups while the channel is not confirmed.
+    unconfirmed: Backoff,
+}
+
+impl RedisSubscription {
+    /// Whether the server confirmed the channel (and has not lost it
+    /// since), and the cluster's slot map has not changed just now.
+    fn confirmed(shared: &PubSubShared, channel: &str) -> bool {
+        let state = shared.state.lock();
+        let settled = state
+            .unsettled_until
+            .is_none_or(|until| Instant::now() >= until);
+        settled && state.channels.get(channel).is_some_and(|c| c.confirmed)
+    }
 }
 
 #[async_trait]
 impl FillSubscription for RedisSubscription {
+    /// Resolves at the next message on the channel; and, while the channel
+    /// is not confirmed, at the polling pace (see the module docs): a pace
+    /// tick that finds it confirmed by then waits on for a message (the
+    /// confirmation itself wakes it if a fill may have been missed).
     async fn notified(&mut self) {
-        let fired = match self.rx.as_mut() {
-            Some(rx) => rx.changed().await.is_ok(),
-            None => false,
+        let RedisSubscription {
+            shared,
+            channel,
+            rx,
+            unconfirmed,
+        } = self;
+        let Some(rx) = rx.as_mut() else {
+            // Unreachable in practice (the receiver lives until `Drop`);
+            // never resolve rather than spin.
+            return std::future::pending().await;
         };
-        if !fired {
+        loop {
+            if Self::confirmed(shared, channel) {
+                break;
+            }
+            tokio::select! {
+                changed = rx.changed() => {
+                    if changed.is_ok() {
+                        return;
+                    }
+                    break;
+                }
+                _ = tokio::time::sleep(unconfirmed.next_interval()) => {
+                    if !Self::confirmed(shared, channel) {
+                        return;
+                    }
+                }
+            }
+        }
+        if rx.changed().await.is_err() {
             // Unreachable in practice (the sender lives while we hold a
             // receiver); never resolve rather than spin.
             std::future::pending::<()>().await;
@@ -240,6 +319,8 @@ impl Drop for RedisSubscription {
 /// What the subscriber task should do next.
 enum Step {
     Wake(Option<()>),
+    /// The cluster's slot map changed.
+    Topology,
     /// A cluster (un)subscription sent in the background ended.
     Subscribed(Option<Ended>),
     Push(Option<PushInfo>),
@@ -265,6 +346,10 @@ async fn run_subscriber(
     // Cluster subscriptions run apart (one slow node must not hold the
     // others) and report here.
     let (subscribed_tx, mut subscribed) = unbounded_channel::<Ended>();
+    let mut topology = match &link {
+        Link::Cluster(l) => Some(l.topology_changes()),
+        Link::Single(_) => None,
+    };
     loop {
         let retry_sleep = tokio::time::sleep_until(retry_at.unwrap_or_else(Instant::now));
         let step = {
@@ -279,8 +364,24 @@ async fn run_subscriber(
                     None => std::future::pending().await,
                 }
             };
+            let has_topology = topology.is_some();
+            let topology_change = async {
+                match topology.as_mut() {
+                    Some(rx) => rx.changed().await.is_ok(),
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 w = wake.recv() => Step::Wake(w),
+                changed = topology_change, if has_topology => {
+                    if changed {
+                        Step::Topology
+                    } else {
+                        // The router is gone: so is the backend.
+                        topology = None;
+                        continue;
+                    }
+                }
                 d = subscribed.recv() => Step::Subscribed(d),
                 p = next_push, if has_pushes => Step::Push(p),
                 _ = retry_sleep, if retry_at.is_some() => Step::Retry,
@@ -292,6 +393,15 @@ async fn run_subscriber(
         };
         match step {
             Step::Wake(None) => return,
+            Step::Topology => {
+                // Wake every waiter once: its next wait polls until the
+                // slot map has settled.
+                let mut state = shared.state.lock();
+                state.unsettled_until = Some(Instant::now() + unsettled_for(&options));
+                for chan in state.channels.values() {
+                    chan.fire();
+                }
+            }
             Step::Wake(Some(())) => {
                 while wake.try_recv().is_ok() {}
                 retry_at = reconcile(&shared, &mut link, &subscribed_tx)
@@ -401,7 +511,7 @@ fn lost(shared: &PubSubShared, link: &mut Link) -> Option<Instant> {
         Link::Cluster(l) => {
             // The driver reconnects nodes itself; its push channel closes
             // only if it is torn down. Notifications are gone for good then
-            // (callers still poll).
+            // (waiters still re-check at lease expiries and safety polls).
             if l.pushes.take().is_some() {
                 tracing::error!("redis cluster subscriber stopped delivering messages");
             }
