@@ -308,7 +308,15 @@ impl Scenario {
     /// a value never stored, after its load ended): its TTL (jitter only
     /// shortens it), plus the grace window.
     pub(crate) fn value_life(&self) -> Duration {
-        self.ttl + self.grace
+        // A fail-safe entry (the stale value re-stored after a failed load)
+        // is written for the throttle period, which may exceed the TTL
+        // (seed 515751: ttl 359 ms, throttle 469 ms).
+        let written_for = if self.fail_safe {
+            self.ttl.max(self.fail_safe_throttle)
+        } else {
+            self.ttl
+        };
+        written_for + self.grace
     }
 
     /// How long before a degraded load a fault of its process can explain

@@ -172,7 +172,8 @@ impl Checker<'_> {
 impl Checker<'_> {
     /// No answer is older than its value's life on the store: a value
     /// written at `t` (its last fill, fail-safe entry or `set` that landed)
-    /// lives at most `ttl + grace` (jitter only shortens) there; a value never
+    /// lives at most `ttl + grace` (jitter only shortens) there, or
+    /// `throttle + grace` for a fail-safe entry; a value never
     /// stored (a degraded load's, or one whose fill failed), from its
     /// load's end. No call, whatever its outcome, may answer it after that
     /// (the outage fallback must not outlive the store), give or take one
