@@ -141,6 +141,10 @@ impl<V> Fallback<V> {
     }
 }
 
+/// Two reads of one stored value see its expiry this close (the server's
+/// TTL is in whole milliseconds).
+const SAME_EXPIRY: std::time::Duration = std::time::Duration::from_millis(2);
+
 impl<V: Clone> Fallback<V> {
     /// Remembers `value`, read or loaded at `epoch`, until `usable_until`
     /// (counted from when it was read or loaded, never renewed by serving
@@ -153,6 +157,20 @@ impl<V: Clone> Fallback<V> {
         // (checked again under the lock), and is not even cloned.
         if epoch < self.floor.load(Ordering::Acquire) {
             return;
+        }
+        // Another hit on the value already kept (same write epoch, the same
+        // expiry on the server within a rounding): nothing to copy. Every
+        // hit passes here; a value changed elsewhere has the expiry of its
+        // own write, so it is recorded.
+        if let Some(old) = entries.peek(key) {
+            let same_expiry = if old.usable_until > usable_until {
+                old.usable_until - usable_until
+            } else {
+                usable_until - old.usable_until
+            } < SAME_EXPIRY;
+            if old.epoch == epoch && old.value.is_some() && same_expiry {
+                return;
+            }
         }
         self.put(entries, key, Some(value.clone()), usable_until, epoch);
     }
@@ -188,12 +206,29 @@ mod tests {
         for i in 0..1000 {
             let other = format!("other-{i}");
             fb.record(&other, &Some(-1), in_secs(10), epoch);
-            fb.record(&other, &Some(-1), in_secs(10), epoch);
+            // Another expiry: a new read of a new value (the same one again
+            // would be skipped, and not count as used).
+            fb.record(&other, &Some(-1), in_secs(11), epoch);
             if !holds(fb, key) {
                 return;
             }
         }
         panic!("{key} was never evicted");
+    }
+
+    /// A hit on the value already kept copies nothing; a value with
+    /// another expiry (a new write) replaces it.
+    #[tokio::test(start_paused = true)]
+    async fn the_same_value_is_recorded_once() {
+        let fb = Fallback::new(10);
+        let until = in_secs(10);
+        fb.record("k", &Some(1), until, 0);
+        fb.record("k", &Some(2), until + Duration::from_millis(1), 0);
+        assert_eq!(fb.get("k"), Some(Some(1)), "the same stored value: skipped");
+        fb.record("k", &Some(3), in_secs(20), 0);
+        assert_eq!(fb.get("k"), Some(Some(3)), "a new write: recorded");
+        fb.record("k", &Some(4), in_secs(20), 1);
+        assert_eq!(fb.get("k"), Some(Some(4)), "a newer epoch: recorded");
     }
 
     #[tokio::test(start_paused = true)]
