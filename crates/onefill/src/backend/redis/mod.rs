@@ -70,6 +70,21 @@
 //! delays only its own channels, which are retried every half second; a
 //! slot that migrates relies on the `redis` crate moving its subscriptions.
 //!
+//! # L1 coherence
+//!
+//! A cache built with an [`L1`](crate::L1) on this backend gets a RESP3
+//! connection of its own (one per master on a cluster, following the slot
+//! map) with `CLIENT TRACKING ON BCAST PREFIX <namespace>:{`: Redis pushes
+//! an invalidation for every key of the namespace that changes, whoever
+//! changed it (onefill, another client, an expiry, an eviction; a
+//! `FLUSHALL` empties the L1). A `PING` on that connection every fifth of
+//! [`L1::sync_bound`](crate::L1::sync_bound) confirms that every change
+//! before it was reported; without a confirmation younger than the bound
+//! the L1 does not serve, and after a reconnection it is emptied first.
+//! The backend also tells the L1s of its own process of its own writes
+//! before they return. `SWAPDB` sends no invalidation. Redis 6 or later
+//! (RESP3); see `docs/decisions/0009-l1-coherence.md`.
+//!
 //! ```no_run
 //! # async fn demo() -> Result<(), onefill::BackendError> {
 //! use std::time::Duration;
@@ -510,7 +525,7 @@ impl Backend for RedisBackend {
 
     /// `CLIENT TRACKING ... BCAST PREFIX prefix` on a RESP3 connection of
     /// its own (one per master on a cluster), confirmed by a `PING` every
-    /// `confirm_every`; see the module docs' "L1 coherence".
+    /// `confirm_every`; see the module docs' [L1 coherence](self#l1-coherence).
     fn track_changes(
         &self,
         prefix: &str,
