@@ -13,15 +13,43 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
-
-use tokio::sync::watch;
+use tokio::sync::Notify;
 
 use crate::error::Error;
 
-type Slot<T> = Option<Result<T, Error>>;
+/// Where a flight's outcome is published: set once, then every awaiter is
+/// woken. Lighter than a `watch` channel (built for every flight, hits
+/// included): one allocation, no lock-free version machinery.
+struct Slot<T> {
+    outcome: Mutex<Option<Result<T, Error>>>,
+    published: Notify,
+}
+
+impl<T> Slot<T> {
+    fn new() -> Arc<Self> {
+        Arc::new(Slot {
+            outcome: Mutex::new(None),
+            published: Notify::new(),
+        })
+    }
+
+    fn publish(&self, outcome: Result<T, Error>) {
+        *self.outcome.lock() = Some(outcome);
+        self.published.notify_waiters();
+    }
+}
+
+impl<T> std::fmt::Debug for Slot<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Slot")
+            .field("published", &self.outcome.lock().is_some())
+            .finish()
+    }
+}
+
 /// ahash (quick_cache's hasher, randomly keyed) rather than SipHash: the
 /// map is looked up on every call that misses the L1.
-type Entries<T> = HashMap<String, (u64, watch::Receiver<Slot<T>>), quick_cache::DefaultHashBuilder>;
+type Entries<T> = HashMap<String, (u64, Arc<Slot<T>>), quick_cache::DefaultHashBuilder>;
 type Map<T> = Arc<Mutex<Entries<T>>>;
 
 /// The map of flights under way in one [`Cache`](crate::Cache).
@@ -55,12 +83,15 @@ pub(crate) struct Completion<T> {
     map: Map<T>,
     key: String,
     id: u64,
-    tx: watch::Sender<Slot<T>>,
+    slot: Arc<Slot<T>>,
+    /// Whether the outcome was published (else `Drop` publishes
+    /// `FlightAbandoned`).
+    published: bool,
 }
 
 /// Awaits a flight's outcome.
 pub(crate) struct Awaiter<T> {
-    rx: watch::Receiver<Slot<T>>,
+    slot: Arc<Slot<T>>,
 }
 
 impl<T> Coalescer<T> {
@@ -77,8 +108,8 @@ impl<T: Clone> Coalescer<T> {
     /// Joins the key's flight, or starts it.
     pub(crate) fn join(&self, key: &str) -> Joined<T> {
         let mut map = self.map.lock();
-        if let Some((_, rx)) = map.get(key) {
-            return Joined::Follower(Awaiter { rx: rx.clone() });
+        if let Some((_, slot)) = map.get(key) {
+            return Joined::Follower(Awaiter { slot: slot.clone() });
         }
         let (completion, awaiter) = self.start(&mut map, key);
         Joined::Leader(completion, awaiter)
@@ -93,15 +124,16 @@ impl<T: Clone> Coalescer<T> {
 
     fn start(&self, map: &mut Entries<T>, key: &str) -> (Completion<T>, Awaiter<T>) {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = watch::channel(None);
-        map.insert(key.to_owned(), (id, rx.clone()));
+        let slot = Slot::new();
+        map.insert(key.to_owned(), (id, slot.clone()));
         let completion = Completion {
             map: self.map.clone(),
             key: key.to_owned(),
             id,
-            tx,
+            slot: slot.clone(),
+            published: false,
         };
-        (completion, Awaiter { rx })
+        (completion, Awaiter { slot })
     }
 
     /// Flights under way.
@@ -118,22 +150,24 @@ impl<T> Completion<T> {
     /// otherwise a call made right after an `invalidate` or `set` could get
     /// an answer from before it. Regression test: `coalesce::tests::
     /// a_caller_after_completion_starts_a_new_flight`.
-    pub(crate) fn complete(self, outcome: Result<T, Error>) {
+    pub(crate) fn complete(mut self, outcome: Result<T, Error>) {
         self.remove();
-        self.tx.send_replace(Some(outcome));
+        self.published = true;
+        self.slot.publish(outcome);
     }
 
     /// Like [`complete`](Self::complete), for a leader that has the outcome
     /// itself: returns it, and clones it only if another caller joined.
-    pub(crate) fn complete_shared(self, outcome: Result<T, Error>) -> Result<T, Error>
+    pub(crate) fn complete_shared(mut self, outcome: Result<T, Error>) -> Result<T, Error>
     where
         T: Clone,
     {
         self.remove();
-        // Removed from the map first: nobody can subscribe any more, so a
-        // count of zero stays zero.
-        if self.tx.receiver_count() > 0 {
-            self.tx.send_replace(Some(outcome.clone()));
+        self.published = true;
+        // Removed from the map first: nobody can join any more, so if this
+        // completion holds the only reference, nobody ever will.
+        if Arc::strong_count(&self.slot) > 1 {
+            self.slot.publish(outcome.clone());
         }
         outcome
     }
@@ -141,7 +175,7 @@ impl<T> Completion<T> {
     /// An awaiter of this flight.
     pub(crate) fn awaiter(&self) -> Awaiter<T> {
         Awaiter {
-            rx: self.tx.subscribe(),
+            slot: self.slot.clone(),
         }
     }
 
@@ -159,14 +193,24 @@ impl<T> Completion<T> {
 impl<T> Drop for Completion<T> {
     fn drop(&mut self) {
         self.remove();
+        if !self.published {
+            self.slot.publish(Err(Error::FlightAbandoned));
+        }
     }
 }
 
 impl<T: Clone> Awaiter<T> {
-    pub(crate) async fn outcome(mut self) -> Result<T, Error> {
-        match self.rx.wait_for(Option::is_some).await {
-            Ok(slot) => slot.clone().unwrap_or(Err(Error::FlightAbandoned)),
-            Err(_) => Err(Error::FlightAbandoned),
+    pub(crate) async fn outcome(self) -> Result<T, Error> {
+        loop {
+            let published = self.slot.published.notified();
+            tokio::pin!(published);
+            // Registered before the check: a publication between the check
+            // and the wait still wakes it.
+            published.as_mut().enable();
+            if let Some(outcome) = self.slot.outcome.lock().as_ref() {
+                return outcome.clone();
+            }
+            published.await;
         }
     }
 }
@@ -209,9 +253,9 @@ mod tests {
             };
             let observer = {
                 let flights = flights.clone();
-                let rx = waiter.rx.clone();
+                let slot = waiter.slot.clone();
                 std::thread::spawn(move || {
-                    while rx.borrow().is_none() {
+                    while slot.outcome.lock().is_none() {
                         std::hint::spin_loop();
                     }
                     matches!(flights.join("k"), Joined::Leader(..))

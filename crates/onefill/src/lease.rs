@@ -167,7 +167,9 @@ impl LoadTimes {
         let mut sorted: Vec<Duration> = window.recent.iter().copied().collect();
         sorted.sort_unstable();
         let idx = ((sorted.len() as f64) * 0.99).ceil() as usize;
-        window.p99 = sorted.get(idx.saturating_sub(1).min(sorted.len() - 1)).copied();
+        window.p99 = sorted
+            .get(idx.saturating_sub(1).min(sorted.len() - 1))
+            .copied();
     }
     pub(crate) fn p99(&self) -> Option<Duration> {
         self.state.lock().p99
