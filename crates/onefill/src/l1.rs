@@ -511,6 +511,22 @@ mod tests {
     }
 
     #[test]
+    fn bounded_by_bytes() {
+        let l1 = Local::new(&L1::new(1_000).max_bytes(10_000), "ns", Recorder::new("ns"));
+        l1.synced(Some(Instant::now() + Duration::from_secs(3600)));
+        for i in 0..1_000 {
+            let key = format!("{i:04}");
+            let mut e = entry(i);
+            e.weight = 96; // + 4 bytes of key: 100 per entry
+            l1.insert(&key, e, l1.ticket(&key));
+        }
+        let weight = l1.store.weight();
+        assert!(weight <= 10_000, "{weight} bytes kept");
+        assert!(l1.len() <= 100, "{} entries of 100 bytes", l1.len());
+        assert!(l1.len() >= 50, "the bound is bytes, not fewer entries");
+    }
+
+    #[test]
     fn bad_configs_are_refused() {
         assert!(L1::new(0).validate().is_err());
         assert!(L1::new(1).max_bytes(0).validate().is_err());
