@@ -360,8 +360,7 @@ where
                 self.shared.recorder.coalesced();
                 (awaiter.outcome().await?, true)
             }
-            Joined::Leader(completion, awaiter) => {
-                drop(awaiter);
+            Joined::Leader(completion) => {
                 let keys = FillKeys::new(&self.shared.namespace, &key);
                 let shared = self.shared.clone();
                 let answer = Flight::lead(shared, key, keys, policy, load, completion).await?;

@@ -2,9 +2,11 @@
 //! backend and every other local caller shares its answer.
 //!
 //! The map lookup and insert happen under one mutex, so exactly one caller
-//! becomes the leader however many arrive together. The leader does not run
-//! the flight itself: it hands the [`Completion`] to a spawned
-//! [`Flight`](crate::flight::Flight), so dropping any caller (the leader
+//! becomes the leader however many arrive together. The leader holds the
+//! [`Completion`]: it makes the flight's first read in its own task and
+//! hands the rest to a spawned [`Flight`](crate::flight::Flight); if it is
+//! dropped during that read, the flight starts over in a task of its own
+//! (`flight.rs`, `LeaderGuard`). So dropping any caller (the leader
 //! included) neither cancels the load nor strands the others (the trap of
 //! moka#240 and of several single-flight crates).
 
@@ -71,8 +73,8 @@ impl<T> Default for Coalescer<T> {
 /// The caller's role in a flight.
 pub(crate) enum Joined<T> {
     /// This caller started the flight: it must hand the `Completion` to the
-    /// flight that runs it.
-    Leader(Completion<T>, Awaiter<T>),
+    /// flight that runs it (and may await it with [`Completion::awaiter`]).
+    Leader(Completion<T>),
     /// A flight for the key was already under way.
     Follower(Awaiter<T>),
 }
@@ -111,29 +113,27 @@ impl<T: Clone> Coalescer<T> {
         if let Some((_, slot)) = map.get(key) {
             return Joined::Follower(Awaiter { slot: slot.clone() });
         }
-        let (completion, awaiter) = self.start(&mut map, key);
-        Joined::Leader(completion, awaiter)
+        Joined::Leader(self.start(&mut map, key))
     }
 
     /// Starts a flight for the key whatever is under way: an older one is
     /// detached (it still answers its own callers), and later callers join
     /// this one.
-    pub(crate) fn lead(&self, key: &str) -> (Completion<T>, Awaiter<T>) {
+    pub(crate) fn lead(&self, key: &str) -> Completion<T> {
         self.start(&mut self.map.lock(), key)
     }
 
-    fn start(&self, map: &mut Entries<T>, key: &str) -> (Completion<T>, Awaiter<T>) {
+    fn start(&self, map: &mut Entries<T>, key: &str) -> Completion<T> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let slot = Slot::new();
         map.insert(key.to_owned(), (id, slot.clone()));
-        let completion = Completion {
+        Completion {
             map: self.map.clone(),
             key: key.to_owned(),
             id,
-            slot: slot.clone(),
+            slot,
             published: false,
-        };
-        (completion, Awaiter { slot })
+        }
     }
 
     /// Flights under way.
@@ -222,9 +222,10 @@ mod tests {
     #[tokio::test]
     async fn one_leader_and_shared_outcome() {
         let flights = Coalescer::<u32>::default();
-        let Joined::Leader(done, w1) = flights.join("k") else {
+        let Joined::Leader(done) = flights.join("k") else {
             panic!("first caller leads")
         };
+        let w1 = done.awaiter();
         let Joined::Follower(w2) = flights.join("k") else {
             panic!("second caller follows")
         };
@@ -248,12 +249,12 @@ mod tests {
     fn a_caller_after_completion_starts_a_new_flight() {
         let flights = Arc::new(Coalescer::<u32>::default());
         for _ in 0..2_000 {
-            let Joined::Leader(done, waiter) = flights.join("k") else {
+            let Joined::Leader(done) = flights.join("k") else {
                 panic!("previous flight still registered")
             };
             let observer = {
                 let flights = flights.clone();
-                let slot = waiter.slot.clone();
+                let slot = done.slot.clone();
                 std::thread::spawn(move || {
                     while slot.outcome.lock().is_none() {
                         std::hint::spin_loop();
@@ -269,9 +270,10 @@ mod tests {
     #[tokio::test]
     async fn abandoned_flight_releases_waiters() {
         let flights = Coalescer::<u32>::default();
-        let Joined::Leader(done, w1) = flights.join("k") else {
+        let Joined::Leader(done) = flights.join("k") else {
             panic!()
         };
+        let w1 = done.awaiter();
         drop(done);
         assert!(matches!(w1.outcome().await, Err(Error::FlightAbandoned)));
         assert_eq!(flights.len(), 0);

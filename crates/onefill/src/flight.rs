@@ -1,10 +1,13 @@
 //! One flight: a key's backend conversation in this process, from the first
 //! read to the answer every local caller shares, then any refresh.
 //!
-//! [`Flight::spawn`] is the only way in: the flight runs in a task of its
-//! own, so no caller's cancellation can stop it, and owns its whole
-//! lifecycle: run the protocol, remember the answer for outages, complete
-//! the callers, refresh in the background if asked.
+//! [`Flight::lead`] is the way in: the leader makes the first read in its
+//! own task (a hit ends there, with no task spawned); anything more runs in
+//! a task of its own, so no caller's cancellation can stop it, and a leader
+//! dropped during its read restarts the flight in a task (`LeaderGuard`).
+//! The flight owns its whole lifecycle: run the protocol, remember the
+//! answer for outages, keep it in the L1, complete the callers, refresh in
+//! the background if asked.
 //!
 //! ```text
 //! GET+PTTL ── fresh ──────────────────────────────► Hit (maybe refresh early)
@@ -342,12 +345,8 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         else {
             return;
         };
-        let window = if self.policy.grace.is_zero() {
-            let cap = freshness::early_refresh_cap(self.policy.ttl, self.policy.jitter);
-            freshness::early_refresh(Duration::ZERO, delta, self.policy.early_refresh_beta, cap)
-        } else {
-            None
-        };
+        // With no freshness left, the window is the one a read would use.
+        let window = self.early_refresh(Duration::ZERO, delta);
         let refresh_at = window
             .and_then(|w| fresh_until.checked_sub(w))
             .unwrap_or(fresh_until);
@@ -408,21 +407,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
                     delta,
                 } if !fresh_for.is_zero() => {
                     self.rec().hit();
-                    // Early refresh and the grace window answer the same question
-                    // (who pays for the refresh at expiry); with a grace
-                    // window the first stale read refreshes in the
-                    // background, so early refresh would only add loads.
-                    let early = if self.policy.grace.is_zero() {
-                        let cap = freshness::early_refresh_cap(self.policy.ttl, self.policy.jitter);
-                        freshness::early_refresh(
-                            fresh_for,
-                            delta,
-                            self.policy.early_refresh_beta,
-                            cap,
-                        )
-                    } else {
-                        None
-                    };
+                    let early = self.early_refresh(fresh_for, delta);
                     return FirstRead::Answered(
                         Ok((value, Outcome::Hit)),
                         early.map(Refresh::Early),
@@ -819,6 +804,19 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
             Ok(Acquisition::Held { .. }) => self.rec().lease_contended(),
             Ok(Acquisition::Fresh(_)) | Err(_) => {}
         }
+    }
+
+    /// The early-refresh window of a value with `fresh_for` left whose load
+    /// took `delta`, if it is due (see `freshness::early_refresh`). Early
+    /// refresh and the grace window answer the same question (who pays for
+    /// the refresh at expiry); with a grace window the first stale read
+    /// refreshes in the background, so early refresh would only add loads.
+    fn early_refresh(&self, fresh_for: Duration, delta: Duration) -> Option<Duration> {
+        if !self.policy.grace.is_zero() {
+            return None;
+        }
+        let cap = freshness::early_refresh_cap(self.policy.ttl, self.policy.jitter);
+        freshness::early_refresh(fresh_for, delta, self.policy.early_refresh_beta, cap)
     }
 
     /// Asks for the lease, with a TTL sized from recent load times.

@@ -50,10 +50,10 @@ pub(crate) async fn run<V: Clone + Send + Sync + 'static>(
     sharing: Sharing,
 ) -> Result<Loaded<V>, Error> {
     let completion = match sharing {
-        Sharing::Own => shared.loads.lead(key).0,
+        Sharing::Own => shared.loads.lead(key),
         Sharing::MayJoin => match shared.loads.join(key) {
             Joined::Follower(awaiter) => return awaiter.outcome().await,
-            Joined::Leader(completion, _) => completion,
+            Joined::Leader(completion) => completion,
         },
     };
     let loaded = run_alone(shared, policy, key, load).await;

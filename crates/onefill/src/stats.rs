@@ -119,7 +119,9 @@ counters! {
     waits,
     /// Waits that reached their deadline.
     wait_timeouts,
-    /// Re-checks made by waiters on a poll tick (not woken by a notification).
+    /// Re-checks made by waiters that no notification woke: at the holder's
+    /// lease expiry, at the safety poll, or at a poll tick of a waiter
+    /// without a (confirmed) subscription.
     wait_polls,
     /// Re-checks made by waiters because a fill notification arrived.
     wait_notified,
