@@ -42,6 +42,18 @@ pub enum Command {
     ///
     /// Two modes: a herd (every process releases --callers callers together
     /// on cold keys) or, with --rate, steady load for --duration-ms.
+    ///
+    /// What it writes to the server: under the run's namespace
+    /// (`fleet-<random>`, or --namespace), the cached values (`<ns>:{<key>}`,
+    /// with --ttl-ms plus --grace-ms; `…:naive` for the naive strategy, with
+    /// --ttl-ms), the leases (with their lease TTL) and fill notifications
+    /// (pub/sub, nothing stored), and a load counter per key (`…:loads` and
+    /// `…:loads:pid`, 6-hour TTL), which it deletes after reading it unless
+    /// --keep-counters. Nothing it writes is left without a TTL. It reads
+    /// INFO commandstats before and after the run and reports the
+    /// difference: it never resets the statistics (on a server shared with
+    /// other clients, their commands during the run are counted too). With
+    /// --fault it also changes the cluster (see --fault).
     Fleet(FleetArgs),
     /// One process of a fleet (started by `fleet` and `demo --redis`).
     #[command(hide = true)]

@@ -17,6 +17,7 @@ use clap::Parser;
 
 use crate::cli::{Cli, Command};
 use crate::commands::{demo, fleet};
+use crate::shared::output::{describe, is_broken_pipe};
 
 /// Exit status for arguments that parse but do not make sense together
 /// (clap itself uses the same code for the errors it detects).
@@ -33,12 +34,15 @@ fn main() -> ExitCode {
             demo::run(args)
         }
         Command::Fleet(args) => fleet::run_command(args),
-        Command::Worker(args) => fleet::worker::run(args),
+        Command::Worker(args) => return fleet::worker::main(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        // Whoever read stdout stopped reading (`| head`): they had what
+        // they wanted, nothing went wrong.
+        Err(error) if is_broken_pipe(&error) => ExitCode::SUCCESS,
         Err(error) => {
-            eprintln!("error: {error:#}");
+            eprintln!("error: {}", describe(&error));
             ExitCode::FAILURE
         }
     }

@@ -202,3 +202,53 @@ fn help_documents_every_flag() {
     }
     assert!(help.contains("[default: 200]"), "{help}");
 }
+
+/// `onefill demo --json | head -1`: a reader that goes away before the
+/// report is written ends the command quietly (no panic, success).
+#[test]
+fn a_closed_stdout_ends_the_demo_quietly() {
+    for args in [&["demo", "--json"][..], &["demo"]] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_onefill"))
+            .args(args)
+            .args(["--callers", "8", "--instances", "2", "--load-ms", "20"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("the onefill binary runs");
+        // Close the read end before anything is written.
+        drop(child.stdout.take());
+        let out = child.wait_with_output().expect("waits");
+        let stderr = text(&out.stderr);
+        assert!(out.status.success(), "{args:?}: {}\n{stderr}", out.status);
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+        assert!(!stderr.contains("error:"), "{args:?}: {stderr}");
+    }
+}
+
+/// `cargo install onefill-cli` gives the `onefill` command, and both crates
+/// carry what a registry shows (readme, keywords, categories) and no
+/// made-up repository.
+#[test]
+fn the_crates_are_ready_to_publish_and_install() {
+    let cli = include_str!("../Cargo.toml");
+    let lib = include_str!("../../onefill/Cargo.toml");
+    let workspace = include_str!("../../../Cargo.toml");
+    for manifest in [cli, lib] {
+        for field in [
+            "readme = ",
+            "keywords = ",
+            "categories = ",
+            "description = ",
+        ] {
+            assert!(manifest.contains(field), "{field} missing:\n{manifest}");
+        }
+    }
+    assert!(cli.contains("[[bin]]\nname = \"onefill\""), "{cli}");
+    // A published crate's path dependency needs a version.
+    assert!(
+        cli.contains(r#"onefill = { path = "../onefill", version = "#),
+        "{cli}"
+    );
+    assert!(!workspace.contains("example.invalid"), "{workspace}");
+    assert_eq!(env!("CARGO_PKG_NAME"), "onefill-cli");
+}

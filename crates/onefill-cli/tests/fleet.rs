@@ -453,3 +453,119 @@ fn a_restarted_redis_is_picked_up_without_restarting_the_application() {
         "leases (and so scripts) work again after the restart"
     );
 }
+
+/// Every key on the server and its PTTL (-1: no TTL).
+fn keys_and_ttls(server: &RedisServer) -> Vec<(String, i64)> {
+    server
+        .command(&["KEYS", "*"])
+        .lines()
+        .filter(|k| !k.is_empty())
+        .map(|k| {
+            let ttl = server.command(&["PTTL", k]).trim().parse().expect("PTTL");
+            (k.to_owned(), ttl)
+        })
+        .collect()
+}
+
+/// A server the user pointed the fleet at keeps its command statistics
+/// (no CONFIG RESETSTAT) and is left with no key without a TTL; the load
+/// counters are deleted after the run unless --keep-counters, and carry a
+/// TTL either way. The commands counted are the run's (the difference).
+#[test]
+fn a_fleet_resets_no_statistics_and_leaves_no_key_without_a_ttl() {
+    let server = RedisServer::start();
+    server.command(&["ECHO", "the user's own command"]);
+    let run = fleet(
+        &[server.url()],
+        &["--processes", "2", "--callers", "5", "--load-ms", "50"],
+    );
+    assert_eq!(n(&run, "loads"), 1, "{run}");
+    let stats = server.command(&["INFO", "commandstats"]);
+    assert!(
+        stats.contains("cmdstat_echo:calls=1,"),
+        "the statistics were reset: {stats}"
+    );
+    let left = keys_and_ttls(&server);
+    assert!(left.iter().all(|(_, ttl)| *ttl > 0), "{left:?}");
+    assert!(!left.iter().any(|(k, _)| k.contains(":loads")), "{left:?}");
+    assert!(!left.is_empty(), "the value itself stays, with its TTL");
+    assert!(n(&run, "redis_commands") > 0, "{run}");
+
+    let kept = fleet(
+        &[server.url()],
+        &[
+            "--processes",
+            "2",
+            "--callers",
+            "5",
+            "--load-ms",
+            "50",
+            "--keep-counters",
+            "--strategy",
+            "naive",
+        ],
+    );
+    assert!(n(&kept, "loads") >= 1, "{kept}");
+    let left = keys_and_ttls(&server);
+    assert!(left.iter().all(|(_, ttl)| *ttl > 0), "{left:?}");
+    let counters: Vec<_> = left.iter().filter(|(k, _)| k.ends_with(":loads")).collect();
+    assert_eq!(counters.len(), 1, "{left:?}");
+}
+
+/// A fleet that cannot reach its server says so once, names the URL
+/// without its password, and starts no worker.
+#[test]
+fn an_unreachable_server_is_one_clear_line_without_the_password() {
+    let dead = {
+        let server = RedisServer::start();
+        let url = server.url().replace("redis://", "redis://someone:sekrit@");
+        server.kill();
+        url
+    };
+    let out = Command::new(BIN)
+        .args(["fleet", "--quiet", "--processes", "3", "--redis", &dead])
+        .output()
+        .expect("run onefill fleet");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.starts_with("error: cannot reach Redis at redis://127.0.0.1:"),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains("sekrit") && !stderr.contains("someone"),
+        "{stderr}"
+    );
+}
+
+/// A worker that cannot connect tells its parent in place of "ready", on
+/// one line, each cause once.
+#[test]
+fn a_worker_that_cannot_connect_says_why_on_its_ready_line() {
+    let dead = {
+        let server = RedisServer::start();
+        let url = server.url();
+        server.kill();
+        url
+    };
+    let out = Command::new(BIN)
+        .args(["worker", "--sync", "--namespace", "w", "--redis", &dead])
+        .stdin(Stdio::null())
+        .output()
+        .expect("run onefill worker");
+    assert!(!out.status.success());
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(stdout.lines().count(), 1, "{stdout}");
+    assert!(
+        stdout.starts_with("not-ready: connecting to Redis at "),
+        "{stdout}"
+    );
+    let reason = stdout.split_once(&dead).expect("names the URL").1;
+    assert_eq!(reason.matches("refused").count(), 1, "{stdout}");
+    assert!(
+        out.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

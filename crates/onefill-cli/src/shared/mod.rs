@@ -1,4 +1,7 @@
-//! What more than one command uses: progress on stderr, latency percentiles.
+//! What more than one command uses: results on stdout, progress on stderr,
+//! latency percentiles, URLs fit to print.
 
+pub mod output;
 pub mod percentile;
 pub mod progress;
+pub mod urls;

@@ -1,5 +1,7 @@
 //! Progress messages on stderr, so stdout carries only the results.
 
+use std::io::Write;
+
 /// Writes progress lines to stderr unless quiet.
 #[derive(Debug, Clone, Copy)]
 pub struct Progress {
@@ -12,10 +14,11 @@ impl Progress {
         Progress { enabled }
     }
 
-    /// One line of progress.
+    /// One line of progress. A closed stderr loses the line; it never
+    /// stops the run (`eprintln!` would panic).
     pub fn say(self, message: impl AsRef<str>) {
         if self.enabled {
-            eprintln!("{}", message.as_ref());
+            let _ = writeln!(std::io::stderr().lock(), "{}", message.as_ref());
         }
     }
 }

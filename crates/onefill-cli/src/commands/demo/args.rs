@@ -41,6 +41,12 @@ pub struct DemoArgs {
     /// Run the herd against this Redis instead of the embedded backend, with
     /// --instances real worker processes (each --callers / --instances
     /// callers), and report the Redis commands each strategy cost.
+    ///
+    /// It writes under a fresh `fleet-<random>` namespace per strategy: the
+    /// key's value (10-minute TTL), the lease (with its TTL) and a load
+    /// counter (deleted after the run; 6-hour TTL if the run is cut short).
+    /// It reads INFO commandstats before and after each strategy and never
+    /// resets the server's statistics.
     #[arg(long, value_name = "URL")]
     pub redis: Option<String>,
 }

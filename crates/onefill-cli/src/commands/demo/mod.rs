@@ -18,6 +18,7 @@ use anyhow::Context;
 pub use self::args::DemoArgs;
 use self::herd::{HerdConfig, Strategy};
 use self::report::{DemoReport, StrategyReport};
+use crate::shared::output::{print, print_line};
 use crate::shared::progress::Progress;
 
 /// Runs the demo and prints its report on stdout.
@@ -53,9 +54,9 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
         unsafe_release: lesson,
     };
     if args.json {
-        println!("{}", report.to_json().context("encoding the JSON report")?);
+        print_line(&report.to_json().context("encoding the JSON report")?)?;
     } else {
-        print!("{}", report.to_text());
+        print(&report.to_text())?;
     }
     progress.say(summary(&report));
     Ok(())

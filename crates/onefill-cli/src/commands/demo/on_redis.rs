@@ -4,13 +4,16 @@ use anyhow::Context;
 
 use super::DemoArgs;
 use crate::commands::fleet::{self, FleetStrategy, RunArgs};
+use crate::shared::output::{print, print_line};
 use crate::shared::progress::Progress;
+use crate::shared::urls::redact;
 
 /// `demo --redis URL`: the same herd with real worker processes on a real
 /// server, measured from Redis itself (loads by a set of load ids, commands by
 /// `INFO commandstats`).
 pub fn run(args: &DemoArgs, url: &str) -> anyhow::Result<()> {
     let progress = Progress::new(!args.quiet);
+    let shown = redact(url);
     let per_process = args.callers.div_ceil(args.instances);
     let mut reports = Vec::new();
     let strategies = [
@@ -20,7 +23,7 @@ pub fn run(args: &DemoArgs, url: &str) -> anyhow::Result<()> {
     ];
     for (i, strategy) in strategies.into_iter().enumerate() {
         progress.say(format!(
-            "running strategy {}/3 on {url}: {strategy:?} ({} processes × {per_process} callers, load {} ms)…",
+            "running strategy {}/3 on {shown}: {strategy:?} ({} processes × {per_process} callers, load {} ms)…",
             i + 1,
             args.instances,
             args.load_ms
@@ -41,6 +44,7 @@ pub fn run(args: &DemoArgs, url: &str) -> anyhow::Result<()> {
             wait_deadline_ms: Some(args.load_ms * 3 + 5_000),
             detail: false,
             strict: false,
+            keep_counters: false,
         };
         let report = fleet::run(&run, args.instances, &fleet::fresh_namespace())
             .with_context(|| format!("strategy {strategy:?}"))?;
@@ -66,19 +70,19 @@ pub fn run(args: &DemoArgs, url: &str) -> anyhow::Result<()> {
                 "errors": r.errors,
             })).collect::<Vec<_>>(),
         });
-        println!("{}", serde_json::to_string_pretty(&json)?);
+        print_line(&serde_json::to_string_pretty(&json)?)?;
     } else {
-        println!(
-            "Thundering herd on Redis {url}: {} worker processes × {per_process} callers, one cold key {:?}, origin load {} ms\n",
+        let mut text = format!(
+            "Thundering herd on Redis {shown}: {} worker processes × {per_process} callers, one cold key {:?}, origin load {} ms\n\n",
             args.instances, args.key, args.load_ms
         );
-        println!(
-            "{:<18} {:>6} {:>15} {:>9} {:>9} {:>7}",
+        text += &format!(
+            "{:<18} {:>6} {:>15} {:>9} {:>9} {:>7}\n",
             "strategy", "loads", "Redis commands", "p99 ms", "max ms", "errors"
         );
         for r in &reports {
-            println!(
-                "{:<18} {:>6} {:>15} {:>9.1} {:>9.1} {:>7}",
+            text += &format!(
+                "{:<18} {:>6} {:>15} {:>9.1} {:>9.1} {:>7}\n",
                 format!("{:?}", r.strategy),
                 r.loads,
                 r.redis_commands,
@@ -87,6 +91,7 @@ pub fn run(args: &DemoArgs, url: &str) -> anyhow::Result<()> {
                 r.errors
             );
         }
+        print(&text)?;
     }
     Ok(())
 }

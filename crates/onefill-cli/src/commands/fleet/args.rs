@@ -96,6 +96,12 @@ pub struct RunArgs {
     #[arg(long)]
     #[serde(default)]
     pub strict: bool,
+    /// Leave the run's load counters (`<namespace>:{<key>}:loads` and
+    /// `…:loads:pid`) in Redis after the run instead of deleting them
+    /// (they expire after 6 hours either way).
+    #[arg(long)]
+    #[serde(default)]
+    pub keep_counters: bool,
 }
 
 impl RunArgs {
@@ -282,6 +288,7 @@ mod tests {
             wait_deadline_ms: Some(2_468),
             detail: true,
             strict: true,
+            keep_counters: true,
         }
     }
 

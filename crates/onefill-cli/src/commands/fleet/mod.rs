@@ -1,10 +1,12 @@
 //! `onefill fleet`: real worker processes against a real Redis.
 //!
-//! The parent starts `--processes` copies of this binary as `onefill worker`,
-//! waits until each has connected ("ready"), resets the server's command
-//! statistics, releases them together ("go"), and then reads back from Redis
-//! itself how many loads ran (the workers' load-id sets) and how many
-//! commands the run cost (`INFO commandstats`).
+//! The parent checks that Redis answers, starts `--processes` copies of
+//! this binary as `onefill worker`, waits until each has connected
+//! ("ready"), reads the servers' command statistics, releases the workers
+//! together ("go"), and then reads back from Redis itself how many loads
+//! ran (the workers' load-id sets, deleted afterwards unless
+//! `--keep-counters`) and how many commands the run cost (the difference in
+//! `INFO commandstats`; the statistics are never reset).
 //!
 //! The hidden `onefill worker` subcommand is one such process ([`worker`]).
 //!
@@ -29,10 +31,11 @@ use onefill::backend::FillKeys;
 pub use self::args::{FleetArgs, FleetStrategy, RunArgs, WorkerArgs};
 use self::fault::{FaultPlan, Injected, Injector};
 use self::fault_report::{analyse, CallRecord, LoadRecord, RunShape};
-use self::redis_admin::{admin, command_count};
+use self::redis_admin::{admin, check_reachable, delete_counters, CommandCounts};
 pub use self::report::FleetReport;
 use self::report::WorkerReport;
 use self::worker::load_counter_key;
+use crate::shared::output::print_line;
 use crate::shared::progress::Progress;
 
 struct Worker {
@@ -84,9 +87,9 @@ pub fn run_command(args: &FleetArgs) -> anyhow::Result<()> {
         }
     }
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        print_line(&serde_json::to_string_pretty(&report)?)?;
     } else {
-        println!("{}", report.to_text(&args.run));
+        print_line(&report.to_text(&args.run))?;
     }
     progress.say(format!("fleet done in {:.0} ms", report.wall_ms));
     Ok(())
@@ -181,6 +184,7 @@ pub fn run_with(
     if fault.is_some() && !(args.cluster && args.rate.is_some() && args.detail) {
         bail!("a fault needs a steady run (--rate) on a cluster (--cluster)");
     }
+    check_reachable(args)?;
     let exe = std::env::current_exe().context("locating the onefill binary")?;
     let run_json = args.to_json().context("encoding the run for the workers")?;
     let mut workers = Vec::new();
@@ -190,8 +194,18 @@ pub fn run_with(
     for w in &mut workers {
         let mut line = String::new();
         w.stdout.read_line(&mut line)?;
-        if line.trim() != "ready" {
-            bail!("a worker did not start: {:?}", line.trim());
+        let line = line.trim();
+        if line == "ready" {
+            continue;
+        }
+        // One line for the fleet (the other workers are killed on drop),
+        // whatever number of them failed the same way.
+        match line.strip_prefix(worker::NOT_READY) {
+            Some(reason) => bail!("a worker could not start: {}", reason.trim()),
+            None => {
+                let status = w.child.wait()?;
+                bail!("a worker exited before it was ready ({status})")
+            }
         }
     }
     // The slot of each key's value key, for the victim's choice.
@@ -206,7 +220,7 @@ pub fn run_with(
         }
         None => Vec::new(),
     };
-    admin(args, &["CONFIG", "RESETSTAT"])?;
+    let commands_before = CommandCounts::read(args)?;
     let started = Instant::now();
     let started_unix_ms = unix_ms();
     // From here on a hung victim is resumed whatever happens: the
@@ -248,14 +262,21 @@ pub fn run_with(
         }
         None => None,
     };
-    let redis_commands = command_count(args)?;
+    let redis_commands = CommandCounts::read(args)?.since(&commands_before);
     let mut loads_per_key = Vec::new();
+    let mut counters = Vec::new();
     for key in &args.keys {
-        let n = admin(args, &["SCARD", &load_counter_key(namespace, key)])?
+        let counter = load_counter_key(namespace, key);
+        let n = admin(args, &["SCARD", &counter])?
             .trim()
             .parse::<i64>()
             .unwrap_or(0);
         loads_per_key.push((key.clone(), n));
+        counters.push(format!("{counter}:pid"));
+        counters.push(counter);
+    }
+    if !args.keep_counters {
+        delete_counters(args, &counters)?;
     }
     Ok(FleetReport {
         strategy: args.strategy,

@@ -4,9 +4,13 @@
 //! Every connection has a timeout; in a cluster a node that cannot be
 //! reached (killed by `--fault kill`, say) is skipped.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
+use anyhow::bail;
+
 use super::args::RunArgs;
+use crate::shared::urls::redact;
 
 /// Connect, read and write timeout of the parent's own commands.
 const ADMIN_TIMEOUT: Duration = Duration::from_secs(2);
@@ -34,7 +38,7 @@ fn reach(args: &RunArgs, url: &str) -> anyhow::Result<Option<redis::Connection>>
 /// connection and returns the first node's reply as text.
 pub fn admin(args: &RunArgs, cmd: &[&str]) -> anyhow::Result<String> {
     let mut first = None;
-    let single_key_command = matches!(cmd[0], "GET" | "SCARD");
+    let single_key_command = matches!(cmd[0], "GET" | "SCARD" | "DEL");
     for url in &args.redis {
         let Some(mut con) = reach(args, url)? else {
             continue;
@@ -44,12 +48,17 @@ pub fn admin(args: &RunArgs, cmd: &[&str]) -> anyhow::Result<String> {
             c.arg(*a);
         }
         if single_key_command && args.cluster {
-            // Route by asking every node; only the owner answers a value.
-            let reply: redis::RedisResult<Option<String>> = c.query(&mut con);
-            if let Ok(Some(v)) = reply {
-                return Ok(v);
+            // Route by asking every node; only the owner answers (the
+            // others say MOVED, an error here).
+            let reply: redis::RedisResult<redis::Value> = c.query(&mut con);
+            match reply {
+                Ok(redis::Value::Nil) | Err(_) => continue,
+                Ok(redis::Value::Int(n)) => return Ok(n.to_string()),
+                Ok(redis::Value::BulkString(b)) => {
+                    return Ok(String::from_utf8_lossy(&b).into_owned())
+                }
+                Ok(other) => return Ok(format!("{other:?}")),
             }
-            continue;
         }
         let reply: redis::Value = match c.query(&mut con) {
             Ok(reply) => reply,
@@ -74,24 +83,90 @@ pub fn admin(args: &RunArgs, cmd: &[&str]) -> anyhow::Result<String> {
     Ok(first.unwrap_or_default())
 }
 
-/// Sum of `calls=` over INFO commandstats of every node (that answers, in a
-/// cluster), less the parent's own admin commands.
-pub fn command_count(args: &RunArgs) -> anyhow::Result<u64> {
-    let mut total = 0;
+/// Checks that the server (or, in a cluster, at least one node) answers a
+/// `PING`, before any worker is started: a fleet that cannot connect fails
+/// with one line naming the URL (never its password), not once per worker.
+pub fn check_reachable(args: &RunArgs) -> anyhow::Result<()> {
+    let mut last_error = None;
     for url in &args.redis {
-        let Some(mut con) = reach(args, url)? else {
-            continue;
-        };
-        match redis::cmd("INFO")
-            .arg("commandstats")
-            .query::<String>(&mut con)
-        {
-            Ok(info) => total += parse_commandstats(&info),
-            Err(e) if args.cluster && (e.is_timeout() || e.is_io_error()) => continue,
-            Err(e) => return Err(e.into()),
+        let answer = connect(url).and_then(|mut con| redis::cmd("PING").query::<String>(&mut con));
+        match answer {
+            Ok(_) => return Ok(()),
+            Err(e) => last_error = Some((url, e)),
         }
     }
-    Ok(total)
+    match last_error {
+        Some((url, e)) if args.redis.len() == 1 => {
+            bail!("cannot reach Redis at {}: {e}", redact(url))
+        }
+        Some((_, e)) => {
+            let shown: Vec<String> = args.redis.iter().map(|u| redact(u)).collect();
+            bail!(
+                "cannot reach any of the cluster nodes {}: {e}",
+                shown.join(", ")
+            )
+        }
+        None => bail!("no Redis URL given"),
+    }
+}
+
+/// Every node's command count (`INFO commandstats`, less the parent's own
+/// `INFO` and `CONFIG` commands), read before and after a run: the run's
+/// cost is the difference. (Resetting the statistics would be simpler and
+/// would wipe a server's statistics its owner may be watching; the
+/// difference also counts other clients' commands during the run, on a
+/// server shared with them.)
+#[derive(Debug, Default, Clone)]
+pub struct CommandCounts {
+    by_node: HashMap<String, u64>,
+}
+
+impl CommandCounts {
+    /// Reads every node's count (nodes that do not answer, in a cluster,
+    /// are left out).
+    pub fn read(args: &RunArgs) -> anyhow::Result<CommandCounts> {
+        let mut by_node = HashMap::new();
+        for url in &args.redis {
+            let Some(mut con) = reach(args, url)? else {
+                continue;
+            };
+            match redis::cmd("INFO")
+                .arg("commandstats")
+                .query::<String>(&mut con)
+            {
+                Ok(info) => {
+                    by_node.insert(url.clone(), parse_commandstats(&info));
+                }
+                Err(e) if args.cluster && (e.is_timeout() || e.is_io_error()) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(CommandCounts { by_node })
+    }
+
+    /// The commands run since `before`, summed over the nodes. A node that
+    /// answers now and did not then counts from zero; a count that went
+    /// down (the node restarted, or someone reset its statistics) counts
+    /// from the reset.
+    pub fn since(&self, before: &CommandCounts) -> u64 {
+        self.by_node
+            .iter()
+            .map(|(node, &now)| match before.by_node.get(node) {
+                Some(&then) if then <= now => now - then,
+                _ => now,
+            })
+            .sum()
+    }
+}
+
+/// Deletes the run's load counters (and the loading pids beside them), in
+/// batches; on a cluster each key on its own (they live in different
+/// slots), through whichever node owns it.
+pub fn delete_counters(args: &RunArgs, keys: &[String]) -> anyhow::Result<()> {
+    for key in keys {
+        admin(args, &["DEL", key])?;
+    }
+    Ok(())
 }
 
 /// `cmdstat_get:calls=12,usec=…` lines → total calls, without the `info`

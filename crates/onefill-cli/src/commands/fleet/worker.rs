@@ -6,7 +6,8 @@
 //! Loads are counted in Redis (a set of load ids next to the value),
 //! so the parent can count loads across processes without trusting them.
 
-use std::io::BufRead;
+use std::io::{BufRead, Write};
+use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -20,7 +21,9 @@ use tokio::sync::{mpsc, oneshot};
 use super::args::{FleetStrategy, RunArgs, WorkerArgs};
 use super::fault_report::{outcome_code, ERROR};
 use super::report::WorkerReport;
+use crate::shared::output::{describe, is_broken_pipe, print_line};
 use crate::shared::percentile::percentile;
+use crate::shared::urls::redact;
 
 /// The counter key of `key`'s loads; shares the value's hash tag.
 pub fn load_counter_key(namespace: &str, key: &str) -> String {
@@ -71,28 +74,62 @@ fn age_ms(value: &str, now: u64) -> u64 {
         .map_or(0, |t| now.saturating_sub(t))
 }
 
+/// The first word of the line a worker prints instead of `ready` when it
+/// cannot start (with `--sync`): the parent prints the reason once for the
+/// whole fleet, instead of every worker printing it on stderr.
+pub const NOT_READY: &str = "not-ready:";
+
 /// Runs the worker; the summary goes to stdout as one JSON line.
-pub fn run(args: &WorkerArgs) -> anyhow::Result<()> {
+pub fn main(args: &WorkerArgs) -> ExitCode {
+    match run(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(Failure::Startup(reason)) if args.sync => {
+            // The parent reads this line in place of "ready".
+            let _ = print_line(&format!("{NOT_READY} {}", describe(&reason)));
+            ExitCode::FAILURE
+        }
+        Err(Failure::Startup(error) | Failure::Run(error)) => {
+            if !is_broken_pipe(&error) {
+                let _ = writeln!(std::io::stderr(), "error: {}", describe(&error));
+            }
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// How a worker failed: before it was ready (its connections), or after.
+enum Failure {
+    Startup(anyhow::Error),
+    Run(anyhow::Error),
+}
+
+fn run(args: &WorkerArgs) -> Result<(), Failure> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
-        .context("starting the runtime")?;
+        .context("starting the runtime")
+        .map_err(Failure::Startup)?;
     let report = runtime.block_on(work(args))?;
-    println!("{}", serde_json::to_string(&report)?);
-    Ok(())
+    let report = serde_json::to_string(&report)
+        .context("encoding the report")
+        .map_err(Failure::Run)?;
+    print_line(&report)
+        .context("printing the report")
+        .map_err(Failure::Run)
 }
 
 async fn connect(args: &RunArgs) -> anyhow::Result<RedisBackend> {
     if args.cluster {
         let urls: Vec<&str> = args.redis.iter().map(String::as_str).collect();
-        RedisBackend::connect_cluster(&urls)
-            .await
-            .context("connecting to the cluster")
+        RedisBackend::connect_cluster(&urls).await.with_context(|| {
+            let shown: Vec<String> = args.redis.iter().map(|u| redact(u)).collect();
+            format!("connecting to the cluster at {}", shown.join(", "))
+        })
     } else {
         RedisBackend::connect(&args.redis[0])
             .await
-            .context("connecting to Redis")
+            .with_context(|| format!("connecting to Redis at {}", redact(&args.redis[0])))
     }
 }
 
@@ -105,12 +142,23 @@ enum Raw {
 impl Raw {
     async fn connect(args: &RunArgs) -> anyhow::Result<Raw> {
         if args.cluster {
-            let client = redis::cluster::ClusterClient::new(args.redis.clone())?;
-            Ok(Raw::Cluster(client.get_async_connection().await?))
+            let shown = || {
+                let shown: Vec<String> = args.redis.iter().map(|u| redact(u)).collect();
+                format!("connecting to the cluster at {}", shown.join(", "))
+            };
+            let client =
+                redis::cluster::ClusterClient::new(args.redis.clone()).with_context(shown)?;
+            Ok(Raw::Cluster(
+                client.get_async_connection().await.with_context(shown)?,
+            ))
         } else {
-            let client = redis::Client::open(args.redis[0].as_str())?;
+            let shown = || format!("connecting to Redis at {}", redact(&args.redis[0]));
+            let client = redis::Client::open(args.redis[0].as_str()).with_context(shown)?;
             Ok(Raw::Single(
-                client.get_multiplexed_async_connection().await?,
+                client
+                    .get_multiplexed_async_connection()
+                    .await
+                    .with_context(shown)?,
             ))
         }
     }
@@ -118,6 +166,16 @@ impl Raw {
         match self {
             Raw::Single(c) => cmd.query_async(&mut c.clone()).await,
             Raw::Cluster(c) => cmd.query_async(&mut c.clone()).await,
+        }
+    }
+    /// A pipeline of commands on one key (one slot, on a cluster).
+    async fn pipe<T: redis::FromRedisValue>(
+        &self,
+        pipe: &redis::Pipeline,
+    ) -> redis::RedisResult<T> {
+        match self {
+            Raw::Single(c) => pipe.query_async(&mut c.clone()).await,
+            Raw::Cluster(c) => pipe.query_async(&mut c.clone()).await,
         }
     }
 }
@@ -155,15 +213,34 @@ async fn cache(run: &RunArgs, namespace: &str) -> anyhow::Result<Option<Cache<St
     })
 }
 
-async fn work(args: &WorkerArgs) -> anyhow::Result<WorkerReport> {
+async fn work(args: &WorkerArgs) -> Result<WorkerReport, Failure> {
     let run = args.run();
-    let raw = Arc::new(Raw::connect(run).await?);
-    let cache = cache(run, &args.namespace).await?;
+    let raw = Arc::new(Raw::connect(run).await.map_err(Failure::Startup)?);
+    let cache = cache(run, &args.namespace)
+        .await
+        .map_err(Failure::Startup)?;
     if args.sync {
-        println!("ready");
+        print_line("ready")
+            .context("telling the parent this worker is ready")
+            .map_err(Failure::Startup)?;
         let mut line = String::new();
-        std::io::stdin().lock().read_line(&mut line)?;
+        std::io::stdin()
+            .lock()
+            .read_line(&mut line)
+            .context("waiting for the parent's go")
+            .map_err(Failure::Startup)?;
     }
+    steady_or_herd(args, run, raw, cache)
+        .await
+        .map_err(Failure::Run)
+}
+
+async fn steady_or_herd(
+    args: &WorkerArgs,
+    run: &RunArgs,
+    raw: Arc<Raw>,
+    cache: Option<Cache<String, String>>,
+) -> anyhow::Result<WorkerReport> {
     let local_loads = Arc::new(AtomicU64::new(0));
     let loads_per_key: Arc<Vec<AtomicU64>> =
         Arc::new(run.keys.iter().map(|_| AtomicU64::new(0)).collect());
@@ -197,9 +274,11 @@ async fn work(args: &WorkerArgs) -> anyhow::Result<WorkerReport> {
                 let counter = load_counter_key(&namespace, &key);
                 move |key: String| async move {
                     let n = local_loads.fetch_add(1, Ordering::SeqCst) + 1;
-                    if let Some(count) = loads_per_key.get(key_index) {
-                        count.fetch_add(1, Ordering::SeqCst);
-                    }
+                    // This process's first load of the key also gives the
+                    // key's counter its TTL.
+                    let first = loads_per_key
+                        .get(key_index)
+                        .is_none_or(|count| count.fetch_add(1, Ordering::SeqCst) == 0);
                     if detail {
                         let mut log = load_log.lock().unwrap_or_else(|p| p.into_inner());
                         if log.len() < MAX_LOG {
@@ -208,7 +287,7 @@ async fn work(args: &WorkerArgs) -> anyhow::Result<WorkerReport> {
                     }
                     // Counted in Redis off the loader's path: the simulated
                     // origin takes `load`, whatever state Redis is in.
-                    let _ = counts.send((counter, n));
+                    let _ = counts.send(Count { counter, n, first });
                     tokio::time::sleep(load).await;
                     Ok::<_, std::io::Error>(loaded_value(&key, n))
                 }
@@ -308,12 +387,25 @@ struct LoadCounter {
 const COUNT_PATIENCE: Duration = Duration::from_secs(30);
 /// How long one attempt at a count may take.
 const COUNT_ATTEMPT: Duration = Duration::from_secs(1);
+/// How long a load counter (and the loading pid beside it) lives in Redis
+/// if the parent does not delete it after the run (it was killed, say):
+/// longer than any run (at most an hour), and nothing the fleet writes is
+/// left without a TTL.
+pub const COUNTER_TTL: Duration = Duration::from_secs(6 * 3_600);
+
+/// One load to count: the counter key, the load's number in this process,
+/// and whether it is this process's first load of the key.
+struct Count {
+    counter: String,
+    n: u64,
+    first: bool,
+}
 /// How long the worker waits for its last counts at the end.
 const COUNT_FINISH: Duration = Duration::from_secs(5);
 
 impl LoadCounter {
-    fn start(raw: Arc<Raw>) -> (mpsc::UnboundedSender<(String, u64)>, LoadCounter) {
-        let (tx, mut rx) = mpsc::unbounded_channel::<(String, u64)>();
+    fn start(raw: Arc<Raw>) -> (mpsc::UnboundedSender<Count>, LoadCounter) {
+        let (tx, mut rx) = mpsc::unbounded_channel::<Count>();
         let pending = Arc::new(AtomicU64::new(0));
         let counting = pending.clone();
         let task = tokio::spawn(async move {
@@ -322,9 +414,9 @@ impl LoadCounter {
             loop {
                 tokio::select! {
                     next = rx.recv() => match next {
-                        Some((counter, n)) => {
+                        Some(count) => {
                             counting.fetch_add(1, Ordering::SeqCst);
-                            counts.spawn(Self::count(raw.clone(), counter, n, counting.clone()));
+                            counts.spawn(Self::count(raw.clone(), count, counting.clone()));
                         }
                         None => break,
                     },
@@ -337,12 +429,24 @@ impl LoadCounter {
     }
 
     /// Counts one load.
-    async fn count(raw: Arc<Raw>, counter: String, n: u64, pending: Arc<AtomicU64>) {
+    async fn count(raw: Arc<Raw>, count: Count, pending: Arc<AtomicU64>) {
+        let Count { counter, n, first } = count;
         let given_up = Instant::now() + COUNT_PATIENCE;
         let id = format!("{}:{n}", std::process::id());
-        let sadd = redis::cmd("SADD").arg(&counter).arg(&id).clone();
+        // The set is created by some process's first count, which sends its
+        // PEXPIRE in the same write: the counter never lives without a TTL,
+        // even if the parent (which deletes it) dies. Later counts keep the
+        // TTL (SADD does not clear it) and cost one command.
+        let mut sadd = redis::pipe();
+        sadd.cmd("SADD").arg(&counter).arg(&id);
+        if first {
+            sadd.cmd("PEXPIRE")
+                .arg(&counter)
+                .arg(COUNTER_TTL.as_millis() as u64)
+                .ignore();
+        }
         loop {
-            let attempt = tokio::time::timeout(COUNT_ATTEMPT, raw.query::<i64>(&sadd)).await;
+            let attempt = tokio::time::timeout(COUNT_ATTEMPT, raw.pipe::<(i64,)>(&sadd)).await;
             if let Ok(Ok(_)) = attempt {
                 pending.fetch_sub(1, Ordering::SeqCst);
                 break;
@@ -356,6 +460,8 @@ impl LoadCounter {
         let pid = redis::cmd("SET")
             .arg(format!("{counter}:pid"))
             .arg(std::process::id())
+            .arg("PX")
+            .arg(COUNTER_TTL.as_millis() as u64)
             .clone();
         let _ = tokio::time::timeout(COUNT_ATTEMPT, raw.query::<()>(&pid)).await;
     }
