@@ -25,6 +25,9 @@ use crate::error::Error;
 struct Slot<T> {
     outcome: Mutex<Option<Result<T, Error>>>,
     published: Notify,
+    /// Callers that joined the flight after its leader (for the
+    /// `onefill_flight_callers` histogram).
+    followers: AtomicU64,
 }
 
 impl<T> Slot<T> {
@@ -32,6 +35,7 @@ impl<T> Slot<T> {
         Arc::new(Slot {
             outcome: Mutex::new(None),
             published: Notify::new(),
+            followers: AtomicU64::new(0),
         })
     }
 
@@ -111,6 +115,7 @@ impl<T: Clone> Coalescer<T> {
     pub(crate) fn join(&self, key: &str) -> Joined<T> {
         let mut map = self.map.lock();
         if let Some((_, slot)) = map.get(key) {
+            slot.followers.fetch_add(1, Ordering::Relaxed);
             return Joined::Follower(Awaiter { slot: slot.clone() });
         }
         Joined::Leader(self.start(&mut map, key))
@@ -118,9 +123,11 @@ impl<T: Clone> Coalescer<T> {
 
     /// Starts a flight for the key whatever is under way: an older one is
     /// detached (it still answers its own callers), and later callers join
-    /// this one.
-    pub(crate) fn lead(&self, key: &str) -> Completion<T> {
-        self.start(&mut self.map.lock(), key)
+    /// this one. The flag says whether an older one was under way.
+    pub(crate) fn lead(&self, key: &str) -> (Completion<T>, bool) {
+        let mut map = self.map.lock();
+        let replaced = map.contains_key(key);
+        (self.start(&mut map, key), replaced)
     }
 
     fn start(&self, map: &mut Entries<T>, key: &str) -> Completion<T> {
@@ -170,6 +177,11 @@ impl<T> Completion<T> {
             self.slot.publish(outcome.clone());
         }
         outcome
+    }
+
+    /// The callers of this flight so far: its leader and those that joined.
+    pub(crate) fn callers(&self) -> u64 {
+        1 + self.slot.followers.load(Ordering::Relaxed)
     }
 
     /// An awaiter of this flight.

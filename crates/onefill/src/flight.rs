@@ -211,6 +211,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
             };
             self.remember(&answer);
             self.keep_in_l1(&answer, refresh.is_some());
+            self.rec().flight_callers(completion.callers());
             completion.complete(answer);
             self.after_answer(refresh).await;
         }));
@@ -262,6 +263,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         };
         flight.remember(&answer);
         flight.keep_in_l1(&answer, refresh.is_some());
+        flight.rec().flight_callers(completion.callers());
         let answer = completion.complete_shared(answer);
         if refresh.is_some() {
             tokio::spawn(Box::pin(flight.after_answer(refresh)));
@@ -441,11 +443,18 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         let mut waiting: Option<Wait> = None;
         let mut stale: Option<Option<V>> = None;
         let mut notified = false;
+        // When the holder's lease runs out, as the last re-check saw it, and
+        // whether a notification (a fill, a release, an invalidation) came
+        // since: a lease won after that moment with no notice was taken
+        // over from a holder that died or stalled.
+        let mut holder_expires: Option<Instant> = None;
+        let mut told = false;
         loop {
             // Notified: the fill has most likely landed, and a plain read
             // (`GET` + `PTTL`, as a hit) is cheaper than the acquire script.
             // Anything but a fresh answer goes on to acquire, which decides.
             if std::mem::take(&mut notified) {
+                told = true;
                 match self.call("get", self.shared.backend.get(&self.keys)).await {
                     Err(e) => {
                         self.finish_wait(waiting, false);
@@ -513,12 +522,17 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
                     lease,
                     stale: won_stale,
                 }) => {
+                    if !told && holder_expires.is_some_and(|at| Instant::now() >= at) {
+                        self.rec().lease_takeover();
+                    }
                     self.finish_wait(waiting, false);
                     let stale = self.stale_value(won_stale).or(stale);
                     return self.load_leased(lease, stale).await;
                 }
                 Ok(Acquisition::Held { stale, lease_ttl }) => (stale, lease_ttl),
             };
+            holder_expires = Some(Instant::now() + holder_ttl);
+            told = false;
             self.rec().lease_contended();
             if let Some(value) = self.stale_value(held_stale) {
                 stale = Some(value);

@@ -86,6 +86,7 @@ mod key;
 mod l1;
 mod lease;
 mod loader;
+pub mod metrics;
 mod options;
 mod shared;
 mod stats;

@@ -50,7 +50,15 @@ pub(crate) async fn run<V: Clone + Send + Sync + 'static>(
     sharing: Sharing,
 ) -> Result<Loaded<V>, Error> {
     let completion = match sharing {
-        Sharing::Own => shared.loads.lead(key),
+        Sharing::Own => {
+            let (completion, replaced) = shared.loads.lead(key);
+            if replaced {
+                // Another load of the key still runs here (its lease was
+                // lost, or it is a degraded load): two loads at once.
+                shared.recorder.duplicate_load(key);
+            }
+            completion
+        }
         Sharing::MayJoin => match shared.loads.join(key) {
             Joined::Follower(awaiter) => return awaiter.outcome().await,
             Joined::Leader(completion) => completion,

@@ -17,6 +17,7 @@ use crate::backend::FillSubscription;
 use crate::backoff::{jittered, Backoff};
 use crate::error::{Error, InvalidOption};
 use crate::shared::Shared;
+use crate::stats::Waiting;
 
 /// What a waiter does when its deadline passes without a fill.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -186,6 +187,8 @@ pub(crate) struct Wait {
     backoff: Backoff,
     /// The safety-net interval of a subscribed waiter.
     safety_poll: Duration,
+    /// Counts this wait in the `onefill_lease_waiters` gauge while it lives.
+    _waiting: Waiting,
 }
 
 /// What to do after [`Wait::until_recheck`].
@@ -210,6 +213,7 @@ impl Wait {
         subscription: Option<Box<dyn FillSubscription>>,
     ) -> Wait {
         shared.recorder.wait_started();
+        let waiting = shared.recorder.waiting();
         let started = Instant::now();
         Wait {
             subscription,
@@ -217,6 +221,7 @@ impl Wait {
             deadline: started + policy.deadline,
             backoff: Backoff::new(policy.poll_initial, policy.poll_max),
             safety_poll: policy.safety_poll,
+            _waiting: waiting,
         }
     }
 
