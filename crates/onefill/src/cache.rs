@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use crate::builder::CacheBuilder;
 use crate::circuit::CircuitState;
@@ -22,6 +23,19 @@ use crate::loader::Load;
 use crate::options::{CallOptions, Policy};
 use crate::shared::{Shared, Writing};
 use crate::stats::Stats;
+
+/// The span of a call other than a load (`get`, `set`, `invalidate`):
+/// `tracing` wants a literal name per call site.
+macro_rules! call_span {
+    ($name:literal, $cache:expr) => {
+        tracing::info_span!(
+            $name,
+            namespace = $cache.shared.namespace.as_str(),
+            outcome = tracing::field::Empty,
+            error = tracing::field::Empty,
+        )
+    };
+}
 
 /// A value and how the call got it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -348,14 +362,48 @@ where
         })
     }
 
+    /// A call past the L1, in its span (`onefill.get_or_load`, see
+    /// [`crate::metrics`] for the spans): the flight's work, in this task or
+    /// its own, is the span's children.
     async fn fetch_erased(
         &self,
         key: &K,
         options: &CallOptions,
         load: Load<V>,
     ) -> Result<Fetched<Option<V>>, Error> {
+        let span = tracing::info_span!(
+            "onefill.get_or_load",
+            namespace = self.shared.namespace.as_str(),
+            outcome = tracing::field::Empty,
+            coalesced = tracing::field::Empty,
+            error = tracing::field::Empty,
+        );
+        let fetched = self
+            .fetch_in_flight(key, options, load, &span)
+            .instrument(span.clone())
+            .await;
+        if !span.is_disabled() {
+            match &fetched {
+                Ok(f) => span.record("outcome", f.outcome.as_str()),
+                Err(e) => span
+                    .record("outcome", "error")
+                    .record("error", tracing::field::display(e)),
+            };
+        }
+        fetched
+    }
+
+    async fn fetch_in_flight(
+        &self,
+        key: &K,
+        options: &CallOptions,
+        load: Load<V>,
+        span: &tracing::Span,
+    ) -> Result<Fetched<Option<V>>, Error> {
         let (key, policy) = self.prepare(key, options)?;
-        let ((value, outcome), coalesced) = match self.shared.flights.join(&key) {
+        let joined = self.shared.flights.join(&key);
+        span.record("coalesced", matches!(joined, Joined::Follower(_)));
+        let ((value, outcome), coalesced) = match joined {
             Joined::Follower(awaiter) => {
                 self.shared.recorder.coalesced();
                 (awaiter.outcome().await?, true)
@@ -422,13 +470,22 @@ where
                 return Ok(value);
             }
         }
-        let keys = self.keys(key)?;
-        let stored = self
-            .call(&keys, "get", self.shared.backend.get(&keys))
-            .await?;
-        Ok(stored
-            .and_then(|s| self.shared.value_of(&s, Some(keys.value())))
-            .flatten())
+        let span = call_span!("onefill.get", self);
+        let read = async {
+            let keys = self.keys(key)?;
+            let stored = self
+                .call(&keys, "get", self.shared.backend.get(&keys))
+                .await?;
+            Ok(stored
+                .and_then(|s| self.shared.value_of(&s, Some(keys.value())))
+                .flatten())
+        };
+        let read = read.instrument(span.clone()).await;
+        ended(&span, &read, |found: &Option<V>| match found {
+            Some(_) => "hit",
+            None => "miss",
+        });
+        read
     }
 
     /// Writes a value (with this cache's TTL, jitter and grace) and removes
@@ -440,6 +497,13 @@ where
     /// [`Error::InvalidInput`] for a bad key or a value over the size limit
     /// (nothing is written); [`Error::Encode`]; [`Error::Backend`].
     pub async fn set(&self, key: &K, value: V) -> Result<(), Error> {
+        let span = call_span!("onefill.set", self);
+        let set = self.set_in_span(key, value).instrument(span.clone()).await;
+        ended(&span, &set, |_| "ok");
+        set
+    }
+
+    async fn set_in_span(&self, key: &K, value: V) -> Result<(), Error> {
         let key = self.validated(key)?;
         let keys = FillKeys::new(&self.shared.namespace, &key);
         let policy = &self.shared.policy;
@@ -461,13 +525,19 @@ where
     ///
     /// [`Error::InvalidInput`] for a bad key; [`Error::Backend`].
     pub async fn invalidate(&self, key: &K) -> Result<(), Error> {
-        let key = self.validated(key)?;
-        let keys = FillKeys::new(&self.shared.namespace, &key);
-        // Done, failed or dropped mid-way: what this process remembers of
-        // the key goes, and older flights cannot put it back.
-        let _writing = Writing::start(&self.shared, &key, &keys);
-        self.call(&keys, "invalidate", self.shared.backend.invalidate(&keys))
-            .await
+        let span = call_span!("onefill.invalidate", self);
+        let invalidated = async {
+            let key = self.validated(key)?;
+            let keys = FillKeys::new(&self.shared.namespace, &key);
+            // Done, failed or dropped mid-way: what this process remembers
+            // of the key goes, and older flights cannot put it back.
+            let _writing = Writing::start(&self.shared, &key, &keys);
+            self.call(&keys, "invalidate", self.shared.backend.invalidate(&keys))
+                .await
+        };
+        let invalidated = invalidated.instrument(span.clone()).await;
+        ended(&span, &invalidated, |_| "ok");
+        invalidated
     }
 
     /// A snapshot of this cache's counters.
@@ -487,6 +557,19 @@ where
     pub fn namespace(&self) -> &str {
         &self.shared.namespace
     }
+}
+
+/// Records how a call ended in its span.
+fn ended<T>(span: &tracing::Span, result: &Result<T, Error>, outcome: impl Fn(&T) -> &'static str) {
+    if span.is_disabled() {
+        return;
+    }
+    match result {
+        Ok(value) => span.record("outcome", outcome(value)),
+        Err(e) => span
+            .record("outcome", "error")
+            .record("error", tracing::field::display(e)),
+    };
 }
 
 /// The caller's loader, type-erased for the flight.

@@ -38,6 +38,7 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use crate::backend::Stored;
 use crate::budget::Budget;
@@ -75,6 +76,20 @@ pub enum Outcome {
     /// backend failed, or (with `no_lease`) another process held the lease.
     /// The result was not stored.
     Degraded,
+}
+
+impl Outcome {
+    /// The outcome's name in spans: `hit`, `stale`, `loaded`, `waited`,
+    /// `degraded`.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Hit => "hit",
+            Outcome::Stale => "stale",
+            Outcome::Loaded => "loaded",
+            Outcome::Waited => "waited",
+            Outcome::Degraded => "degraded",
+        }
+    }
 }
 
 /// Why a background refresh runs (for the counters).
@@ -202,18 +217,24 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
     /// Runs the flight in a task of its own from `first` (its first read,
     /// already made by the leader), or from the start.
     fn spawn_from(mut self, first: Option<FirstRead<V>>, completion: Completion<Answer<V>>) {
+        // The leader's call span: the task's spans (lease, wait, load,
+        // backend calls) are its children, up to the answer.
+        let call = tracing::Span::current();
         // Boxed: the flight's state machine is large, and a box is cheaper
         // to hand to the task than a copy of it (measured with callgrind).
         tokio::spawn(Box::pin(async move {
-            let (answer, refresh) = match first {
-                Some(first) => self.after_first_read(first).await,
-                None => self.run().await,
+            let to_answer = async {
+                match first {
+                    Some(first) => self.after_first_read(first).await,
+                    None => self.run().await,
+                }
             };
+            let (answer, refresh) = to_answer.instrument(call.clone()).await;
             self.remember(&answer);
             self.keep_in_l1(&answer, refresh.is_some());
             self.rec().flight_callers(completion.callers());
             completion.complete(answer);
-            self.after_answer(refresh).await;
+            self.after_answer(refresh, call).await;
         }));
     }
 
@@ -266,7 +287,8 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         flight.rec().flight_callers(completion.callers());
         let answer = completion.complete_shared(answer);
         if refresh.is_some() {
-            tokio::spawn(Box::pin(flight.after_answer(refresh)));
+            let call = tracing::Span::current();
+            tokio::spawn(Box::pin(flight.after_answer(refresh, call)));
         }
         answer
     }
@@ -281,7 +303,8 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         load: Load<V>,
     ) {
         let flight = Flight::new(shared, key, keys, policy, load);
-        tokio::spawn(Box::pin(flight.refresh(Refresh::Stale)));
+        let span = flight.refresh_span(Refresh::Stale, &tracing::Span::current());
+        tokio::spawn(Box::pin(flight.refresh(Refresh::Stale).instrument(span)));
     }
 
     fn new(
@@ -308,20 +331,48 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         }
     }
 
-    /// After the callers' answer: the deferred fill, then any refresh.
-    async fn after_answer(mut self, refresh: Option<Refresh>) {
+    /// After the callers' answer: the deferred fill, then any refresh,
+    /// each in a span of its own that follows from the call's (`call`),
+    /// not inside it: the call's span ends with its answer.
+    async fn after_answer(mut self, refresh: Option<Refresh>, call: tracing::Span) {
         // Off the callers' path from here: a full budget again.
         self.budget.refill();
         if let Some(fill) = self.deferred_fill.take() {
             let timeout = self.policy.backend_timeout;
+            let span = tracing::info_span!(
+                parent: None,
+                "onefill.deferred_fill",
+                namespace = self.shared.namespace.as_str(),
+            );
+            span.follows_from(&call);
             let _ = fill
                 .lease
                 .fill(&self.shared, timeout, &fill.bytes, fill.ttl)
+                .instrument(span)
                 .await;
         }
         if let Some(why) = refresh {
-            self.refresh(why).await;
+            let span = self.refresh_span(why, &call);
+            drop(call);
+            self.refresh(why).instrument(span).await;
         }
+    }
+
+    /// The span of a background refresh: a root (nobody waits for it)
+    /// that follows from the span that caused it.
+    fn refresh_span(&self, why: Refresh, cause: &tracing::Span) -> tracing::Span {
+        let reason = match why {
+            Refresh::Stale => "stale",
+            Refresh::Early(_) => "early",
+        };
+        let span = tracing::info_span!(
+            parent: None,
+            "onefill.refresh",
+            namespace = self.shared.namespace.as_str(),
+            reason,
+        );
+        span.follows_from(cause);
+        span
     }
 
     /// Keeps the answer in the L1, with the freshness the backend gave it:

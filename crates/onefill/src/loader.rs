@@ -78,8 +78,11 @@ async fn run_alone<V: Send + 'static>(
     load: Load<V>,
 ) -> Result<Loaded<V>, Error> {
     let started = Instant::now();
-    let span = tracing::debug_span!("onefill.load", key);
-    let mut task = tokio::spawn(async move { load().await }.instrument(span));
+    // A child of the current span (the leader's call), though the load
+    // runs in a task of its own.
+    let span = tracing::info_span!("onefill.load", key, outcome = tracing::field::Empty);
+    let load_span = span.clone();
+    let mut task = tokio::spawn(async move { load().await }.instrument(load_span));
     let max = policy.max_load_time;
     let result = match tokio::time::timeout(max, &mut task).await {
         Ok(Ok(Ok(value))) => Ok(value),
@@ -91,6 +94,7 @@ async fn run_alone<V: Send + 'static>(
         }
     };
     let took = started.elapsed();
+    span.record("outcome", if result.is_ok() { "ok" } else { "error" });
     shared.recorder.load_finished(result.is_ok(), took);
     shared.load_times.record(took);
     if result.is_ok() && took > policy.ttl {

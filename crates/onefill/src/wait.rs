@@ -18,6 +18,7 @@ use crate::backoff::{jittered, Backoff};
 use crate::error::{Error, InvalidOption};
 use crate::shared::Shared;
 use crate::stats::Waiting;
+use tracing::Instrument;
 
 /// What a waiter does when its deadline passes without a fill.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -189,6 +190,12 @@ pub(crate) struct Wait {
     safety_poll: Duration,
     /// Counts this wait in the `onefill_lease_waiters` gauge while it lives.
     _waiting: Waiting,
+    /// `onefill.wait`, a child of the flight's call span: open from the
+    /// start of the wait to its end; its naps run in it.
+    span: tracing::Span,
+    /// Re-checks so far, by trigger (the span's fields).
+    notified: u64,
+    polls: u64,
 }
 
 /// What to do after [`Wait::until_recheck`].
@@ -222,6 +229,14 @@ impl Wait {
             backoff: Backoff::new(policy.poll_initial, policy.poll_max),
             safety_poll: policy.safety_poll,
             _waiting: waiting,
+            notified: 0,
+            polls: 0,
+            span: tracing::info_span!(
+                "onefill.wait",
+                notified = 0u64,
+                polls = 0u64,
+                timed_out = tracing::field::Empty,
+            ),
         }
     }
 
@@ -248,17 +263,27 @@ impl Wait {
         let nap = tick
             .min(holder_ttl.saturating_add(Duration::from_millis(1)))
             .min(self.deadline - now);
-        let notified = match self.subscription.as_mut() {
-            Some(sub) => tokio::select! {
-                _ = sub.notified() => true,
-                _ = tokio::time::sleep(nap) => false,
-            },
-            None => {
-                tokio::time::sleep(nap).await;
-                false
+        let nap = async {
+            match self.subscription.as_mut() {
+                Some(sub) => tokio::select! {
+                    _ = sub.notified() => true,
+                    _ = tokio::time::sleep(nap) => false,
+                },
+                None => {
+                    tokio::time::sleep(nap).await;
+                    false
+                }
             }
         };
+        let notified = nap.instrument(self.span.clone()).await;
         shared.recorder.wait_poll(notified);
+        if notified {
+            self.notified += 1;
+            self.span.record("notified", self.notified);
+        } else {
+            self.polls += 1;
+            self.span.record("polls", self.polls);
+        }
         if notified {
             Next::Notified
         } else {
@@ -268,6 +293,7 @@ impl Wait {
 
     /// Ends the wait (counted, with its duration).
     pub(crate) fn finish<V>(self, shared: &Shared<V>, timed_out: bool) {
+        self.span.record("timed_out", timed_out);
         shared
             .recorder
             .wait_finished(self.started.elapsed(), timed_out);
