@@ -33,6 +33,7 @@ macro_rules! call_span {
             namespace = $cache.shared.namespace.as_str(),
             outcome = tracing::field::Empty,
             error = tracing::field::Empty,
+            "otel.status_code" = tracing::field::Empty,
         )
     };
 }
@@ -377,6 +378,7 @@ where
             outcome = tracing::field::Empty,
             coalesced = tracing::field::Empty,
             error = tracing::field::Empty,
+            "otel.status_code" = tracing::field::Empty,
         );
         let fetched = self
             .fetch_in_flight(key, options, load, &span)
@@ -387,7 +389,9 @@ where
                 Ok(f) => span.record("outcome", f.outcome.as_str()),
                 Err(e) => span
                     .record("outcome", "error")
-                    .record("error", tracing::field::display(e)),
+                    .record("error", tracing::field::display(e))
+                    // `tracing-opentelemetry` sets the span's status from it.
+                    .record("otel.status_code", "ERROR"),
             };
         }
         fetched
@@ -568,7 +572,8 @@ fn ended<T>(span: &tracing::Span, result: &Result<T, Error>, outcome: impl Fn(&T
         Ok(value) => span.record("outcome", outcome(value)),
         Err(e) => span
             .record("outcome", "error")
-            .record("error", tracing::field::display(e)),
+            .record("error", tracing::field::display(e))
+            .record("otel.status_code", "ERROR"),
     };
 }
 

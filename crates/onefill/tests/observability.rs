@@ -648,6 +648,7 @@ async fn l1_hits_make_no_span_and_refreshes_follow_their_call() {
     let (_, bad) = *named(&spans, "onefill.get_or_load").last().unwrap();
     assert_eq!(field(bad, "outcome"), Some("error"));
     assert!(field(bad, "error").unwrap().contains("boom"), "{bad:?}");
+    assert_eq!(field(bad, "otel.status_code"), Some("ERROR"));
 
     // A stale answer from the backend (a cache without an L1).
     let b = Cache::<String, String>::builder()
