@@ -363,9 +363,9 @@ where
         })
     }
 
-    /// A call past the L1, in its span (`onefill.get_or_load`, see
-    /// [`crate::metrics`] for the spans): the flight's work, in this task or
-    /// its own, is the span's children.
+    /// A call past the L1, in its span (`onefill.get_or_load`, see the
+    /// crate docs' "Observability"): the flight's work, in this task or its
+    /// own, is the span's children.
     async fn fetch_erased(
         &self,
         key: &K,
