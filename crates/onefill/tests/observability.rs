@@ -321,6 +321,41 @@ async fn a_released_lease_is_no_takeover() {
     );
 }
 
+/// The waiters gauge goes back down however a wait ends, here with its
+/// runtime shutting down under it (the flight's task dropped mid-wait).
+#[test]
+fn the_waiters_gauge_comes_back_down_when_a_wait_is_dropped() {
+    let store: Arc<dyn Backend> = Arc::new(MemoryBackend::new());
+    let (b, snapshotter) = pod_with_recorder(store.clone(), Duration::from_secs(5));
+    let mut gauge = Series::default();
+    {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let a = pod(store, Duration::from_secs(5));
+            let k = "k".to_owned();
+            tokio::spawn({
+                let (a, k) = (a.clone(), k.clone());
+                async move { a.get_or_load(&k, |_| slow("a", 60_000)).await }
+            });
+            until(|| a.stats().lease_acquired == 1).await;
+            tokio::spawn({
+                let (b, k) = (b.clone(), k.clone());
+                async move { b.get_or_load(&k, |_| slow("b", 1)).await }
+            });
+            until(|| b.stats().waits == 1).await;
+        });
+        gauge.add(&snapshotter);
+        assert_eq!(gauge.gauges["onefill_lease_waiters"], 1.0);
+    }
+    gauge.add(&snapshotter);
+    assert_eq!(gauge.gauges["onefill_lease_waiters"], 0.0);
+    assert_eq!(b.stats().wait_timeouts, 0);
+}
+
 /// A background refresh still loading when the value expires and its lease
 /// is gone (invalidated by another process): a new flight in the same
 /// process wins the lease and loads too. Two loads of one key at once in
