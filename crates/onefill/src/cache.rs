@@ -380,10 +380,16 @@ where
             error = tracing::field::Empty,
             "otel.status_code" = tracing::field::Empty,
         );
-        let fetched = self
-            .fetch_in_flight(key, options, load, &span)
-            .instrument(span.clone())
-            .await;
+        // Without a subscriber for the span, the flight is not wrapped at
+        // all: wrapping moved its (large) future once more, +8% of the
+        // instructions of an embedded hit without an L1 (callgrind).
+        let fetched = if span.is_disabled() {
+            self.fetch_in_flight(key, options, load, &span).await
+        } else {
+            self.fetch_in_flight(key, options, load, &span)
+                .instrument(span.clone())
+                .await
+        };
         if !span.is_disabled() {
             match &fetched {
                 Ok(f) => span.record("outcome", f.outcome.as_str()),
