@@ -411,10 +411,14 @@ where
         span: &tracing::Span,
     ) -> Result<Fetched<Option<V>>, Error> {
         let (key, policy) = self.prepare(key, options)?;
-        let joined = self.shared.flights.join(&key);
+        let joined = self.shared.flights.join_in_span(&key, span.id());
         span.record("coalesced", matches!(joined, Joined::Follower(_)));
         let ((value, outcome), coalesced) = match joined {
             Joined::Follower(awaiter) => {
+                if let Some(leader) = awaiter.leader_span() {
+                    // Its wait is the leader's flight: link the two.
+                    span.follows_from(leader.clone());
+                }
                 self.shared.recorder.coalesced();
                 (awaiter.outcome().await?, true)
             }

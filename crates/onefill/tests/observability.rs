@@ -592,7 +592,10 @@ async fn a_call_span_holds_its_load_and_backend_calls() {
         .collect();
     assert_eq!(leaders.len(), 1, "{calls:#?}");
     let leader = leaders[0].0;
-    for (_, call) in &calls {
+    for (i, call) in &calls {
+        // A coalesced call's span follows from the leader's.
+        let follows: &[usize] = if *i == leader { &[] } else { &[leader] };
+        assert_eq!(call.follows, follows, "{call:?}");
         assert_eq!(field(call, "namespace"), Some(NS));
         assert_eq!(field(call, "outcome"), Some("loaded"), "{call:?}");
         assert_eq!(call.parent, None);
