@@ -233,8 +233,8 @@ impl Wait {
             polls: 0,
             span: tracing::info_span!(
                 "onefill.wait",
-                notified = 0u64,
-                polls = 0u64,
+                notified = tracing::field::Empty,
+                polls = tracing::field::Empty,
                 timed_out = tracing::field::Empty,
             ),
         }
@@ -277,12 +277,12 @@ impl Wait {
         };
         let notified = nap.instrument(self.span.clone()).await;
         shared.recorder.wait_poll(notified);
+        // Recorded in the span once, at the end (an OpenTelemetry span
+        // keeps every value recorded, not the last).
         if notified {
             self.notified += 1;
-            self.span.record("notified", self.notified);
         } else {
             self.polls += 1;
-            self.span.record("polls", self.polls);
         }
         if notified {
             Next::Notified
@@ -293,7 +293,10 @@ impl Wait {
 
     /// Ends the wait (counted, with its duration).
     pub(crate) fn finish<V>(self, shared: &Shared<V>, timed_out: bool) {
-        self.span.record("timed_out", timed_out);
+        self.span
+            .record("notified", self.notified)
+            .record("polls", self.polls)
+            .record("timed_out", timed_out);
         shared
             .recorder
             .wait_finished(self.started.elapsed(), timed_out);

@@ -645,6 +645,7 @@ async fn a_waiter_span_shows_the_wait() {
     assert_eq!(call.name, "onefill.get_or_load");
     assert_eq!(field(call, "outcome"), Some("waited"));
     assert_eq!(field(wait, "notified"), Some("1"));
+    assert_eq!(field(wait, "polls"), Some("0"));
     assert_eq!(field(wait, "timed_out"), Some("false"));
     assert!(wait.closed);
 }
