@@ -70,6 +70,11 @@ pub struct Config {
     #[arg(long, env = "CACHE_WAIT", value_parser = parse_duration, default_value = "10s")]
     pub wait: Duration,
 
+    /// onefill: the backend time one flight may lose to failures before
+    /// its callers are answered (degrading to in-process coalescing).
+    #[arg(long, env = "CACHE_BACKEND_TIMEOUT", value_parser = parse_duration, default_value = "250ms")]
+    pub backend_timeout: Duration,
+
     /// onefill: an L1 of this many entries in front of Redis, kept
     /// coherent by Redis (`CLIENT TRACKING`); 0: none. (The embedded
     /// backend always has one.)

@@ -107,7 +107,8 @@ async fn build_cache(config: &Config) -> anyhow::Result<Cache<i64, Item>> {
         .namespace(config.namespace.clone())
         .ttl(config.ttl)
         .grace(config.grace)
-        .wait(WaitPolicy::default().deadline(config.wait));
+        .wait(WaitPolicy::default().deadline(config.wait))
+        .backend_timeout(config.backend_timeout);
     let builder = match &config.redis {
         Some(url) => {
             let backend = onefill::redis::RedisBackend::connect(url)

@@ -8,7 +8,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use metrics_exporter_prometheus::PrometheusHandle;
-use onefill::{CallOptions, Cache, Error as CacheError, Outcome};
+use onefill::{Cache, CallOptions, Error as CacheError, Outcome};
 use serde_json::json;
 
 use crate::origin::{Item, ItemUpdate, Origin};
