@@ -113,7 +113,8 @@ async fn build_cache(config: &Config) -> anyhow::Result<Cache<i64, Item>> {
         Some(url) => {
             let backend = onefill::redis::RedisBackend::connect(url)
                 .await
-                .with_context(|| format!("cannot connect to Redis at {}", redact(url)))?;
+                // The error's own message says why; its chain repeats it.
+                .map_err(|e| anyhow::anyhow!("cannot connect to Redis at {}: {e}", redact(url)))?;
             let builder = builder.backend(backend);
             if config.l1 > 0 {
                 builder.l1(L1::new(config.l1))

@@ -36,12 +36,42 @@ pub struct ItemUpdate {
 /// What can go wrong talking to PostgreSQL.
 #[derive(Debug, thiserror::Error)]
 pub enum OriginError {
-    #[error("postgres: {0}")]
-    Postgres(#[from] tokio_postgres::Error),
-    #[error("no connection from the pool: {0}")]
-    Pool(#[from] deadpool_postgres::PoolError),
+    // The causes are in the message (`with_causes`), for the HTTP answer
+    // and the log line alike; no `#[source]`, or a chain would repeat them.
+    #[error("postgres: {}", with_causes(.0))]
+    Postgres(tokio_postgres::Error),
+    #[error("no connection from the pool: {}", with_causes(.0))]
+    Pool(deadpool_postgres::PoolError),
     #[error("bad database URL: {0}")]
     Config(String),
+}
+
+/// `error: cause: cause's cause`, skipping a cause whose message the
+/// previous one already ends with.
+fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let message = c.to_string();
+        if !out.ends_with(&message) {
+            out.push_str(": ");
+            out.push_str(&message);
+        }
+        cause = c.source();
+    }
+    out
+}
+
+impl From<tokio_postgres::Error> for OriginError {
+    fn from(e: tokio_postgres::Error) -> Self {
+        OriginError::Postgres(e)
+    }
+}
+
+impl From<deadpool_postgres::PoolError> for OriginError {
+    fn from(e: deadpool_postgres::PoolError) -> Self {
+        OriginError::Pool(e)
+    }
 }
 
 /// Origin reads counted from PostgreSQL: in all, and for the most-read
