@@ -11,7 +11,7 @@
 use std::str::FromStr;
 use std::time::Duration;
 
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use serde::{Deserialize, Serialize};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::NoTls;
@@ -106,6 +106,9 @@ CREATE UNLOGGED TABLE IF NOT EXISTS origin_reads (
     at      timestamptz NOT NULL DEFAULT clock_timestamp()
 );";
 
+/// The longest a request waits for a pooled connection, or for a new one.
+const POOL_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Any number: it only has to be the same in every process.
 const SETUP_LOCK: i64 = 0x0E_F111;
 
@@ -142,8 +145,14 @@ impl Origin {
                 recycling_method: RecyclingMethod::Fast,
             },
         );
+        // Bounded waits for a connection: without them a request queues
+        // forever behind a saturated pool (in `--no-cache` mode nothing
+        // else bounds it).
         let pool = Pool::builder(manager)
             .max_size(pool_size.max(1))
+            .runtime(Runtime::Tokio1)
+            .wait_timeout(Some(POOL_TIMEOUT))
+            .create_timeout(Some(POOL_TIMEOUT))
             .build()
             .map_err(|e| OriginError::Config(e.to_string()))?;
         let mut client = pool.get().await?;
@@ -278,6 +287,20 @@ fn quote_identifier(name: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn causes_are_told_once() {
+        #[derive(Debug, thiserror::Error)]
+        #[error("outer")]
+        struct Outer(#[source] std::io::Error);
+        #[derive(Debug, thiserror::Error)]
+        #[error("wrapped: refused")]
+        struct Wrapped(#[source] std::io::Error);
+        let refused = || std::io::Error::other("refused");
+        assert_eq!(with_causes(&Outer(refused())), "outer: refused");
+        // A message that already ends with its cause's does not repeat it.
+        assert_eq!(with_causes(&Wrapped(refused())), "wrapped: refused");
+    }
 
     #[test]
     fn identifiers_are_quoted() {

@@ -218,8 +218,9 @@ async fn request(
         .await
         .expect("a body")
         .to_bytes();
+    // axum's own rejections (a bad path or body) are plain text.
     let json = serde_json::from_slice(&bytes)
-        .unwrap_or_else(|e| panic!("{url}: not JSON ({e}): {bytes:?}"));
+        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()));
     (status, cache, json)
 }
 
@@ -345,6 +346,34 @@ async fn a_fleet_reads_each_hot_item_once_and_no_cache_reads_it_per_request() {
         assert_eq!(status, StatusCode::NOT_FOUND);
     }
     assert_eq!(db.reads_by_item().await.get(&999), Some(&1));
+
+    // Bad requests change nothing (item 2 is checked by the burst below).
+    let bad = [
+        (Method::GET, "/items/abc", None),
+        (
+            Method::PUT,
+            "/items/2",
+            Some(serde_json::json!({ "name": 1, "price_cents": 1 })),
+        ),
+        (
+            Method::PUT,
+            "/items/2",
+            Some(serde_json::json!({ "name": "x" })),
+        ),
+    ];
+    for (method, path, body) in bad {
+        let url = format!("{}{path}", fleet[1].base);
+        let (status, _, answer) = request(&http, method, url, body).await;
+        assert!(status.is_client_error(), "{path}: {status} {answer}");
+    }
+    let (status, _, _) = request(
+        &http,
+        Method::PUT,
+        format!("{}/items/12345", fleet[1].base),
+        Some(serde_json::json!({ "name": "x", "price_cents": 1 })),
+    )
+    .await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "no such row to update");
 
     // The exporter serves onefill's metrics in Prometheus' format.
     let metrics = http
