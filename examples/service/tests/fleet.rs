@@ -392,8 +392,23 @@ async fn a_fleet_reads_each_hot_item_once_and_no_cache_reads_it_per_request() {
         .expect("a body")
         .to_bytes();
     let text = String::from_utf8_lossy(&text);
-    assert!(text.contains("onefill_"), "no onefill metric in:\n{text}");
-    assert!(text.contains("namespace=\"items\""), "{text}");
+    // The loads of this process, by the name and labels of
+    // `onefill::metrics`, described once (`# HELP`).
+    assert!(
+        text.contains("# HELP onefill_loads_total "),
+        "no onefill metric in:\n{text}"
+    );
+    let loaded: u64 = text
+        .lines()
+        .filter(|l| l.starts_with("onefill_loads_total{") && l.contains("outcome=\"ok\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum();
+    let (_, _, stats) = request(&http, Method::GET, format!("{}/stats", fleet[0].base), None).await;
+    assert_eq!(
+        Some(loaded),
+        stats["onefill"]["loads_ok"].as_u64(),
+        "{text}"
+    );
     drop(fleet);
 
     // No cache: the same burst costs one query per request.
