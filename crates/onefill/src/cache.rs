@@ -14,7 +14,7 @@ use tracing::Instrument;
 use crate::builder::CacheBuilder;
 use crate::circuit::CircuitState;
 use crate::coalesce::Joined;
-use crate::error::{BackendError, Error, LoaderError};
+use crate::error::{BackendError, Error, IntoLoaderError};
 use crate::flight::{Flight, Outcome};
 use crate::freshness;
 use crate::key::{self, FillKeys, KeyBuf};
@@ -169,7 +169,7 @@ where
     where
         F: FnOnce(K) -> Fut + Send + 'static,
         Fut: Future<Output = Result<V, E>> + Send + 'static,
-        E: std::error::Error + Send + Sync + 'static,
+        E: IntoLoaderError,
     {
         self.fetch(key, &CallOptions::default(), loader)
             .await
@@ -203,7 +203,7 @@ where
     where
         F: FnOnce(K) -> Fut + Send + 'static,
         Fut: Future<Output = Result<V, E>> + Send + 'static,
-        E: std::error::Error + Send + Sync + 'static,
+        E: IntoLoaderError,
     {
         self.fetch(key, options, loader).await.map(|f| f.value)
     }
@@ -235,7 +235,7 @@ where
     where
         F: FnOnce(K) -> Fut + Send + 'static,
         Fut: Future<Output = Result<V, E>> + Send + 'static,
-        E: std::error::Error + Send + Sync + 'static,
+        E: IntoLoaderError,
     {
         let found = move |key| async move { loader(key).await.map(Some) };
         let fetched = self.fetch_optional(key, options, found).await?;
@@ -275,7 +275,7 @@ where
     where
         F: FnOnce(K) -> Fut + Send + 'static,
         Fut: Future<Output = Result<Option<V>, E>> + Send + 'static,
-        E: std::error::Error + Send + Sync + 'static,
+        E: IntoLoaderError,
     {
         self.fetch_optional(key, &CallOptions::default(), loader)
             .await
@@ -297,7 +297,7 @@ where
     where
         F: FnOnce(K) -> Fut + Send + 'static,
         Fut: Future<Output = Result<Option<V>, E>> + Send + 'static,
-        E: std::error::Error + Send + Sync + 'static,
+        E: IntoLoaderError,
     {
         let loader = match &self.shared.l1 {
             Some(l1) => match self.answer_from_l1(l1, key, options, loader) {
@@ -322,7 +322,7 @@ where
     where
         F: FnOnce(K) -> Fut + Send + 'static,
         Fut: Future<Output = Result<Option<V>, E>> + Send + 'static,
-        E: std::error::Error + Send + Sync + 'static,
+        E: IntoLoaderError,
     {
         // Call options are checked (and bad ones refused) by the flight.
         if *options != CallOptions::default() {
@@ -593,8 +593,8 @@ where
     K: Clone + Send + 'static,
     F: FnOnce(K) -> Fut + Send + 'static,
     Fut: Future<Output = Result<Option<V>, E>> + Send + 'static,
-    E: std::error::Error + Send + Sync + 'static,
+    E: IntoLoaderError,
 {
     let owned = key.clone();
-    Box::new(move || Box::pin(async move { loader(owned).await.map_err(LoaderError::new) }))
+    Box::new(move || Box::pin(async move { loader(owned).await.map_err(E::into_loader_error) }))
 }

@@ -132,7 +132,8 @@ pub use circuit::{CircuitBreaker, CircuitState};
 pub use codec::PostcardCodec;
 pub use codec::{Codec, JsonCodec};
 pub use error::{
-    BackendError, BackendErrorKind, CodecError, ConfigError, Error, InputError, LoaderError,
+    BackendError, BackendErrorKind, BoxError, CodecError, ConfigError, Error, InputError,
+    IntoLoaderError, LoaderError,
 };
 pub use flight::Outcome;
 pub use l1::L1;
