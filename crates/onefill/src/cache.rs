@@ -2,6 +2,7 @@
 //! (or spawns one), and awaits the answer; the protocol itself lives in
 //! `flight.rs` and the modules it uses.
 
+use std::borrow::Borrow;
 use std::fmt::{self, Display};
 use std::future::Future;
 use std::marker::PhantomData;
@@ -57,6 +58,12 @@ pub struct Fetched<V> {
 /// namespace, may share one backend. Keys are any `Display` type: the
 /// string form is the key.
 ///
+/// Every keyed call takes the key borrowed as `HashMap::get` does
+/// (`K: Borrow<Q>`): a `Cache<String, _>` takes `"42"` as well as
+/// `&"42".to_string()`. `Q`'s string form must be `K`'s (as for `str` and
+/// `String`); a loader still receives the owned `K` (`Q::to_owned`, made
+/// only when the loader may run: an L1 hit allocates no key).
+///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// use std::time::Duration;
@@ -67,12 +74,14 @@ pub struct Fetched<V> {
 ///     .ttl(Duration::from_secs(60))
 ///     .build()?;
 ///
+/// // A `&str` for a `String` key; the loader gets the owned `String`.
 /// let name = cache
-///     .get_or_load(&"42".to_string(), |id| async move {
+///     .get_or_load("42", |id: String| async move {
 ///         Ok::<_, std::io::Error>(format!("user {id}"))
 ///     })
 ///     .await?;
 /// assert_eq!(name, "user 42");
+/// assert_eq!(cache.get(&"42".to_string()).await?.as_deref(), Some("user 42"));
 /// assert_eq!(cache.stats().loads_ok, 1);
 /// # Ok(()) }
 /// ```
@@ -165,8 +174,10 @@ where
     ///
     /// Never because of the loader (a panicking loader becomes
     /// [`Error::LoaderPanicked`]). Must be called within a tokio runtime.
-    pub async fn get_or_load<F, Fut, E>(&self, key: &K, loader: F) -> Result<V, Error>
+    pub async fn get_or_load<Q, F, Fut, E>(&self, key: &Q, loader: F) -> Result<V, Error>
     where
+        K: Borrow<Q>,
+        Q: Display + ToOwned<Owned = K> + ?Sized,
         F: FnOnce(K) -> Fut + Send + 'static,
         Fut: Future<Output = Result<V, E>> + Send + 'static,
         E: IntoLoaderError,
@@ -194,13 +205,15 @@ where
     /// # Errors
     ///
     /// As [`get_or_load`](Cache::get_or_load).
-    pub async fn get_or_load_with<F, Fut, E>(
+    pub async fn get_or_load_with<Q, F, Fut, E>(
         &self,
-        key: &K,
+        key: &Q,
         options: &CallOptions,
         loader: F,
     ) -> Result<V, Error>
     where
+        K: Borrow<Q>,
+        Q: Display + ToOwned<Owned = K> + ?Sized,
         F: FnOnce(K) -> Fut + Send + 'static,
         Fut: Future<Output = Result<V, E>> + Send + 'static,
         E: IntoLoaderError,
@@ -226,13 +239,15 @@ where
     /// # Errors
     ///
     /// As [`get_or_load`](Cache::get_or_load).
-    pub async fn fetch<F, Fut, E>(
+    pub async fn fetch<Q, F, Fut, E>(
         &self,
-        key: &K,
+        key: &Q,
         options: &CallOptions,
         loader: F,
     ) -> Result<Fetched<V>, Error>
     where
+        K: Borrow<Q>,
+        Q: Display + ToOwned<Owned = K> + ?Sized,
         F: FnOnce(K) -> Fut + Send + 'static,
         Fut: Future<Output = Result<V, E>> + Send + 'static,
         E: IntoLoaderError,
@@ -267,12 +282,14 @@ where
     ///
     /// As [`get_or_load`](Cache::get_or_load), except that a cached absence
     /// is `Ok(None)`.
-    pub async fn get_or_load_optional<F, Fut, E>(
+    pub async fn get_or_load_optional<Q, F, Fut, E>(
         &self,
-        key: &K,
+        key: &Q,
         loader: F,
     ) -> Result<Option<V>, Error>
     where
+        K: Borrow<Q>,
+        Q: Display + ToOwned<Owned = K> + ?Sized,
         F: FnOnce(K) -> Fut + Send + 'static,
         Fut: Future<Output = Result<Option<V>, E>> + Send + 'static,
         E: IntoLoaderError,
@@ -288,13 +305,15 @@ where
     /// # Errors
     ///
     /// As [`get_or_load_optional`](Cache::get_or_load_optional).
-    pub async fn fetch_optional<F, Fut, E>(
+    pub async fn fetch_optional<Q, F, Fut, E>(
         &self,
-        key: &K,
+        key: &Q,
         options: &CallOptions,
         loader: F,
     ) -> Result<Fetched<Option<V>>, Error>
     where
+        K: Borrow<Q>,
+        Q: Display + ToOwned<Owned = K> + ?Sized,
         F: FnOnce(K) -> Fut + Send + 'static,
         Fut: Future<Output = Result<Option<V>, E>> + Send + 'static,
         E: IntoLoaderError,
@@ -312,14 +331,16 @@ where
     /// The L1 hit path: a lookup and a clone, no task, no channel, no
     /// allocation (for keys up to 128 bytes). `Err(loader)`: not in the L1
     /// (or not servable from it); the flight answers.
-    fn answer_from_l1<F, Fut, E>(
+    fn answer_from_l1<Q, F, Fut, E>(
         &self,
         l1: &Local<V>,
-        key: &K,
+        key: &Q,
         options: &CallOptions,
         loader: F,
     ) -> Result<Fetched<Option<V>>, F>
     where
+        K: Borrow<Q>,
+        Q: Display + ToOwned<Owned = K> + ?Sized,
         F: FnOnce(K) -> Fut + Send + 'static,
         Fut: Future<Output = Result<Option<V>, E>> + Send + 'static,
         E: IntoLoaderError,
@@ -366,9 +387,9 @@ where
     /// A call past the L1, in its span (`onefill.get_or_load`, see the
     /// crate docs' "Observability"): the flight's work, in this task or its
     /// own, is the span's children.
-    async fn fetch_erased(
+    async fn fetch_erased<Q: Display + ?Sized>(
         &self,
-        key: &K,
+        key: &Q,
         options: &CallOptions,
         load: Load<V>,
     ) -> Result<Fetched<Option<V>>, Error> {
@@ -403,9 +424,9 @@ where
         fetched
     }
 
-    async fn fetch_in_flight(
+    async fn fetch_in_flight<Q: Display + ?Sized>(
         &self,
-        key: &K,
+        key: &Q,
         options: &CallOptions,
         load: Load<V>,
         span: &tracing::Span,
@@ -436,7 +457,11 @@ where
         })
     }
 
-    fn prepare(&self, key: &K, options: &CallOptions) -> Result<(String, Policy), Error> {
+    fn prepare<Q: Display + ?Sized>(
+        &self,
+        key: &Q,
+        options: &CallOptions,
+    ) -> Result<(String, Policy), Error> {
         let key = self.validated(key)?;
         let policy = self
             .shared
@@ -446,13 +471,13 @@ where
         Ok((key, policy))
     }
 
-    fn validated(&self, key: &K) -> Result<String, Error> {
+    fn validated<Q: Display + ?Sized>(&self, key: &Q) -> Result<String, Error> {
         let key = key.to_string();
         key::validate_key(&key, self.shared.policy.max_key_bytes)?;
         Ok(key)
     }
 
-    fn keys(&self, key: &K) -> Result<FillKeys, Error> {
+    fn keys<Q: Display + ?Sized>(&self, key: &Q) -> Result<FillKeys, Error> {
         Ok(FillKeys::new(&self.shared.namespace, &self.validated(key)?))
     }
 
@@ -476,7 +501,11 @@ where
     ///
     /// [`Error::InvalidInput`] for a bad key; [`Error::Backend`] if the
     /// backend fails.
-    pub async fn get(&self, key: &K) -> Result<Option<V>, Error> {
+    pub async fn get<Q>(&self, key: &Q) -> Result<Option<V>, Error>
+    where
+        K: Borrow<Q>,
+        Q: Display + ?Sized,
+    {
         if let Some(l1) = &self.shared.l1 {
             let buf = KeyBuf::new(key);
             if let Lookup::Fresh(value) = l1.get(buf.as_str(), Instant::now()) {
@@ -510,14 +539,18 @@ where
     ///
     /// [`Error::InvalidInput`] for a bad key or a value over the size limit
     /// (nothing is written); [`Error::Encode`]; [`Error::Backend`].
-    pub async fn set(&self, key: &K, value: V) -> Result<(), Error> {
+    pub async fn set<Q>(&self, key: &Q, value: V) -> Result<(), Error>
+    where
+        K: Borrow<Q>,
+        Q: Display + ?Sized,
+    {
         let span = call_span!("onefill.set", self);
         let set = self.set_in_span(key, value).instrument(span.clone()).await;
         ended(&span, &set, |_| "ok");
         set
     }
 
-    async fn set_in_span(&self, key: &K, value: V) -> Result<(), Error> {
+    async fn set_in_span<Q: Display + ?Sized>(&self, key: &Q, value: V) -> Result<(), Error> {
         let key = self.validated(key)?;
         let keys = FillKeys::new(&self.shared.namespace, &key);
         let policy = &self.shared.policy;
@@ -538,7 +571,11 @@ where
     /// # Errors
     ///
     /// [`Error::InvalidInput`] for a bad key; [`Error::Backend`].
-    pub async fn invalidate(&self, key: &K) -> Result<(), Error> {
+    pub async fn invalidate<Q>(&self, key: &Q) -> Result<(), Error>
+    where
+        K: Borrow<Q>,
+        Q: Display + ?Sized,
+    {
         let span = call_span!("onefill.invalidate", self);
         let invalidated = async {
             let key = self.validated(key)?;
@@ -588,13 +625,14 @@ fn ended<T>(span: &tracing::Span, result: &Result<T, Error>, outcome: impl Fn(&T
 }
 
 /// The caller's loader, type-erased for the flight.
-fn erase<K, V, F, Fut, E>(key: &K, loader: F) -> Load<V>
+fn erase<Q, K, V, F, Fut, E>(key: &Q, loader: F) -> Load<V>
 where
-    K: Clone + Send + 'static,
+    Q: ToOwned<Owned = K> + ?Sized,
+    K: Send + 'static,
     F: FnOnce(K) -> Fut + Send + 'static,
     Fut: Future<Output = Result<Option<V>, E>> + Send + 'static,
     E: IntoLoaderError,
 {
-    let owned = key.clone();
+    let owned = key.to_owned();
     Box::new(move || Box::pin(async move { loader(owned).await.map_err(E::into_loader_error) }))
 }
