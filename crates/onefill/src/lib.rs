@@ -46,6 +46,62 @@
 //! # Ok(()) }
 //! ```
 //!
+//! ## A connection pool (or any shared state) in the loader
+//!
+//! The loader is `'static` and `Send`: it runs detached, in a task of its
+//! own, so it may outlive the call that started it (see
+//! [`Cache::get_or_load`]'s *Cancellation*). It cannot borrow the caller's
+//! pool; it **owns a clone of the pool's handle**. Pools are built for
+//! this: `sqlx::PgPool`, `deadpool`'s `Pool`, `bb8::Pool` and
+//! `redis::aio::ConnectionManager` are all cheap `Clone` handles around an
+//! `Arc`; wrap anything else (a client, a config) in an [`Arc`](std::sync::Arc).
+//! Clone the handle *into the closure*, then take a connection *inside* the
+//! loader, so one is held only while a load runs, never by waiting callers.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::sync::Arc;
+//! use tokio::sync::Semaphore;
+//!
+//! /// Stands for `sqlx::PgPool`, a `deadpool` pool…: a cheap `Clone`
+//! /// handle, here a semaphore of 4 connections behind an `Arc`.
+//! #[derive(Clone)]
+//! struct Pool {
+//!     connections: Arc<Semaphore>,
+//! }
+//!
+//! impl Pool {
+//!     async fn user_name(&self, id: u64) -> Result<String, std::io::Error> {
+//!         let _connection = self.connections.acquire().await.map_err(std::io::Error::other)?;
+//!         Ok(format!("user {id}"))
+//!     }
+//! }
+//!
+//! /// The service's state: the cache and the pool side by side.
+//! #[derive(Clone)]
+//! struct Users {
+//!     cache: onefill::Cache<u64, String>,
+//!     pool: Pool,
+//! }
+//!
+//! impl Users {
+//!     async fn name(&self, id: u64) -> Result<String, onefill::Error> {
+//!         // A clone of the handle moves into the `'static` loader.
+//!         let pool = self.pool.clone();
+//!         self.cache
+//!             .get_or_load(&id, move |id| async move { pool.user_name(id).await })
+//!             .await
+//!     }
+//! }
+//!
+//! let users = Users {
+//!     cache: onefill::Cache::builder().namespace("users").build()?,
+//!     pool: Pool { connections: Arc::new(Semaphore::new(4)) },
+//! };
+//! assert_eq!(users.name(42).await?, "user 42");
+//! # Ok(()) }
+//! ```
+//!
 //! ## Cargo features
 //!
 //! | feature | default | what it adds |
