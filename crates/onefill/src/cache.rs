@@ -158,7 +158,7 @@ where
     /// # Errors
     ///
     /// - [`Error::Loader`] with the loader's own error (as
-    ///   [`LoaderError`]), shared by every coalesced caller;
+    ///   [`LoaderError`](crate::LoaderError)), shared by every coalesced caller;
     ///   [`Error::LoaderPanicked`], [`Error::LoadTimedOut`];
     /// - [`Error::WaitTimedOut`] if the wait policy says so;
     /// - [`Error::CachedFailure`] if negative caching remembered a failure;
