@@ -20,7 +20,7 @@ use crate::flight::{Flight, Outcome};
 use crate::freshness;
 use crate::key::{self, FillKeys, KeyBuf};
 use crate::l1::{Local, Lookup};
-use crate::loader::Load;
+use crate::loader::{Load, Loaded};
 use crate::options::{CallOptions, Policy};
 use crate::shared::{Shared, Writing};
 use crate::stats::Stats;
@@ -252,8 +252,62 @@ where
         Fut: Future<Output = Result<V, E>> + Send + 'static,
         E: IntoLoaderError,
     {
-        let found = move |key| async move { loader(key).await.map(Some) };
-        let fetched = self.fetch_optional(key, options, found).await?;
+        let loaded = move |key| async move { loader(key).await.map(Loaded::new) };
+        self.fetch_loaded(key, options, loaded).await
+    }
+
+    /// The primitive of [`fetch`](Cache::fetch): the loader returns a
+    /// [`Loaded`], which may choose the value's TTL and grace (a short TTL
+    /// for a draft, a long one for a published page; what it leaves unset is
+    /// the call's policy).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), onefill::Error> {
+    /// use std::time::Duration;
+    /// use onefill::{CallOptions, Loaded, Outcome};
+    ///
+    /// struct Page { body: String, published: bool }
+    /// async fn load_page(id: String) -> std::io::Result<Page> {
+    ///     Ok(Page { body: format!("page {id}"), published: id != "draft" })
+    /// }
+    ///
+    /// let cache = onefill::Cache::<String, String>::builder().build().unwrap();
+    /// let page = cache
+    ///     .fetch_loaded("home", &CallOptions::new(), |id| async move {
+    ///         let page = load_page(id).await?;
+    ///         let ttl = if page.published { 3600 } else { 5 };
+    ///         Ok::<_, std::io::Error>(Loaded::new(page.body).ttl(Duration::from_secs(ttl)))
+    ///     })
+    ///     .await?;
+    /// assert_eq!((page.value.as_str(), page.outcome), ("page home", Outcome::Loaded));
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Concurrent calls on the same key
+    ///
+    /// As [`get_or_load`](Cache::get_or_load): one load, whose choice holds
+    /// for the value everyone gets and the one stored.
+    ///
+    /// # Errors
+    ///
+    /// As [`get_or_load`](Cache::get_or_load); a TTL or grace out of range
+    /// (see [`Loaded::ttl`]) is [`Error::InvalidInput`] for every caller of
+    /// the load, and nothing is stored.
+    pub async fn fetch_loaded<Q, F, Fut, E>(
+        &self,
+        key: &Q,
+        options: &CallOptions,
+        loader: F,
+    ) -> Result<Fetched<V>, Error>
+    where
+        K: Borrow<Q>,
+        Q: Display + ToOwned<Owned = K> + ?Sized,
+        F: FnOnce(K) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<Loaded<V>, E>> + Send + 'static,
+        E: IntoLoaderError,
+    {
+        let found = move |key| async move { loader(key).await.map(|l| l.map(Some)) };
+        let fetched = self.fetch_loaded_optional(key, options, found).await?;
         match fetched.value {
             Some(value) => Ok(Fetched {
                 value,
@@ -318,6 +372,32 @@ where
         Fut: Future<Output = Result<Option<V>, E>> + Send + 'static,
         E: IntoLoaderError,
     {
+        let loaded = move |key| async move { loader(key).await.map(Loaded::new) };
+        self.fetch_loaded_optional(key, options, loaded).await
+    }
+
+    /// The primitive of every loading call: an optional loader returning a
+    /// [`Loaded`] (see [`fetch_loaded`](Cache::fetch_loaded)); a chosen TTL
+    /// of an absent value (`Loaded::new(None)`) is how long the absence is
+    /// cached.
+    ///
+    /// # Errors
+    ///
+    /// As [`fetch_loaded`](Cache::fetch_loaded), except that a cached
+    /// absence is `Ok(None)`.
+    pub async fn fetch_loaded_optional<Q, F, Fut, E>(
+        &self,
+        key: &Q,
+        options: &CallOptions,
+        loader: F,
+    ) -> Result<Fetched<Option<V>>, Error>
+    where
+        K: Borrow<Q>,
+        Q: Display + ToOwned<Owned = K> + ?Sized,
+        F: FnOnce(K) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<Loaded<Option<V>>, E>> + Send + 'static,
+        E: IntoLoaderError,
+    {
         let loader = match &self.shared.l1 {
             Some(l1) => match self.answer_from_l1(l1, key, options, loader) {
                 Ok(fetched) => return Ok(fetched),
@@ -342,7 +422,7 @@ where
         K: Borrow<Q>,
         Q: Display + ToOwned<Owned = K> + ?Sized,
         F: FnOnce(K) -> Fut + Send + 'static,
-        Fut: Future<Output = Result<Option<V>, E>> + Send + 'static,
+        Fut: Future<Output = Result<Loaded<Option<V>>, E>> + Send + 'static,
         E: IntoLoaderError,
     {
         // Call options are checked (and bad ones refused) by the flight.
@@ -544,23 +624,58 @@ where
         K: Borrow<Q>,
         Q: Display + ?Sized,
     {
+        self.set_with(key, value, &CallOptions::default()).await
+    }
+
+    /// [`set`](Cache::set) with per-call options: the value's `ttl`,
+    /// `grace` and `jitter` (the others do not apply to a write), as a
+    /// loader may choose them with [`Loaded`](crate::Loaded).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), onefill::Error> {
+    /// use std::time::Duration;
+    /// let cache = onefill::Cache::<String, String>::builder().build().unwrap();
+    /// let draft = onefill::CallOptions::new().ttl(Duration::from_secs(5));
+    /// cache.set_with("post:1", "draft".to_owned(), &draft).await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`set`](Cache::set); out-of-range options are
+    /// [`Error::InvalidInput`] (nothing is written).
+    pub async fn set_with<Q>(&self, key: &Q, value: V, options: &CallOptions) -> Result<(), Error>
+    where
+        K: Borrow<Q>,
+        Q: Display + ?Sized,
+    {
         let span = call_span!("onefill.set", self);
-        let set = self.set_in_span(key, value).instrument(span.clone()).await;
+        let set = self
+            .set_in_span(key, value, options)
+            .instrument(span.clone())
+            .await;
         ended(&span, &set, |_| "ok");
         set
     }
 
-    async fn set_in_span<Q: Display + ?Sized>(&self, key: &Q, value: V) -> Result<(), Error> {
-        let key = self.validated(key)?;
+    async fn set_in_span<Q: Display + ?Sized>(
+        &self,
+        key: &Q,
+        value: V,
+        options: &CallOptions,
+    ) -> Result<(), Error> {
+        let (key, policy) = self.prepare(key, options)?;
         let keys = FillKeys::new(&self.shared.namespace, &key);
-        let policy = &self.shared.policy;
         let value = Some(value);
-        let bytes = self.shared.encode(policy, &value, Duration::ZERO)?;
         let ttl = freshness::written_ttl(policy.ttl, policy.jitter, policy.grace);
+        let fresh = ttl.saturating_sub(policy.grace);
+        let bytes = self
+            .shared
+            .encode(&policy, &value, Duration::ZERO, Some(fresh))?;
         let writing = Writing::start(&self.shared, &key, &keys);
         self.call(&keys, "set", self.shared.backend.set(&keys, &bytes, ttl))
             .await?;
-        writing.landed(&value);
+        writing.landed(&value, ttl);
         Ok(())
     }
 
@@ -630,7 +745,7 @@ where
     Q: ToOwned<Owned = K> + ?Sized,
     K: Send + 'static,
     F: FnOnce(K) -> Fut + Send + 'static,
-    Fut: Future<Output = Result<Option<V>, E>> + Send + 'static,
+    Fut: Future<Output = Result<Loaded<Option<V>>, E>> + Send + 'static,
     E: IntoLoaderError,
 {
     let owned = key.to_owned();

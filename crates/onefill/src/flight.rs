@@ -49,7 +49,7 @@ use crate::freshness;
 use crate::key::FillKeys;
 use crate::l1::Ticket;
 use crate::lease::{Acquisition, Lease, LeaseTtl};
-use crate::loader::{self, Load, Loaded, Sharing};
+use crate::loader::{self, Done, Load, Loaded, Sharing};
 use crate::options::{Policy, MAX_TTL};
 use crate::shared::{Read, Shared};
 use crate::stats::Recorder;
@@ -131,9 +131,9 @@ pub(crate) struct Flight<V> {
     /// Taken before the first read: the L1 keeps the answer only if no
     /// change of the key was reported since (see `l1.rs`).
     l1_ticket: Option<Ticket>,
-    /// When the answer's value stops being fresh, how long its load took and
-    /// its encoded size: set by a read or a successful fill, for the L1.
-    l1_fresh: Mutex<Option<(Instant, Duration, usize)>>,
+    /// The answer's value as stored: set by a read or a successful fill,
+    /// for the L1.
+    l1_fresh: Mutex<Option<StoredFreshness>>,
     /// This flight refreshes a value that is still fresh (early refresh):
     /// if its load fails, nothing is written (no fail-safe re-store, no
     /// cached failure over a fresh value).
@@ -204,6 +204,19 @@ impl<F: Future> Future for CatchUnwind<'_, F> {
             Err(panic) => Poll::Ready(Err(panic)),
         }
     }
+}
+
+/// What the L1 needs of the value stored for the answer.
+#[derive(Debug, Clone, Copy)]
+struct StoredFreshness {
+    /// When it stops being fresh.
+    fresh_until: Instant,
+    /// How long its load took.
+    delta: Duration,
+    /// At most the fresh TTL it was written with, if recorded.
+    written_ttl: Option<Duration>,
+    /// Its encoded size.
+    size: usize,
 }
 
 /// A fill to run once the callers have their answer.
@@ -394,12 +407,17 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         };
         let fresh = *self.l1_fresh.lock();
         let expires = *self.value_expires.lock();
-        let (true, Some((fresh_until, delta, size)), Some(expires_at)) = (eligible, fresh, expires)
-        else {
+        let (true, Some(stored), Some(expires_at)) = (eligible, fresh, expires) else {
             return;
         };
+        let StoredFreshness {
+            fresh_until,
+            delta,
+            written_ttl,
+            size,
+        } = stored;
         // With no freshness left, the window is the one a read would use.
-        let window = self.early_refresh(Duration::ZERO, delta);
+        let window = self.early_refresh(Duration::ZERO, delta, written_ttl);
         let refresh_at = window
             .and_then(|w| fresh_until.checked_sub(w))
             .unwrap_or(fresh_until);
@@ -458,9 +476,10 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
                     value,
                     fresh_for,
                     delta,
+                    written_ttl,
                 } if !fresh_for.is_zero() => {
                     self.rec().hit();
-                    let early = self.early_refresh(fresh_for, delta);
+                    let early = self.early_refresh(fresh_for, delta, written_ttl);
                     return FirstRead::Answered(
                         Ok((value, Outcome::Hit)),
                         early.map(Refresh::Early),
@@ -674,11 +693,19 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
     ) -> Result<Answer<V>, Error> {
         let loaded = self.run_loader(Sharing::Own).await;
         lease.loader_done();
-        let (value, took) = match loaded {
+        let (loaded, took) = match loaded {
             Ok(loaded) => loaded,
             Err(error) => return self.after_failed_load(Some(lease), error, stale).await,
         };
-        let bytes = match self.shared.encode(&self.policy, &value, took) {
+        // The loader's choice of freshness, then the bytes that record it;
+        // either failing, nothing is stored and the callers get the error.
+        let chosen = self.choose(&loaded);
+        let value = loaded.into_value();
+        let ttl = self.written_ttl(value.is_some());
+        let fresh = ttl.saturating_sub(self.policy.grace);
+        let encoded =
+            chosen.and_then(|()| self.shared.encode(&self.policy, &value, took, Some(fresh)));
+        let bytes = match encoded {
             Ok(bytes) => bytes,
             Err(error) => {
                 let _ = self
@@ -688,7 +715,6 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
                 return Err(error);
             }
         };
-        let ttl = self.written_ttl(value.is_some());
         self.note_value_ttl(ttl);
         // `Ok(false)`: expired or invalidated while we loaded; our callers
         // still get the value, but it must not overwrite what is there now
@@ -701,8 +727,12 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
                 .run("fill", |t| lease.fill(&self.shared, t, &bytes, ttl))
                 .await;
             if let Ok(true) = filled {
-                let fresh_until = Instant::now() + ttl.saturating_sub(self.policy.grace);
-                *self.l1_fresh.lock() = Some((fresh_until, took, bytes.len()));
+                *self.l1_fresh.lock() = Some(StoredFreshness {
+                    fresh_until: Instant::now() + fresh,
+                    delta: took,
+                    written_ttl: Some(fresh),
+                    size: bytes.len(),
+                });
             }
         }
         Ok((value, Outcome::Loaded))
@@ -743,10 +773,11 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
     async fn load_unstored(&mut self) -> Result<Answer<V>, Error> {
         self.rec().degraded_load();
         match self.run_loader(Sharing::MayJoin).await {
-            Ok((value, _)) => {
+            Ok((loaded, _)) => {
+                self.choose(&loaded)?;
                 // A new value, not the one read before: `ttl + grace`.
                 *self.value_expires.lock() = None;
-                Ok((value, Outcome::Degraded))
+                Ok((loaded.into_value(), Outcome::Degraded))
             }
             Err(error) => self.after_failed_load(None, error, None).await,
         }
@@ -782,7 +813,12 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
             if let Some(lease) = lease {
                 let throttled = self
                     .shared
-                    .encode(&self.policy, &value, Duration::ZERO)
+                    .encode(
+                        &self.policy,
+                        &value,
+                        Duration::ZERO,
+                        Some(self.policy.fail_safe_throttle),
+                    )
                     .ok()
                     .map(|bytes| (bytes, self.policy.fail_safe_throttle + self.policy.grace));
                 let entry = throttled.as_ref().map(|(b, t)| (b.as_slice(), *t));
@@ -806,6 +842,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
                         Kind::Failure,
                         Duration::ZERO,
                         Duration::ZERO,
+                        None,
                         message.as_bytes(),
                     );
                     Some((bytes, ttl))
@@ -822,7 +859,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
     }
 
     /// Runs this flight's one load.
-    async fn run_loader(&mut self, sharing: Sharing) -> Result<Loaded<V>, Error> {
+    async fn run_loader(&mut self, sharing: Sharing) -> Result<Done<V>, Error> {
         let taken = self.load.lock().take();
         let Some(load) = taken else {
             // One flight runs at most one load; reaching here is a bug in
@@ -872,15 +909,25 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
     }
 
     /// The early-refresh window of a value with `fresh_for` left whose load
-    /// took `delta`, if it is due (see `freshness::early_refresh`). Early
+    /// took `delta`, if it is due (see `freshness::early_refresh`), capped
+    /// by the fresh TTL it was written with if recorded (a loader may have
+    /// chosen it), else by the policy's. Early
     /// refresh and the grace window answer the same question (who pays for
     /// the refresh at expiry); with a grace window the first stale read
     /// refreshes in the background, so early refresh would only add loads.
-    fn early_refresh(&self, fresh_for: Duration, delta: Duration) -> Option<Duration> {
+    fn early_refresh(
+        &self,
+        fresh_for: Duration,
+        delta: Duration,
+        written_ttl: Option<Duration>,
+    ) -> Option<Duration> {
         if !self.policy.grace.is_zero() {
             return None;
         }
-        let cap = freshness::early_refresh_cap(self.policy.ttl, self.policy.jitter);
+        let cap = match written_ttl {
+            Some(ttl) => freshness::early_refresh_cap(ttl, 0.0),
+            None => freshness::early_refresh_cap(self.policy.ttl, self.policy.jitter),
+        };
         freshness::early_refresh(fresh_for, delta, self.policy.early_refresh_beta, cap)
     }
 
@@ -912,12 +959,19 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
     fn read(&self, stored: &Stored) -> Read<V> {
         let read = self.shared.read(stored, Some(self.keys.value()));
         if let Read::Value {
-            fresh_for, delta, ..
+            fresh_for,
+            delta,
+            written_ttl,
+            ..
         } = &read
         {
             self.note_value_ttl(stored.ttl);
-            let fresh_until = Instant::now() + *fresh_for;
-            *self.l1_fresh.lock() = Some((fresh_until, *delta, stored.bytes.len()));
+            *self.l1_fresh.lock() = Some(StoredFreshness {
+                fresh_until: Instant::now() + *fresh_for,
+                delta: *delta,
+                written_ttl: *written_ttl,
+                size: stored.bytes.len(),
+            });
         }
         read
     }
@@ -943,6 +997,13 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         self.value_expires
             .lock()
             .is_none_or(|expires| expires > Instant::now())
+    }
+
+    /// Adopts the freshness the loader chose for its value, if any.
+    fn choose<T>(&mut self, loaded: &Loaded<T>) -> Result<(), Error> {
+        self.policy
+            .choose(loaded.chosen_ttl(), loaded.chosen_grace())
+            .map_err(|invalid| Error::InvalidInput(invalid.into()))
     }
 
     fn written_ttl(&self, is_value: bool) -> Duration {

@@ -194,6 +194,7 @@ pub use error::{
 pub use flight::Outcome;
 pub use l1::L1;
 pub use lease::{LeaseToken, LeaseTtl};
+pub use loader::Loaded;
 pub use options::{CallOptions, MAX_TTL};
 pub use stats::Stats;
 pub use wait::{OnWaitTimeout, WaitPolicy};

@@ -248,6 +248,26 @@ options! {
 }
 
 impl Policy {
+    /// Applies the freshness a loader chose for its value
+    /// ([`Loaded`](crate::Loaded)): its TTL (also that of a cached absence)
+    /// and grace, checked as the options of the same names.
+    pub(crate) fn choose(
+        &mut self,
+        ttl: Option<Duration>,
+        grace: Option<Duration>,
+    ) -> Result<(), InvalidOption> {
+        if let Some(ttl) = ttl {
+            within(MS, MAX_TTL)("Loaded::ttl", &ttl)?;
+            self.ttl = ttl;
+            self.negative_ttl = Some(ttl);
+        }
+        if let Some(grace) = grace {
+            within(Duration::ZERO, MAX_TTL)("Loaded::grace", &grace)?;
+            self.grace = grace;
+        }
+        Ok(())
+    }
+
     /// The longest one flight can take: waiting, then loading, with a few
     /// backend calls around them.
     pub(crate) fn longest_flight(&self) -> Duration {
