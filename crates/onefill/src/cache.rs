@@ -439,6 +439,9 @@ where
                 self.shared.recorder.l1_hit();
                 (value, Outcome::Hit)
             }
+            // With a soft timeout, a stale value waits for a load first:
+            // the flight's business.
+            Lookup::Stale(_) if self.shared.policy.soft_timeout.is_some() => return Err(loader),
             Lookup::Stale(value) => {
                 self.shared.recorder.stale_served();
                 let keys = FillKeys::new(&self.shared.namespace, user_key);

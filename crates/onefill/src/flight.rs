@@ -65,8 +65,9 @@ pub enum Outcome {
     /// A fresh value was already stored.
     Hit,
     /// A stale value was served: within the grace window (a refresh runs in
-    /// the background), after a failed load (fail-safe), or while the backend
-    /// was failing.
+    /// the background), at the soft timeout of a slow load (which goes on
+    /// in the background, see `CallOptions::soft_timeout`), after a failed
+    /// load (fail-safe), or while the backend was failing.
     Stale,
     /// This process ran the loader under the lease and stored the result.
     Loaded,
@@ -126,6 +127,10 @@ pub(crate) struct Flight<V> {
     /// A fill put off until after the callers were answered, because the
     /// budget was spent by then.
     deferred_fill: Option<DeferredFill>,
+    /// A load still running when the soft timeout answered the callers
+    /// stale: finished (filled or released) after the answer. In a mutex
+    /// only to keep the flight `Sync`, as `load`.
+    deferred_load: Mutex<Option<DeferredLoad<V>>>,
     /// The user key (the L1's key).
     key: String,
     /// Taken before the first read: the L1 keeps the answer only if no
@@ -145,8 +150,12 @@ enum FirstRead<V> {
     /// The answer (a hit, stale in grace, a cached failure), and any
     /// refresh to run after it.
     Answered(Result<Answer<V>, Error>, Option<Refresh>),
-    /// Nothing usable: the lease is next.
-    Miss { unreadable: bool },
+    /// Nothing usable: the lease is next. `stale`: a stale value read (with
+    /// a soft timeout, it waits for a load before it is served).
+    Miss {
+        unreadable: bool,
+        stale: Option<Option<V>>,
+    },
     /// The backend failed.
     Failed(BackendError),
 }
@@ -217,6 +226,18 @@ struct StoredFreshness {
     written_ttl: Option<Duration>,
     /// Its encoded size.
     size: usize,
+}
+
+/// A load under way, owned (not borrowing the flight), so it can go on
+/// after the callers' answer.
+type Loading<V> = Pin<Box<dyn Future<Output = Result<Done<V>, Error>> + Send>>;
+
+/// A load the soft timeout left running: its lease (the watchdog still
+/// extending it) and the stale value the callers got.
+struct DeferredLoad<V> {
+    lease: Lease,
+    loading: Loading<V>,
+    stale: Option<Option<V>>,
 }
 
 /// A fill to run once the callers have their answer.
@@ -338,6 +359,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
             load: Mutex::new(Some(load)),
             from_fallback: false,
             deferred_fill: None,
+            deferred_load: Mutex::new(None),
             value_expires: Mutex::new(None),
             refreshing_fresh: false,
             policy,
@@ -350,6 +372,20 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
     async fn after_answer(mut self, refresh: Option<Refresh>, call: tracing::Span) {
         // Off the callers' path from here: a full budget again.
         self.budget.refill();
+        let deferred = self.deferred_load.lock().take();
+        if let Some(DeferredLoad {
+            lease,
+            loading,
+            stale,
+        }) = deferred
+        {
+            let loaded = loading.await;
+            let answer = self.store_loaded(lease, loaded, stale).await;
+            if answer.is_ok() {
+                self.remember(&answer);
+                self.keep_in_l1(&answer, false);
+            }
+        }
         if let Some(fill) = self.deferred_fill.take() {
             let timeout = self.policy.backend_timeout;
             let span = tracing::info_span!(
@@ -450,10 +486,10 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         match first {
             FirstRead::Answered(answer, refresh) => (answer, refresh),
             FirstRead::Failed(e) => (self.degrade(e, None).await, None),
-            FirstRead::Miss { unreadable } => {
+            FirstRead::Miss { unreadable, stale } => {
                 let answer = match self.policy.lease_ttl {
-                    Some(lease) => self.lease_or_wait(lease, unreadable).await,
-                    None => self.load_without_waiting(unreadable).await,
+                    Some(lease) => self.lease_or_wait(lease, unreadable, stale).await,
+                    None => self.load_without_waiting(unreadable, stale).await,
                 };
                 (answer, None)
             }
@@ -485,9 +521,18 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
                         early.map(Refresh::Early),
                     );
                 }
-                Read::Value { value, .. } => {
+                Read::Value { value, .. } if self.policy.soft_timeout.is_none() => {
                     self.rec().stale_served();
                     return FirstRead::Answered(Ok((value, Outcome::Stale)), Some(Refresh::Stale));
+                }
+                // With a soft timeout, a stale value waits for a load (up to
+                // the soft timeout) before it is served.
+                Read::Value { value, .. } => {
+                    self.rec().miss();
+                    return FirstRead::Miss {
+                        unreadable: false,
+                        stale: Some(value),
+                    };
                 }
                 Read::Failure {
                     message,
@@ -501,7 +546,10 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
             }
         }
         self.rec().miss();
-        FirstRead::Miss { unreadable }
+        FirstRead::Miss {
+            unreadable,
+            stale: None,
+        }
     }
 
     /// The miss path: take the lease and load, or wait for whoever has it.
@@ -509,9 +557,9 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         &mut self,
         lease: LeaseTtl,
         mut unreadable: bool,
+        mut stale: Option<Option<V>>,
     ) -> Result<Answer<V>, Error> {
         let mut waiting: Option<Wait> = None;
-        let mut stale: Option<Option<V>> = None;
         let mut notified = false;
         // When the holder's lease runs out, as the last re-check saw it, and
         // whether a notification (a fill, a release, an invalidation) came
@@ -688,10 +736,39 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
     /// fills (fenced on the token) or releases.
     async fn load_leased(
         &mut self,
-        mut lease: Lease,
+        lease: Lease,
         stale: Option<Option<V>>,
     ) -> Result<Answer<V>, Error> {
-        let loaded = self.run_loader(Sharing::Own).await;
+        let Some((soft, value)) = self.policy.soft_timeout.zip(stale.clone()) else {
+            let loaded = self.run_loader(Sharing::Own).await;
+            return self.store_loaded(lease, loaded, stale).await;
+        };
+        // A stale value exists: the callers wait for the load up to the
+        // soft timeout, then get the stale value while the load goes on
+        // (see `after_answer`).
+        let mut loading = self.start_loader();
+        match tokio::time::timeout(soft, &mut loading).await {
+            Ok(loaded) => self.store_loaded(lease, loaded, stale).await,
+            Err(_) => {
+                *self.deferred_load.lock() = Some(DeferredLoad {
+                    lease,
+                    loading,
+                    stale,
+                });
+                self.rec().stale_served();
+                Ok((value, Outcome::Stale))
+            }
+        }
+    }
+
+    /// After a load under our lease: fills (fenced on the token) or
+    /// releases, and answers.
+    async fn store_loaded(
+        &mut self,
+        mut lease: Lease,
+        loaded: Result<Done<V>, Error>,
+        stale: Option<Option<V>>,
+    ) -> Result<Answer<V>, Error> {
         lease.loader_done();
         let (loaded, took) = match loaded {
             Ok(loaded) => loaded,
@@ -743,7 +820,11 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
     /// fenced on our token like every fill (a `set`, an `invalidate` or a
     /// newer holder fences it out). If another process holds the lease, the
     /// result is not stored: that holder's fill will be (issue 8, fault 4).
-    async fn load_without_waiting(&mut self, unreadable: bool) -> Result<Answer<V>, Error> {
+    async fn load_without_waiting(
+        &mut self,
+        unreadable: bool,
+        known_stale: Option<Option<V>>,
+    ) -> Result<Answer<V>, Error> {
         let window = if unreadable {
             Duration::MAX
         } else {
@@ -751,8 +832,15 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         };
         match self.acquire(LeaseTtl::default(), window).await {
             Ok(Acquisition::Won { lease, stale }) => {
-                let stale = self.stale_value(stale);
+                let stale = self.stale_value(stale).or(known_stale);
                 self.load_leased(lease, stale).await
+            }
+            // Another process is refreshing the stale value read first
+            // (with a soft timeout): it answers, as in `lease_or_wait`.
+            Ok(Acquisition::Held { .. }) if known_stale.is_some() => {
+                self.rec().stale_served();
+                let value = known_stale.unwrap_or_default();
+                Ok((value, Outcome::Stale))
             }
             Ok(Acquisition::Fresh(stored)) => match self.read(&stored) {
                 Read::Value { value, .. } => Ok((value, Outcome::Hit)),
@@ -869,9 +957,26 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         loader::run(&self.shared, &self.policy, self.keys.value(), load, sharing).await
     }
 
+    /// This flight's one load, as a future of its own (owning what it
+    /// needs), so it can outlive the callers' answer.
+    fn start_loader(&mut self) -> Loading<V> {
+        let taken = self.load.lock().take();
+        let shared = self.shared.clone();
+        let policy = self.policy.clone();
+        let key = self.keys.value().to_owned();
+        Box::pin(async move {
+            let Some(load) = taken else {
+                return Err(Error::FlightAbandoned);
+            };
+            loader::run(&shared, &policy, &key, load, Sharing::Own).await
+        })
+    }
+
     /// A background refresh after the callers were answered: one per key per
     /// process (the `refreshing` set), one fleet-wide (the lease).
     async fn refresh(mut self, why: Refresh) {
+        // Nobody waits for a refresh: no soft timeout to answer anyone at.
+        self.policy.soft_timeout = None;
         let key = self.keys.value().to_owned();
         if !self.shared.refreshing.lock().insert(key.clone()) {
             return;
