@@ -674,7 +674,7 @@ where
         let fresh = ttl.saturating_sub(policy.grace);
         let bytes = self
             .shared
-            .encode(&policy, &value, Duration::ZERO, Some(fresh))?;
+            .encode(&key, &policy, &value, Duration::ZERO, Some(fresh))?;
         let writing = Writing::start(&self.shared, &key, &keys);
         self.call(&keys, "set", self.shared.backend.set(&keys, &bytes, ttl))
             .await?;

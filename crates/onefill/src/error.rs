@@ -39,9 +39,18 @@ pub enum Error {
     /// The key, value or an option given for this call is not acceptable.
     #[error("invalid input: {0}")]
     InvalidInput(#[from] InputError),
-    /// The value could not be encoded by the codec; nothing was written.
-    #[error("could not encode the value: {0}")]
-    Encode(#[source] CodecError),
+    /// The value of `key` could not be stored; nothing was written. Either
+    /// the codec failed to encode it, or its encoding does not decode back
+    /// ([`CodecError::is_round_trip`]: `f64::NAN` in JSON becomes `null`,
+    /// say), which would make every later read a miss and a reload.
+    #[error("could not encode the value of key {key:?}: {source}")]
+    Encode {
+        /// The user key (its string form).
+        key: String,
+        /// The codec's error.
+        #[source]
+        source: CodecError,
+    },
     /// A recent [`get_or_load_optional`](crate::Cache::get_or_load_optional)
     /// found nothing and cached the key's absence.
     #[error("the key's absence is cached")]
@@ -310,6 +319,16 @@ impl From<InvalidOption> for InputError {
 pub struct CodecError(Arc<dyn std::error::Error + Send + Sync>);
 
 impl CodecError {
+    /// An encoding that does not decode back: `decode` is the decoder's
+    /// error.
+    pub(crate) fn round_trip(decode: CodecError) -> Self {
+        CodecError(Arc::new(RoundTrip(decode)))
+    }
+    /// The value was encoded, but its encoding does not decode back (the
+    /// decoder's error is the [`source`](std::error::Error::source)).
+    pub fn is_round_trip(&self) -> bool {
+        self.0.is::<RoundTrip>()
+    }
     /// Wraps a codec's error.
     pub fn new<E: std::error::Error + Send + Sync + 'static>(error: E) -> Self {
         CodecError(Arc::new(error))
@@ -325,6 +344,11 @@ impl CodecError {
         &*self.0
     }
 }
+
+/// An encoding that does not decode back (see [`CodecError::is_round_trip`]).
+#[derive(Debug, thiserror::Error)]
+#[error("its encoding does not decode back: {0}")]
+struct RoundTrip(#[source] CodecError);
 
 impl fmt::Debug for CodecError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -780,8 +780,11 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         let value = loaded.into_value();
         let ttl = self.written_ttl(value.is_some());
         let fresh = ttl.saturating_sub(self.policy.grace);
-        let encoded =
-            chosen.and_then(|()| self.shared.encode(&self.policy, &value, took, Some(fresh)));
+        let encoded = chosen.and_then(|()| {
+            let key = &self.key;
+            self.shared
+                .encode(key, &self.policy, &value, took, Some(fresh))
+        });
         let bytes = match encoded {
             Ok(bytes) => bytes,
             Err(error) => {
@@ -902,6 +905,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
                 let throttled = self
                     .shared
                     .encode(
+                        &self.key,
                         &self.policy,
                         &value,
                         Duration::ZERO,

@@ -18,6 +18,7 @@ use crate::circuit::Breakers;
 use crate::coalesce::Coalescer;
 use crate::codec::Codec;
 use crate::envelope::{self, Kind};
+use crate::error::CodecError;
 use crate::error::{BackendError, BackendErrorKind, Error, InputError};
 use crate::fallback::Fallback;
 use crate::flight::Answer;
@@ -218,22 +219,39 @@ impl<V: 'static> Shared<V> {
         }
     }
 
-    /// The envelope for `value` (`None`: a cached absence) under `policy`,
-    /// written with the fresh TTL `written_ttl` (recorded if known).
+    /// The envelope for `key`'s `value` (`None`: a cached absence) under
+    /// `policy`, written with the fresh TTL `written_ttl` (recorded if
+    /// known). The encoding is decoded once before anything is stored: a
+    /// value that does not read back would be a miss, and a reload, at every
+    /// read (issue 10).
     ///
     /// # Errors
     ///
-    /// [`Error::Encode`] if the codec fails, [`InputError::ValueTooLarge`]
-    /// over the size limit.
+    /// [`Error::Encode`] if the codec fails or its encoding does not decode
+    /// back, [`InputError::ValueTooLarge`] over the size limit.
     pub(crate) fn encode(
         &self,
+        key: &str,
         policy: &Policy,
         value: &Option<V>,
         took: Duration,
         written_ttl: Option<Duration>,
     ) -> Result<Vec<u8>, Error> {
+        let encode_error = |source| Error::Encode {
+            key: key.to_owned(),
+            source,
+        };
         let (kind, payload) = match value {
-            Some(v) => (Kind::Value, self.codec.encode(v).map_err(Error::Encode)?),
+            Some(v) => {
+                let payload = self.codec.encode(v).map_err(encode_error)?;
+                // A decode that panics (a bug in user code) fails the write
+                // as one that errs, rather than the whole flight.
+                let check = || self.codec.check_round_trip(&payload);
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(check))
+                    .unwrap_or_else(|_| Err(CodecError::msg("the codec's decode panicked")))
+                    .map_err(|e| encode_error(CodecError::round_trip(e)))?;
+                (Kind::Value, payload)
+            }
             None => (Kind::Absent, Vec::new()),
         };
         let bytes = envelope::encode(kind, policy.grace, took, written_ttl, &payload);
