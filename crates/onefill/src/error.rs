@@ -100,7 +100,8 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 /// The error types a loader may return: anything that converts into a
 /// [`BoxError`], which covers every `std::error::Error + Send + Sync +
 /// 'static` (`std::io::Error`, your own error enum), `Box<dyn Error + Send +
-/// Sync>` itself and `anyhow::Error`, with no adapter.
+/// Sync>` itself and `anyhow::Error`, with no adapter (and a plain `String`
+/// or `&'static str` message).
 ///
 /// It is the bound on `E` in every loading entry point of
 /// [`Cache`](crate::Cache) ([`get_or_load`](crate::Cache::get_or_load),

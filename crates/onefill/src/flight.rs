@@ -796,6 +796,10 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
             }
         };
         self.note_value_ttl(ttl);
+        // Only this fill, if it lands, vouches for the L1 entry: not a
+        // stale value read before the load (with a soft timeout, the first
+        // read's).
+        *self.l1_fresh.lock() = None;
         // `Ok(false)`: expired or invalidated while we loaded; our callers
         // still get the value, but it must not overwrite what is there now
         // (counted as a lost lease). An error: unknown whether it landed.

@@ -185,3 +185,23 @@ async fn question_mark_in_an_anyhow_loader() {
         .unwrap_err();
     assert!(err.loader_error::<std::num::ParseIntError>().is_some());
 }
+
+/// A plain message works too (`String`, `&'static str` convert into a
+/// boxed error), and shows as the error.
+#[tokio::test(start_paused = true)]
+async fn message_errors_work_too() {
+    let c = cache();
+    let err = c
+        .get_or_load(&8, |_| async { Err::<String, _>("no such row") })
+        .await
+        .unwrap_err();
+    assert_eq!(err.to_string(), "loader failed: no such row");
+    let err = c
+        .get_or_load(
+            &9,
+            |k| async move { Err::<String, _>(format!("row {k} gone")) },
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.to_string(), "loader failed: row 9 gone");
+}

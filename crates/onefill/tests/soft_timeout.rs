@@ -252,3 +252,28 @@ async fn a_zero_soft_timeout_is_refused() {
         .build()
         .is_err());
 }
+
+/// Another process's `set` during the background load fences its fill out:
+/// afterwards both processes answer the value set, and the background
+/// load's value, which was never stored, is not served from the L1.
+#[tokio::test(start_paused = true)]
+async fn a_set_during_the_background_load_wins() {
+    let backend = MemoryBackend::new();
+    let (a, b) = (process(&backend, true), process(&backend, true));
+    let origin = Origin::new(&[0, 500]);
+    origin.fetch(&a).await.unwrap();
+    tokio::time::advance(ms(1500)).await;
+    let first = origin.fetch(&a).await.unwrap();
+    assert_eq!(
+        (first.outcome, first.value.as_str()),
+        (Outcome::Stale, "v1")
+    );
+    b.set("k", "from-b".to_owned()).await.unwrap();
+    tokio::time::sleep(ms(600)).await; // the load ends; its fill is fenced out
+    assert_eq!(origin.loads(), 2);
+    assert_eq!(stored(&backend).await.as_deref(), Some("from-b"));
+    for c in [&a, &b] {
+        let f = origin.fetch(c).await.unwrap();
+        assert_eq!((f.outcome, f.value.as_str()), (Outcome::Hit, "from-b"));
+    }
+}
