@@ -277,3 +277,27 @@ async fn a_set_during_the_background_load_wins() {
         assert_eq!((f.outcome, f.value.as_str()), (Outcome::Hit, "from-b"));
     }
 }
+
+/// With `no_lease`, a stale read whose key another process is loading is
+/// answered stale at once (that process fills), not with a load of its own.
+#[tokio::test(start_paused = true)]
+async fn no_lease_serves_stale_while_another_process_loads() {
+    let backend = MemoryBackend::new();
+    let (a, b) = (process(&backend, false), process(&backend, false));
+    let origin = Origin::new(&[0, 500]);
+    origin.fetch(&a).await.unwrap();
+    tokio::time::advance(ms(1500)).await;
+    let first = origin.fetch(&a).await.unwrap(); // A loads in the background
+    assert_eq!(first.outcome, Outcome::Stale);
+    let cheap = CallOptions::new().no_lease();
+    let load = origin.clone();
+    let f = b
+        .fetch("k", &cheap, move |_| async move {
+            load.loads.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, std::io::Error>("b".to_owned())
+        })
+        .await
+        .unwrap();
+    assert_eq!((f.outcome, f.value.as_str()), (Outcome::Stale, "v1"));
+    assert_eq!(origin.loads(), 2, "no load of B's own");
+}
