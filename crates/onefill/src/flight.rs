@@ -379,12 +379,21 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
             stale,
         }) = deferred
         {
-            let loaded = loading.await;
-            let answer = self.store_loaded(lease, loaded, stale).await;
-            if answer.is_ok() {
-                self.remember(&answer);
-                self.keep_in_l1(&answer, false);
-            }
+            let span = tracing::info_span!(
+                parent: None,
+                "onefill.deferred_load",
+                namespace = self.shared.namespace.as_str(),
+            );
+            span.follows_from(&call);
+            let finish = async {
+                let loaded = loading.await;
+                let answer = self.store_loaded(lease, loaded, stale).await;
+                if answer.is_ok() {
+                    self.remember(&answer);
+                    self.keep_in_l1(&answer, false);
+                }
+            };
+            finish.instrument(span).await;
         }
         if let Some(fill) = self.deferred_fill.take() {
             let timeout = self.policy.backend_timeout;

@@ -131,6 +131,7 @@
 //! | `onefill.wait` | info | `notified`, `polls`, `timed_out` | a wait for another process's load, a child of the call's span |
 //! | `onefill.refresh` | info | `namespace`, `reason` | a background refresh: a root span that *follows from* the call that started it |
 //! | `onefill.deferred_fill` | info | `namespace` | a fill put off until after the answer: a root span that follows from its call |
+//! | `onefill.deferred_load` | info | `namespace` | the rest of a load the soft timeout answered stale (its fill or release): a root span that follows from its call |
 //!
 //! `outcome` is `hit`, `stale`, `loaded`, `waited`, `degraded` or `error`
 //! (and `miss` for `get`); `coalesced` says the call shared a flight
