@@ -2,6 +2,7 @@
 //! (or spawns one), and awaits the answer; the protocol itself lives in
 //! `flight.rs` and the modules it uses.
 
+use std::borrow::Borrow;
 use std::fmt::{self, Display};
 use std::future::Future;
 use std::marker::PhantomData;
@@ -14,12 +15,12 @@ use tracing::Instrument;
 use crate::builder::CacheBuilder;
 use crate::circuit::CircuitState;
 use crate::coalesce::Joined;
-use crate::error::{BackendError, Error, LoaderError};
+use crate::error::{BackendError, Error, IntoLoaderError};
 use crate::flight::{Flight, Outcome};
 use crate::freshness;
 use crate::key::{self, FillKeys, KeyBuf};
 use crate::l1::{Local, Lookup};
-use crate::loader::Load;
+use crate::loader::{Load, Loaded};
 use crate::options::{CallOptions, Policy};
 use crate::shared::{Shared, Writing};
 use crate::stats::Stats;
@@ -57,6 +58,12 @@ pub struct Fetched<V> {
 /// namespace, may share one backend. Keys are any `Display` type: the
 /// string form is the key.
 ///
+/// Every keyed call takes the key borrowed as `HashMap::get` does
+/// (`K: Borrow<Q>`): a `Cache<String, _>` takes `"42"` as well as
+/// `&"42".to_string()`. `Q`'s string form must be `K`'s (as for `str` and
+/// `String`); a loader still receives the owned `K` (`Q::to_owned`, made
+/// only when the loader may run: an L1 hit allocates no key).
+///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// use std::time::Duration;
@@ -67,12 +74,14 @@ pub struct Fetched<V> {
 ///     .ttl(Duration::from_secs(60))
 ///     .build()?;
 ///
+/// // A `&str` for a `String` key; the loader gets the owned `String`.
 /// let name = cache
-///     .get_or_load(&"42".to_string(), |id| async move {
+///     .get_or_load("42", |id: String| async move {
 ///         Ok::<_, std::io::Error>(format!("user {id}"))
 ///     })
 ///     .await?;
 /// assert_eq!(name, "user 42");
+/// assert_eq!(cache.get(&"42".to_string()).await?.as_deref(), Some("user 42"));
 /// assert_eq!(cache.stats().loads_ok, 1);
 /// # Ok(()) }
 /// ```
@@ -149,7 +158,7 @@ where
     /// # Errors
     ///
     /// - [`Error::Loader`] with the loader's own error (as
-    ///   [`LoaderError`]), shared by every coalesced caller;
+    ///   [`LoaderError`](crate::LoaderError)), shared by every coalesced caller;
     ///   [`Error::LoaderPanicked`], [`Error::LoadTimedOut`];
     /// - [`Error::WaitTimedOut`] if the wait policy says so;
     /// - [`Error::CachedFailure`] if negative caching remembered a failure;
@@ -165,11 +174,13 @@ where
     ///
     /// Never because of the loader (a panicking loader becomes
     /// [`Error::LoaderPanicked`]). Must be called within a tokio runtime.
-    pub async fn get_or_load<F, Fut, E>(&self, key: &K, loader: F) -> Result<V, Error>
+    pub async fn get_or_load<Q, F, Fut, E>(&self, key: &Q, loader: F) -> Result<V, Error>
     where
+        K: Borrow<Q>,
+        Q: Display + ToOwned<Owned = K> + ?Sized,
         F: FnOnce(K) -> Fut + Send + 'static,
         Fut: Future<Output = Result<V, E>> + Send + 'static,
-        E: std::error::Error + Send + Sync + 'static,
+        E: IntoLoaderError,
     {
         self.fetch(key, &CallOptions::default(), loader)
             .await
@@ -194,16 +205,18 @@ where
     /// # Errors
     ///
     /// As [`get_or_load`](Cache::get_or_load).
-    pub async fn get_or_load_with<F, Fut, E>(
+    pub async fn get_or_load_with<Q, F, Fut, E>(
         &self,
-        key: &K,
+        key: &Q,
         options: &CallOptions,
         loader: F,
     ) -> Result<V, Error>
     where
+        K: Borrow<Q>,
+        Q: Display + ToOwned<Owned = K> + ?Sized,
         F: FnOnce(K) -> Fut + Send + 'static,
         Fut: Future<Output = Result<V, E>> + Send + 'static,
-        E: std::error::Error + Send + Sync + 'static,
+        E: IntoLoaderError,
     {
         self.fetch(key, options, loader).await.map(|f| f.value)
     }
@@ -226,19 +239,75 @@ where
     /// # Errors
     ///
     /// As [`get_or_load`](Cache::get_or_load).
-    pub async fn fetch<F, Fut, E>(
+    pub async fn fetch<Q, F, Fut, E>(
         &self,
-        key: &K,
+        key: &Q,
         options: &CallOptions,
         loader: F,
     ) -> Result<Fetched<V>, Error>
     where
+        K: Borrow<Q>,
+        Q: Display + ToOwned<Owned = K> + ?Sized,
         F: FnOnce(K) -> Fut + Send + 'static,
         Fut: Future<Output = Result<V, E>> + Send + 'static,
-        E: std::error::Error + Send + Sync + 'static,
+        E: IntoLoaderError,
     {
-        let found = move |key| async move { loader(key).await.map(Some) };
-        let fetched = self.fetch_optional(key, options, found).await?;
+        let loaded = move |key| async move { loader(key).await.map(Loaded::new) };
+        self.fetch_loaded(key, options, loaded).await
+    }
+
+    /// The primitive of [`fetch`](Cache::fetch): the loader returns a
+    /// [`Loaded`], which may choose the value's TTL and grace (a short TTL
+    /// for a draft, a long one for a published page; what it leaves unset is
+    /// the call's policy).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), onefill::Error> {
+    /// use std::time::Duration;
+    /// use onefill::{CallOptions, Loaded, Outcome};
+    ///
+    /// struct Page { body: String, published: bool }
+    /// async fn load_page(id: String) -> std::io::Result<Page> {
+    ///     Ok(Page { body: format!("page {id}"), published: id != "draft" })
+    /// }
+    ///
+    /// let cache = onefill::Cache::<String, String>::builder().build().unwrap();
+    /// let page = cache
+    ///     .fetch_loaded("home", &CallOptions::new(), |id| async move {
+    ///         let page = load_page(id).await?;
+    ///         let ttl = if page.published { 3600 } else { 5 };
+    ///         Ok::<_, std::io::Error>(Loaded::new(page.body).ttl(Duration::from_secs(ttl)))
+    ///     })
+    ///     .await?;
+    /// assert_eq!((page.value.as_str(), page.outcome), ("page home", Outcome::Loaded));
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Concurrent calls on the same key
+    ///
+    /// As [`get_or_load`](Cache::get_or_load): one load, whose choice holds
+    /// for the value everyone gets and the one stored.
+    ///
+    /// # Errors
+    ///
+    /// As [`get_or_load`](Cache::get_or_load); a TTL or grace out of range
+    /// (see [`Loaded::ttl`]) is [`Error::InvalidInput`] for every caller of
+    /// the load, and nothing is stored.
+    pub async fn fetch_loaded<Q, F, Fut, E>(
+        &self,
+        key: &Q,
+        options: &CallOptions,
+        loader: F,
+    ) -> Result<Fetched<V>, Error>
+    where
+        K: Borrow<Q>,
+        Q: Display + ToOwned<Owned = K> + ?Sized,
+        F: FnOnce(K) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<Loaded<V>, E>> + Send + 'static,
+        E: IntoLoaderError,
+    {
+        let found = move |key| async move { loader(key).await.map(|l| l.map(Some)) };
+        let fetched = self.fetch_loaded_optional(key, options, found).await?;
         match fetched.value {
             Some(value) => Ok(Fetched {
                 value,
@@ -267,15 +336,17 @@ where
     ///
     /// As [`get_or_load`](Cache::get_or_load), except that a cached absence
     /// is `Ok(None)`.
-    pub async fn get_or_load_optional<F, Fut, E>(
+    pub async fn get_or_load_optional<Q, F, Fut, E>(
         &self,
-        key: &K,
+        key: &Q,
         loader: F,
     ) -> Result<Option<V>, Error>
     where
+        K: Borrow<Q>,
+        Q: Display + ToOwned<Owned = K> + ?Sized,
         F: FnOnce(K) -> Fut + Send + 'static,
         Fut: Future<Output = Result<Option<V>, E>> + Send + 'static,
-        E: std::error::Error + Send + Sync + 'static,
+        E: IntoLoaderError,
     {
         self.fetch_optional(key, &CallOptions::default(), loader)
             .await
@@ -288,16 +359,44 @@ where
     /// # Errors
     ///
     /// As [`get_or_load_optional`](Cache::get_or_load_optional).
-    pub async fn fetch_optional<F, Fut, E>(
+    pub async fn fetch_optional<Q, F, Fut, E>(
         &self,
-        key: &K,
+        key: &Q,
         options: &CallOptions,
         loader: F,
     ) -> Result<Fetched<Option<V>>, Error>
     where
+        K: Borrow<Q>,
+        Q: Display + ToOwned<Owned = K> + ?Sized,
         F: FnOnce(K) -> Fut + Send + 'static,
         Fut: Future<Output = Result<Option<V>, E>> + Send + 'static,
-        E: std::error::Error + Send + Sync + 'static,
+        E: IntoLoaderError,
+    {
+        let loaded = move |key| async move { loader(key).await.map(Loaded::new) };
+        self.fetch_loaded_optional(key, options, loaded).await
+    }
+
+    /// The primitive of every loading call: an optional loader returning a
+    /// [`Loaded`] (see [`fetch_loaded`](Cache::fetch_loaded)); a chosen TTL
+    /// of an absent value (`Loaded::new(None)`) is how long the absence is
+    /// cached.
+    ///
+    /// # Errors
+    ///
+    /// As [`fetch_loaded`](Cache::fetch_loaded), except that a cached
+    /// absence is `Ok(None)`.
+    pub async fn fetch_loaded_optional<Q, F, Fut, E>(
+        &self,
+        key: &Q,
+        options: &CallOptions,
+        loader: F,
+    ) -> Result<Fetched<Option<V>>, Error>
+    where
+        K: Borrow<Q>,
+        Q: Display + ToOwned<Owned = K> + ?Sized,
+        F: FnOnce(K) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<Loaded<Option<V>>, E>> + Send + 'static,
+        E: IntoLoaderError,
     {
         let loader = match &self.shared.l1 {
             Some(l1) => match self.answer_from_l1(l1, key, options, loader) {
@@ -312,17 +411,19 @@ where
     /// The L1 hit path: a lookup and a clone, no task, no channel, no
     /// allocation (for keys up to 128 bytes). `Err(loader)`: not in the L1
     /// (or not servable from it); the flight answers.
-    fn answer_from_l1<F, Fut, E>(
+    fn answer_from_l1<Q, F, Fut, E>(
         &self,
         l1: &Local<V>,
-        key: &K,
+        key: &Q,
         options: &CallOptions,
         loader: F,
     ) -> Result<Fetched<Option<V>>, F>
     where
+        K: Borrow<Q>,
+        Q: Display + ToOwned<Owned = K> + ?Sized,
         F: FnOnce(K) -> Fut + Send + 'static,
-        Fut: Future<Output = Result<Option<V>, E>> + Send + 'static,
-        E: std::error::Error + Send + Sync + 'static,
+        Fut: Future<Output = Result<Loaded<Option<V>>, E>> + Send + 'static,
+        E: IntoLoaderError,
     {
         // Call options are checked (and bad ones refused) by the flight.
         if *options != CallOptions::default() {
@@ -338,6 +439,9 @@ where
                 self.shared.recorder.l1_hit();
                 (value, Outcome::Hit)
             }
+            // With a soft timeout, a stale value waits for a load first:
+            // the flight's business.
+            Lookup::Stale(_) if self.shared.policy.soft_timeout.is_some() => return Err(loader),
             Lookup::Stale(value) => {
                 self.shared.recorder.stale_served();
                 let keys = FillKeys::new(&self.shared.namespace, user_key);
@@ -366,9 +470,9 @@ where
     /// A call past the L1, in its span (`onefill.get_or_load`, see the
     /// crate docs' "Observability"): the flight's work, in this task or its
     /// own, is the span's children.
-    async fn fetch_erased(
+    async fn fetch_erased<Q: Display + ?Sized>(
         &self,
-        key: &K,
+        key: &Q,
         options: &CallOptions,
         load: Load<V>,
     ) -> Result<Fetched<Option<V>>, Error> {
@@ -403,9 +507,9 @@ where
         fetched
     }
 
-    async fn fetch_in_flight(
+    async fn fetch_in_flight<Q: Display + ?Sized>(
         &self,
-        key: &K,
+        key: &Q,
         options: &CallOptions,
         load: Load<V>,
         span: &tracing::Span,
@@ -436,7 +540,11 @@ where
         })
     }
 
-    fn prepare(&self, key: &K, options: &CallOptions) -> Result<(String, Policy), Error> {
+    fn prepare<Q: Display + ?Sized>(
+        &self,
+        key: &Q,
+        options: &CallOptions,
+    ) -> Result<(String, Policy), Error> {
         let key = self.validated(key)?;
         let policy = self
             .shared
@@ -446,13 +554,13 @@ where
         Ok((key, policy))
     }
 
-    fn validated(&self, key: &K) -> Result<String, Error> {
+    fn validated<Q: Display + ?Sized>(&self, key: &Q) -> Result<String, Error> {
         let key = key.to_string();
         key::validate_key(&key, self.shared.policy.max_key_bytes)?;
         Ok(key)
     }
 
-    fn keys(&self, key: &K) -> Result<FillKeys, Error> {
+    fn keys<Q: Display + ?Sized>(&self, key: &Q) -> Result<FillKeys, Error> {
         Ok(FillKeys::new(&self.shared.namespace, &self.validated(key)?))
     }
 
@@ -476,7 +584,11 @@ where
     ///
     /// [`Error::InvalidInput`] for a bad key; [`Error::Backend`] if the
     /// backend fails.
-    pub async fn get(&self, key: &K) -> Result<Option<V>, Error> {
+    pub async fn get<Q>(&self, key: &Q) -> Result<Option<V>, Error>
+    where
+        K: Borrow<Q>,
+        Q: Display + ?Sized,
+    {
         if let Some(l1) = &self.shared.l1 {
             let buf = KeyBuf::new(key);
             if let Lookup::Fresh(value) = l1.get(buf.as_str(), Instant::now()) {
@@ -510,24 +622,63 @@ where
     ///
     /// [`Error::InvalidInput`] for a bad key or a value over the size limit
     /// (nothing is written); [`Error::Encode`]; [`Error::Backend`].
-    pub async fn set(&self, key: &K, value: V) -> Result<(), Error> {
+    pub async fn set<Q>(&self, key: &Q, value: V) -> Result<(), Error>
+    where
+        K: Borrow<Q>,
+        Q: Display + ?Sized,
+    {
+        self.set_with(key, value, &CallOptions::default()).await
+    }
+
+    /// [`set`](Cache::set) with per-call options: the value's `ttl`,
+    /// `grace` and `jitter` (the others do not apply to a write), as a
+    /// loader may choose them with [`Loaded`](crate::Loaded).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), onefill::Error> {
+    /// use std::time::Duration;
+    /// let cache = onefill::Cache::<String, String>::builder().build().unwrap();
+    /// let draft = onefill::CallOptions::new().ttl(Duration::from_secs(5));
+    /// cache.set_with("post:1", "draft".to_owned(), &draft).await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`set`](Cache::set); out-of-range options are
+    /// [`Error::InvalidInput`] (nothing is written).
+    pub async fn set_with<Q>(&self, key: &Q, value: V, options: &CallOptions) -> Result<(), Error>
+    where
+        K: Borrow<Q>,
+        Q: Display + ?Sized,
+    {
         let span = call_span!("onefill.set", self);
-        let set = self.set_in_span(key, value).instrument(span.clone()).await;
+        let set = self
+            .set_in_span(key, value, options)
+            .instrument(span.clone())
+            .await;
         ended(&span, &set, |_| "ok");
         set
     }
 
-    async fn set_in_span(&self, key: &K, value: V) -> Result<(), Error> {
-        let key = self.validated(key)?;
+    async fn set_in_span<Q: Display + ?Sized>(
+        &self,
+        key: &Q,
+        value: V,
+        options: &CallOptions,
+    ) -> Result<(), Error> {
+        let (key, policy) = self.prepare(key, options)?;
         let keys = FillKeys::new(&self.shared.namespace, &key);
-        let policy = &self.shared.policy;
         let value = Some(value);
-        let bytes = self.shared.encode(policy, &value, Duration::ZERO)?;
         let ttl = freshness::written_ttl(policy.ttl, policy.jitter, policy.grace);
+        let fresh = ttl.saturating_sub(policy.grace);
+        let bytes = self
+            .shared
+            .encode(&key, &policy, &value, Duration::ZERO, Some(fresh))?;
         let writing = Writing::start(&self.shared, &key, &keys);
         self.call(&keys, "set", self.shared.backend.set(&keys, &bytes, ttl))
             .await?;
-        writing.landed(&value);
+        writing.landed(&value, ttl);
         Ok(())
     }
 
@@ -538,7 +689,11 @@ where
     /// # Errors
     ///
     /// [`Error::InvalidInput`] for a bad key; [`Error::Backend`].
-    pub async fn invalidate(&self, key: &K) -> Result<(), Error> {
+    pub async fn invalidate<Q>(&self, key: &Q) -> Result<(), Error>
+    where
+        K: Borrow<Q>,
+        Q: Display + ?Sized,
+    {
         let span = call_span!("onefill.invalidate", self);
         let invalidated = async {
             let key = self.validated(key)?;
@@ -588,13 +743,14 @@ fn ended<T>(span: &tracing::Span, result: &Result<T, Error>, outcome: impl Fn(&T
 }
 
 /// The caller's loader, type-erased for the flight.
-fn erase<K, V, F, Fut, E>(key: &K, loader: F) -> Load<V>
+fn erase<Q, K, V, F, Fut, E>(key: &Q, loader: F) -> Load<V>
 where
-    K: Clone + Send + 'static,
+    Q: ToOwned<Owned = K> + ?Sized,
+    K: Send + 'static,
     F: FnOnce(K) -> Fut + Send + 'static,
-    Fut: Future<Output = Result<Option<V>, E>> + Send + 'static,
-    E: std::error::Error + Send + Sync + 'static,
+    Fut: Future<Output = Result<Loaded<Option<V>>, E>> + Send + 'static,
+    E: IntoLoaderError,
 {
-    let owned = key.clone();
-    Box::new(move || Box::pin(async move { loader(owned).await.map_err(LoaderError::new) }))
+    let owned = key.to_owned();
+    Box::new(move || Box::pin(async move { loader(owned).await.map_err(E::into_loader_error) }))
 }

@@ -9,8 +9,11 @@ use crate::error::CodecError;
 /// [`JsonCodec`] (the default) and, with the `postcard` feature, by
 /// `PostcardCodec`.
 ///
-/// A decode failure is never an error to the caller: the stored value is
-/// treated as a miss, counted, and overwritten by the next fill.
+/// A decode failure of a stored value is never an error to the caller: the
+/// stored value is treated as a miss, counted, and overwritten by the next
+/// fill. So that a value which cannot be read back is not stored (and
+/// reloaded at every read), every value is checked once before it is
+/// written ([`check_round_trip`](Codec::check_round_trip)).
 pub trait Codec<V>: Send + Sync + 'static {
     /// Encodes a value.
     ///
@@ -25,6 +28,20 @@ pub trait Codec<V>: Send + Sync + 'static {
     ///
     /// The codec's own error, wrapped (the stored value counts as a miss).
     fn decode(&self, bytes: &[u8]) -> Result<V, CodecError>;
+    /// Checks that `bytes`, just encoded from a value, decode back, before
+    /// they are stored (a fill, a `set`). The default decodes them; a codec
+    /// whose encodings always decode (raw bytes, say) may skip it. Only
+    /// a failure to decode is caught, not a value that decodes to another
+    /// (`Option<f64>`'s NaN reads back as `None` in JSON).
+    ///
+    /// # Errors
+    ///
+    /// The decoder's error: the caller gets
+    /// [`Error::Encode`](crate::Error::Encode) (with
+    /// [`CodecError::is_round_trip`]) and nothing is written.
+    fn check_round_trip(&self, bytes: &[u8]) -> Result<(), CodecError> {
+        self.decode(bytes).map(drop)
+    }
 }
 
 /// JSON through `serde_json`: readable in `redis-cli`, the default.

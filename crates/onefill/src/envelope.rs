@@ -5,7 +5,7 @@
 //! 0       1     magic 0xF1
 //! 1       1     format version (1)
 //! 2       1     kind: 0 value, 1 cached failure (payload = UTF-8 message), 2 absent
-//! 3       1     reserved (0)
+//! 3       1     fresh TTL written, log scale (0: not recorded; see below)
 //! 4       8     grace in milliseconds, big-endian
 //! 12      4     delta: how long the load took, in milliseconds (rounded up), big-endian
 //! 16      ..    payload
@@ -15,6 +15,16 @@
 //! fresh while the server reports `PTTL > grace`. The Redis scripts read the
 //! grace from bytes 4..12 with the same layout (see `backend/redis.rs`), so a
 //! change here is a new version number, never a silent reshuffle.
+//!
+//! Byte 3 was reserved (always 0) in the first release of version 1, and
+//! readers ignored it; it now records the fresh TTL the value was written
+//! with (after jitter, without grace), so readers size the early-refresh
+//! window from the value's own TTL (which a loader may choose, issue 10)
+//! rather than their cache's. Code `b` in 1..=255 stands for at least
+//! `2^((b-1)/8)` ms (a lower bound within 9 %, up to about 40 days); 0 is
+//! "not recorded" (bytes from before, a `set`), and readers then use their
+//! policy's TTL, as they always did. Older readers ignore the byte, so this
+//! stays version 1.
 
 use std::time::Duration;
 
@@ -36,6 +46,8 @@ pub(crate) struct Envelope<'a> {
     pub kind: Kind,
     pub grace: Duration,
     pub delta: Duration,
+    /// At most the fresh TTL the value was written with, if recorded.
+    pub written_ttl: Option<Duration>,
     pub payload: &'a [u8],
 }
 
@@ -48,9 +60,18 @@ pub(crate) enum DecodeError {
     UnknownKind(u8),
 }
 
-pub(crate) fn encode(kind: Kind, grace: Duration, delta: Duration, payload: &[u8]) -> Vec<u8> {
+/// The envelope of `payload`; `written_ttl` is the fresh TTL the value is
+/// written with (`None`: not recorded).
+pub(crate) fn encode(
+    kind: Kind,
+    grace: Duration,
+    delta: Duration,
+    written_ttl: Option<Duration>,
+    payload: &[u8],
+) -> Vec<u8> {
     let mut out = Vec::with_capacity(HEADER_LEN + payload.len());
-    out.extend_from_slice(&[MAGIC, VERSION, kind as u8, 0]);
+    let ttl_code = written_ttl.map_or(0, ttl_code);
+    out.extend_from_slice(&[MAGIC, VERSION, kind as u8, ttl_code]);
     out.extend_from_slice(&millis_u64(grace).to_be_bytes());
     // Rounded up: a load under a millisecond is still a measured load (0
     // means "not measured": a `set`, a fail-safe re-store), and early
@@ -87,6 +108,7 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<Envelope<'_>, DecodeError> {
         kind,
         grace: Duration::from_millis(grace),
         delta: Duration::from_millis(delta as u64),
+        written_ttl: ttl_of_code(bytes[3]),
         payload: &bytes[HEADER_LEN..],
     })
 }
@@ -95,6 +117,30 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<Envelope<'_>, DecodeError> {
 /// envelope we can read (the backends then treat the value as not fresh).
 pub(crate) fn grace_of(bytes: &[u8]) -> Option<Duration> {
     decode(bytes).ok().map(|e| e.grace)
+}
+
+/// Steps per doubling of the TTL code: 2^(1/8) ≈ 1.09.
+const TTL_STEPS: f64 = 8.0;
+
+/// The code of a fresh TTL: the largest `b` with `2^((b-1)/8)` ms at most
+/// `ttl` (1 for anything under 1 ms, 255 at most).
+fn ttl_code(ttl: Duration) -> u8 {
+    let ms = ttl.as_secs_f64() * 1000.0;
+    if ms < 1.0 {
+        return 1;
+    }
+    // A float's `as` saturates: never out of range.
+    let steps = (ms.log2() * TTL_STEPS + 1e-9).floor() + 1.0;
+    steps.min(255.0) as u8
+}
+
+/// The TTL a code stands for, at most the TTL written.
+fn ttl_of_code(code: u8) -> Option<Duration> {
+    if code == 0 {
+        return None;
+    }
+    let ms = (f64::from(code - 1) / TTL_STEPS).exp2();
+    Some(Duration::from_secs_f64(ms / 1000.0))
 }
 
 pub(crate) fn millis_u64(d: Duration) -> u64 {
@@ -113,16 +159,23 @@ mod tests {
             Kind::Value,
             Duration::ZERO,
             Duration::from_micros(300),
+            None,
             b"x",
         );
         assert_eq!(decode(&bytes).unwrap().delta, Duration::from_millis(1));
-        let bytes = encode(Kind::Value, Duration::ZERO, Duration::ZERO, b"x");
+        let bytes = encode(Kind::Value, Duration::ZERO, Duration::ZERO, None, b"x");
         assert_eq!(
             decode(&bytes).unwrap().delta,
             Duration::ZERO,
             "a set: not measured"
         );
-        let bytes = encode(Kind::Value, Duration::ZERO, Duration::from_millis(42), b"x");
+        let bytes = encode(
+            Kind::Value,
+            Duration::ZERO,
+            Duration::from_millis(42),
+            None,
+            b"x",
+        );
         assert_eq!(decode(&bytes).unwrap().delta, Duration::from_millis(42));
     }
 
@@ -132,6 +185,7 @@ mod tests {
             Kind::Value,
             Duration::from_secs(5),
             Duration::from_millis(200),
+            None,
             b"{\"a\":1}",
         );
         let env = decode(&bytes).unwrap();
@@ -155,14 +209,46 @@ mod tests {
         assert_eq!(env.kind, Kind::Value);
         assert_eq!(env.grace, Duration::from_millis(5000));
         assert_eq!(env.delta, Duration::from_millis(42));
+        assert_eq!(env.written_ttl, None, "byte 3 was reserved (0)");
         assert_eq!(env.payload, b"7");
+    }
+
+    /// The recorded TTL is a lower bound of the one written, within 9 %,
+    /// from 1 ms to the longest TTL accepted.
+    #[test]
+    fn the_written_ttl_is_a_close_lower_bound() {
+        let mut ms = 1u64;
+        while ms <= crate::options::MAX_TTL.as_millis() as u64 {
+            let ttl = Duration::from_millis(ms);
+            let bytes = encode(Kind::Value, Duration::ZERO, Duration::ZERO, Some(ttl), b"");
+            let read = decode(&bytes).unwrap().written_ttl.unwrap();
+            assert!(read <= ttl, "{ms} ms read as {read:?}");
+            if ms <= 1 << 31 {
+                assert!(
+                    read.as_secs_f64() >= ttl.as_secs_f64() / 1.091,
+                    "{ms}: {read:?}"
+                );
+            }
+            ms = ms * 3 / 2 + 1;
+        }
+        let bytes = encode(
+            Kind::Value,
+            Duration::ZERO,
+            Duration::ZERO,
+            Some(Duration::ZERO),
+            b"",
+        );
+        assert_eq!(
+            decode(&bytes).unwrap().written_ttl,
+            Some(Duration::from_millis(1))
+        );
     }
 
     #[test]
     fn garbage_is_an_error_not_a_panic() {
         assert_eq!(decode(b""), Err(DecodeError::Truncated));
         assert_eq!(decode(&[0u8; 32]), Err(DecodeError::BadMagic));
-        let mut future = encode(Kind::Value, Duration::ZERO, Duration::ZERO, b"");
+        let mut future = encode(Kind::Value, Duration::ZERO, Duration::ZERO, None, b"");
         future[1] = 9;
         assert_eq!(decode(&future), Err(DecodeError::UnknownVersion(9)));
         future[1] = VERSION;

@@ -1,7 +1,6 @@
 //! Typed errors. Every public error enum is `#[non_exhaustive]` so variants can
 //! be added without a breaking release.
 
-use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,7 +15,7 @@ pub enum Error {
     /// The loader returned an error. Every caller coalesced onto that load gets
     /// a clone of the same error (shared through an `Arc`).
     #[error("loader failed: {0}")]
-    Loader(LoaderError),
+    Loader(#[source] LoaderError),
     /// The loader panicked. The lease was released and every waiter got this
     /// error instead of hanging.
     #[error("loader panicked: {0}")]
@@ -40,9 +39,18 @@ pub enum Error {
     /// The key, value or an option given for this call is not acceptable.
     #[error("invalid input: {0}")]
     InvalidInput(#[from] InputError),
-    /// The value could not be encoded by the codec; nothing was written.
-    #[error("could not encode the value: {0}")]
-    Encode(#[source] CodecError),
+    /// The value of `key` could not be stored; nothing was written. Either
+    /// the codec failed to encode it, or its encoding does not decode back
+    /// ([`CodecError::is_round_trip`]: `f64::NAN` in JSON becomes `null`,
+    /// say), which would make every later read a miss and a reload.
+    #[error("could not encode the value of key {key:?}: {source}")]
+    Encode {
+        /// The user key (its string form).
+        key: String,
+        /// The codec's error.
+        #[source]
+        source: CodecError,
+    },
     /// A recent [`get_or_load_optional`](crate::Cache::get_or_load_optional)
     /// found nothing and cached the key's absence.
     #[error("the key's absence is cached")]
@@ -74,51 +82,138 @@ impl Error {
     pub fn is_invalid_input(&self) -> bool {
         matches!(self, Error::InvalidInput(_))
     }
-    /// The loader's own error, if this is [`Error::Loader`] and its type is `E`.
-    pub fn loader_error<E: std::error::Error + Send + Sync + 'static>(&self) -> Option<Arc<E>> {
+    /// The loader's own error as a `T`, if this is [`Error::Loader`] and
+    /// [`LoaderError::downcast_ref`] finds one (in an `anyhow::Error`, a box,
+    /// or the error's source chain).
+    pub fn loader_error<T: std::error::Error + 'static>(&self) -> Option<&T> {
         match self {
-            Error::Loader(e) => e.downcast::<E>(),
+            Error::Loader(e) => e.downcast_ref::<T>(),
             _ => None,
         }
     }
 }
 
-/// A loader's error, shared by every caller coalesced onto the load.
+/// The error of a boxed loader error: what every error type a loader may
+/// return converts into.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// The error types a loader may return: anything that converts into a
+/// [`BoxError`], which covers every `std::error::Error + Send + Sync +
+/// 'static` (`std::io::Error`, your own error enum), `Box<dyn Error + Send +
+/// Sync>` itself and `anyhow::Error`, with no adapter (and a plain `String`
+/// or `&'static str` message).
 ///
-/// It keeps the original typed error: [`LoaderError::downcast`] gives back the
-/// `Arc<E>` that the loader returned.
+/// It is the bound on `E` in every loading entry point of
+/// [`Cache`](crate::Cache) ([`get_or_load`](crate::Cache::get_or_load),
+/// [`fetch`](crate::Cache::fetch), …): an entry point that takes a loader
+/// names it, so they all accept the same loaders. Implemented for every
+/// such type; it cannot be implemented by hand.
+///
+/// The caller gets the loader's error back typed through
+/// [`Error::loader_error`] (or [`LoaderError::downcast_ref`]), which finds it
+/// whichever of these kinds carried it: an `anyhow::Error` or a box around
+/// it, or anywhere in its [`source`](std::error::Error::source) chain.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// #[derive(Debug, thiserror::Error)]
+/// #[error("no such user {0}")]
+/// struct NoSuchUser(u32);
+///
+/// let cache = onefill::Cache::<u32, String>::builder().build().unwrap();
+/// // A loader returning `Box<dyn Error + Send + Sync>`, as `?` on mixed
+/// // errors gives; `anyhow::Result` and `std::io::Result` work the same.
+/// let err = cache
+///     .get_or_load(&7, |id| async move {
+///         Err::<String, onefill::BoxError>(Box::new(NoSuchUser(id)))
+///     })
+///     .await
+///     .unwrap_err();
+/// assert_eq!(err.loader_error::<NoSuchUser>().map(|e| e.0), Some(7));
+/// # }
+/// ```
+pub trait IntoLoaderError: Send + 'static {
+    /// Wraps the error for the flight, shared by every coalesced caller.
+    #[doc(hidden)]
+    fn into_loader_error(self) -> LoaderError;
+}
+
+impl<E: Into<BoxError> + Send + 'static> IntoLoaderError for E {
+    fn into_loader_error(self) -> LoaderError {
+        LoaderError {
+            error: Arc::from(self.into()),
+        }
+    }
+}
+
+/// A loader's error, shared by every caller coalesced onto the load (cheap
+/// to clone: an `Arc`).
+///
+/// Transparent over the loader's error: it displays as that error and its
+/// [`source`](std::error::Error::source) is that error's source, so a chain
+/// walk from [`Error::Loader`] (whose source it is) shows the whole chain
+/// once. [`LoaderError::downcast_ref`] gives back the loader's own error
+/// typed.
 #[derive(Clone)]
 pub struct LoaderError {
-    as_error: Arc<dyn std::error::Error + Send + Sync>,
-    as_any: Arc<dyn Any + Send + Sync>,
+    error: Arc<dyn std::error::Error + Send + Sync>,
 }
 
 impl LoaderError {
-    pub(crate) fn new<E: std::error::Error + Send + Sync + 'static>(error: E) -> Self {
-        let shared = Arc::new(error);
-        LoaderError {
-            as_error: shared.clone(),
-            as_any: shared,
+    /// The loader's error as a `T`: the error itself if it is one (what a
+    /// loader returning `Result<V, T>` gave, or the error in the box or
+    /// `anyhow::Error` it returned), else the first `T` in its
+    /// [`source`](std::error::Error::source) chain (an error under an
+    /// `anyhow` context, say).
+    ///
+    /// ```
+    /// use std::io;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let cache = onefill::Cache::<u32, u32>::builder().build().unwrap();
+    /// let err = cache
+    ///     .get_or_load(&1, |_| async { Err::<u32, _>(io::Error::other("db down")) })
+    ///     .await
+    ///     .unwrap_err();
+    /// let onefill::Error::Loader(loader) = &err else { panic!("{err}") };
+    /// assert_eq!(loader.downcast_ref::<io::Error>().unwrap().to_string(), "db down");
+    /// # }
+    /// ```
+    pub fn downcast_ref<T: std::error::Error + 'static>(&self) -> Option<&T> {
+        let mut next: Option<&(dyn std::error::Error + 'static)> = Some(self.get_ref());
+        while let Some(error) = next {
+            if let Some(found) = error.downcast_ref::<T>() {
+                return Some(found);
+            }
+            next = error.source();
         }
+        None
     }
-    /// The loader's error as its own type `E`, if it is one.
-    pub fn downcast<E: std::error::Error + Send + Sync + 'static>(&self) -> Option<Arc<E>> {
-        self.as_any.clone().downcast::<E>().ok()
+    /// Whether [`downcast_ref`](LoaderError::downcast_ref) finds a `T`.
+    pub fn is<T: std::error::Error + 'static>(&self) -> bool {
+        self.downcast_ref::<T>().is_some()
     }
-    /// The loader's error as a trait object.
+    /// The loader's error as a trait object (for an `anyhow::Error` or a
+    /// box, the error inside).
     pub fn get_ref(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
-        &*self.as_error
+        &*self.error
     }
 }
 
 impl fmt::Debug for LoaderError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt(&*self.as_error, f)
+        fmt::Debug::fmt(&*self.error, f)
     }
 }
 impl fmt::Display for LoaderError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(&*self.as_error, f)
+        fmt::Display::fmt(&*self.error, f)
+    }
+}
+impl std::error::Error for LoaderError {
+    // Transparent: this error *is* the loader's (it displays as it), so its
+    // source is the loader's error's source.
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.error.source()
     }
 }
 
@@ -225,6 +320,16 @@ impl From<InvalidOption> for InputError {
 pub struct CodecError(Arc<dyn std::error::Error + Send + Sync>);
 
 impl CodecError {
+    /// An encoding that does not decode back: `decode` is the decoder's
+    /// error.
+    pub(crate) fn round_trip(decode: CodecError) -> Self {
+        CodecError(Arc::new(RoundTrip(decode)))
+    }
+    /// The value was encoded, but its encoding does not decode back (the
+    /// decoder's error is the [`source`](std::error::Error::source)).
+    pub fn is_round_trip(&self) -> bool {
+        self.0.is::<RoundTrip>()
+    }
     /// Wraps a codec's error.
     pub fn new<E: std::error::Error + Send + Sync + 'static>(error: E) -> Self {
         CodecError(Arc::new(error))
@@ -240,6 +345,11 @@ impl CodecError {
         &*self.0
     }
 }
+
+/// An encoding that does not decode back (see [`CodecError::is_round_trip`]).
+#[derive(Debug, thiserror::Error)]
+#[error("its encoding does not decode back: {0}")]
+struct RoundTrip(#[source] CodecError);
 
 impl fmt::Debug for CodecError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -49,7 +49,7 @@ use crate::freshness;
 use crate::key::FillKeys;
 use crate::l1::Ticket;
 use crate::lease::{Acquisition, Lease, LeaseTtl};
-use crate::loader::{self, Load, Loaded, Sharing};
+use crate::loader::{self, Done, Load, Loaded, Sharing};
 use crate::options::{Policy, MAX_TTL};
 use crate::shared::{Read, Shared};
 use crate::stats::Recorder;
@@ -65,8 +65,9 @@ pub enum Outcome {
     /// A fresh value was already stored.
     Hit,
     /// A stale value was served: within the grace window (a refresh runs in
-    /// the background), after a failed load (fail-safe), or while the backend
-    /// was failing.
+    /// the background), at the soft timeout of a slow load (which goes on
+    /// in the background, see `CallOptions::soft_timeout`), after a failed
+    /// load (fail-safe), or while the backend was failing.
     Stale,
     /// This process ran the loader under the lease and stored the result.
     Loaded,
@@ -126,14 +127,18 @@ pub(crate) struct Flight<V> {
     /// A fill put off until after the callers were answered, because the
     /// budget was spent by then.
     deferred_fill: Option<DeferredFill>,
+    /// A load still running when the soft timeout answered the callers
+    /// stale: finished (filled or released) after the answer. In a mutex
+    /// only to keep the flight `Sync`, as `load`.
+    deferred_load: Mutex<Option<DeferredLoad<V>>>,
     /// The user key (the L1's key).
     key: String,
     /// Taken before the first read: the L1 keeps the answer only if no
     /// change of the key was reported since (see `l1.rs`).
     l1_ticket: Option<Ticket>,
-    /// When the answer's value stops being fresh, how long its load took and
-    /// its encoded size: set by a read or a successful fill, for the L1.
-    l1_fresh: Mutex<Option<(Instant, Duration, usize)>>,
+    /// The answer's value as stored: set by a read or a successful fill,
+    /// for the L1.
+    l1_fresh: Mutex<Option<StoredFreshness>>,
     /// This flight refreshes a value that is still fresh (early refresh):
     /// if its load fails, nothing is written (no fail-safe re-store, no
     /// cached failure over a fresh value).
@@ -145,8 +150,12 @@ enum FirstRead<V> {
     /// The answer (a hit, stale in grace, a cached failure), and any
     /// refresh to run after it.
     Answered(Result<Answer<V>, Error>, Option<Refresh>),
-    /// Nothing usable: the lease is next.
-    Miss { unreadable: bool },
+    /// Nothing usable: the lease is next. `stale`: a stale value read (with
+    /// a soft timeout, it waits for a load before it is served).
+    Miss {
+        unreadable: bool,
+        stale: Option<Option<V>>,
+    },
     /// The backend failed.
     Failed(BackendError),
 }
@@ -204,6 +213,31 @@ impl<F: Future> Future for CatchUnwind<'_, F> {
             Err(panic) => Poll::Ready(Err(panic)),
         }
     }
+}
+
+/// What the L1 needs of the value stored for the answer.
+#[derive(Debug, Clone, Copy)]
+struct StoredFreshness {
+    /// When it stops being fresh.
+    fresh_until: Instant,
+    /// How long its load took.
+    delta: Duration,
+    /// At most the fresh TTL it was written with, if recorded.
+    written_ttl: Option<Duration>,
+    /// Its encoded size.
+    size: usize,
+}
+
+/// A load under way, owned (not borrowing the flight), so it can go on
+/// after the callers' answer.
+type Loading<V> = Pin<Box<dyn Future<Output = Result<Done<V>, Error>> + Send>>;
+
+/// A load the soft timeout left running: its lease (the watchdog still
+/// extending it) and the stale value the callers got.
+struct DeferredLoad<V> {
+    lease: Lease,
+    loading: Loading<V>,
+    stale: Option<Option<V>>,
 }
 
 /// A fill to run once the callers have their answer.
@@ -325,6 +359,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
             load: Mutex::new(Some(load)),
             from_fallback: false,
             deferred_fill: None,
+            deferred_load: Mutex::new(None),
             value_expires: Mutex::new(None),
             refreshing_fresh: false,
             policy,
@@ -337,6 +372,29 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
     async fn after_answer(mut self, refresh: Option<Refresh>, call: tracing::Span) {
         // Off the callers' path from here: a full budget again.
         self.budget.refill();
+        let deferred = self.deferred_load.lock().take();
+        if let Some(DeferredLoad {
+            lease,
+            loading,
+            stale,
+        }) = deferred
+        {
+            let span = tracing::info_span!(
+                parent: None,
+                "onefill.deferred_load",
+                namespace = self.shared.namespace.as_str(),
+            );
+            span.follows_from(&call);
+            let finish = async {
+                let loaded = loading.await;
+                let answer = self.store_loaded(lease, loaded, stale).await;
+                if answer.is_ok() {
+                    self.remember(&answer);
+                    self.keep_in_l1(&answer, false);
+                }
+            };
+            finish.instrument(span).await;
+        }
         if let Some(fill) = self.deferred_fill.take() {
             let timeout = self.policy.backend_timeout;
             let span = tracing::info_span!(
@@ -394,12 +452,17 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         };
         let fresh = *self.l1_fresh.lock();
         let expires = *self.value_expires.lock();
-        let (true, Some((fresh_until, delta, size)), Some(expires_at)) = (eligible, fresh, expires)
-        else {
+        let (true, Some(stored), Some(expires_at)) = (eligible, fresh, expires) else {
             return;
         };
+        let StoredFreshness {
+            fresh_until,
+            delta,
+            written_ttl,
+            size,
+        } = stored;
         // With no freshness left, the window is the one a read would use.
-        let window = self.early_refresh(Duration::ZERO, delta);
+        let window = self.early_refresh(Duration::ZERO, delta, written_ttl);
         let refresh_at = window
             .and_then(|w| fresh_until.checked_sub(w))
             .unwrap_or(fresh_until);
@@ -432,10 +495,10 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         match first {
             FirstRead::Answered(answer, refresh) => (answer, refresh),
             FirstRead::Failed(e) => (self.degrade(e, None).await, None),
-            FirstRead::Miss { unreadable } => {
+            FirstRead::Miss { unreadable, stale } => {
                 let answer = match self.policy.lease_ttl {
-                    Some(lease) => self.lease_or_wait(lease, unreadable).await,
-                    None => self.load_without_waiting(unreadable).await,
+                    Some(lease) => self.lease_or_wait(lease, unreadable, stale).await,
+                    None => self.load_without_waiting(unreadable, stale).await,
                 };
                 (answer, None)
             }
@@ -458,17 +521,27 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
                     value,
                     fresh_for,
                     delta,
+                    written_ttl,
                 } if !fresh_for.is_zero() => {
                     self.rec().hit();
-                    let early = self.early_refresh(fresh_for, delta);
+                    let early = self.early_refresh(fresh_for, delta, written_ttl);
                     return FirstRead::Answered(
                         Ok((value, Outcome::Hit)),
                         early.map(Refresh::Early),
                     );
                 }
-                Read::Value { value, .. } => {
+                Read::Value { value, .. } if self.policy.soft_timeout.is_none() => {
                     self.rec().stale_served();
                     return FirstRead::Answered(Ok((value, Outcome::Stale)), Some(Refresh::Stale));
+                }
+                // With a soft timeout, a stale value waits for a load (up to
+                // the soft timeout) before it is served.
+                Read::Value { value, .. } => {
+                    self.rec().miss();
+                    return FirstRead::Miss {
+                        unreadable: false,
+                        stale: Some(value),
+                    };
                 }
                 Read::Failure {
                     message,
@@ -482,7 +555,10 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
             }
         }
         self.rec().miss();
-        FirstRead::Miss { unreadable }
+        FirstRead::Miss {
+            unreadable,
+            stale: None,
+        }
     }
 
     /// The miss path: take the lease and load, or wait for whoever has it.
@@ -490,9 +566,9 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         &mut self,
         lease: LeaseTtl,
         mut unreadable: bool,
+        mut stale: Option<Option<V>>,
     ) -> Result<Answer<V>, Error> {
         let mut waiting: Option<Wait> = None;
-        let mut stale: Option<Option<V>> = None;
         let mut notified = false;
         // When the holder's lease runs out, as the last re-check saw it, and
         // whether a notification (a fill, a release, an invalidation) came
@@ -669,16 +745,56 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
     /// fills (fenced on the token) or releases.
     async fn load_leased(
         &mut self,
-        mut lease: Lease,
+        lease: Lease,
         stale: Option<Option<V>>,
     ) -> Result<Answer<V>, Error> {
-        let loaded = self.run_loader(Sharing::Own).await;
+        let Some((soft, value)) = self.policy.soft_timeout.zip(stale.clone()) else {
+            let loaded = self.run_loader(Sharing::Own).await;
+            return self.store_loaded(lease, loaded, stale).await;
+        };
+        // A stale value exists: the callers wait for the load up to the
+        // soft timeout, then get the stale value while the load goes on
+        // (see `after_answer`).
+        let mut loading = self.start_loader();
+        match tokio::time::timeout(soft, &mut loading).await {
+            Ok(loaded) => self.store_loaded(lease, loaded, stale).await,
+            Err(_) => {
+                *self.deferred_load.lock() = Some(DeferredLoad {
+                    lease,
+                    loading,
+                    stale,
+                });
+                self.rec().stale_served();
+                Ok((value, Outcome::Stale))
+            }
+        }
+    }
+
+    /// After a load under our lease: fills (fenced on the token) or
+    /// releases, and answers.
+    async fn store_loaded(
+        &mut self,
+        mut lease: Lease,
+        loaded: Result<Done<V>, Error>,
+        stale: Option<Option<V>>,
+    ) -> Result<Answer<V>, Error> {
         lease.loader_done();
-        let (value, took) = match loaded {
+        let (loaded, took) = match loaded {
             Ok(loaded) => loaded,
             Err(error) => return self.after_failed_load(Some(lease), error, stale).await,
         };
-        let bytes = match self.shared.encode(&self.policy, &value, took) {
+        // The loader's choice of freshness, then the bytes that record it;
+        // either failing, nothing is stored and the callers get the error.
+        let chosen = self.choose(&loaded);
+        let value = loaded.into_value();
+        let ttl = self.written_ttl(value.is_some());
+        let fresh = ttl.saturating_sub(self.policy.grace);
+        let encoded = chosen.and_then(|()| {
+            let key = &self.key;
+            self.shared
+                .encode(key, &self.policy, &value, took, Some(fresh))
+        });
+        let bytes = match encoded {
             Ok(bytes) => bytes,
             Err(error) => {
                 let _ = self
@@ -688,8 +804,11 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
                 return Err(error);
             }
         };
-        let ttl = self.written_ttl(value.is_some());
         self.note_value_ttl(ttl);
+        // Only this fill, if it lands, vouches for the L1 entry: not a
+        // stale value read before the load (with a soft timeout, the first
+        // read's).
+        *self.l1_fresh.lock() = None;
         // `Ok(false)`: expired or invalidated while we loaded; our callers
         // still get the value, but it must not overwrite what is there now
         // (counted as a lost lease). An error: unknown whether it landed.
@@ -701,8 +820,12 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
                 .run("fill", |t| lease.fill(&self.shared, t, &bytes, ttl))
                 .await;
             if let Ok(true) = filled {
-                let fresh_until = Instant::now() + ttl.saturating_sub(self.policy.grace);
-                *self.l1_fresh.lock() = Some((fresh_until, took, bytes.len()));
+                *self.l1_fresh.lock() = Some(StoredFreshness {
+                    fresh_until: Instant::now() + fresh,
+                    delta: took,
+                    written_ttl: Some(fresh),
+                    size: bytes.len(),
+                });
             }
         }
         Ok((value, Outcome::Loaded))
@@ -713,7 +836,11 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
     /// fenced on our token like every fill (a `set`, an `invalidate` or a
     /// newer holder fences it out). If another process holds the lease, the
     /// result is not stored: that holder's fill will be (issue 8, fault 4).
-    async fn load_without_waiting(&mut self, unreadable: bool) -> Result<Answer<V>, Error> {
+    async fn load_without_waiting(
+        &mut self,
+        unreadable: bool,
+        known_stale: Option<Option<V>>,
+    ) -> Result<Answer<V>, Error> {
         let window = if unreadable {
             Duration::MAX
         } else {
@@ -721,8 +848,15 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         };
         match self.acquire(LeaseTtl::default(), window).await {
             Ok(Acquisition::Won { lease, stale }) => {
-                let stale = self.stale_value(stale);
+                let stale = self.stale_value(stale).or(known_stale);
                 self.load_leased(lease, stale).await
+            }
+            // Another process is refreshing the stale value read first
+            // (with a soft timeout): it answers, as in `lease_or_wait`.
+            Ok(Acquisition::Held { .. }) if known_stale.is_some() => {
+                self.rec().stale_served();
+                let value = known_stale.unwrap_or_default();
+                Ok((value, Outcome::Stale))
             }
             Ok(Acquisition::Fresh(stored)) => match self.read(&stored) {
                 Read::Value { value, .. } => Ok((value, Outcome::Hit)),
@@ -743,10 +877,11 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
     async fn load_unstored(&mut self) -> Result<Answer<V>, Error> {
         self.rec().degraded_load();
         match self.run_loader(Sharing::MayJoin).await {
-            Ok((value, _)) => {
+            Ok((loaded, _)) => {
+                self.choose(&loaded)?;
                 // A new value, not the one read before: `ttl + grace`.
                 *self.value_expires.lock() = None;
-                Ok((value, Outcome::Degraded))
+                Ok((loaded.into_value(), Outcome::Degraded))
             }
             Err(error) => self.after_failed_load(None, error, None).await,
         }
@@ -782,7 +917,13 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
             if let Some(lease) = lease {
                 let throttled = self
                     .shared
-                    .encode(&self.policy, &value, Duration::ZERO)
+                    .encode(
+                        &self.key,
+                        &self.policy,
+                        &value,
+                        Duration::ZERO,
+                        Some(self.policy.fail_safe_throttle),
+                    )
                     .ok()
                     .map(|bytes| (bytes, self.policy.fail_safe_throttle + self.policy.grace));
                 let entry = throttled.as_ref().map(|(b, t)| (b.as_slice(), *t));
@@ -806,6 +947,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
                         Kind::Failure,
                         Duration::ZERO,
                         Duration::ZERO,
+                        None,
                         message.as_bytes(),
                     );
                     Some((bytes, ttl))
@@ -822,7 +964,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
     }
 
     /// Runs this flight's one load.
-    async fn run_loader(&mut self, sharing: Sharing) -> Result<Loaded<V>, Error> {
+    async fn run_loader(&mut self, sharing: Sharing) -> Result<Done<V>, Error> {
         let taken = self.load.lock().take();
         let Some(load) = taken else {
             // One flight runs at most one load; reaching here is a bug in
@@ -832,9 +974,26 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         loader::run(&self.shared, &self.policy, self.keys.value(), load, sharing).await
     }
 
+    /// This flight's one load, as a future of its own (owning what it
+    /// needs), so it can outlive the callers' answer.
+    fn start_loader(&mut self) -> Loading<V> {
+        let taken = self.load.lock().take();
+        let shared = self.shared.clone();
+        let policy = self.policy.clone();
+        let key = self.keys.value().to_owned();
+        Box::pin(async move {
+            let Some(load) = taken else {
+                return Err(Error::FlightAbandoned);
+            };
+            loader::run(&shared, &policy, &key, load, Sharing::Own).await
+        })
+    }
+
     /// A background refresh after the callers were answered: one per key per
     /// process (the `refreshing` set), one fleet-wide (the lease).
     async fn refresh(mut self, why: Refresh) {
+        // Nobody waits for a refresh: no soft timeout to answer anyone at.
+        self.policy.soft_timeout = None;
         let key = self.keys.value().to_owned();
         if !self.shared.refreshing.lock().insert(key.clone()) {
             return;
@@ -872,15 +1031,25 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
     }
 
     /// The early-refresh window of a value with `fresh_for` left whose load
-    /// took `delta`, if it is due (see `freshness::early_refresh`). Early
+    /// took `delta`, if it is due (see `freshness::early_refresh`), capped
+    /// by the fresh TTL it was written with if recorded (a loader may have
+    /// chosen it), else by the policy's. Early
     /// refresh and the grace window answer the same question (who pays for
     /// the refresh at expiry); with a grace window the first stale read
     /// refreshes in the background, so early refresh would only add loads.
-    fn early_refresh(&self, fresh_for: Duration, delta: Duration) -> Option<Duration> {
+    fn early_refresh(
+        &self,
+        fresh_for: Duration,
+        delta: Duration,
+        written_ttl: Option<Duration>,
+    ) -> Option<Duration> {
         if !self.policy.grace.is_zero() {
             return None;
         }
-        let cap = freshness::early_refresh_cap(self.policy.ttl, self.policy.jitter);
+        let cap = match written_ttl {
+            Some(ttl) => freshness::early_refresh_cap(ttl, 0.0),
+            None => freshness::early_refresh_cap(self.policy.ttl, self.policy.jitter),
+        };
         freshness::early_refresh(fresh_for, delta, self.policy.early_refresh_beta, cap)
     }
 
@@ -912,12 +1081,19 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
     fn read(&self, stored: &Stored) -> Read<V> {
         let read = self.shared.read(stored, Some(self.keys.value()));
         if let Read::Value {
-            fresh_for, delta, ..
+            fresh_for,
+            delta,
+            written_ttl,
+            ..
         } = &read
         {
             self.note_value_ttl(stored.ttl);
-            let fresh_until = Instant::now() + *fresh_for;
-            *self.l1_fresh.lock() = Some((fresh_until, *delta, stored.bytes.len()));
+            *self.l1_fresh.lock() = Some(StoredFreshness {
+                fresh_until: Instant::now() + *fresh_for,
+                delta: *delta,
+                written_ttl: *written_ttl,
+                size: stored.bytes.len(),
+            });
         }
         read
     }
@@ -943,6 +1119,13 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         self.value_expires
             .lock()
             .is_none_or(|expires| expires > Instant::now())
+    }
+
+    /// Adopts the freshness the loader chose for its value, if any.
+    fn choose<T>(&mut self, loaded: &Loaded<T>) -> Result<(), Error> {
+        self.policy
+            .choose(loaded.chosen_ttl(), loaded.chosen_grace())
+            .map_err(|invalid| Error::InvalidInput(invalid.into()))
     }
 
     fn written_ttl(&self, is_value: bool) -> Duration {

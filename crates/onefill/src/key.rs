@@ -117,7 +117,7 @@ pub(crate) struct KeyBuf {
 const INLINE: usize = 128;
 
 impl KeyBuf {
-    pub(crate) fn new(key: &impl std::fmt::Display) -> KeyBuf {
+    pub(crate) fn new<D: std::fmt::Display + ?Sized>(key: &D) -> KeyBuf {
         use std::fmt::Write;
         let mut buf = KeyBuf {
             inline: [0; INLINE],

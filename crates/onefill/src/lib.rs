@@ -46,6 +46,62 @@
 //! # Ok(()) }
 //! ```
 //!
+//! ## A connection pool (or any shared state) in the loader
+//!
+//! The loader is `'static` and `Send`: it runs detached, in a task of its
+//! own, so it may outlive the call that started it (see
+//! [`Cache::get_or_load`]'s *Cancellation*). It cannot borrow the caller's
+//! pool; it **owns a clone of the pool's handle**. Pools are built for
+//! this: `sqlx::PgPool`, `deadpool`'s `Pool`, `bb8::Pool` and
+//! `redis::aio::ConnectionManager` are all cheap `Clone` handles around an
+//! `Arc`; wrap anything else (a client, a config) in an [`Arc`](std::sync::Arc).
+//! Clone the handle *into the closure*, then take a connection *inside* the
+//! loader, so one is held only while a load runs, never by waiting callers.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::sync::Arc;
+//! use tokio::sync::Semaphore;
+//!
+//! /// Stands for `sqlx::PgPool`, a `deadpool` pool…: a cheap `Clone`
+//! /// handle, here a semaphore of 4 connections behind an `Arc`.
+//! #[derive(Clone)]
+//! struct Pool {
+//!     connections: Arc<Semaphore>,
+//! }
+//!
+//! impl Pool {
+//!     async fn user_name(&self, id: u64) -> Result<String, std::io::Error> {
+//!         let _connection = self.connections.acquire().await.map_err(std::io::Error::other)?;
+//!         Ok(format!("user {id}"))
+//!     }
+//! }
+//!
+//! /// The service's state: the cache and the pool side by side.
+//! #[derive(Clone)]
+//! struct Users {
+//!     cache: onefill::Cache<u64, String>,
+//!     pool: Pool,
+//! }
+//!
+//! impl Users {
+//!     async fn name(&self, id: u64) -> Result<String, onefill::Error> {
+//!         // A clone of the handle moves into the `'static` loader.
+//!         let pool = self.pool.clone();
+//!         self.cache
+//!             .get_or_load(&id, move |id| async move { pool.user_name(id).await })
+//!             .await
+//!     }
+//! }
+//!
+//! let users = Users {
+//!     cache: onefill::Cache::builder().namespace("users").build()?,
+//!     pool: Pool { connections: Arc::new(Semaphore::new(4)) },
+//! };
+//! assert_eq!(users.name(42).await?, "user 42");
+//! # Ok(()) }
+//! ```
+//!
 //! ## Cargo features
 //!
 //! | feature | default | what it adds |
@@ -75,6 +131,7 @@
 //! | `onefill.wait` | info | `notified`, `polls`, `timed_out` | a wait for another process's load, a child of the call's span |
 //! | `onefill.refresh` | info | `namespace`, `reason` | a background refresh: a root span that *follows from* the call that started it |
 //! | `onefill.deferred_fill` | info | `namespace` | a fill put off until after the answer: a root span that follows from its call |
+//! | `onefill.deferred_load` | info | `namespace` | the rest of a load the soft timeout answered stale (its fill or release): a root span that follows from its call |
 //!
 //! `outcome` is `hit`, `stale`, `loaded`, `waited`, `degraded` or `error`
 //! (and `miss` for `get`); `coalesced` says the call shared a flight
@@ -132,11 +189,13 @@ pub use circuit::{CircuitBreaker, CircuitState};
 pub use codec::PostcardCodec;
 pub use codec::{Codec, JsonCodec};
 pub use error::{
-    BackendError, BackendErrorKind, CodecError, ConfigError, Error, InputError, LoaderError,
+    BackendError, BackendErrorKind, BoxError, CodecError, ConfigError, Error, InputError,
+    IntoLoaderError, LoaderError,
 };
 pub use flight::Outcome;
 pub use l1::L1;
 pub use lease::{LeaseToken, LeaseTtl};
+pub use loader::Loaded;
 pub use options::{CallOptions, MAX_TTL};
 pub use stats::Stats;
 pub use wait::{OnWaitTimeout, WaitPolicy};

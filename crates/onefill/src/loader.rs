@@ -20,11 +20,90 @@ use crate::shared::Shared;
 /// The caller's loader, type-erased, with the key already captured: `None`
 /// is "nothing there" (the optional variant).
 pub(crate) type Load<V> = Box<
-    dyn FnOnce() -> Pin<Box<dyn Future<Output = Result<Option<V>, LoaderError>> + Send>> + Send,
+    dyn FnOnce() -> Pin<Box<dyn Future<Output = Result<Loaded<Option<V>>, LoaderError>> + Send>>
+        + Send,
 >;
 
 /// A load's result and how long it took.
-pub(crate) type Loaded<V> = (Option<V>, Duration);
+pub(crate) type Done<V> = (Loaded<Option<V>>, Duration);
+
+/// A loaded value, and the freshness its loader chose for it (FusionCache's
+/// "adaptive caching"): a short TTL for a draft, a long one for a
+/// published page. What the loader leaves unset is the call's policy.
+///
+/// Returned by the loaders of [`Cache::fetch_loaded`](crate::Cache::fetch_loaded)
+/// and [`Cache::fetch_loaded_optional`](crate::Cache::fetch_loaded_optional).
+/// The chosen TTL is written (shortened by the policy's jitter, as every
+/// TTL), recorded in the stored value so every process sizes the value's
+/// early refresh from it, and bounds the L1 entry; the chosen grace is the
+/// value's grace window everywhere.
+///
+/// ```
+/// use std::time::Duration;
+/// let draft = onefill::Loaded::new("draft").ttl(Duration::from_secs(5));
+/// let page = onefill::Loaded::new("page")
+///     .ttl(Duration::from_secs(3600))
+///     .grace(Duration::from_secs(600));
+/// assert_eq!(draft.chosen_ttl(), Some(Duration::from_secs(5)));
+/// assert_eq!(page.into_value(), "page");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Loaded<V> {
+    value: V,
+    ttl: Option<Duration>,
+    grace: Option<Duration>,
+}
+
+impl<V> Loaded<V> {
+    /// A value with the call's freshness.
+    pub fn new(value: V) -> Self {
+        Loaded {
+            value,
+            ttl: None,
+            grace: None,
+        }
+    }
+    /// How long this value stays fresh (1 ms to [`MAX_TTL`](crate::MAX_TTL);
+    /// out of range, the call fails with
+    /// [`Error::InvalidInput`](crate::Error::InvalidInput) and nothing is
+    /// stored). For an absent value (`None` from an optional loader), how
+    /// long the absence is cached.
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = Some(ttl);
+        self
+    }
+    /// How long after its TTL this value is still served stale while one
+    /// refresh runs (0 to [`MAX_TTL`](crate::MAX_TTL), as
+    /// [`CallOptions::grace`](crate::CallOptions::grace)).
+    pub fn grace(mut self, grace: Duration) -> Self {
+        self.grace = Some(grace);
+        self
+    }
+    /// The value.
+    pub fn value(&self) -> &V {
+        &self.value
+    }
+    /// The value, without its freshness.
+    pub fn into_value(self) -> V {
+        self.value
+    }
+    /// The TTL the loader chose, if any.
+    pub fn chosen_ttl(&self) -> Option<Duration> {
+        self.ttl
+    }
+    /// The grace the loader chose, if any.
+    pub fn chosen_grace(&self) -> Option<Duration> {
+        self.grace
+    }
+    /// The same freshness around another value.
+    pub(crate) fn map<W>(self, f: impl FnOnce(V) -> W) -> Loaded<W> {
+        Loaded {
+            value: f(self.value),
+            ttl: self.ttl,
+            grace: self.grace,
+        }
+    }
+}
 
 /// Whether a load may share one already under way in this process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,7 +127,7 @@ pub(crate) async fn run<V: Clone + Send + Sync + 'static>(
     key: &str,
     load: Load<V>,
     sharing: Sharing,
-) -> Result<Loaded<V>, Error> {
+) -> Result<Done<V>, Error> {
     let completion = match sharing {
         Sharing::Own => {
             let (completion, replaced) = shared.loads.lead(key);
@@ -76,7 +155,7 @@ async fn run_alone<V: Send + 'static>(
     policy: &Policy,
     key: &str,
     load: Load<V>,
-) -> Result<Loaded<V>, Error> {
+) -> Result<Done<V>, Error> {
     let started = Instant::now();
     // A child of the current span (the leader's call), though the load
     // runs in a task of its own.
@@ -97,11 +176,15 @@ async fn run_alone<V: Send + 'static>(
     span.record("outcome", if result.is_ok() { "ok" } else { "error" });
     shared.recorder.load_finished(result.is_ok(), took);
     shared.load_times.record(took);
-    if result.is_ok() && took > policy.ttl {
+    let ttl = match &result {
+        Ok(loaded) => loaded.ttl.unwrap_or(policy.ttl),
+        Err(_) => Duration::MAX,
+    };
+    if took > ttl {
         tracing::warn!(
             key,
             ?took,
-            ttl = ?policy.ttl,
+            ?ttl,
             "the load took longer than the TTL: values expire before waiters can use them"
         );
     }

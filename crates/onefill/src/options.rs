@@ -186,6 +186,23 @@ options! {
             /// released.
             fn max_load_time(max: Duration) = max;
         }
+        soft_timeout: Option<Duration> = None, check(optional(within(MS, Duration::from_secs(24 * 3600)))) {
+            /// How long callers wait for a load when a stale value exists (a
+            /// value in its grace window): past it, they get the stale value
+            /// ([`Outcome::Stale`](crate::Outcome::Stale)) and the load
+            /// finishes in the background, still under the lease (the
+            /// watchdog keeps extending it), then fills and notifies as
+            /// usual; `max_load_time` stays its hard bound. With it set, a
+            /// stale read no longer answers at once: it takes the lease and
+            /// loads, so a fast origin gives a fresh value (another
+            /// process's load still answers stale at once). With no stale
+            /// value, callers wait for the load as always. Off by default
+            /// (1 ms to 24 h).
+            fn soft_timeout(timeout: Duration) = Some(timeout);
+            /// Stale values in the grace window answer at once while one
+            /// refresh runs (the default).
+            fn no_soft_timeout() = None;
+        }
         wait: WaitPolicy = WaitPolicy::default(), check(|_, wait: &WaitPolicy| wait.validate()) {
             /// How losers of the lease race wait for another process's load.
             fn wait(wait: WaitPolicy) = wait;
@@ -248,6 +265,26 @@ options! {
 }
 
 impl Policy {
+    /// Applies the freshness a loader chose for its value
+    /// ([`Loaded`](crate::Loaded)): its TTL (also that of a cached absence)
+    /// and grace, checked as the options of the same names.
+    pub(crate) fn choose(
+        &mut self,
+        ttl: Option<Duration>,
+        grace: Option<Duration>,
+    ) -> Result<(), InvalidOption> {
+        if let Some(ttl) = ttl {
+            within(MS, MAX_TTL)("Loaded::ttl", &ttl)?;
+            self.ttl = ttl;
+            self.negative_ttl = Some(ttl);
+        }
+        if let Some(grace) = grace {
+            within(Duration::ZERO, MAX_TTL)("Loaded::grace", &grace)?;
+            self.grace = grace;
+        }
+        Ok(())
+    }
+
     /// The longest one flight can take: waiting, then loading, with a few
     /// backend calls around them.
     pub(crate) fn longest_flight(&self) -> Duration {

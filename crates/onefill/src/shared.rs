@@ -18,12 +18,13 @@ use crate::circuit::Breakers;
 use crate::coalesce::Coalescer;
 use crate::codec::Codec;
 use crate::envelope::{self, Kind};
+use crate::error::CodecError;
 use crate::error::{BackendError, BackendErrorKind, Error, InputError};
 use crate::fallback::Fallback;
 use crate::flight::Answer;
 use crate::l1::{Local, L1};
 use crate::lease::LoadTimes;
-use crate::loader::Loaded;
+use crate::loader::Done;
 use crate::options::Policy;
 use crate::stats::Recorder;
 
@@ -41,7 +42,7 @@ pub(crate) struct Shared<V> {
     /// The loads under way in this process, one per key: a flight that
     /// needs a load while another flight's (a background refresh's) is
     /// still running shares it instead of running a second one.
-    pub loads: Coalescer<Loaded<V>>,
+    pub loads: Coalescer<Done<V>>,
     /// Bumped by every `set` and `invalidate` once its write is done; a
     /// flight notes it when it starts, so what it read or loaded can be
     /// told apart from what those writes put there (see `fallback.rs`).
@@ -63,6 +64,9 @@ pub(crate) enum Read<V> {
         fresh_for: Duration,
         /// How long the load that produced it took (for early refresh).
         delta: Duration,
+        /// At most the fresh TTL it was written with, if recorded (for
+        /// early refresh; see `envelope.rs`).
+        written_ttl: Option<Duration>,
     },
     /// A cached loader failure (negative caching).
     Failure { message: String, fresh: bool },
@@ -185,6 +189,7 @@ impl<V: 'static> Shared<V> {
                     value: Some(value),
                     fresh_for,
                     delta: env.delta,
+                    written_ttl: env.written_ttl,
                 },
                 Err(why) => {
                     if let Some(key) = count_as {
@@ -197,6 +202,7 @@ impl<V: 'static> Shared<V> {
                 value: None,
                 fresh_for,
                 delta: env.delta,
+                written_ttl: env.written_ttl,
             },
             Kind::Failure => Read::Failure {
                 message: String::from_utf8_lossy(env.payload).into_owned(),
@@ -213,23 +219,42 @@ impl<V: 'static> Shared<V> {
         }
     }
 
-    /// The envelope for `value` (`None`: a cached absence) under `policy`.
+    /// The envelope for `key`'s `value` (`None`: a cached absence) under
+    /// `policy`, written with the fresh TTL `written_ttl` (recorded if
+    /// known). The encoding is decoded once before anything is stored: a
+    /// value that does not read back would be a miss, and a reload, at every
+    /// read (issue 10).
     ///
     /// # Errors
     ///
-    /// [`Error::Encode`] if the codec fails, [`InputError::ValueTooLarge`]
-    /// over the size limit.
+    /// [`Error::Encode`] if the codec fails or its encoding does not decode
+    /// back, [`InputError::ValueTooLarge`] over the size limit.
     pub(crate) fn encode(
         &self,
+        key: &str,
         policy: &Policy,
         value: &Option<V>,
         took: Duration,
+        written_ttl: Option<Duration>,
     ) -> Result<Vec<u8>, Error> {
+        let encode_error = |source| Error::Encode {
+            key: key.to_owned(),
+            source,
+        };
         let (kind, payload) = match value {
-            Some(v) => (Kind::Value, self.codec.encode(v).map_err(Error::Encode)?),
+            Some(v) => {
+                let payload = self.codec.encode(v).map_err(encode_error)?;
+                // A decode that panics (a bug in user code) fails the write
+                // as one that errs, rather than the whole flight.
+                let check = || self.codec.check_round_trip(&payload);
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(check))
+                    .unwrap_or_else(|_| Err(CodecError::msg("the codec's decode panicked")))
+                    .map_err(|e| encode_error(CodecError::round_trip(e)))?;
+                (Kind::Value, payload)
+            }
             None => (Kind::Absent, Vec::new()),
         };
-        let bytes = envelope::encode(kind, policy.grace, took, &payload);
+        let bytes = envelope::encode(kind, policy.grace, took, written_ttl, &payload);
         if bytes.len() > policy.max_value_bytes {
             return Err(Error::InvalidInput(InputError::ValueTooLarge {
                 len: bytes.len(),
@@ -265,13 +290,12 @@ impl<'a, V: Clone + 'static> Writing<'a, V> {
         }
     }
 
-    /// The write of `value` is known to have landed: it is what the outage
-    /// fallback remembers of the key now.
-    pub(crate) fn landed(mut self, value: &Option<V>) {
+    /// The write of `value`, stored for `ttl` (grace included), is known to
+    /// have landed: it is what the outage fallback remembers of the key now.
+    pub(crate) fn landed(mut self, value: &Option<V>, ttl: Duration) {
         self.armed = false;
         let epoch = self.shared.written(self.key, self.keys);
-        let policy = &self.shared.policy;
-        let usable_until = Instant::now() + policy.ttl + policy.grace;
+        let usable_until = Instant::now() + ttl;
         self.shared
             .fallback
             .record(self.keys.value(), value, usable_until, epoch);
@@ -307,7 +331,7 @@ mod tests {
     fn stored(grace: Duration, ttl: Duration) -> Stored {
         let payload = serde_json::to_vec("v").unwrap();
         Stored {
-            bytes: envelope::encode(Kind::Value, grace, Duration::ZERO, &payload),
+            bytes: envelope::encode(Kind::Value, grace, Duration::ZERO, None, &payload),
             ttl,
         }
     }

@@ -1,0 +1,372 @@
+//! Loader-chosen freshness (issue 10, FusionCache's "adaptive caching"):
+//! the loader sets the TTL and grace of what it returns ([`Loaded`]); the
+//! value is written, refreshed early and kept in the L1 by that TTL;
+//! values out of range are an error with nothing stored; `set_with` takes
+//! the same options. Paused time on the embedded backend, each test with
+//! and without the L1.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use onefill::backend::{Backend, FillKeys};
+use onefill::{
+    Cache, CallOptions, Error, Fetched, InputError, Loaded, MemoryBackend, Outcome, MAX_TTL,
+};
+
+const NS: &str = "fresh";
+
+fn cache(backend: &MemoryBackend, l1: bool) -> Cache<String, String> {
+    let builder = Cache::builder()
+        .namespace(NS)
+        .backend(backend.clone())
+        .ttl(Duration::from_secs(60))
+        .jitter(0.0);
+    if l1 {
+        builder.build().unwrap()
+    } else {
+        builder.no_l1().build().unwrap()
+    }
+}
+
+/// What [`loader`] returns.
+type LoadFuture =
+    std::pin::Pin<Box<dyn std::future::Future<Output = std::io::Result<Loaded<String>>> + Send>>;
+
+/// A loader that counts its loads, takes `took` and gives its value the
+/// freshness `choose` picks.
+fn loader(
+    loads: &Arc<AtomicUsize>,
+    took: Duration,
+    choose: fn(Loaded<String>) -> Loaded<String>,
+) -> impl FnOnce(String) -> LoadFuture + Send + 'static {
+    let loads = loads.clone();
+    move |key| {
+        Box::pin(async move {
+            let n = loads.fetch_add(1, Ordering::SeqCst) + 1;
+            tokio::time::sleep(took).await;
+            Ok(choose(Loaded::new(format!("{key}#{n}"))))
+        })
+    }
+}
+
+async fn fetch(
+    c: &Cache<String, String>,
+    key: &str,
+    loads: &Arc<AtomicUsize>,
+    choose: fn(Loaded<String>) -> Loaded<String>,
+) -> Fetched<String> {
+    c.fetch_loaded(
+        key,
+        &CallOptions::new(),
+        loader(loads, Duration::ZERO, choose),
+    )
+    .await
+    .unwrap()
+}
+
+fn secs(s: u64) -> Duration {
+    Duration::from_secs(s)
+}
+
+fn draft(l: Loaded<String>) -> Loaded<String> {
+    l.ttl(secs(2))
+}
+fn published(l: Loaded<String>) -> Loaded<String> {
+    l.ttl(secs(3600))
+}
+
+/// A draft lives 2 s, a published page an hour, in the same cache (TTL
+/// 60 s): on the server, and in the L1.
+#[tokio::test(start_paused = true)]
+async fn the_loader_chooses_each_values_ttl() {
+    for l1 in [false, true] {
+        let backend = MemoryBackend::new();
+        let c = cache(&backend, l1);
+        let loads = Arc::new(AtomicUsize::new(0));
+        assert_eq!(
+            fetch(&c, "draft", &loads, draft).await.outcome,
+            Outcome::Loaded
+        );
+        assert_eq!(
+            fetch(&c, "page", &loads, published).await.outcome,
+            Outcome::Loaded
+        );
+        let stored = backend
+            .get(&FillKeys::new(NS, "draft"))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(stored.ttl, secs(2), "l1 {l1}");
+        let stored = backend
+            .get(&FillKeys::new(NS, "page"))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(stored.ttl, secs(3600), "l1 {l1}");
+
+        tokio::time::advance(Duration::from_millis(1500)).await;
+        assert_eq!(
+            fetch(&c, "draft", &loads, draft).await.outcome,
+            Outcome::Hit
+        );
+        tokio::time::advance(secs(1)).await;
+        let again = fetch(&c, "draft", &loads, draft).await;
+        assert_eq!(
+            (again.outcome, again.value.as_str()),
+            (Outcome::Loaded, "draft#3"),
+            "l1 {l1}"
+        );
+        let page = fetch(&c, "page", &loads, published).await;
+        assert_eq!(
+            (page.outcome, page.value.as_str()),
+            (Outcome::Hit, "page#2"),
+            "l1 {l1}"
+        );
+        assert_eq!(loads.load(Ordering::SeqCst), 3, "l1 {l1}");
+    }
+}
+
+/// A chosen grace: the value is served stale while one refresh runs, though
+/// the cache has no grace window.
+#[tokio::test(start_paused = true)]
+async fn the_loader_chooses_a_grace_window() {
+    for l1 in [false, true] {
+        let backend = MemoryBackend::new();
+        let c = cache(&backend, l1);
+        let loads = Arc::new(AtomicUsize::new(0));
+        let choose = |l: Loaded<String>| l.ttl(secs(1)).grace(secs(10));
+        fetch(&c, "k", &loads, choose).await;
+        let stored = backend.get(&FillKeys::new(NS, "k")).await.unwrap().unwrap();
+        assert_eq!(stored.ttl, secs(11));
+        tokio::time::advance(secs(2)).await;
+        let stale = fetch(&c, "k", &loads, choose).await;
+        assert_eq!(
+            (stale.outcome, stale.value.as_str()),
+            (Outcome::Stale, "k#1"),
+            "l1 {l1}"
+        );
+        // The refresh lands in the background.
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert_eq!(loads.load(Ordering::SeqCst), 2, "l1 {l1}");
+        let fresh = fetch(&c, "k", &loads, choose).await;
+        assert_eq!(
+            (fresh.outcome, fresh.value.as_str()),
+            (Outcome::Hit, "k#2"),
+            "l1 {l1}"
+        );
+    }
+}
+
+/// Early refresh follows the chosen TTL: with beta 100 and a 100 ms load,
+/// the window is capped at half the value's own TTL (2 s), not half the
+/// cache's (60 s), so the value is not refreshed as soon as it is stored.
+#[tokio::test(start_paused = true)]
+async fn early_refresh_follows_the_chosen_ttl() {
+    for l1 in [false, true] {
+        let backend = MemoryBackend::new();
+        let c = cache(&backend, l1);
+        let loads = Arc::new(AtomicUsize::new(0));
+        let opts = CallOptions::new().early_refresh_beta(100.0);
+        let call = |c: Cache<String, String>| {
+            let load = loader(&loads, Duration::from_millis(100), draft);
+            let opts = opts.clone();
+            async move { c.fetch_loaded("k", &opts, load).await.unwrap() }
+        };
+        assert_eq!(call(c.clone()).await.outcome, Outcome::Loaded);
+        for _ in 0..5 {
+            tokio::time::advance(Duration::from_millis(100)).await;
+            assert_eq!(call(c.clone()).await.outcome, Outcome::Hit);
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        assert_eq!(
+            loads.load(Ordering::SeqCst),
+            1,
+            "not due in the first half (l1 {l1})"
+        );
+        // In the last half of its 2 s, it is due: refreshed once, in the
+        // background, before it expires.
+        tokio::time::advance(Duration::from_millis(900)).await;
+        assert_eq!(call(c.clone()).await.outcome, Outcome::Hit);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(loads.load(Ordering::SeqCst), 2, "l1 {l1}");
+        assert_eq!(call(c.clone()).await.value, "k#2", "l1 {l1}");
+    }
+}
+
+/// Out of range: `Error::InvalidInput` naming the setter, for every
+/// coalesced caller, nothing stored, the lease free for the next load.
+#[tokio::test(start_paused = true)]
+async fn a_choice_out_of_range_is_an_error_and_stores_nothing() {
+    fn zero_ttl(l: Loaded<String>) -> Loaded<String> {
+        l.ttl(Duration::ZERO)
+    }
+    fn long_grace(l: Loaded<String>) -> Loaded<String> {
+        l.grace(MAX_TTL + secs(1))
+    }
+    for (choose, option) in [
+        (zero_ttl as fn(_) -> _, "Loaded::ttl"),
+        (long_grace as fn(_) -> _, "Loaded::grace"),
+    ] {
+        let backend = MemoryBackend::new();
+        let c = cache(&backend, true);
+        let loads = Arc::new(AtomicUsize::new(0));
+        let mut tasks = Vec::new();
+        for _ in 0..3 {
+            let (c, load) = (c.clone(), loader(&loads, Duration::from_millis(50), choose));
+            tasks.push(tokio::spawn(async move {
+                c.fetch_loaded("k", &CallOptions::new(), load).await
+            }));
+        }
+        for t in tasks {
+            match t.await.unwrap() {
+                Err(Error::InvalidInput(InputError::Option { option: o, .. })) => {
+                    assert_eq!(o, option)
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(loads.load(Ordering::SeqCst), 1);
+        let keys = FillKeys::new(NS, "k");
+        assert!(
+            backend.get(&keys).await.unwrap().is_none(),
+            "nothing stored"
+        );
+        let next = fetch(&c, "k", &loads, draft).await;
+        assert_eq!(next.outcome, Outcome::Loaded, "the lease was released");
+    }
+}
+
+/// An absence's chosen TTL is how long it is cached.
+#[tokio::test(start_paused = true)]
+async fn an_absence_takes_its_chosen_ttl() {
+    let backend = MemoryBackend::new();
+    let c = cache(&backend, true);
+    let loads = Arc::new(AtomicUsize::new(0));
+    let opts = CallOptions::new();
+    let call = || {
+        let loads = loads.clone();
+        c.fetch_loaded_optional("gone", &opts, move |_| async move {
+            loads.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, std::io::Error>(Loaded::new(None).ttl(secs(1)))
+        })
+    };
+    assert_eq!(call().await.unwrap().value, None);
+    let stored = backend
+        .get(&FillKeys::new(NS, "gone"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(stored.ttl, secs(1));
+    assert_eq!(call().await.unwrap().outcome, Outcome::Hit);
+    tokio::time::advance(Duration::from_millis(1500)).await;
+    assert_eq!(call().await.unwrap().outcome, Outcome::Loaded);
+    assert_eq!(loads.load(Ordering::SeqCst), 2);
+}
+
+/// `set_with` writes with the call's TTL and grace; out of range, nothing.
+#[tokio::test(start_paused = true)]
+async fn set_with_takes_the_same_options() {
+    for l1 in [false, true] {
+        let backend = MemoryBackend::new();
+        let c = cache(&backend, l1);
+        let opts = CallOptions::new().ttl(secs(2)).grace(secs(3));
+        c.set_with("k", "v".to_owned(), &opts).await.unwrap();
+        let stored = backend.get(&FillKeys::new(NS, "k")).await.unwrap().unwrap();
+        assert_eq!(stored.ttl, secs(5));
+        tokio::time::advance(Duration::from_millis(2500)).await;
+        let loads = Arc::new(AtomicUsize::new(0));
+        let stale = fetch(&c, "k", &loads, draft).await;
+        assert_eq!(
+            (stale.outcome, stale.value.as_str()),
+            (Outcome::Stale, "v"),
+            "l1 {l1}"
+        );
+
+        let bad = CallOptions::new().ttl(Duration::ZERO);
+        let err = c.set_with("other", "v".to_owned(), &bad).await.unwrap_err();
+        assert!(err.is_invalid_input(), "{err:?}");
+        let keys = FillKeys::new(NS, "other");
+        assert!(backend.get(&keys).await.unwrap().is_none());
+    }
+}
+
+/// The same on a real Redis: the chosen TTL is the key's `PTTL`, the value
+/// reloads after it (through the L1 too), an out-of-range choice writes
+/// nothing and frees the lease, `set_with` writes its TTL and grace.
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn on_redis_the_chosen_ttl_is_the_keys_ttl() {
+    use onefill::redis::RedisBackend;
+    use onefill::L1;
+    use onefill_testkit::RedisServer;
+
+    let server = RedisServer::start();
+    for l1 in [false, true] {
+        let ns = format!("fresh-{l1}");
+        let backend = RedisBackend::connect(&server.url()).await.unwrap();
+        let builder = Cache::<String, String>::builder()
+            .namespace(&ns)
+            .backend(backend)
+            .ttl(secs(60))
+            .jitter(0.0);
+        let c = if l1 {
+            builder.l1(L1::new(100)).build().unwrap()
+        } else {
+            builder.build().unwrap()
+        };
+        let pttl = |key: &str| {
+            let keys = FillKeys::new(&ns, key);
+            server.query(&["PTTL", keys.value()]).as_int().unwrap()
+        };
+        let loads = Arc::new(AtomicUsize::new(0));
+        let short = |l: Loaded<String>| l.ttl(Duration::from_millis(800));
+        assert_eq!(
+            fetch(&c, "draft", &loads, short).await.outcome,
+            Outcome::Loaded
+        );
+        assert_eq!(
+            fetch(&c, "page", &loads, published).await.outcome,
+            Outcome::Loaded
+        );
+        assert!((1..=800).contains(&pttl("draft")), "{}", pttl("draft"));
+        assert!(pttl("page") > 3_500_000, "{}", pttl("page"));
+        assert_eq!(
+            fetch(&c, "draft", &loads, short).await.outcome,
+            Outcome::Hit
+        );
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        let again = fetch(&c, "draft", &loads, short).await;
+        assert_eq!(
+            (again.outcome, again.value.as_str()),
+            (Outcome::Loaded, "draft#3"),
+            "l1 {l1}"
+        );
+        assert_eq!(
+            fetch(&c, "page", &loads, published).await.outcome,
+            Outcome::Hit
+        );
+
+        let zero = |l: Loaded<String>| l.ttl(Duration::ZERO);
+        let err = c
+            .fetch_loaded(
+                "bad",
+                &CallOptions::new(),
+                loader(&loads, Duration::ZERO, zero),
+            )
+            .await
+            .unwrap_err();
+        assert!(err.is_invalid_input(), "{err:?}");
+        let keys = FillKeys::new(&ns, "bad");
+        assert_eq!(
+            server
+                .query(&["EXISTS", keys.value(), keys.lock()])
+                .as_int(),
+            Some(0)
+        );
+
+        let opts = CallOptions::new().ttl(secs(2)).grace(secs(3));
+        c.set_with("set", "v".to_owned(), &opts).await.unwrap();
+        assert!((4_000..=5_000).contains(&pttl("set")), "{}", pttl("set"));
+    }
+}
