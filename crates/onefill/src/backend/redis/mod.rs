@@ -119,11 +119,13 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 use redis::{Client, FromRedisValue, ProtocolVersion, RedisError, Script};
 use tokio::sync::mpsc::unbounded_channel;
+use tokio::time::Instant;
 
 use super::Listeners;
 use super::{
     Acquired, Backend, BackendError, ChangeListener, FillKeys, FillSubscription, LeaseToken, Stored,
 };
+use crate::envelope;
 use crate::error::BackendErrorKind;
 
 mod cluster;
@@ -131,6 +133,7 @@ mod errors;
 mod link;
 mod options;
 mod scripts;
+mod server_clock;
 mod subscriber;
 mod tracking;
 mod ttl;
@@ -144,6 +147,7 @@ use errors::{classify, with_deadline};
 use link::{ClusterLink, Link, SingleLink};
 use options::{check_url_and_tls, connect_deadline, open_client};
 use scripts::{ScriptCall, Scripts, CLUSTER_SCRIPTS, STANDALONE_SCRIPTS};
+use server_clock::{Plan, ServerClock};
 use subscriber::PubSubShared;
 use ttl::{ms_ceil, px, ttl_from_ms};
 use urls::redact;
@@ -168,6 +172,9 @@ struct Inner {
     listeners: Listeners,
     options: RedisOptions,
     scripts: &'static Scripts,
+    /// Standalone hits read the TTL from the envelope with this estimate
+    /// (decision 0011); unused on a cluster.
+    clock: ServerClock,
     pubsub: Arc<PubSubShared>,
     /// Where we are connected, without credentials (for `Debug`).
     target: String,
@@ -318,6 +325,7 @@ impl RedisBackend {
                 resp3,
                 listeners: Listeners::default(),
                 scripts,
+                clock: ServerClock::default(),
                 pubsub: PubSubShared::start(link, options.clone()),
                 options,
                 target,
@@ -374,9 +382,62 @@ fn announcing<'a>(script: &'a Script, keys: &FillKeys) -> ScriptCall<'a> {
     invocation
 }
 
-#[async_trait]
-impl Backend for RedisBackend {
-    async fn get(&self, keys: &FillKeys) -> Result<Option<Stored>, BackendError> {
+impl RedisBackend {
+    /// A standalone hit: a plain `GET` when the value's envelope records
+    /// its expiry and the server's clock is known well enough to tell that
+    /// it is fresh; the pipelined `GET` + `PTTL` otherwise (see
+    /// `server_clock.rs`, decision 0011).
+    async fn get_standalone(
+        &self,
+        conn: &ConnectionManager,
+        keys: &FillKeys,
+    ) -> Result<Option<Stored>, BackendError> {
+        let estimate = match self.inner.clock.plan(Instant::now()) {
+            Plan::Get(estimate) => estimate,
+            Plan::GetPttl => return self.get_pttl(keys).await,
+            Plan::Sample(sampling) => {
+                let mut pipe = redis::pipe();
+                pipe.cmd("GET")
+                    .arg(keys.value())
+                    .cmd("PTTL")
+                    .arg(keys.value())
+                    .cmd("TIME");
+                let (bytes, pttl, (secs, micros)): (Option<Vec<u8>>, i64, (u64, u64)) = pipe
+                    .query_async(&mut conn.clone())
+                    .await
+                    .map_err(|e| classify("get", e))?;
+                sampling.record(secs, micros);
+                return Ok(stored(bytes, pttl));
+            }
+        };
+        let bytes: Option<Vec<u8>> = redis::cmd("GET")
+            .arg(keys.value())
+            .query_async(&mut conn.clone())
+            .await
+            .map_err(|e| classify("get", e))?;
+        let Some(mut bytes) = bytes else {
+            return Ok(None);
+        };
+        let now = Instant::now();
+        // Fresh by the lower bound is fresh by the server's clock too; at
+        // or below the grace (stale, or in its last moments) the server's
+        // own `PTTL` decides, as before.
+        let fresh = envelope::expires_at_ms(&bytes).and_then(|at| {
+            let ttl = estimate.remaining(at, now)?;
+            (ttl > envelope::grace_of(&bytes)?).then_some(ttl)
+        });
+        match fresh {
+            Some(ttl) => {
+                envelope::strip_expiry(&mut bytes);
+                Ok(Some(Stored { bytes, ttl }))
+            }
+            None => self.get_pttl(keys).await,
+        }
+    }
+
+    /// The pipelined `GET` + `PTTL`: the server's own TTL (one round trip,
+    /// two commands).
+    async fn get_pttl(&self, keys: &FillKeys) -> Result<Option<Stored>, BackendError> {
         let mut pipe = redis::pipe();
         pipe.cmd("GET")
             .arg(keys.value())
@@ -408,9 +469,32 @@ impl Backend for RedisBackend {
             }
         };
         let (bytes, pttl) = result.map_err(|e| classify("get", e))?;
-        // A value that expired between GET and PTTL (-2) is gone.
-        Ok(bytes.and_then(|bytes| ttl_from_ms(pttl).map(|ttl| Stored { bytes, ttl })))
+        Ok(stored(bytes, pttl))
     }
+}
+
+/// A `GET` and a `PTTL` answer: a value that expired between the two (-2)
+/// is gone. The bytes are those written (a version-2 envelope's expiry,
+/// stamped by the script, is taken back out).
+fn stored(bytes: Option<Vec<u8>>, pttl: i64) -> Option<Stored> {
+    bytes.and_then(|mut bytes| {
+        envelope::strip_expiry(&mut bytes);
+        ttl_from_ms(pttl).map(|ttl| Stored { bytes, ttl })
+    })
+}
+
+#[async_trait]
+impl Backend for RedisBackend {
+    /// Standalone: `GET` alone when the envelope's expiry (the server's
+    /// clock) tells it is fresh, else `GET` + `PTTL` (decision 0011).
+    /// Cluster: `GET` + `PTTL` (each master has its own clock).
+    async fn get(&self, keys: &FillKeys) -> Result<Option<Stored>, BackendError> {
+        match &self.inner.conn {
+            Conn::Single(c) => self.get_standalone(c, keys).await,
+            Conn::Cluster(_) => self.get_pttl(keys).await,
+        }
+    }
+
 
     async fn acquire(
         &self,
@@ -429,7 +513,7 @@ impl Backend for RedisBackend {
             .arg(NO_EXPIRY_TTL.as_millis() as u64);
         let (status, bytes, value_ttl, lease_ms): (i64, Option<Vec<u8>>, i64, i64) =
             self.eval("acquire", keys, &invocation).await?;
-        let value = bytes.and_then(|bytes| ttl_from_ms(value_ttl).map(|ttl| Stored { bytes, ttl }));
+        let value = stored(bytes, value_ttl);
         match status {
             0 => value.map(Acquired::Fresh).ok_or_else(|| {
                 BackendError::new(
