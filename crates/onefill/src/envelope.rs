@@ -226,7 +226,10 @@ mod tests {
         assert_eq!(env.payload, b"no");
         assert_eq!(expires_at_ms(v2), Some(1_700_000_000_000));
         // Version 1 has no expiry; a version 2 cut short is truncated.
-        assert_eq!(expires_at_ms(&encode(Kind::Value, Duration::ZERO, Duration::ZERO, b"")), None);
+        assert_eq!(
+            expires_at_ms(&encode(Kind::Value, Duration::ZERO, Duration::ZERO, b"")),
+            None
+        );
         assert_eq!(decode(&v2[..20]), Err(DecodeError::Truncated));
         // What the Redis backend answers: the version-1 bytes written.
         let mut read = v2.to_vec();

@@ -2,19 +2,34 @@
 //!
 //! Every [`Backend`] step is one server-side Lua script, so it is atomic
 //! exactly like the [`MemoryBackend`](crate::MemoryBackend)'s critical
-//! sections; the hit path [`get`](Backend::get) is a pipelined `GET` + `PTTL`
-//! (one round trip, no script).
+//! sections; the hit path [`get`](Backend::get) is no script: on a
+//! standalone server a plain `GET` when the value is fresh (below), else a
+//! pipelined `GET` + `PTTL`; on a cluster always the pipelined pair.
 //!
 //! | step | server side |
 //! | --- | --- |
 //! | `acquire` | value readable and `PTTL > grace + window`? return it : `SET lock token NX PX ttl` |
-//! | `fill` | `GET lock == token`? `SET value PX ttl`, `DEL lock`, publish |
-//! | `release` | `GET lock == token`? `DEL lock` (+ `SET value PX ttl`), publish |
+//! | `fill` | `GET lock == token`? `SET value PXAT at`, `DEL lock`, publish |
+//! | `release` | `GET lock == token`? `DEL lock` (+ `SET value PXAT at`), publish |
 //! | `extend` | `GET lock == token`? `PEXPIRE lock ttl` |
-//! | `set` / `invalidate` | `SET value PX ttl` / `DEL value`, `DEL lock`, publish |
+//! | `set` / `invalidate` | `SET value PXAT at` / `DEL value`, `DEL lock`, publish |
 //!
 //! The scripts read the grace period from the envelope header; bytes that
-//! are not a version-1 envelope are never fresh. Scripts are sent with
+//! are not an envelope are never fresh. A script that writes a value takes
+//! `at = TIME + ttl` from the server's clock and stores the envelope as
+//! version 2, which records `at` (decision 0011).
+//!
+//! # The hit
+//!
+//! A standalone backend estimates the server's clock from a `TIME` that
+//! rides on a hit about once a second (the answer and when it was asked and
+//! answered, on the local monotonic clock; no wall clock is read). A hit
+//! then sends `GET` alone: if the value records its expiry and the latest
+//! the server's clock can read says it is fresh, that is its TTL (never
+//! more than `PTTL` would say); if not (stale or about to be, a version-1
+//! value, another client's bytes, no sample yet), the pipelined
+//! `GET` + `PTTL` follows and the server's TTL decides, as before. A
+//! cluster's masters each have their own clock: its hits are the pair. Scripts are sent with
 //! `EVALSHA` and loaded again on `NOSCRIPT` (after a server restart or
 //! failover).
 //!
@@ -494,7 +509,6 @@ impl Backend for RedisBackend {
             Conn::Cluster(_) => self.get_pttl(keys).await,
         }
     }
-
 
     async fn acquire(
         &self,
