@@ -229,3 +229,24 @@ async fn fills_and_cached_failures_are_stamped_and_read_back_as_written() {
     as_v1.extend_from_slice(b"again!");
     assert_stamped(&server, filled.value(), &as_v1);
 }
+
+/// A server without `TIME` (renamed away): the sample is refused, and the
+/// hit is still answered, by the pair. (Writes need `TIME`: see decision
+/// 0011.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_refuses_time_still_answers_hits() {
+    let server = RedisServer::start_with(&["--rename-command", "TIME", ""]);
+    let backend = RedisBackend::connect(&server.url()).await.unwrap();
+    let old = keys("no-time");
+    let v1 = envelope(Duration::ZERO, b"o");
+    server.query_bytes(&[b"SET", old.value().as_bytes(), &v1, b"PX", b"60000"]);
+    for _ in 0..3 {
+        let stored = backend.get(&old).await.unwrap().expect("a value");
+        assert_eq!(stored.bytes, v1);
+        assert!(stored.ttl <= Duration::from_secs(60), "{stored:?}");
+    }
+    // Without a sample no `GET` went alone: each came with a `PTTL` (the
+    // refused sample's pipeline, then the pairs).
+    assert!(calls(&server, "get") >= 3);
+    assert_eq!(calls(&server, "get"), calls(&server, "pttl"));
+}

@@ -417,12 +417,22 @@ impl RedisBackend {
                     .cmd("PTTL")
                     .arg(keys.value())
                     .cmd("TIME");
-                let (bytes, pttl, (secs, micros)): (Option<Vec<u8>>, i64, (u64, u64)) = pipe
-                    .query_async(&mut conn.clone())
-                    .await
-                    .map_err(|e| classify("get", e))?;
-                sampling.record(secs, micros);
-                return Ok(stored(bytes, pttl));
+                let answer: Result<(Option<Vec<u8>>, i64, (u64, u64)), RedisError> =
+                    pipe.query_async(&mut conn.clone()).await;
+                return match answer {
+                    Ok((bytes, pttl, (secs, micros))) => {
+                        sampling.record(secs, micros);
+                        Ok(stored(bytes, pttl))
+                    }
+                    // The server refused (a `TIME` renamed away, say): the
+                    // hit is still answered, by the pair, and the next
+                    // sample is tried a second later.
+                    Err(e) if matches!(e.kind(), redis::ErrorKind::Server(_)) => {
+                        sampling.refused();
+                        self.get_pttl(keys).await
+                    }
+                    Err(e) => Err(classify("get", e)),
+                };
             }
         };
         let bytes: Option<Vec<u8>> = redis::cmd("GET")

@@ -136,6 +136,14 @@ impl Sampling<'_> {
     }
 }
 
+impl Sampling<'_> {
+    /// The server refused the sample: try again a second later, not at
+    /// every hit.
+    pub(super) fn refused(self) {
+        self.clock.state.lock().tried = Some(self.sent);
+    }
+}
+
 impl Drop for Sampling<'_> {
     fn drop(&mut self) {
         self.clock.sampling.store(false, Ordering::Release);
