@@ -25,8 +25,9 @@ use tokio::time::Instant;
 const RESAMPLE_AFTER: Duration = Duration::from_secs(1);
 
 /// How fast the server's clock may run against the local monotonic clock:
-/// 500 ppm, the most NTP slews a clock by (crystals are within ±100 ppm).
-const DRIFT_PPM: u128 = 500;
+/// 500 ppm (1 in 2,000), the most NTP slews a clock by (crystals are
+/// within ±100 ppm).
+const DRIFT_DIVISOR: u64 = 2_000;
 
 /// A sample whose uncertainty (round trip plus drift) exceeds this is not
 /// used: hits send the pipelined `GET` + `PTTL` instead.
@@ -44,23 +45,32 @@ struct Sample {
 impl Sample {
     /// How far apart the two bounds of the server's clock are at `now`.
     fn error(&self, now: Instant) -> Duration {
-        let round_trip = self.received.saturating_duration_since(self.sent);
-        round_trip + drift(now.saturating_duration_since(self.sent))
+        let round_trip = micros(self.received.saturating_duration_since(self.sent));
+        let elapsed = micros(now.saturating_duration_since(self.sent));
+        Duration::from_micros(round_trip.saturating_add(drift_us(elapsed)))
     }
 
     /// The latest the server's clock can read at `now`, in unix
     /// microseconds.
     fn latest_us(&self, now: Instant) -> u64 {
-        let elapsed = now.saturating_duration_since(self.sent);
-        let ahead = elapsed + drift(elapsed);
+        let elapsed = micros(now.saturating_duration_since(self.sent));
         self.server_us
-            .saturating_add(u64::try_from(ahead.as_micros()).unwrap_or(u64::MAX))
+            .saturating_add(elapsed)
+            .saturating_add(drift_us(elapsed))
     }
 }
 
-fn drift(elapsed: Duration) -> Duration {
-    let us = elapsed.as_micros() * DRIFT_PPM / 1_000_000 + 1;
-    Duration::from_micros(u64::try_from(us).unwrap_or(u64::MAX))
+/// Whole microseconds, in 64 bits (every hit computes these: no 128-bit
+/// division).
+fn micros(d: Duration) -> u64 {
+    d.as_secs()
+        .saturating_mul(1_000_000)
+        .saturating_add(u64::from(d.subsec_micros()))
+}
+
+/// The drift allowance for `elapsed_us`, rounded up.
+fn drift_us(elapsed_us: u64) -> u64 {
+    elapsed_us / DRIFT_DIVISOR + 1
 }
 
 /// The server's clock as this process knows it (one per standalone
