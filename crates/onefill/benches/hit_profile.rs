@@ -91,6 +91,7 @@ fn main() {
         .enable_all()
         .build()
         .expect("a runtime");
+    let server_ref = &server;
     rt.block_on(async {
         let keys: Arc<[String]> = (0..KEYS).map(|i| format!("key-{i:04}")).collect();
         let value_keys: Arc<[String]> = keys
@@ -118,6 +119,7 @@ fn main() {
             "raw_get_pttl" => Subject::Raw(conn, true),
             other => panic!("unknown subject {other}"),
         };
+        server_ref.command(&["CONFIG", "RESETSTAT"]);
         let start = Instant::now();
         let mut tasks = JoinSet::new();
         for t in 0..TASKS {
@@ -142,4 +144,10 @@ fn main() {
             stats.hits
         );
     });
+    // What went to the server during the hits (a fresh onefill hit is one
+    // `GET`; a `PTTL` with a `TIME` is the clock sample, once a second).
+    let info = server.command(&["INFO", "commandstats"]);
+    for line in info.lines().filter(|l| l.starts_with("cmdstat_")) {
+        eprintln!("{line}");
+    }
 }

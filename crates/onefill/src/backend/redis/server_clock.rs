@@ -15,10 +15,9 @@
 //! kept.
 //! No client wall clock is read anywhere.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use parking_lot::Mutex;
 use tokio::time::Instant;
 
 /// A sample older than this is renewed by the next hit.
@@ -33,27 +32,27 @@ const DRIFT_DIVISOR: u64 = 2_000;
 /// used: hits send the pipelined `GET` + `PTTL` instead.
 pub(super) const MAX_ERROR: Duration = Duration::from_millis(20);
 
-/// One `TIME` answer and when it was asked and answered (local instants).
+/// One `TIME` answer and when it was asked and answered (microseconds of
+/// the local monotonic clock since the [`ServerClock`]'s anchor).
 #[derive(Clone, Copy, Debug)]
 struct Sample {
     /// The server's clock, in unix microseconds.
     server_us: u64,
-    sent: Instant,
-    received: Instant,
+    sent_us: u64,
+    received_us: u64,
 }
 
 impl Sample {
-    /// How far apart the two bounds of the server's clock are at `now`.
-    fn error(&self, now: Instant) -> Duration {
-        let round_trip = micros(self.received.saturating_duration_since(self.sent));
-        let elapsed = micros(now.saturating_duration_since(self.sent));
-        Duration::from_micros(round_trip.saturating_add(drift_us(elapsed)))
+    /// How far apart the two bounds of the server's clock are at `now_us`.
+    fn error_us(&self, now_us: u64) -> u64 {
+        let round_trip = self.received_us.saturating_sub(self.sent_us);
+        round_trip.saturating_add(drift_us(now_us.saturating_sub(self.sent_us)))
     }
 
-    /// The latest the server's clock can read at `now`, in unix
+    /// The latest the server's clock can read at `now_us`, in unix
     /// microseconds.
-    fn latest_us(&self, now: Instant) -> u64 {
-        let elapsed = micros(now.saturating_duration_since(self.sent));
+    fn latest_us(&self, now_us: u64) -> u64 {
+        let elapsed = now_us.saturating_sub(self.sent_us);
         self.server_us
             .saturating_add(elapsed)
             .saturating_add(drift_us(elapsed))
@@ -76,18 +75,45 @@ fn drift_us(elapsed_us: u64) -> u64 {
 /// The server's clock as this process knows it (one per standalone
 /// backend; a cluster's masters each have their own clock, and its hits
 /// keep asking for `PTTL`).
-#[derive(Debug, Default)]
+///
+/// Every hit reads it, from every worker thread: a sequence lock on
+/// atomics, not a mutex (a preempted holder would stall the hits of the
+/// other threads on a busy machine). It has one writer at a time: the
+/// holder of the `sampling` flag.
+#[derive(Debug)]
 pub(super) struct ServerClock {
-    state: Mutex<State>,
+    anchor: Instant,
+    /// Odd while the writer is storing.
+    seq: AtomicU64,
+    /// The kept sample; `server_us` 0: none yet.
+    server_us: AtomicU64,
+    sent_us: AtomicU64,
+    received_us: AtomicU64,
+    /// When the last answered sample was sent, plus one (0: never).
+    tried_us: AtomicU64,
     sampling: AtomicBool,
 }
 
-#[derive(Clone, Copy, Debug, Default)]
+impl Default for ServerClock {
+    fn default() -> Self {
+        ServerClock {
+            anchor: Instant::now(),
+            seq: AtomicU64::new(0),
+            server_us: AtomicU64::new(0),
+            sent_us: AtomicU64::new(0),
+            received_us: AtomicU64::new(0),
+            tried_us: AtomicU64::new(0),
+            sampling: AtomicBool::new(false),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
 struct State {
     /// The tightest recent sample.
     kept: Option<Sample>,
     /// When the last answered sample was sent (kept or not).
-    tried: Option<Instant>,
+    tried_us: Option<u64>,
 }
 
 /// What a hit sends.
@@ -102,16 +128,20 @@ pub(super) enum Plan<'a> {
 
 /// The kept sample, as of the hit that uses it.
 #[derive(Clone, Copy, Debug)]
-pub(super) struct Estimate(Sample);
+pub(super) struct Estimate {
+    sample: Sample,
+    anchor: Instant,
+}
 
 impl Estimate {
     /// The TTL left, at the local instant `now`, of a key that expires at
     /// `expires_at_ms` (unix ms of the server's clock): never more than
     /// the server would report. `None` if it may have expired.
     pub(super) fn remaining(&self, expires_at_ms: u64, now: Instant) -> Option<Duration> {
+        let now_us = micros(now.saturating_duration_since(self.anchor));
         let left_us = expires_at_ms
             .saturating_mul(1_000)
-            .checked_sub(self.0.latest_us(now))?;
+            .checked_sub(self.sample.latest_us(now_us))?;
         (left_us > 0).then(|| Duration::from_micros(left_us))
     }
 }
@@ -120,37 +150,42 @@ impl Estimate {
 /// future is dropped mid-flight frees it too).
 pub(super) struct Sampling<'a> {
     clock: &'a ServerClock,
-    sent: Instant,
+    sent_us: u64,
 }
 
 impl Sampling<'_> {
     /// The server answered `TIME` with `(seconds, microseconds)`; the
     /// pipeline that carried it was sent when this was made.
     pub(super) fn record(self, seconds: u64, micros: u64) {
-        let received = Instant::now();
+        let received_us = self.clock.now_us(Instant::now());
         let sample = Sample {
-            server_us: seconds.saturating_mul(1_000_000).saturating_add(micros),
-            sent: self.sent,
-            received,
+            server_us: seconds
+                .saturating_mul(1_000_000)
+                .saturating_add(micros)
+                .max(1),
+            sent_us: self.sent_us,
+            received_us,
         };
-        let mut state = self.clock.state.lock();
-        state.tried = Some(self.sent);
+        let old = self.clock.load();
         // Keep the tighter one (a reply delayed by a busy client widens
         // the bounds; an older sample widens by its drift allowance).
-        let better = state
+        let better = old
             .kept
-            .is_none_or(|old| sample.error(received) <= old.error(received));
-        if better {
-            state.kept = Some(sample);
-        }
+            .is_none_or(|old| sample.error_us(received_us) <= old.error_us(received_us));
+        self.clock.store(State {
+            kept: if better { Some(sample) } else { old.kept },
+            tried_us: Some(self.sent_us),
+        });
     }
-}
 
-impl Sampling<'_> {
     /// The server refused the sample: try again a second later, not at
     /// every hit.
     pub(super) fn refused(self) {
-        self.clock.state.lock().tried = Some(self.sent);
+        let old = self.clock.load();
+        self.clock.store(State {
+            kept: old.kept,
+            tried_us: Some(self.sent_us),
+        });
     }
 }
 
@@ -161,10 +196,58 @@ impl Drop for Sampling<'_> {
 }
 
 impl ServerClock {
+    fn now_us(&self, now: Instant) -> u64 {
+        micros(now.saturating_duration_since(self.anchor))
+    }
+
+    /// A consistent copy of the state (retried while the writer stores).
+    fn load(&self) -> State {
+        loop {
+            let before = self.seq.load(Ordering::Acquire);
+            if before & 1 == 0 {
+                let server_us = self.server_us.load(Ordering::Relaxed);
+                let sent_us = self.sent_us.load(Ordering::Relaxed);
+                let received_us = self.received_us.load(Ordering::Relaxed);
+                let tried_us = self.tried_us.load(Ordering::Relaxed);
+                fence(Ordering::Acquire);
+                if self.seq.load(Ordering::Relaxed) == before {
+                    return State {
+                        kept: (server_us != 0).then_some(Sample {
+                            server_us,
+                            sent_us,
+                            received_us,
+                        }),
+                        tried_us: tried_us.checked_sub(1),
+                    };
+                }
+            }
+            std::hint::spin_loop();
+        }
+    }
+
+    /// Stores `state`; only the holder of the `sampling` flag calls this.
+    fn store(&self, state: State) {
+        let seq = self.seq.load(Ordering::Relaxed);
+        self.seq.store(seq.wrapping_add(1), Ordering::Relaxed);
+        fence(Ordering::Release);
+        if let Some(sample) = state.kept {
+            self.server_us.store(sample.server_us, Ordering::Relaxed);
+            self.sent_us.store(sample.sent_us, Ordering::Relaxed);
+            self.received_us
+                .store(sample.received_us, Ordering::Relaxed);
+        }
+        self.tried_us.store(
+            state.tried_us.map_or(0, |t| t.saturating_add(1)),
+            Ordering::Relaxed,
+        );
+        self.seq.store(seq.wrapping_add(2), Ordering::Release);
+    }
+
     /// How the hit about to be sent should ask.
     pub(super) fn plan(&self, now: Instant) -> Plan<'_> {
-        let State { kept, tried } = *self.state.lock();
-        let due = tried.is_none_or(|t| now.saturating_duration_since(t) >= RESAMPLE_AFTER);
+        let now_us = self.now_us(now);
+        let State { kept, tried_us } = self.load();
+        let due = tried_us.is_none_or(|t| now_us.saturating_sub(t) >= micros(RESAMPLE_AFTER));
         if due
             && self
                 .sampling
@@ -173,11 +256,14 @@ impl ServerClock {
         {
             return Plan::Sample(Sampling {
                 clock: self,
-                sent: Instant::now(),
+                sent_us: self.now_us(Instant::now()),
             });
         }
         match kept {
-            Some(sample) if sample.error(now) <= MAX_ERROR => Plan::Get(Estimate(sample)),
+            Some(sample) if sample.error_us(now_us) <= micros(MAX_ERROR) => Plan::Get(Estimate {
+                sample,
+                anchor: self.anchor,
+            }),
             _ => Plan::GetPttl,
         }
     }
