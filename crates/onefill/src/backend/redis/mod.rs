@@ -417,7 +417,7 @@ impl RedisBackend {
                     .cmd("PTTL")
                     .arg(keys.value())
                     .cmd("TIME");
-                let answer: Result<(Option<Vec<u8>>, i64, (u64, u64)), RedisError> =
+                let answer: Result<SampledRead, RedisError> =
                     pipe.query_async(&mut conn.clone()).await;
                 return match answer {
                     Ok((bytes, pttl, (secs, micros))) => {
@@ -497,6 +497,9 @@ impl RedisBackend {
         Ok(stored(bytes, pttl))
     }
 }
+
+/// A clock sample's answer: `GET`, `PTTL`, `TIME` (seconds, microseconds).
+type SampledRead = (Option<Vec<u8>>, i64, (u64, u64));
 
 /// A `GET` and a `PTTL` answer: a value that expired between the two (-2)
 /// is gone. The bytes are those written (a version-2 envelope's expiry,
