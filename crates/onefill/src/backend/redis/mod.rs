@@ -411,18 +411,32 @@ impl RedisBackend {
             Plan::Get(estimate) => estimate,
             Plan::GetPttl => return self.get_pttl(keys).await,
             Plan::Sample(sampling) => {
+                // `GET` + `TIME`: two commands, as the pair was. `TIME` runs
+                // right after the `GET`, so a version-2 value's TTL is read
+                // against the server's own clock, as `PTTL` would be.
                 let mut pipe = redis::pipe();
-                pipe.cmd("GET")
-                    .arg(keys.value())
-                    .cmd("PTTL")
-                    .arg(keys.value())
-                    .cmd("TIME");
+                pipe.cmd("GET").arg(keys.value()).cmd("TIME");
                 let answer: Result<SampledRead, RedisError> =
                     pipe.query_async(&mut conn.clone()).await;
                 return match answer {
-                    Ok((bytes, pttl, (secs, micros))) => {
-                        sampling.record(secs, micros);
-                        Ok(stored(bytes, pttl))
+                    Ok((bytes, (secs, micros))) => {
+                        let server_us = sampling.record(secs, micros);
+                        let Some(mut bytes) = bytes else {
+                            return Ok(None);
+                        };
+                        match envelope::expires_at_ms(&bytes) {
+                            Some(at) => {
+                                let left_us = at.saturating_mul(1_000).saturating_sub(server_us);
+                                envelope::strip_expiry(&mut bytes);
+                                Ok(Some(Stored {
+                                    bytes,
+                                    ttl: Duration::from_micros(left_us),
+                                }))
+                            }
+                            // Version 1 or another client's bytes: the
+                            // server's `PTTL` (a second round trip, rare).
+                            None => self.get_pttl(keys).await,
+                        }
                     }
                     // The server refused (a `TIME` renamed away, say): the
                     // hit is still answered, by the pair, and the next
@@ -498,8 +512,8 @@ impl RedisBackend {
     }
 }
 
-/// A clock sample's answer: `GET`, `PTTL`, `TIME` (seconds, microseconds).
-type SampledRead = (Option<Vec<u8>>, i64, (u64, u64));
+/// A clock sample's answer: `GET`, `TIME` (seconds, microseconds).
+type SampledRead = (Option<Vec<u8>>, (u64, u64));
 
 /// A `GET` and a `PTTL` answer: a value that expired between the two (-2)
 /// is gone. The bytes are those written (a version-2 envelope's expiry,

@@ -10,7 +10,7 @@
 //! TTL, so a figure is never fresher than the server's own `PTTL`; the
 //! difference (the sample's round trip plus the drift allowance) is how
 //! much less fresh it can look. Samples ride on a hit (a pipelined
-//! `GET` + `PTTL` + `TIME`, one round trip, at most one in flight) once the
+//! `GET` + `TIME`, one round trip, at most one in flight) once the
 //! last one was sent a second ago; the tighter of the kept and the new is
 //! kept.
 //! No client wall clock is read anywhere.
@@ -120,7 +120,7 @@ struct State {
 pub(super) enum Plan<'a> {
     /// `GET` alone: the envelope's expiry and this estimate tell the TTL.
     Get(Estimate),
-    /// `GET` + `PTTL` + `TIME`: a new sample rides on this hit.
+    /// `GET` + `TIME`: a new sample rides on this hit.
     Sample(Sampling<'a>),
     /// `GET` + `PTTL`: no usable sample (none yet, or too uncertain).
     GetPttl,
@@ -155,8 +155,9 @@ pub(super) struct Sampling<'a> {
 
 impl Sampling<'_> {
     /// The server answered `TIME` with `(seconds, microseconds)`; the
-    /// pipeline that carried it was sent when this was made.
-    pub(super) fn record(self, seconds: u64, micros: u64) {
+    /// pipeline that carried it was sent when this was made. Returns the
+    /// answer in unix microseconds.
+    pub(super) fn record(self, seconds: u64, micros: u64) -> u64 {
         let received_us = self.clock.now_us(Instant::now());
         let sample = Sample {
             server_us: seconds
@@ -176,6 +177,7 @@ impl Sampling<'_> {
             kept: if better { Some(sample) } else { old.kept },
             tried_us: Some(self.sent_us),
         });
+        sample.server_us
     }
 
     /// The server refused the sample: try again a second later, not at
