@@ -145,7 +145,7 @@ fn main() {
         );
     });
     // What went to the server during the hits (a fresh onefill hit is one
-    // `GET`; a `PTTL` with a `TIME` is the clock sample, once a second).
+    // `GET`; a `GET` with a `TIME` is the clock sample, once a second).
     let info = server.command(&["INFO", "commandstats"]);
     for line in info.lines().filter(|l| l.starts_with("cmdstat_")) {
         eprintln!("{line}");
