@@ -60,7 +60,9 @@ impl<T> std::fmt::Debug for Slot<T> {
 
 /// ahash (quick_cache's hasher, randomly keyed) rather than SipHash: the
 /// map is looked up on every call that misses the L1.
-type Entries<T> = HashMap<String, (u64, Arc<Slot<T>>), quick_cache::DefaultHashBuilder>;
+/// Keyed by an `Arc<str>` the flight's [`Completion`] shares: one
+/// allocation of the key per flight, not two.
+type Entries<T> = HashMap<Arc<str>, (u64, Arc<Slot<T>>), quick_cache::DefaultHashBuilder>;
 type Map<T> = Arc<Mutex<Entries<T>>>;
 
 /// The map of flights under way in one [`Cache`](crate::Cache).
@@ -92,7 +94,7 @@ pub(crate) enum Joined<T> {
 /// removes the flight and the waiters get [`Error::FlightAbandoned`].
 pub(crate) struct Completion<T> {
     map: Map<T>,
-    key: String,
+    key: Arc<str>,
     id: u64,
     slot: Arc<Slot<T>>,
     /// Whether the outcome was published (else `Drop` publishes
@@ -144,10 +146,11 @@ impl<T: Clone> Coalescer<T> {
     fn start(&self, map: &mut Entries<T>, key: &str, span: Option<tracing::Id>) -> Completion<T> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let slot = Slot::new(span);
-        map.insert(key.to_owned(), (id, slot.clone()));
+        let key: Arc<str> = Arc::from(key);
+        map.insert(key.clone(), (id, slot.clone()));
         Completion {
             map: self.map.clone(),
-            key: key.to_owned(),
+            key,
             id,
             slot,
             published: false,
@@ -202,13 +205,14 @@ impl<T> Completion<T> {
         }
     }
 
+    /// Removes this flight's entry (one lookup: a hit's flight passes
+    /// here); a newer flight's entry (this one was detached) is put back.
     fn remove(&self) {
         let mut map = self.map.lock();
-        if map
-            .get(&self.key)
-            .is_some_and(|(current, _)| *current == self.id)
-        {
-            map.remove(&self.key);
+        if let Some((key, entry)) = map.remove_entry(&*self.key) {
+            if entry.0 != self.id {
+                map.insert(key, entry);
+            }
         }
     }
 }
@@ -295,6 +299,28 @@ mod tests {
             done.complete(Ok(1));
             assert!(observer.join().unwrap(), "joined a finished flight");
         }
+    }
+
+    /// A detached flight that completes leaves the newer flight of its key
+    /// in place (its removal takes the entry out and puts a newer one back).
+    #[test]
+    fn a_detached_flight_completing_keeps_the_newer_one() {
+        let flights = Coalescer::<u32>::default();
+        let Joined::Leader(old) = flights.join("k") else {
+            panic!("no flight yet")
+        };
+        flights.detach("k");
+        let Joined::Leader(new) = flights.join("k") else {
+            panic!("the detached flight was joined")
+        };
+        assert_eq!(old.complete_shared(Ok(1)).unwrap(), 1);
+        assert!(
+            matches!(flights.join("k"), Joined::Follower(..)),
+            "the newer flight was removed with the old one"
+        );
+        assert_eq!(flights.len(), 1);
+        assert_eq!(new.complete_shared(Ok(2)).unwrap(), 2);
+        assert_eq!(flights.len(), 0);
     }
 
     #[tokio::test]

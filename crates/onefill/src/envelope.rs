@@ -11,10 +11,24 @@
 //! 16      ..    payload
 //! ```
 //!
+//! Version 2 (decision 0011) is version 1's header with version byte 2,
+//! then the hard expiry, then the payload:
+//!
+//! ```text
+//! 16      8     expires at: unix milliseconds of the SERVER's clock, big-endian
+//! 24      ..    payload
+//! ```
+//!
+//! onefill encodes version 1; the Redis scripts that write a value turn it
+//! into version 2, stamping the expiry from the server's own clock (`TIME`)
+//! and writing the key with `PXAT` that same instant, so the field is
+//! exactly the key's expiry. A Redis hit can then be a plain `GET`.
+//!
 //! The backend key's TTL is the hard TTL (`fresh + grace`): the value is
 //! fresh while the server reports `PTTL > grace`. The Redis scripts read the
-//! grace from bytes 4..12 with the same layout (see `backend/redis.rs`), so a
-//! change here is a new version number, never a silent reshuffle.
+//! grace from bytes 4..12 with the same layout in both versions (see
+//! `backend/redis`), so a change here is a new version number, never a
+//! silent reshuffle.
 //!
 //! Byte 3 was reserved (always 0) in the first release of version 1, and
 //! readers ignored it; it now records the fresh TTL the value was written
@@ -29,8 +43,14 @@
 use std::time::Duration;
 
 pub(crate) const MAGIC: u8 = 0xF1;
+/// The version onefill encodes (the Redis scripts store version 2).
 pub(crate) const VERSION: u8 = 1;
 pub(crate) const HEADER_LEN: usize = 16;
+/// Version 2: [`HEADER_LEN`], then the server's expiry (8 bytes).
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+pub(crate) const VERSION_2: u8 = 2;
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+pub(crate) const HEADER_2_LEN: usize = HEADER_LEN + 8;
 
 /// What an envelope holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,9 +109,12 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<Envelope<'_>, DecodeError> {
     if bytes[0] != MAGIC {
         return Err(DecodeError::BadMagic);
     }
-    if bytes[1] != VERSION {
-        return Err(DecodeError::UnknownVersion(bytes[1]));
-    }
+    let payload_at = match bytes[1] {
+        VERSION => HEADER_LEN,
+        2 if bytes.len() >= HEADER_LEN + 8 => HEADER_LEN + 8,
+        2 => return Err(DecodeError::Truncated),
+        other => return Err(DecodeError::UnknownVersion(other)),
+    };
     let kind = match bytes[2] {
         0 => Kind::Value,
         1 => Kind::Failure,
@@ -109,8 +132,35 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<Envelope<'_>, DecodeError> {
         grace: Duration::from_millis(grace),
         delta: Duration::from_millis(delta as u64),
         written_ttl: ttl_of_code(bytes[3]),
-        payload: &bytes[HEADER_LEN..],
+        payload: &bytes[payload_at..],
     })
+}
+
+/// Turns a version-2 envelope back into the version-1 bytes that were
+/// written (the Redis backend answers what it was given); anything else is
+/// left as it is.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+pub(crate) fn strip_expiry(bytes: &mut Vec<u8>) {
+    if expires_at_ms(bytes).is_some() {
+        bytes[1] = VERSION;
+        bytes.drain(HEADER_LEN..HEADER_2_LEN);
+    }
+}
+
+/// The server's expiry (unix ms) a version-2 envelope records, or `None`
+/// for anything else (version 1, bytes of another writer, truncated).
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+pub(crate) fn expires_at_ms(bytes: &[u8]) -> Option<u64> {
+    if bytes.len() < HEADER_2_LEN
+        || bytes[0] != MAGIC
+        || bytes[1] != VERSION_2
+        || bytes[2] > Kind::Absent as u8
+    {
+        return None;
+    }
+    let mut at = [0u8; 8];
+    at.copy_from_slice(&bytes[HEADER_LEN..HEADER_2_LEN]);
+    Some(u64::from_be_bytes(at))
 }
 
 /// The grace period recorded in stored bytes, or `None` if they are not an
@@ -244,6 +294,42 @@ mod tests {
         );
     }
 
+    /// Version 2, as the Redis scripts write it (decision 0011): pinned like
+    /// version 1.
+    #[test]
+    fn reads_version_2_bytes() {
+        let v2: &[u8] = &[
+            0xF1, 2, 1, 0, // magic, version, kind=failure, reserved
+            0, 0, 0, 0, 0, 0, 0x13, 0x88, // grace = 5000 ms
+            0, 0, 0, 0x2A, // delta = 42 ms
+            0, 0, 0x01, 0x8B, 0xCF, 0xE5, 0x68, 0x00, // expires at 1_700_000_000_000 ms
+            b'n', b'o',
+        ];
+        let env = decode(v2).unwrap();
+        assert_eq!(env.kind, Kind::Failure);
+        assert_eq!(env.grace, Duration::from_millis(5000));
+        assert_eq!(env.delta, Duration::from_millis(42));
+        assert_eq!(env.payload, b"no");
+        assert_eq!(expires_at_ms(v2), Some(1_700_000_000_000));
+        // Version 1 has no expiry; a version 2 cut short is truncated.
+        assert_eq!(
+            expires_at_ms(&encode(Kind::Value, Duration::ZERO, Duration::ZERO, None, b"")),
+            None
+        );
+        assert_eq!(decode(&v2[..20]), Err(DecodeError::Truncated));
+        // What the Redis backend answers: the version-1 bytes written.
+        let mut read = v2.to_vec();
+        strip_expiry(&mut read);
+        let mut v1 = v2[..16].to_vec();
+        v1[1] = 1;
+        v1.extend_from_slice(b"no");
+        assert_eq!(read, v1);
+        let mut other = b"not an envelope, 24 bytes or more".to_vec();
+        strip_expiry(&mut other);
+        assert_eq!(other, b"not an envelope, 24 bytes or more");
+        assert_eq!(expires_at_ms(&v2[..20]), None);
+    }
+
     #[test]
     fn garbage_is_an_error_not_a_panic() {
         assert_eq!(decode(b""), Err(DecodeError::Truncated));
@@ -260,6 +346,7 @@ mod tests {
         #[test]
         fn decode_never_panics(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..64)) {
             let _ = decode(&bytes);
+            let _ = expires_at_ms(&bytes);
         }
     }
 }

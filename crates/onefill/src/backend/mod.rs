@@ -7,7 +7,7 @@
 //!
 //! | method | atomic step |
 //! | --- | --- |
-//! | [`get`](Backend::get) | `GET` + `PTTL` of the value |
+//! | [`get`](Backend::get) | the value and its TTL (Redis: a `GET`, plus `PTTL` unless the server-stamped expiry tells it, decision 0011) |
 //! | [`acquire`](Backend::acquire) | fresh value? return it : `SET lock token NX PX ttl` |
 //! | [`fill`](Backend::fill) | lock == token ? write value, delete lock, publish : nothing |
 //! | [`release`](Backend::release) | lock == token ? delete lock (+ optional short entry), publish : nothing |

@@ -2,19 +2,34 @@
 //!
 //! Every [`Backend`] step is one server-side Lua script, so it is atomic
 //! exactly like the [`MemoryBackend`](crate::MemoryBackend)'s critical
-//! sections; the hit path [`get`](Backend::get) is a pipelined `GET` + `PTTL`
-//! (one round trip, no script).
+//! sections; the hit path [`get`](Backend::get) is no script: on a
+//! standalone server a plain `GET` when the value is fresh (below), else a
+//! pipelined `GET` + `PTTL`; on a cluster always the pipelined pair.
 //!
 //! | step | server side |
 //! | --- | --- |
 //! | `acquire` | value readable and `PTTL > grace + window`? return it : `SET lock token NX PX ttl` |
-//! | `fill` | `GET lock == token`? `SET value PX ttl`, `DEL lock`, publish |
-//! | `release` | `GET lock == token`? `DEL lock` (+ `SET value PX ttl`), publish |
+//! | `fill` | `GET lock == token`? `SET value PXAT at`, `DEL lock`, publish |
+//! | `release` | `GET lock == token`? `DEL lock` (+ `SET value PXAT at`), publish |
 //! | `extend` | `GET lock == token`? `PEXPIRE lock ttl` |
-//! | `set` / `invalidate` | `SET value PX ttl` / `DEL value`, `DEL lock`, publish |
+//! | `set` / `invalidate` | `SET value PXAT at` / `DEL value`, `DEL lock`, publish |
 //!
 //! The scripts read the grace period from the envelope header; bytes that
-//! are not a version-1 envelope are never fresh. Scripts are sent with
+//! are not an envelope are never fresh. A script that writes a value takes
+//! `at = TIME + ttl` from the server's clock and stores the envelope as
+//! version 2, which records `at` (decision 0011).
+//!
+//! # The hit
+//!
+//! A standalone backend estimates the server's clock from a `TIME` that
+//! rides on a hit about once a second (the answer and when it was asked and
+//! answered, on the local monotonic clock; no wall clock is read). A hit
+//! then sends `GET` alone: if the value records its expiry and the latest
+//! the server's clock can read says it is fresh, that is its TTL (never
+//! more than `PTTL` would say); if not (stale or about to be, a version-1
+//! value, another client's bytes, no sample yet), the pipelined
+//! `GET` + `PTTL` follows and the server's TTL decides, as before. A
+//! cluster's masters each have their own clock: its hits are the pair. Scripts are sent with
 //! `EVALSHA` and loaded again on `NOSCRIPT` (after a server restart or
 //! failover).
 //!
@@ -119,11 +134,13 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 use redis::{Client, FromRedisValue, ProtocolVersion, RedisError, Script};
 use tokio::sync::mpsc::unbounded_channel;
+use tokio::time::Instant;
 
 use super::Listeners;
 use super::{
     Acquired, Backend, BackendError, ChangeListener, FillKeys, FillSubscription, LeaseToken, Stored,
 };
+use crate::envelope;
 use crate::error::BackendErrorKind;
 
 mod cluster;
@@ -131,6 +148,7 @@ mod errors;
 mod link;
 mod options;
 mod scripts;
+mod server_clock;
 mod subscriber;
 mod tracking;
 mod ttl;
@@ -144,6 +162,7 @@ use errors::{classify, with_deadline};
 use link::{ClusterLink, Link, SingleLink};
 use options::{check_url_and_tls, connect_deadline, open_client};
 use scripts::{ScriptCall, Scripts, CLUSTER_SCRIPTS, STANDALONE_SCRIPTS};
+use server_clock::{Plan, ServerClock};
 use subscriber::PubSubShared;
 use ttl::{ms_ceil, px, ttl_from_ms};
 use urls::redact;
@@ -168,6 +187,9 @@ struct Inner {
     listeners: Listeners,
     options: RedisOptions,
     scripts: &'static Scripts,
+    /// Standalone hits read the TTL from the envelope with this estimate
+    /// (decision 0011); unused on a cluster.
+    clock: ServerClock,
     pubsub: Arc<PubSubShared>,
     /// Where we are connected, without credentials (for `Debug`).
     target: String,
@@ -318,6 +340,7 @@ impl RedisBackend {
                 resp3,
                 listeners: Listeners::default(),
                 scripts,
+                clock: ServerClock::default(),
                 pubsub: PubSubShared::start(link, options.clone()),
                 options,
                 target,
@@ -374,9 +397,86 @@ fn announcing<'a>(script: &'a Script, keys: &FillKeys) -> ScriptCall<'a> {
     invocation
 }
 
-#[async_trait]
-impl Backend for RedisBackend {
-    async fn get(&self, keys: &FillKeys) -> Result<Option<Stored>, BackendError> {
+impl RedisBackend {
+    /// A standalone hit: a plain `GET` when the value's envelope records
+    /// its expiry and the server's clock is known well enough to tell that
+    /// it is fresh; the pipelined `GET` + `PTTL` otherwise (see
+    /// `server_clock.rs`, decision 0011).
+    async fn get_standalone(
+        &self,
+        conn: &ConnectionManager,
+        keys: &FillKeys,
+    ) -> Result<Option<Stored>, BackendError> {
+        let estimate = match self.inner.clock.plan(Instant::now()) {
+            Plan::Get(estimate) => estimate,
+            Plan::GetPttl => return self.get_pttl(keys).await,
+            Plan::Sample(sampling) => {
+                // `GET` + `TIME`: two commands, as the pair was. `TIME` runs
+                // right after the `GET`, so a version-2 value's TTL is read
+                // against the server's own clock, as `PTTL` would be.
+                let mut pipe = redis::pipe();
+                pipe.cmd("GET").arg(keys.value()).cmd("TIME");
+                let answer: Result<SampledRead, RedisError> =
+                    pipe.query_async(&mut conn.clone()).await;
+                return match answer {
+                    Ok((bytes, (secs, micros))) => {
+                        let server_us = sampling.record(secs, micros);
+                        let Some(mut bytes) = bytes else {
+                            return Ok(None);
+                        };
+                        match envelope::expires_at_ms(&bytes) {
+                            Some(at) => {
+                                let left_us = at.saturating_mul(1_000).saturating_sub(server_us);
+                                envelope::strip_expiry(&mut bytes);
+                                Ok(Some(Stored {
+                                    bytes,
+                                    ttl: Duration::from_micros(left_us),
+                                }))
+                            }
+                            // Version 1 or another client's bytes: the
+                            // server's `PTTL` (a second round trip, rare).
+                            None => self.get_pttl(keys).await,
+                        }
+                    }
+                    // The server refused (a `TIME` renamed away, say): the
+                    // hit is still answered, by the pair, and the next
+                    // sample is tried a second later.
+                    Err(e) if matches!(e.kind(), redis::ErrorKind::Server(_)) => {
+                        sampling.refused();
+                        self.get_pttl(keys).await
+                    }
+                    Err(e) => Err(classify("get", e)),
+                };
+            }
+        };
+        let bytes: Option<Vec<u8>> = redis::cmd("GET")
+            .arg(keys.value())
+            .query_async(&mut conn.clone())
+            .await
+            .map_err(|e| classify("get", e))?;
+        let Some(mut bytes) = bytes else {
+            return Ok(None);
+        };
+        let now = Instant::now();
+        // Fresh by the lower bound is fresh by the server's clock too; at
+        // or below the grace (stale, or in its last moments) the server's
+        // own `PTTL` decides, as before.
+        let fresh = envelope::expires_at_ms(&bytes).and_then(|at| {
+            let ttl = estimate.remaining(at, now)?;
+            (ttl > envelope::grace_of(&bytes)?).then_some(ttl)
+        });
+        match fresh {
+            Some(ttl) => {
+                envelope::strip_expiry(&mut bytes);
+                Ok(Some(Stored { bytes, ttl }))
+            }
+            None => self.get_pttl(keys).await,
+        }
+    }
+
+    /// The pipelined `GET` + `PTTL`: the server's own TTL (one round trip,
+    /// two commands).
+    async fn get_pttl(&self, keys: &FillKeys) -> Result<Option<Stored>, BackendError> {
         let mut pipe = redis::pipe();
         pipe.cmd("GET")
             .arg(keys.value())
@@ -408,8 +508,33 @@ impl Backend for RedisBackend {
             }
         };
         let (bytes, pttl) = result.map_err(|e| classify("get", e))?;
-        // A value that expired between GET and PTTL (-2) is gone.
-        Ok(bytes.and_then(|bytes| ttl_from_ms(pttl).map(|ttl| Stored { bytes, ttl })))
+        Ok(stored(bytes, pttl))
+    }
+}
+
+/// A clock sample's answer: `GET`, `TIME` (seconds, microseconds).
+type SampledRead = (Option<Vec<u8>>, (u64, u64));
+
+/// A `GET` and a `PTTL` answer: a value that expired between the two (-2)
+/// is gone. The bytes are those written (a version-2 envelope's expiry,
+/// stamped by the script, is taken back out).
+fn stored(bytes: Option<Vec<u8>>, pttl: i64) -> Option<Stored> {
+    bytes.and_then(|mut bytes| {
+        envelope::strip_expiry(&mut bytes);
+        ttl_from_ms(pttl).map(|ttl| Stored { bytes, ttl })
+    })
+}
+
+#[async_trait]
+impl Backend for RedisBackend {
+    /// Standalone: `GET` alone when the envelope's expiry (the server's
+    /// clock) tells it is fresh, else `GET` + `PTTL` (decision 0011).
+    /// Cluster: `GET` + `PTTL` (each master has its own clock).
+    async fn get(&self, keys: &FillKeys) -> Result<Option<Stored>, BackendError> {
+        match &self.inner.conn {
+            Conn::Single(c) => self.get_standalone(c, keys).await,
+            Conn::Cluster(_) => self.get_pttl(keys).await,
+        }
     }
 
     async fn acquire(
@@ -429,7 +554,7 @@ impl Backend for RedisBackend {
             .arg(NO_EXPIRY_TTL.as_millis() as u64);
         let (status, bytes, value_ttl, lease_ms): (i64, Option<Vec<u8>>, i64, i64) =
             self.eval("acquire", keys, &invocation).await?;
-        let value = bytes.and_then(|bytes| ttl_from_ms(value_ttl).map(|ttl| Stored { bytes, ttl }));
+        let value = stored(bytes, value_ttl);
         match status {
             0 => value.map(Acquired::Fresh).ok_or_else(|| {
                 BackendError::new(

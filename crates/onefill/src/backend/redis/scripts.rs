@@ -5,7 +5,9 @@
 //! that announce a change call `redis.call('__PUBLISH__', …)`: the
 //! placeholder is a plain Lua string, replaced by `PUBLISH` for a standalone
 //! server and by `SPUBLISH` (sharded pub/sub, routed by the channel's slot)
-//! on a cluster. Scripts are sent with `EVALSHA` and loaded again on
+//! on a cluster. The scripts that write a value start with `stamp.lua`
+//! (the server's expiry in the envelope, decision 0011). Scripts are sent
+//! with `EVALSHA` and loaded again on
 //! `NOSCRIPT` (after a server restart or failover) by the driver's
 //! [`Script`].
 
@@ -33,6 +35,8 @@ const RELEASE: &str = include_str!("scripts/release.lua");
 const EXTEND: &str = include_str!("scripts/extend.lua");
 const SET: &str = include_str!("scripts/set.lua");
 const INVALIDATE: &str = include_str!("scripts/invalidate.lua");
+/// Prepended to the scripts that write a value: `stamp(bytes, ttl_ms)`.
+const STAMP: &str = include_str!("scripts/stamp.lua");
 
 /// What the scripts write where the publish command goes.
 const PUBLISH_PLACEHOLDER: &str = "__PUBLISH__";
@@ -40,12 +44,13 @@ const PUBLISH_PLACEHOLDER: &str = "__PUBLISH__";
 impl Scripts {
     fn new(publish: &str) -> Scripts {
         let script = |lua: &str| Script::new(&lua.replace(PUBLISH_PLACEHOLDER, publish));
+        let writing = |lua: &str| script(&format!("{STAMP}\n{lua}"));
         Scripts {
             acquire: script(ACQUIRE),
-            fill: script(FILL),
-            release: script(RELEASE),
+            fill: writing(FILL),
+            release: writing(RELEASE),
             extend: script(EXTEND),
-            set: script(SET),
+            set: writing(SET),
             invalidate: script(INVALIDATE),
         }
     }

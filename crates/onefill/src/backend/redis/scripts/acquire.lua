@@ -6,15 +6,17 @@
 -- status 0 fresh, 1 won, 2 held.
 --
 -- The grace period is read from the envelope header: byte 1 is the magic
--- 0xF1 (241), byte 2 the version (1), byte 3 the kind (0..2), bytes 5..12
--- the grace in big-endian milliseconds. Bytes that are not such an
--- envelope are never fresh.
+-- 0xF1 (241), byte 2 the version (1, or 2 with the server's expiry in
+-- bytes 17..24), byte 3 the kind (0..2), bytes 5..12 the grace in
+-- big-endian milliseconds. Bytes that are not such an envelope are never
+-- fresh.
 local v = redis.call('GET', KEYS[1])
 local vttl = -2
 if v then
   vttl = redis.call('PTTL', KEYS[1])
-  if #v >= 16 and string.byte(v, 1) == 241 and string.byte(v, 2) == 1
-      and string.byte(v, 3) <= 2 then
+  local version = string.byte(v, 2)
+  if #v >= 16 and string.byte(v, 1) == 241 and string.byte(v, 3) <= 2
+      and (version == 1 or (version == 2 and #v >= 24)) then
     local grace = 0
     for i = 5, 12 do
       grace = grace * 256 + string.byte(v, i)

@@ -4,9 +4,11 @@
 -- Returns 1 if the lease was ours (value written, lease deleted, fill
 -- announced), else 0 (nothing written).
 -- The publish command is filled in when the script is loaded: PUBLISH, or
--- SPUBLISH (sharded) on a cluster.
+-- SPUBLISH (sharded) on a cluster. The value is stored as an envelope of
+-- version 2, stamped with the server's expiry (`stamp`, stamp.lua).
 if redis.call('GET', KEYS[2]) == ARGV[1] then
-  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+  local bytes, at = stamp(ARGV[2], ARGV[3])
+  redis.call('SET', KEYS[1], bytes, 'PXAT', at)
   redis.call('DEL', KEYS[2])
   redis.call('__PUBLISH__', KEYS[3], 'fill')
   return 1

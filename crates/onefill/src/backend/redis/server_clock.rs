@@ -1,0 +1,340 @@
+//! What time it is on the server, within known bounds, so that a hit can
+//! read a value's remaining TTL from the expiry its envelope records (the
+//! server's clock, stamped by the writing script) without asking for `PTTL`
+//! (decision 0011).
+//!
+//! A sample is a `TIME` answer and the local monotonic instants between
+//! which the server produced it: at the local instant `now` the server's
+//! clock is at most `time + (now − sent)` (plus a drift allowance), and at
+//! least `time + (now − received)`. Only the upper bound is used to read a
+//! TTL, so a figure is never fresher than the server's own `PTTL`; the
+//! difference (the sample's round trip plus the drift allowance) is how
+//! much less fresh it can look. Samples ride on a hit (a pipelined
+//! `GET` + `TIME`, one round trip, at most one in flight) once the
+//! last one was sent a second ago; the tighter of the kept and the new is
+//! kept.
+//! No client wall clock is read anywhere.
+
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// A sample older than this is renewed by the next hit.
+const RESAMPLE_AFTER: Duration = Duration::from_secs(1);
+
+/// How fast the server's clock may run against the local monotonic clock:
+/// 500 ppm (1 in 2,000), the most NTP slews a clock by (crystals are
+/// within ±100 ppm).
+const DRIFT_DIVISOR: u64 = 2_000;
+
+/// A sample whose uncertainty (round trip plus drift) exceeds this is not
+/// used: hits send the pipelined `GET` + `PTTL` instead.
+pub(super) const MAX_ERROR: Duration = Duration::from_millis(20);
+
+/// One `TIME` answer and when it was asked and answered (microseconds of
+/// the local monotonic clock since the [`ServerClock`]'s anchor).
+#[derive(Clone, Copy, Debug)]
+struct Sample {
+    /// The server's clock, in unix microseconds.
+    server_us: u64,
+    sent_us: u64,
+    received_us: u64,
+}
+
+impl Sample {
+    /// How far apart the two bounds of the server's clock are at `now_us`.
+    fn error_us(&self, now_us: u64) -> u64 {
+        let round_trip = self.received_us.saturating_sub(self.sent_us);
+        round_trip.saturating_add(drift_us(now_us.saturating_sub(self.sent_us)))
+    }
+
+    /// The latest the server's clock can read at `now_us`, in unix
+    /// microseconds.
+    fn latest_us(&self, now_us: u64) -> u64 {
+        let elapsed = now_us.saturating_sub(self.sent_us);
+        self.server_us
+            .saturating_add(elapsed)
+            .saturating_add(drift_us(elapsed))
+    }
+}
+
+/// Whole microseconds, in 64 bits (every hit computes these: no 128-bit
+/// division).
+fn micros(d: Duration) -> u64 {
+    d.as_secs()
+        .saturating_mul(1_000_000)
+        .saturating_add(u64::from(d.subsec_micros()))
+}
+
+/// The drift allowance for `elapsed_us`, rounded up.
+fn drift_us(elapsed_us: u64) -> u64 {
+    elapsed_us / DRIFT_DIVISOR + 1
+}
+
+/// The server's clock as this process knows it (one per standalone
+/// backend; a cluster's masters each have their own clock, and its hits
+/// keep asking for `PTTL`).
+///
+/// Every hit reads it, from every worker thread: a sequence lock on
+/// atomics, not a mutex (a preempted holder would stall the hits of the
+/// other threads on a busy machine). It has one writer at a time: the
+/// holder of the `sampling` flag.
+#[derive(Debug)]
+pub(super) struct ServerClock {
+    anchor: Instant,
+    /// Odd while the writer is storing.
+    seq: AtomicU64,
+    /// The kept sample; `server_us` 0: none yet.
+    server_us: AtomicU64,
+    sent_us: AtomicU64,
+    received_us: AtomicU64,
+    /// When the last answered sample was sent, plus one (0: never).
+    tried_us: AtomicU64,
+    sampling: AtomicBool,
+}
+
+impl Default for ServerClock {
+    fn default() -> Self {
+        ServerClock {
+            anchor: Instant::now(),
+            seq: AtomicU64::new(0),
+            server_us: AtomicU64::new(0),
+            sent_us: AtomicU64::new(0),
+            received_us: AtomicU64::new(0),
+            tried_us: AtomicU64::new(0),
+            sampling: AtomicBool::new(false),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+struct State {
+    /// The tightest recent sample.
+    kept: Option<Sample>,
+    /// When the last answered sample was sent (kept or not).
+    tried_us: Option<u64>,
+}
+
+/// What a hit sends.
+pub(super) enum Plan<'a> {
+    /// `GET` alone: the envelope's expiry and this estimate tell the TTL.
+    Get(Estimate),
+    /// `GET` + `TIME`: a new sample rides on this hit.
+    Sample(Sampling<'a>),
+    /// `GET` + `PTTL`: no usable sample (none yet, or too uncertain).
+    GetPttl,
+}
+
+/// The kept sample, as of the hit that uses it.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Estimate {
+    sample: Sample,
+    anchor: Instant,
+}
+
+impl Estimate {
+    /// The TTL left, at the local instant `now`, of a key that expires at
+    /// `expires_at_ms` (unix ms of the server's clock): never more than
+    /// the server would report. `None` if it may have expired.
+    pub(super) fn remaining(&self, expires_at_ms: u64, now: Instant) -> Option<Duration> {
+        let now_us = micros(now.saturating_duration_since(self.anchor));
+        let left_us = expires_at_ms
+            .saturating_mul(1_000)
+            .checked_sub(self.sample.latest_us(now_us))?;
+        (left_us > 0).then(|| Duration::from_micros(left_us))
+    }
+}
+
+/// The right to take the next sample, given back when dropped (a hit whose
+/// future is dropped mid-flight frees it too).
+pub(super) struct Sampling<'a> {
+    clock: &'a ServerClock,
+    sent_us: u64,
+}
+
+impl Sampling<'_> {
+    /// The server answered `TIME` with `(seconds, microseconds)`; the
+    /// pipeline that carried it was sent when this was made. Returns the
+    /// answer in unix microseconds.
+    pub(super) fn record(self, seconds: u64, micros: u64) -> u64 {
+        let received_us = self.clock.now_us(Instant::now());
+        let sample = Sample {
+            server_us: seconds
+                .saturating_mul(1_000_000)
+                .saturating_add(micros)
+                .max(1),
+            sent_us: self.sent_us,
+            received_us,
+        };
+        let old = self.clock.load();
+        // Keep the tighter one (a reply delayed by a busy client widens
+        // the bounds; an older sample widens by its drift allowance).
+        let better = old
+            .kept
+            .is_none_or(|old| sample.error_us(received_us) <= old.error_us(received_us));
+        self.clock.store(State {
+            kept: if better { Some(sample) } else { old.kept },
+            tried_us: Some(self.sent_us),
+        });
+        sample.server_us
+    }
+
+    /// The server refused the sample: try again a second later, not at
+    /// every hit.
+    pub(super) fn refused(self) {
+        let old = self.clock.load();
+        self.clock.store(State {
+            kept: old.kept,
+            tried_us: Some(self.sent_us),
+        });
+    }
+}
+
+impl Drop for Sampling<'_> {
+    fn drop(&mut self) {
+        self.clock.sampling.store(false, Ordering::Release);
+    }
+}
+
+impl ServerClock {
+    fn now_us(&self, now: Instant) -> u64 {
+        micros(now.saturating_duration_since(self.anchor))
+    }
+
+    /// A consistent copy of the state (retried while the writer stores).
+    fn load(&self) -> State {
+        loop {
+            let before = self.seq.load(Ordering::Acquire);
+            if before & 1 == 0 {
+                let server_us = self.server_us.load(Ordering::Relaxed);
+                let sent_us = self.sent_us.load(Ordering::Relaxed);
+                let received_us = self.received_us.load(Ordering::Relaxed);
+                let tried_us = self.tried_us.load(Ordering::Relaxed);
+                fence(Ordering::Acquire);
+                if self.seq.load(Ordering::Relaxed) == before {
+                    return State {
+                        kept: (server_us != 0).then_some(Sample {
+                            server_us,
+                            sent_us,
+                            received_us,
+                        }),
+                        tried_us: tried_us.checked_sub(1),
+                    };
+                }
+            }
+            std::hint::spin_loop();
+        }
+    }
+
+    /// Stores `state`; only the holder of the `sampling` flag calls this.
+    fn store(&self, state: State) {
+        let seq = self.seq.load(Ordering::Relaxed);
+        self.seq.store(seq.wrapping_add(1), Ordering::Relaxed);
+        fence(Ordering::Release);
+        if let Some(sample) = state.kept {
+            self.server_us.store(sample.server_us, Ordering::Relaxed);
+            self.sent_us.store(sample.sent_us, Ordering::Relaxed);
+            self.received_us
+                .store(sample.received_us, Ordering::Relaxed);
+        }
+        self.tried_us.store(
+            state.tried_us.map_or(0, |t| t.saturating_add(1)),
+            Ordering::Relaxed,
+        );
+        self.seq.store(seq.wrapping_add(2), Ordering::Release);
+    }
+
+    /// How the hit about to be sent should ask.
+    pub(super) fn plan(&self, now: Instant) -> Plan<'_> {
+        let now_us = self.now_us(now);
+        let State { kept, tried_us } = self.load();
+        let due = tried_us.is_none_or(|t| now_us.saturating_sub(t) >= micros(RESAMPLE_AFTER));
+        if due
+            && self
+                .sampling
+                .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok()
+        {
+            return Plan::Sample(Sampling {
+                clock: self,
+                sent_us: self.now_us(Instant::now()),
+            });
+        }
+        match kept {
+            Some(sample) if sample.error_us(now_us) <= micros(MAX_ERROR) => Plan::Get(Estimate {
+                sample,
+                anchor: self.anchor,
+            }),
+            _ => Plan::GetPttl,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan_kind(plan: &Plan<'_>) -> &'static str {
+        match plan {
+            Plan::Get(_) => "get",
+            Plan::Sample(_) => "sample",
+            Plan::GetPttl => "pair",
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_first_hit_samples_and_the_others_ask_for_pttl_meanwhile() {
+        let clock = ServerClock::default();
+        let first = clock.plan(Instant::now());
+        assert_eq!(plan_kind(&first), "sample");
+        assert_eq!(plan_kind(&clock.plan(Instant::now())), "pair");
+        // Dropped without an answer: the next hit samples.
+        drop(first);
+        let Plan::Sample(sampling) = clock.plan(Instant::now()) else {
+            panic!("no sample after a dropped one");
+        };
+        tokio::time::advance(Duration::from_micros(100)).await;
+        sampling.record(1_700_000_000, 250_000);
+        let Plan::Get(estimate) = clock.plan(Instant::now()) else {
+            panic!("a sample in hand, and no GET alone");
+        };
+        // The server read 1_700_000_000.250 s at most 100 µs ago: a key
+        // expiring at .350 has at most 100 ms left, and at least 99.8 ms
+        // (the round trip and a microsecond of drift allowance).
+        let left = estimate
+            .remaining(1_700_000_000_350, Instant::now())
+            .unwrap();
+        assert!(left <= Duration::from_millis(100), "{left:?}");
+        assert!(left >= Duration::from_micros(99_800), "{left:?}");
+        assert_eq!(estimate.remaining(1_700_000_000_250, Instant::now()), None);
+        // A second later the sample is renewed by one hit.
+        tokio::time::advance(RESAMPLE_AFTER).await;
+        assert_eq!(plan_kind(&clock.plan(Instant::now())), "sample");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_figure_shrinks_with_the_drift_allowance_and_a_loose_sample_is_not_used() {
+        let clock = ServerClock::default();
+        let Plan::Sample(sampling) = clock.plan(Instant::now()) else {
+            panic!("no sample");
+        };
+        sampling.record(1_000, 0);
+        let Plan::Get(estimate) = clock.plan(Instant::now()) else {
+            panic!("no GET alone");
+        };
+        let at = Instant::now() + Duration::from_millis(900);
+        // 900 ms later, 500 ppm of it (450 µs) more may have passed there.
+        let left = estimate.remaining(1_000_000 + 1_000, at).unwrap();
+        assert!(left <= Duration::from_micros(100_000 - 450), "{left:?}");
+
+        // A sample whose answer took longer than MAX_ERROR is not used.
+        let clock = ServerClock::default();
+        let Plan::Sample(sampling) = clock.plan(Instant::now()) else {
+            panic!("no sample");
+        };
+        tokio::time::advance(MAX_ERROR + Duration::from_millis(1)).await;
+        sampling.record(1_000, 0);
+        assert_eq!(plan_kind(&clock.plan(Instant::now())), "pair");
+    }
+}
