@@ -41,7 +41,7 @@ use tokio::time::Instant;
 
 use crate::backend::Stored;
 use crate::budget::Budget;
-use crate::coalesce::Completion;
+use crate::coalesce::{Awaiter, Completion};
 use crate::envelope::{self, Kind};
 use crate::error::{BackendError, Error};
 use crate::freshness;
@@ -79,7 +79,7 @@ pub enum Outcome {
 
 /// Why a background refresh runs (for the counters).
 #[derive(Debug, Clone, Copy)]
-enum Refresh {
+pub(crate) enum Refresh {
     /// Served stale in the grace window.
     Stale,
     /// The value is due for early refresh; the window is handed to `acquire`.
@@ -123,10 +123,21 @@ pub(crate) struct Flight<V> {
     /// if its load fails, nothing is written (no fail-safe re-store, no
     /// cached failure over a fresh value).
     refreshing_fresh: bool,
+    /// The first acquire's answer, when a batch made it for this flight
+    /// (see `batch.rs`): the miss path starts from it instead of asking.
+    first_acquired: Option<Result<Acquisition, BackendError>>,
+}
+
+/// A flight's answer, or where it will be published.
+pub(crate) enum Pending<V> {
+    /// Answered at once (the first read answered).
+    Ready(Result<Answer<V>, Error>),
+    /// The flight goes on in a task of its own.
+    Running(Awaiter<Answer<V>>),
 }
 
 /// What the first read of a flight found.
-enum FirstRead<V> {
+pub(crate) enum FirstRead<V> {
     /// The answer (a hit, stale in grace, a cached failure), and any
     /// refresh to run after it.
     Answered(Result<Answer<V>, Error>, Option<Refresh>),
@@ -255,18 +266,81 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         let Some((flight, completion)) = guard.armed.take() else {
             return Err(Error::FlightAbandoned);
         };
+        match flight.continue_from(first, completion) {
+            Pending::Ready(answer) => answer,
+            Pending::Running(awaiter) => awaiter.outcome().await,
+        }
+    }
+
+    /// After the first read: a read that answered completes the callers
+    /// here (and starts any refresh in the background); anything else goes
+    /// on in a task of its own.
+    pub(crate) fn continue_from(
+        self,
+        first: FirstRead<V>,
+        completion: Completion<Answer<V>>,
+    ) -> Pending<V> {
         let FirstRead::Answered(answer, refresh) = first else {
             let awaiter = completion.awaiter();
-            flight.spawn_from(Some(first), completion);
-            return awaiter.outcome().await;
+            self.spawn_from(Some(first), completion);
+            return Pending::Running(awaiter);
         };
-        flight.remember(&answer);
-        flight.keep_in_l1(&answer, refresh.is_some());
+        self.remember(&answer);
+        self.keep_in_l1(&answer, refresh.is_some());
         let answer = completion.complete_shared(answer);
         if refresh.is_some() {
-            tokio::spawn(Box::pin(flight.after_answer(refresh)));
+            tokio::spawn(Box::pin(self.after_answer(refresh)));
         }
+        Pending::Ready(answer)
+    }
+
+    /// A batch asked for this flight's lease (and did not win it): the
+    /// flight goes on from that answer in a task of its own, as after its
+    /// own first acquire (waits for the holder, serves stale, degrades).
+    pub(crate) fn continue_from_acquire(
+        mut self,
+        acquired: Result<Acquisition, BackendError>,
+        completion: Completion<Answer<V>>,
+    ) -> Awaiter<Answer<V>> {
+        self.first_acquired = Some(acquired);
+        let awaiter = completion.awaiter();
+        self.spawn_from(Some(FirstRead::Miss { unreadable: false }), completion);
+        awaiter
+    }
+
+    /// A batch won this flight's lease and ran the load (`loaded`, shared
+    /// with the batch's other keys): fill or release as after a load of
+    /// its own, answer the callers, then any deferred fill.
+    pub(crate) async fn finish_batch_load(
+        mut self,
+        lease: Lease,
+        stale: Option<Stored>,
+        loaded: Result<Loaded<V>, Error>,
+        completion: Completion<Answer<V>>,
+    ) -> Result<Answer<V>, Error> {
+        let stale = self.stale_value(stale);
+        let answer = self.after_leased_load(lease, stale, loaded).await;
+        self.remember(&answer);
+        self.keep_in_l1(&answer, false);
+        let answer = completion.complete_shared(answer);
+        self.after_answer(None).await;
         answer
+    }
+
+    /// The key's backend keys.
+    pub(crate) fn keys(&self) -> &FillKeys {
+        &self.keys
+    }
+
+    /// The user key.
+    pub(crate) fn user_key(&self) -> &str {
+        &self.key
+    }
+
+    /// Charges the flight's backend budget with time a batch spent on its
+    /// behalf (failures only, as the budget counts).
+    pub(crate) fn charge(&self, spent: Duration) {
+        self.budget.charge(spent);
     }
 
     /// Starts the background refresh of a value the L1 served stale (one
@@ -282,7 +356,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         tokio::spawn(Box::pin(flight.refresh(Refresh::Stale)));
     }
 
-    fn new(
+    pub(crate) fn new(
         shared: Arc<Shared<V>>,
         key: String,
         keys: FillKeys,
@@ -302,6 +376,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
             deferred_fill: None,
             value_expires: Mutex::new(None),
             refreshing_fresh: false,
+            first_acquired: None,
             policy,
         }
     }
@@ -393,8 +468,18 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
     /// answers at once; a miss goes on to the lease. The only step a hit
     /// takes, so the leader runs it in its own task (see `cache.rs`).
     async fn first_read(&mut self) -> FirstRead<V> {
+        let stored = self.call("get", self.shared.backend.get(&self.keys)).await;
+        self.first_read_of(stored)
+    }
+
+    /// What the first read's answer means (a batch reads many keys at once
+    /// and hands each flight its own).
+    pub(crate) fn first_read_of(
+        &mut self,
+        stored: Result<Option<Stored>, BackendError>,
+    ) -> FirstRead<V> {
         self.rec().flight();
-        let stored = match self.call("get", self.shared.backend.get(&self.keys)).await {
+        let stored = match stored {
             Ok(stored) => stored,
             Err(e) => return FirstRead::Failed(e),
         };
@@ -483,7 +568,10 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
             } else {
                 Duration::ZERO
             };
-            let acquired = self.acquire(lease, window).await;
+            let acquired = match self.first_acquired.take() {
+                Some(acquired) => acquired,
+                None => self.acquire(lease, window).await,
+            };
             let (held_stale, holder_ttl) = match acquired {
                 Err(e) => {
                     self.finish_wait(waiting, false);
@@ -604,10 +692,21 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
     /// fills (fenced on the token) or releases.
     async fn load_leased(
         &mut self,
-        mut lease: Lease,
+        lease: Lease,
         stale: Option<Option<V>>,
     ) -> Result<Answer<V>, Error> {
         let loaded = self.run_loader(Sharing::Own).await;
+        self.after_leased_load(lease, stale, loaded).await
+    }
+
+    /// After a load under our lease: fill (fenced on the token) or, if it
+    /// failed, release (fail-safe, negative caching).
+    async fn after_leased_load(
+        &mut self,
+        mut lease: Lease,
+        stale: Option<Option<V>>,
+        loaded: Result<Loaded<V>, Error>,
+    ) -> Result<Answer<V>, Error> {
         lease.loader_done();
         let (value, took) = match loaded {
             Ok(loaded) => loaded,

@@ -71,6 +71,7 @@
 
 pub mod backend;
 mod backoff;
+mod batch;
 mod budget;
 mod builder;
 mod cache;
@@ -99,6 +100,7 @@ pub use backend::redis;
 
 pub use backend::memory::MemoryBackend;
 pub use backend::Backend;
+pub use batch::BatchLoaderError;
 pub use builder::CacheBuilder;
 pub use cache::{Cache, Fetched};
 pub use circuit::{CircuitBreaker, CircuitState};

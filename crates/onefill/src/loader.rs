@@ -19,9 +19,11 @@ use crate::shared::Shared;
 
 /// The caller's loader, type-erased, with the key already captured: `None`
 /// is "nothing there" (the optional variant).
-pub(crate) type Load<V> = Box<
-    dyn FnOnce() -> Pin<Box<dyn Future<Output = Result<Option<V>, LoaderError>> + Send>> + Send,
->;
+pub(crate) type Load<V> = Detached<Option<V>>;
+
+/// A load, type-erased, before it is spawned.
+pub(crate) type Detached<T> =
+    Box<dyn FnOnce() -> Pin<Box<dyn Future<Output = Result<T, LoaderError>> + Send>> + Send>;
 
 /// A load's result and how long it took.
 pub(crate) type Loaded<V> = (Option<V>, Duration);
@@ -63,12 +65,15 @@ pub(crate) async fn run<V: Clone + Send + Sync + 'static>(
 
 /// Runs `load` detached, bounded by the policy's maximum load time, and
 /// records how long it took (for the adaptive lease TTL and the counters).
-async fn run_alone<V: Send + 'static>(
+///
+/// Generic in what the load returns: a batch's load (see `batch.rs`) runs
+/// here too, as one load.
+pub(crate) async fn run_alone<V, T: Send + 'static>(
     shared: &Shared<V>,
     policy: &Policy,
     key: &str,
-    load: Load<V>,
-) -> Result<Loaded<V>, Error> {
+    load: Detached<T>,
+) -> Result<(T, Duration), Error> {
     let started = Instant::now();
     let span = tracing::debug_span!("onefill.load", key);
     let mut task = tokio::spawn(async move { load().await }.instrument(span));

@@ -1,0 +1,445 @@
+//! The batch call: many keys, one read, one lease request, one load.
+//!
+//! [`Cache::get_or_load_many`](crate::Cache::get_or_load_many) answers
+//! every key as [`get_or_load`](crate::Cache::get_or_load) would, with the
+//! backend conversation and the loader shared by the keys:
+//!
+//! ```text
+//! L1 ── fresh ─────────────────────────────────────────► Hit (no backend)
+//!  │ (stale: served, refreshed alone in the background, as a single call)
+//!  ▼
+//! join each key's flight (a key already in flight here: share it)
+//!  ▼
+//! get_many ── hit / stale / cached failure ────────────► as a single call
+//!  │ misses (one round trip per master, in parallel)
+//!  ▼
+//! acquire_many ── won ── one load of every won key ── fill each (fenced)
+//!  │ held / fresh / error: each key's flight goes on from that answer,
+//!  ▼ alone (waits for the holder, serves stale, degrades, takes over)
+//! every key's answer
+//! ```
+//!
+//! Each key joins the in-process coalescer exactly as a single call does,
+//! so a single call and a batch on the same key share one flight, whoever
+//! comes first; the batch's load of the keys it won is registered per key
+//! too, so a degraded load of one of those keys in this process shares it.
+//! The whole batch runs in a task of its own (like a flight, decision
+//! 0001): dropping the caller's future cancels neither the load nor any
+//! lease, and the keys' other callers still get their answers.
+
+use std::collections::HashMap;
+use std::fmt::Display;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::backend::{
+    Acquired, BackendError, BackendErrorKind, FillKeys, LeaseRequest, Stored, MAX_PIPELINE,
+};
+use crate::budget::Budget;
+use crate::cache::Fetched;
+use crate::coalesce::{Awaiter, Completion, Joined};
+use crate::error::{Error, LoaderError};
+use crate::flight::{Answer, FirstRead, Flight, Outcome, Pending};
+use crate::lease::{Acquisition, Lease, LeaseToken};
+use crate::loader::{self, Load, Loaded};
+use crate::options::Policy;
+use crate::shared::Shared;
+
+/// What a loader's error may be, for the batch calls: the bound of
+/// [`get_or_load`](crate::Cache::get_or_load)'s loader error, spelled in
+/// this one place (implemented for every such type; nothing to implement).
+pub trait BatchLoaderError: std::error::Error + Send + Sync + 'static {
+    /// The error as the cache carries it to the callers.
+    fn into_loader_error(self) -> LoaderError;
+}
+
+impl<E: std::error::Error + Send + Sync + 'static> BatchLoaderError for E {
+    fn into_loader_error(self) -> LoaderError {
+        LoaderError::new(self)
+    }
+}
+
+/// The caller's batch loader, type-erased: the keys to load, and what it
+/// found (a key it did not return is absent).
+pub(crate) type ManyLoader<K, V> = Arc<
+    dyn Fn(Vec<K>) -> Pin<Box<dyn Future<Output = Result<Vec<(K, V)>, LoaderError>> + Send>>
+        + Send
+        + Sync,
+>;
+
+/// One key's answer in a batch.
+pub(crate) type KeyAnswer<V> = Result<Fetched<Option<V>>, Error>;
+
+/// A batch of distinct, valid keys (their user-facing value and string
+/// form), with one policy and one loader.
+pub(crate) struct Batch<K, V> {
+    pub(crate) shared: Arc<Shared<V>>,
+    pub(crate) policy: Policy,
+    pub(crate) loader: ManyLoader<K, V>,
+}
+
+/// A key whose flight this batch leads.
+struct Led<V> {
+    index: usize,
+    flight: Flight<V>,
+    completion: Completion<Answer<V>>,
+}
+
+impl<K, V> Batch<K, V>
+where
+    K: Display + Clone + Send + Sync + 'static,
+    V: Clone + Send + Sync + 'static,
+{
+    /// A single key's loader: the batch loader called with that key alone
+    /// (for what a key's flight may still load on its own: a takeover
+    /// after a wait, a degraded load, a background refresh).
+    pub(crate) fn load_of(&self, key: &K) -> Load<V> {
+        let loader = self.loader.clone();
+        let key = key.clone();
+        Box::new(move || {
+            Box::pin(async move {
+                let wanted = key.to_string();
+                let found = loader(vec![key]).await?;
+                Ok(found
+                    .into_iter()
+                    .find(|(k, _)| k.to_string() == wanted)
+                    .map(|(_, v)| v))
+            })
+        })
+    }
+
+    /// Answers every key (`keys`: distinct and valid, with their string
+    /// form), in the order given.
+    pub(crate) async fn run(self, keys: Vec<(K, String)>) -> Vec<KeyAnswer<V>> {
+        let shared = self.shared.clone();
+        let mut answers: Vec<Option<KeyAnswer<V>>> = keys.iter().map(|_| None).collect();
+        let mut running: Vec<(usize, Awaiter<Answer<V>>, bool)> = Vec::new();
+        let mut led: Vec<Led<V>> = Vec::new();
+        for (index, (key, string)) in keys.iter().enumerate() {
+            match shared.flights.join(string) {
+                Joined::Follower(awaiter) => {
+                    shared.recorder.coalesced();
+                    running.push((index, awaiter, true));
+                }
+                Joined::Leader(completion) => {
+                    let fill_keys = FillKeys::new(&shared.namespace, string);
+                    let flight = Flight::new(
+                        shared.clone(),
+                        string.clone(),
+                        fill_keys,
+                        self.policy.clone(),
+                        self.load_of(key),
+                    );
+                    led.push(Led {
+                        index,
+                        flight,
+                        completion,
+                    });
+                }
+            }
+        }
+
+        // One read of every key this batch leads.
+        let budget = Budget::new(self.policy.backend_timeout);
+        let read_keys: Vec<FillKeys> = led.iter().map(|l| l.flight.keys().clone()).collect();
+        let read = self.get_many(&read_keys, &budget).await;
+        let mut misses: Vec<(Led<V>, bool)> = Vec::new();
+        for (mut l, stored) in led.into_iter().zip(read) {
+            match l.flight.first_read_of(stored) {
+                FirstRead::Miss { unreadable } if self.policy.lease_ttl.is_some() => {
+                    misses.push((l, unreadable));
+                }
+                first => {
+                    l.flight.charge(budget.spent());
+                    match l.flight.continue_from(first, l.completion) {
+                        Pending::Ready(answer) => answers[l.index] = Some(fetched(answer, false)),
+                        Pending::Running(awaiter) => running.push((l.index, awaiter, false)),
+                    }
+                }
+            }
+        }
+
+        // One lease request for every miss.
+        let won = if misses.is_empty() {
+            Vec::new()
+        } else {
+            self.acquire_misses(misses, &budget, &mut running).await
+        };
+
+        // One load of every key won.
+        if !won.is_empty() {
+            for (index, answer) in self.load_won(&keys, won).await {
+                answers[index] = Some(fetched(answer, false));
+            }
+        }
+
+        for (index, awaiter, coalesced) in running {
+            answers[index] = Some(fetched(awaiter.outcome().await, coalesced));
+        }
+        answers
+            .into_iter()
+            .map(|a| a.unwrap_or(Err(Error::FlightAbandoned)))
+            .collect()
+    }
+
+    /// Asks for the lease of every miss at once. The keys won come back
+    /// with their lease; every other key's flight goes on alone from its
+    /// answer (into `running`).
+    async fn acquire_misses(
+        &self,
+        misses: Vec<(Led<V>, bool)>,
+        budget: &Budget,
+        running: &mut Vec<(usize, Awaiter<Answer<V>>, bool)>,
+    ) -> Vec<(Led<V>, Lease, Option<Stored>)> {
+        let shared = &self.shared;
+        let lease_ttl = self
+            .policy
+            .lease_ttl
+            .unwrap_or_default()
+            .ttl(&shared.load_times);
+        let requests: Vec<LeaseRequest> = misses
+            .iter()
+            .map(|(l, unreadable)| {
+                // As a single flight: a value fresh on the server but
+                // unreadable here must not block the lease (asked once).
+                let window = if *unreadable {
+                    Duration::MAX
+                } else {
+                    Duration::ZERO
+                };
+                LeaseRequest::new(l.flight.keys().clone(), LeaseToken::random(), window)
+            })
+            .collect();
+        let acquired = self.acquire_many(&requests, lease_ttl, budget).await;
+        let mut won = Vec::new();
+        for (((l, _), request), acquired) in misses.into_iter().zip(requests).zip(acquired) {
+            l.flight.charge(budget.spent());
+            let acquisition = match acquired {
+                Ok(Acquired::Won { stale }) => {
+                    let lease = Lease::won(shared, &request.keys, request.token, lease_ttl);
+                    won.push((l, lease, stale));
+                    continue;
+                }
+                Ok(Acquired::Fresh(stored)) => Ok(Acquisition::Fresh(stored)),
+                Ok(Acquired::Held { stale, lease_ttl }) => {
+                    Ok(Acquisition::Held { stale, lease_ttl })
+                }
+                Err(error) => {
+                    Lease::release_unanswered(shared, &request.keys, request.token, &error);
+                    Err(error)
+                }
+            };
+            let awaiter = l.flight.continue_from_acquire(acquisition, l.completion);
+            running.push((l.index, awaiter, false));
+        }
+        won
+    }
+
+    /// Runs the loader once for every key won, then fills (or releases)
+    /// each key's lease and answers its callers.
+    async fn load_won(
+        &self,
+        keys: &[(K, String)],
+        won: Vec<(Led<V>, Lease, Option<Stored>)>,
+    ) -> Vec<(usize, Result<Answer<V>, Error>)> {
+        let shared = &self.shared;
+        // Registered per key: a degraded load of one of these keys in this
+        // process shares this load instead of running its own.
+        let loads: Vec<Completion<Loaded<V>>> = won
+            .iter()
+            .map(|(l, _, _)| shared.loads.lead(l.flight.keys().value()))
+            .collect();
+        let wanted: Vec<K> = won
+            .iter()
+            .map(|(l, _, _)| keys[l.index].0.clone())
+            .collect();
+        let loader = self.loader.clone();
+        let label = format!("{} keys", wanted.len());
+        let load: loader::Detached<Vec<(K, V)>> = Box::new(move || loader(wanted));
+        let loaded = loader::run_alone(shared, &self.policy, &label, load).await;
+        let (mut found, took) = match loaded {
+            Ok((found, took)) => {
+                let found: HashMap<String, V> =
+                    found.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+                (Ok(found), took)
+            }
+            Err(error) => (Err(error), Duration::ZERO),
+        };
+        let finishing = won.into_iter().zip(loads).map(|((l, lease, stale), load)| {
+            let key_loaded = match &mut found {
+                Ok(found) => Ok((found.remove(l.flight.user_key()), took)),
+                Err(error) => Err(error.clone()),
+            };
+            load.complete(key_loaded.clone());
+            let index = l.index;
+            async move {
+                let answer = l
+                    .flight
+                    .finish_batch_load(lease, stale, key_loaded, l.completion)
+                    .await;
+                (index, answer)
+            }
+        });
+        futures_util::future::join_all(finishing).await
+    }
+
+    /// `get_many` of every key: grouped by shard (each shard's circuit
+    /// breaker decides for its keys), in chunks of at most
+    /// [`MAX_PIPELINE`], all concurrently.
+    async fn get_many(
+        &self,
+        keys: &[FillKeys],
+        budget: &Budget,
+    ) -> Vec<Result<Option<Stored>, BackendError>> {
+        let shared = &self.shared;
+        self.per_chunk(keys, budget, |chunk: Vec<FillKeys>, timeout| async move {
+            shared
+                .call(
+                    &chunk[0],
+                    timeout,
+                    "get_many",
+                    as_one(shared.backend.get_many(&chunk)),
+                )
+                .await
+        })
+        .await
+    }
+
+    /// `acquire_many` of every request, as [`get_many`](Self::get_many).
+    async fn acquire_many(
+        &self,
+        requests: &[LeaseRequest],
+        lease_ttl: Duration,
+        budget: &Budget,
+    ) -> Vec<Result<Acquired, BackendError>> {
+        let shared = &self.shared;
+        self.per_chunk(
+            requests,
+            budget,
+            |chunk: Vec<LeaseRequest>, timeout| async move {
+                let acquire = as_one(shared.backend.acquire_many(&chunk, lease_ttl));
+                shared
+                    .call(&chunk[0].keys, timeout, "acquire_many", acquire)
+                    .await
+            },
+        )
+        .await
+    }
+
+    /// Runs `step` on the items of each shard, in chunks of at most
+    /// [`MAX_PIPELINE`], concurrently, and puts the answers back in order.
+    /// A chunk that fails as a whole (its circuit is open, it timed out)
+    /// fails each of its items, and its time is charged to the budget.
+    async fn per_chunk<T, R, F, Fut>(
+        &self,
+        items: &[T],
+        budget: &Budget,
+        step: F,
+    ) -> Vec<Result<R, BackendError>>
+    where
+        T: Clone + ShardOf,
+        F: Fn(Vec<T>, Duration) -> Fut,
+        Fut: Future<Output = Result<Vec<Result<R, BackendError>>, BackendError>>,
+    {
+        let mut by_shard: HashMap<u64, Vec<usize>> = HashMap::new();
+        for (i, item) in items.iter().enumerate() {
+            let shard = self.shared.backend.shard(item.fill_keys());
+            by_shard.entry(shard).or_default().push(i);
+        }
+        let chunks: Vec<Vec<usize>> = by_shard
+            .into_values()
+            .flat_map(|indices| {
+                indices
+                    .chunks(MAX_PIPELINE)
+                    .map(<[usize]>::to_vec)
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        let timeout = budget.left();
+        let started = Instant::now();
+        let calls = chunks.iter().map(|positions| {
+            let chunk: Vec<T> = positions.iter().map(|&i| items[i].clone()).collect();
+            step(chunk, timeout)
+        });
+        let results = futures_util::future::join_all(calls).await;
+        let mut out: Vec<Option<Result<R, BackendError>>> = items.iter().map(|_| None).collect();
+        let mut charged = false;
+        for (positions, result) in chunks.iter().zip(results) {
+            let result = match result {
+                Ok(answers) if answers.len() == positions.len() => Ok(answers),
+                Ok(_) => Err(BackendError::new(
+                    BackendErrorKind::Protocol,
+                    "a batch step answered for a different number of keys",
+                )),
+                Err(e) => Err(e),
+            };
+            match result {
+                Ok(answers) => {
+                    for (&i, answer) in positions.iter().zip(answers) {
+                        out[i] = Some(answer);
+                    }
+                }
+                Err(e) => {
+                    if !std::mem::replace(&mut charged, true) {
+                        budget.charge(started.elapsed());
+                    }
+                    for &i in positions {
+                        out[i] = Some(Err(e.clone()));
+                    }
+                }
+            }
+        }
+        out.into_iter()
+            .map(|a| {
+                a.unwrap_or_else(|| {
+                    Err(BackendError::new(
+                        BackendErrorKind::Protocol,
+                        "a batch step left a key unanswered",
+                    ))
+                })
+            })
+            .collect()
+    }
+}
+
+/// A batch step's answers as one result for the circuit breaker: failed
+/// if every key failed (then with the first key's error, which each key
+/// gets), answered otherwise.
+async fn as_one<R>(
+    step: impl Future<Output = Vec<Result<R, BackendError>>>,
+) -> Result<Vec<Result<R, BackendError>>, BackendError> {
+    let answers = step.await;
+    match answers.first() {
+        Some(Err(first)) if answers.iter().all(Result::is_err) => Err(first.clone()),
+        _ => Ok(answers),
+    }
+}
+
+/// What a batch item is about (for grouping by shard).
+trait ShardOf {
+    fn fill_keys(&self) -> &FillKeys;
+}
+
+impl ShardOf for FillKeys {
+    fn fill_keys(&self) -> &FillKeys {
+        self
+    }
+}
+
+impl ShardOf for LeaseRequest {
+    fn fill_keys(&self) -> &FillKeys {
+        &self.keys
+    }
+}
+
+fn fetched<V>(answer: Result<Answer<V>, Error>, coalesced: bool) -> KeyAnswer<V> {
+    answer.map(|(value, outcome): (Option<V>, Outcome)| Fetched {
+        value,
+        outcome,
+        coalesced,
+    })
+}
