@@ -139,6 +139,11 @@ impl<B: Backend + Clone> Backend for Counting<B> {
     }
 }
 
+/// What a test's batch loader returns.
+pub type Loading = std::pin::Pin<
+    Box<dyn std::future::Future<Output = Result<Vec<(String, String)>, std::io::Error>> + Send>,
+>;
+
 /// A batch loader's record: its calls and every key it loaded.
 #[derive(Debug, Clone, Default)]
 pub struct Origin {
@@ -164,13 +169,7 @@ impl Origin {
         &self,
         delay: Duration,
         absent: &'static [&'static str],
-    ) -> impl Fn(
-        Vec<String>,
-    ) -> std::pin::Pin<
-        Box<dyn std::future::Future<Output = Result<Vec<(String, String)>, std::io::Error>> + Send>,
-    > + Send
-           + Sync
-           + 'static {
+    ) -> impl Fn(Vec<String>) -> Loading + Send + Sync + 'static {
         let origin = self.clone();
         move |keys: Vec<String>| {
             let origin = origin.clone();

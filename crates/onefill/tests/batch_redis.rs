@@ -1,0 +1,195 @@
+//! The batch call on real Redis (private servers from the testkit):
+//! separate `Cache` + `RedisBackend` instances, each with its own
+//! connections, stand for processes. Round trips are counted as backend
+//! calls (a counting wrapper: each call is one request and its reply, a
+//! pipeline for the batch methods) and checked against the server's own
+//! `INFO commandstats`.
+
+mod batch_support;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use batch_support::{Counting, Origin};
+use onefill::backend::{Acquired, Backend, FillKeys, LeaseRequest};
+use onefill::redis::RedisBackend;
+use onefill::{Cache, CallOptions, LeaseToken, Outcome};
+use onefill_testkit::{RedisCluster, RedisServer};
+
+fn unique_ns(name: &str) -> String {
+    format!("{name}-{}", &LeaseToken::random().as_str()[..8])
+}
+
+/// `calls=` of each command in the server's `INFO commandstats`.
+fn commandstats(node: &RedisServer) -> HashMap<String, u64> {
+    node.command(&["INFO", "commandstats"])
+        .lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix("cmdstat_")?;
+            let (name, stats) = rest.split_once(':')?;
+            let calls = stats
+                .split("calls=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse()
+                .ok()?;
+            Some((name.to_owned(), calls))
+        })
+        .collect()
+}
+
+fn keys(n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("k{i}")).collect()
+}
+
+async fn process(
+    backend: RedisBackend,
+    ns: &str,
+) -> (Cache<String, String>, Counting<RedisBackend>) {
+    let counting = Counting::new(backend);
+    let cache = Cache::builder()
+        .namespace(ns)
+        .backend(counting.clone())
+        .ttl(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    (cache, counting)
+}
+
+/// The test: 4 processes × the same 100 cold keys, at once.
+async fn four_processes(processes: &[(Cache<String, String>, Counting<RedisBackend>)]) -> Origin {
+    let origin = Origin::default();
+    let wanted = keys(100);
+    let calls: Vec<_> = processes
+        .iter()
+        .map(|(cache, _)| {
+            let cache = cache.clone();
+            let wanted = wanted.clone();
+            let loader = origin.loader(Duration::from_millis(50), &[]);
+            tokio::spawn(async move { cache.get_or_load_many(&wanted, loader).await })
+        })
+        .collect();
+    for call in calls {
+        let found = call.await.unwrap().unwrap();
+        assert_eq!(found.len(), 100);
+        assert!(wanted.iter().all(|k| found[k] == format!("v{k}")));
+    }
+    let per_key = origin.loads_per_key();
+    assert_eq!(per_key.len(), 100);
+    assert!(per_key.values().all(|n| *n == 1), "{per_key:?}");
+    assert!(origin.calls() <= 4, "{} loader calls", origin.calls());
+    for (i, (_, counting)) in processes.iter().enumerate() {
+        eprintln!("cold, process {i}: {:?}", counting.calls.lock());
+    }
+    origin
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_processes_load_100_cold_keys_once_fleet_wide_standalone() {
+    let server = RedisServer::start();
+    let ns = unique_ns("batch");
+    let mut processes = Vec::new();
+    for _ in 0..4 {
+        let backend = RedisBackend::connect(&server.url()).await.unwrap();
+        processes.push(process(backend, &ns).await);
+    }
+    let origin = four_processes(&processes).await;
+
+    // The hit path: one round trip per process (one pipeline of
+    // GET + PTTL for the 100 keys), nothing else on the server.
+    let before = commandstats(&server);
+    for (cache, counting) in &processes {
+        counting.reset();
+        let answers = cache
+            .fetch_many(
+                &keys(100),
+                &CallOptions::new(),
+                origin.loader(Duration::ZERO, &[]),
+            )
+            .await
+            .unwrap();
+        assert!(answers
+            .values()
+            .all(|a| a.as_ref().unwrap().outcome == Outcome::Hit));
+        assert_eq!(counting.round_trips(), 1, "{:?}", counting.calls.lock());
+        assert_eq!(counting.of("get_many"), 1);
+    }
+    let after = commandstats(&server);
+    let delta = |c: &str| after.get(c).copied().unwrap_or(0) - before.get(c).copied().unwrap_or(0);
+    assert_eq!((delta("get"), delta("pttl")), (400, 400));
+    assert_eq!(delta("evalsha") + delta("eval"), 0);
+    assert!(origin.calls() <= 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_processes_load_100_cold_keys_once_fleet_wide_on_a_cluster() {
+    let cluster = RedisCluster::start(3);
+    let urls = cluster.urls();
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let ns = unique_ns("batch");
+    let mut processes = Vec::new();
+    for _ in 0..4 {
+        let backend = RedisBackend::connect_cluster(&urls).await.unwrap();
+        processes.push(process(backend, &ns).await);
+    }
+    let origin = four_processes(&processes).await;
+
+    // The hit path: one pipeline per master (3), in parallel.
+    for (cache, counting) in &processes {
+        counting.reset();
+        let found = cache
+            .get_or_load_many(&keys(100), origin.loader(Duration::ZERO, &[]))
+            .await
+            .unwrap();
+        assert_eq!(found.len(), 100);
+        assert!(counting.round_trips() <= 3, "{:?}", counting.calls.lock());
+    }
+    assert!(origin.calls() <= 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_batch_steps_answer_each_key_and_survive_a_script_flush() {
+    let server = RedisServer::start();
+    let backend = RedisBackend::connect(&server.url()).await.unwrap();
+    let ns = unique_ns("steps");
+    let k = |s: &str| FillKeys::new(&ns, s);
+    // "held": someone's lease; "fresh": a value; "free": nothing.
+    server.command(&["SET", k("held").lock(), "someone", "PX", "60000"]);
+    let cache: Cache<String, String> = Cache::builder()
+        .namespace(&ns)
+        .backend(backend.clone())
+        .build()
+        .unwrap();
+    cache
+        .set(&"fresh".to_owned(), "v".to_owned())
+        .await
+        .unwrap();
+    server.command(&["SCRIPT", "FLUSH"]);
+
+    let requests: Vec<LeaseRequest> = ["held", "fresh", "free"]
+        .iter()
+        .map(|s| LeaseRequest::new(k(s), LeaseToken::random(), Duration::ZERO))
+        .collect();
+    let answers = backend
+        .acquire_many(&requests, Duration::from_secs(5))
+        .await;
+    assert!(
+        matches!(answers[0], Ok(Acquired::Held { .. })),
+        "{answers:?}"
+    );
+    assert!(matches!(answers[1], Ok(Acquired::Fresh(_))), "{answers:?}");
+    assert!(
+        matches!(answers[2], Ok(Acquired::Won { stale: None })),
+        "{answers:?}"
+    );
+    assert_eq!(
+        server.command(&["GET", k("free").lock()]).trim(),
+        requests[2].token.as_str()
+    );
+
+    let read = backend.get_many(&[k("fresh"), k("free"), k("held")]).await;
+    assert!(matches!(&read[0], Ok(Some(s)) if !s.bytes.is_empty()));
+    assert!(matches!(read[1], Ok(None)));
+    assert!(matches!(read[2], Ok(None)));
+}
