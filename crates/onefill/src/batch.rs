@@ -43,7 +43,7 @@ use crate::budget::Budget;
 use crate::cache::Fetched;
 use crate::coalesce::{Awaiter, Completion, Joined};
 use crate::error::{Error, LoaderError};
-use crate::flight::{Answer, FirstRead, Flight, Outcome, Pending};
+use crate::flight::{Answer, FirstRead, Flight, Outcome, Pending, Refresh};
 use crate::lease::{Acquisition, Lease, LeaseToken};
 use crate::loader::{self, Load, Loaded};
 use crate::options::Policy;
@@ -80,6 +80,16 @@ pub(crate) struct Batch<K, V> {
     pub(crate) shared: Arc<Shared<V>>,
     pub(crate) policy: Policy,
     pub(crate) loader: ManyLoader<K, V>,
+}
+
+impl<K, V> Clone for Batch<K, V> {
+    fn clone(&self) -> Self {
+        Batch {
+            shared: self.shared.clone(),
+            policy: self.policy.clone(),
+            loader: self.loader.clone(),
+        }
+    }
 }
 
 /// A key whose flight this batch leads.
@@ -148,6 +158,7 @@ where
         let read_keys: Vec<FillKeys> = led.iter().map(|l| l.flight.keys().clone()).collect();
         let read = self.get_many(&read_keys, &budget).await;
         let mut misses: Vec<(Led<V>, bool)> = Vec::new();
+        let mut refreshes = Vec::new();
         for (mut l, stored) in led.into_iter().zip(read) {
             match l.flight.first_read_of(stored) {
                 FirstRead::Miss { unreadable } if self.policy.lease_ttl.is_some() => {
@@ -155,12 +166,21 @@ where
                 }
                 first => {
                     l.flight.charge(budget.spent());
-                    match l.flight.continue_from(first, l.completion) {
+                    let (pending, refresh) = l.flight.continue_from_batched(first, l.completion);
+                    match pending {
                         Pending::Ready(answer) => answers[l.index] = Some(fetched(answer, false)),
                         Pending::Running(awaiter) => running.push((l.index, awaiter, false)),
                     }
+                    if let Some((flight, why)) = refresh {
+                        refreshes.push((keys[l.index].0.clone(), flight, why));
+                    }
                 }
             }
+        }
+        // Stale values served, values due for early refresh: refreshed in
+        // the background, together (one lease request, one load).
+        if !refreshes.is_empty() {
+            tokio::spawn(Box::pin(self.clone().refresh(refreshes)));
         }
 
         // One lease request for every miss.
@@ -196,11 +216,7 @@ where
         running: &mut Vec<(usize, Awaiter<Answer<V>>, bool)>,
     ) -> Vec<(Led<V>, Lease, Option<Stored>)> {
         let shared = &self.shared;
-        let lease_ttl = self
-            .policy
-            .lease_ttl
-            .unwrap_or_default()
-            .ttl(&shared.load_times);
+        let lease_ttl = self.lease_ttl();
         let requests: Vec<LeaseRequest> = misses
             .iter()
             .map(|(l, unreadable)| {
@@ -246,22 +262,40 @@ where
         keys: &[(K, String)],
         won: Vec<(Led<V>, Lease, Option<Stored>)>,
     ) -> Vec<(usize, Result<Answer<V>, Error>)> {
+        let wanted = won
+            .iter()
+            .map(|(l, _, _)| (keys[l.index].0.clone(), l.flight.keys()))
+            .collect();
+        let loaded = self.load_together(wanted).await;
+        let finishing = won
+            .into_iter()
+            .zip(loaded)
+            .map(|((l, lease, stale), loaded)| async move {
+                let index = l.index;
+                let answer = l
+                    .flight
+                    .finish_batch_load(lease, stale, loaded, l.completion)
+                    .await;
+                (index, answer)
+            });
+        futures_util::future::join_all(finishing).await
+    }
+
+    /// One load of `wanted` (keys under our leases), registered per key so
+    /// a degraded load of one of them in this process shares it instead of
+    /// running its own; each key's share of the result, in order.
+    async fn load_together(&self, wanted: Vec<(K, &FillKeys)>) -> Vec<Result<Loaded<V>, Error>> {
         let shared = &self.shared;
-        // Registered per key: a degraded load of one of these keys in this
-        // process shares this load instead of running its own.
-        let loads: Vec<Completion<Loaded<V>>> = won
+        let loads: Vec<Completion<Loaded<V>>> = wanted
             .iter()
-            .map(|(l, _, _)| shared.loads.lead(l.flight.keys().value()))
+            .map(|(_, keys)| shared.loads.lead(keys.value()))
             .collect();
-        let wanted: Vec<K> = won
-            .iter()
-            .map(|(l, _, _)| keys[l.index].0.clone())
-            .collect();
+        let strings: Vec<String> = wanted.iter().map(|(k, _)| k.to_string()).collect();
+        let keys: Vec<K> = wanted.into_iter().map(|(k, _)| k).collect();
         let loader = self.loader.clone();
-        let label = format!("{} keys", wanted.len());
-        let load: loader::Detached<Vec<(K, V)>> = Box::new(move || loader(wanted));
-        let loaded = loader::run_alone(shared, &self.policy, &label, load).await;
-        let (mut found, took) = match loaded {
+        let label = format!("{} keys", keys.len());
+        let load: loader::Detached<Vec<(K, V)>> = Box::new(move || loader(keys));
+        let (mut found, took) = match loader::run_alone(shared, &self.policy, &label, load).await {
             Ok((found, took)) => {
                 let found: HashMap<String, V> =
                     found.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
@@ -269,22 +303,89 @@ where
             }
             Err(error) => (Err(error), Duration::ZERO),
         };
-        let finishing = won.into_iter().zip(loads).map(|((l, lease, stale), load)| {
-            let key_loaded = match &mut found {
-                Ok(found) => Ok((found.remove(l.flight.user_key()), took)),
-                Err(error) => Err(error.clone()),
-            };
-            load.complete(key_loaded.clone());
-            let index = l.index;
-            async move {
-                let answer = l
-                    .flight
-                    .finish_batch_load(lease, stale, key_loaded, l.completion)
-                    .await;
-                (index, answer)
+        strings
+            .iter()
+            .zip(loads)
+            .map(|(string, load)| {
+                let loaded = match &mut found {
+                    Ok(found) => Ok((found.remove(string), took)),
+                    Err(error) => Err(error.clone()),
+                };
+                load.complete(loaded.clone());
+                loaded
+            })
+            .collect()
+    }
+
+    /// The background refresh of the keys a batch served stale (in grace)
+    /// or found due for early refresh: as each key's own refresh would be
+    /// (one per key per process, one fleet-wide through the lease; an
+    /// early refresh that fails writes nothing), with one lease request
+    /// and one load for them all.
+    async fn refresh(self, refreshes: Vec<(K, Flight<V>, Refresh)>) {
+        let shared = &self.shared;
+        let mut started = Vec::new();
+        for (key, mut flight, why) in refreshes {
+            if let Some((guard, window)) = flight.start_batch_refresh(why) {
+                started.push((key, flight, guard, window));
             }
-        });
-        futures_util::future::join_all(finishing).await
+        }
+        if started.is_empty() {
+            return;
+        }
+        let lease_ttl = self.lease_ttl();
+        let requests: Vec<LeaseRequest> = started
+            .iter()
+            .map(|(_, flight, _, window)| {
+                LeaseRequest::new(flight.keys().clone(), LeaseToken::random(), *window)
+            })
+            .collect();
+        let budget = Budget::new(self.policy.backend_timeout);
+        let acquired = self.acquire_many(&requests, lease_ttl, &budget).await;
+        // Held until the refreshes end: one refresh per key per process.
+        let mut guards = Vec::with_capacity(started.len());
+        let mut won = Vec::new();
+        for ((key, flight, guard, _), (request, acquired)) in
+            started.into_iter().zip(requests.into_iter().zip(acquired))
+        {
+            guards.push(guard);
+            match acquired {
+                Ok(Acquired::Won { stale }) => {
+                    let lease = Lease::won(shared, &request.keys, request.token, lease_ttl);
+                    won.push((key, flight, lease, stale));
+                }
+                Ok(Acquired::Held { .. }) => shared.recorder.lease_contended(),
+                Ok(Acquired::Fresh(_)) => {}
+                Err(error) => {
+                    Lease::release_unanswered(shared, &request.keys, request.token, &error);
+                }
+            }
+        }
+        if !won.is_empty() {
+            let wanted = won
+                .iter()
+                .map(|(key, flight, _, _)| (key.clone(), flight.keys()))
+                .collect();
+            let loaded = self.load_together(wanted).await;
+            let finishing =
+                won.into_iter()
+                    .zip(loaded)
+                    .map(|((_, flight, lease, stale), loaded)| {
+                        flight.finish_batch_refresh(lease, stale, loaded)
+                    });
+            futures_util::future::join_all(finishing).await;
+        }
+        drop(guards);
+    }
+
+    /// The lease TTL for this batch's leases, sized from recent loads.
+    /// Without the lease policy a refresh still takes one: it fences the
+    /// write, and nobody waits for it anyway.
+    fn lease_ttl(&self) -> Duration {
+        self.policy
+            .lease_ttl
+            .unwrap_or_default()
+            .ttl(&self.shared.load_times)
     }
 
     /// `get_many` of every key: grouped by shard (each shard's circuit

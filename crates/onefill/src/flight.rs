@@ -294,6 +294,70 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         Pending::Ready(answer)
     }
 
+    /// As [`continue_from`](Self::continue_from), but a refresh the answer
+    /// calls for (stale in grace, early refresh) is handed back instead of
+    /// started, so a batch refreshes its keys with one load.
+    pub(crate) fn continue_from_batched(
+        self,
+        first: FirstRead<V>,
+        completion: Completion<Answer<V>>,
+    ) -> (Pending<V>, Option<(Flight<V>, Refresh)>) {
+        match first {
+            FirstRead::Answered(answer, refresh) => {
+                self.remember(&answer);
+                self.keep_in_l1(&answer, refresh.is_some());
+                let answer = completion.complete_shared(answer);
+                (Pending::Ready(answer), refresh.map(|why| (self, why)))
+            }
+            first => (self.continue_from(first, completion), None),
+        }
+    }
+
+    /// This flight's part of a batch's background refresh begins: the
+    /// key's place in the `refreshing` set (held by the guard; `None` if a
+    /// refresh of the key already runs here) and the window to acquire with.
+    pub(crate) fn start_batch_refresh(
+        &mut self,
+        why: Refresh,
+    ) -> Option<(RefreshingGuard<V>, Duration)> {
+        let key = self.keys.value().to_owned();
+        if !self.shared.refreshing.lock().insert(key.clone()) {
+            return None;
+        }
+        let guard = RefreshingGuard {
+            shared: self.shared.clone(),
+            key,
+        };
+        let window = match why {
+            Refresh::Stale => {
+                self.rec().background_refresh();
+                Duration::ZERO
+            }
+            Refresh::Early(window) => {
+                self.refreshing_fresh = true;
+                window
+            }
+        };
+        Some((guard, window))
+    }
+
+    /// A batch's refresh won this flight's lease and ran the load: fill or
+    /// release as a refresh of its own would (nobody waits for it).
+    pub(crate) async fn finish_batch_refresh(
+        mut self,
+        lease: Lease,
+        stale: Option<Stored>,
+        loaded: Result<Loaded<V>, Error>,
+    ) {
+        // Counted when it starts for real, as a single refresh.
+        if self.refreshing_fresh {
+            self.rec().early_refresh();
+        }
+        let stale = self.stale_value(stale);
+        let _ = self.after_leased_load(lease, stale, loaded).await;
+        self.after_answer(None).await;
+    }
+
     /// A batch asked for this flight's lease (and did not win it): the
     /// flight goes on from that answer in a task of its own, as after its
     /// own first acquire (waits for the holder, serves stale, degrades).
@@ -330,11 +394,6 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
     /// The key's backend keys.
     pub(crate) fn keys(&self) -> &FillKeys {
         &self.keys
-    }
-
-    /// The user key.
-    pub(crate) fn user_key(&self) -> &str {
-        &self.key
     }
 
     /// Charges the flight's backend budget with time a batch spent on its
@@ -991,7 +1050,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
 
 /// Takes the key out of the `refreshing` set when the refresh ends, however
 /// it ends.
-struct RefreshingGuard<V> {
+pub(crate) struct RefreshingGuard<V> {
     shared: Arc<Shared<V>>,
     key: String,
 }

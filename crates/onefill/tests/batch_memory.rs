@@ -536,3 +536,55 @@ async fn a_loader_slower_than_the_maximum_load_time_is_cut_off() {
         .all(|a| matches!(a, Err(Error::LoadTimedOut(_)))));
     assert!(backend.get_raw(&lock_of("a")).is_none());
 }
+
+#[tokio::test(start_paused = true)]
+async fn stale_keys_are_served_at_once_and_refreshed_together_in_the_background() {
+    let backend = MemoryBackend::new();
+    let build = || -> Cache<String, String> {
+        Cache::builder()
+            .namespace(NS)
+            .backend(backend.clone())
+            .ttl(Duration::from_secs(10))
+            .grace(Duration::from_secs(60))
+            .jitter(0.0)
+            .no_l1()
+            .build()
+            .unwrap()
+    };
+    let (cache, other) = (build(), build());
+    let wanted = keys(10);
+    let first = Origin::default();
+    cache
+        .get_or_load_many(&wanted, first.loader(Duration::ZERO, &[]))
+        .await
+        .unwrap();
+    tokio::time::advance(Duration::from_secs(11)).await;
+
+    let refresh = Origin::default();
+    let answers = cache
+        .fetch_many(&wanted, &CallOptions::new(), refresh.loader(SECOND, &[]))
+        .await
+        .unwrap();
+    assert!(answers
+        .values()
+        .all(|a| a.as_ref().unwrap().outcome == Outcome::Stale));
+    // Another process at the same moment: stale too, and no second refresh.
+    let answers = other
+        .fetch_many(&wanted, &CallOptions::new(), refresh.loader(SECOND, &[]))
+        .await
+        .unwrap();
+    assert!(answers
+        .values()
+        .all(|a| a.as_ref().unwrap().outcome == Outcome::Stale));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(refresh.calls(), 1, "one load refreshed every key");
+    assert_eq!(refresh.loaded.lock().len(), 10);
+    let answers = other
+        .fetch_many(&wanted, &CallOptions::new(), refresh.loader(SECOND, &[]))
+        .await
+        .unwrap();
+    assert!(answers
+        .values()
+        .all(|a| a.as_ref().unwrap().outcome == Outcome::Hit));
+    assert_eq!(cache.stats().background_refreshes, 10);
+}
