@@ -159,8 +159,19 @@ where
         let read = self.get_many(&read_keys, &budget).await;
         let mut misses: Vec<(Led<V>, bool)> = Vec::new();
         let mut refreshes = Vec::new();
+        let mut unstored: Vec<Led<V>> = Vec::new();
         for (mut l, stored) in led.into_iter().zip(read) {
             match l.flight.first_read_of(stored) {
+                FirstRead::Failed(error) => {
+                    l.flight.charge(budget.spent());
+                    match l.flight.degrade_without_load(error) {
+                        Some(answer) => {
+                            let answer = l.flight.answer(answer, l.completion);
+                            answers[l.index] = Some(fetched(answer, false));
+                        }
+                        None => unstored.push(l),
+                    }
+                }
                 FirstRead::Miss { unreadable } if self.policy.lease_ttl.is_some() => {
                     misses.push((l, unreadable));
                 }
@@ -187,8 +198,17 @@ where
         let won = if misses.is_empty() {
             Vec::new()
         } else {
-            self.acquire_misses(misses, &budget, &mut running).await
+            self.acquire_misses(misses, &budget, &mut running, &mut answers, &mut unstored)
+                .await
         };
+
+        // The backend failed these keys: one load for them all, stored
+        // nowhere (as a flight's degraded load; one per key per process).
+        if !unstored.is_empty() {
+            for (index, answer) in self.load_unstored(&keys, unstored).await {
+                answers[index] = Some(fetched(answer, false));
+            }
+        }
 
         // One load of every key won.
         if !won.is_empty() {
@@ -214,6 +234,8 @@ where
         misses: Vec<(Led<V>, bool)>,
         budget: &Budget,
         running: &mut Vec<(usize, Awaiter<Answer<V>>, bool)>,
+        answers: &mut [Option<KeyAnswer<V>>],
+        unstored: &mut Vec<Led<V>>,
     ) -> Vec<(Led<V>, Lease, Option<Stored>)> {
         let shared = &self.shared;
         let lease_ttl = self.lease_ttl();
@@ -232,7 +254,7 @@ where
             .collect();
         let acquired = self.acquire_many(&requests, lease_ttl, budget).await;
         let mut won = Vec::new();
-        for (((l, _), request), acquired) in misses.into_iter().zip(requests).zip(acquired) {
+        for (((mut l, _), request), acquired) in misses.into_iter().zip(requests).zip(acquired) {
             l.flight.charge(budget.spent());
             let acquisition = match acquired {
                 Ok(Acquired::Won { stale }) => {
@@ -246,7 +268,14 @@ where
                 }
                 Err(error) => {
                     Lease::release_unanswered(shared, &request.keys, request.token, &error);
-                    Err(error)
+                    match l.flight.degrade_without_load(error) {
+                        Some(answer) => {
+                            let answer = l.flight.answer(answer, l.completion);
+                            answers[l.index] = Some(fetched(answer, false));
+                        }
+                        None => unstored.push(l),
+                    }
+                    continue;
                 }
             };
             let awaiter = l.flight.continue_from_acquire(acquisition, l.completion);
@@ -264,7 +293,10 @@ where
     ) -> Vec<(usize, Result<Answer<V>, Error>)> {
         let wanted = won
             .iter()
-            .map(|(l, _, _)| (keys[l.index].0.clone(), l.flight.keys()))
+            .map(|(l, _, _)| {
+                let load = self.shared.loads.lead(l.flight.keys().value());
+                (keys[l.index].0.clone(), load)
+            })
             .collect();
         let loaded = self.load_together(wanted).await;
         let finishing = won
@@ -281,17 +313,17 @@ where
         futures_util::future::join_all(finishing).await
     }
 
-    /// One load of `wanted` (keys under our leases), registered per key so
-    /// a degraded load of one of them in this process shares it instead of
-    /// running its own; each key's share of the result, in order.
-    async fn load_together(&self, wanted: Vec<(K, &FillKeys)>) -> Vec<Result<Loaded<V>, Error>> {
+    /// One load of `wanted`, each key with its place in the process's
+    /// loads (so a degraded load of one of them here shares this one
+    /// instead of running its own); each key's share of the result, in
+    /// order, also published to its place.
+    async fn load_together(
+        &self,
+        wanted: Vec<(K, Completion<Loaded<V>>)>,
+    ) -> Vec<Result<Loaded<V>, Error>> {
         let shared = &self.shared;
-        let loads: Vec<Completion<Loaded<V>>> = wanted
-            .iter()
-            .map(|(_, keys)| shared.loads.lead(keys.value()))
-            .collect();
         let strings: Vec<String> = wanted.iter().map(|(k, _)| k.to_string()).collect();
-        let keys: Vec<K> = wanted.into_iter().map(|(k, _)| k).collect();
+        let (keys, loads): (Vec<K>, Vec<Completion<Loaded<V>>>) = wanted.into_iter().unzip();
         let loader = self.loader.clone();
         let label = format!("{} keys", keys.len());
         let load: loader::Detached<Vec<(K, V)>> = Box::new(move || loader(keys));
@@ -315,6 +347,49 @@ where
                 loaded
             })
             .collect()
+    }
+
+    /// Loads the keys the backend failed, together and stored nowhere; a
+    /// key whose load already runs in this process shares it instead.
+    async fn load_unstored(
+        &self,
+        keys: &[(K, String)],
+        unstored: Vec<Led<V>>,
+    ) -> Vec<(usize, Result<Answer<V>, Error>)> {
+        let mut to_load = Vec::new();
+        let mut sharing = Vec::new();
+        for l in unstored {
+            match self.shared.loads.join(l.flight.keys().value()) {
+                Joined::Leader(load) => to_load.push((l, load)),
+                Joined::Follower(awaiter) => sharing.push((l, awaiter)),
+            }
+        }
+        let mut led = Vec::with_capacity(to_load.len());
+        let mut wanted = Vec::with_capacity(to_load.len());
+        for (l, load) in to_load {
+            wanted.push((keys[l.index].0.clone(), load));
+            led.push(l);
+        }
+        let loaded = if wanted.is_empty() {
+            Vec::new()
+        } else {
+            self.load_together(wanted).await
+        };
+        let mut out = Vec::new();
+        for (l, loaded) in led.into_iter().zip(loaded) {
+            out.push((
+                l.index,
+                l.flight.finish_batch_unstored(loaded, l.completion),
+            ));
+        }
+        for (l, awaiter) in sharing {
+            let loaded = awaiter.outcome().await;
+            out.push((
+                l.index,
+                l.flight.finish_batch_unstored(loaded, l.completion),
+            ));
+        }
+        out
     }
 
     /// The background refresh of the keys a batch served stale (in grace)
@@ -364,7 +439,7 @@ where
         if !won.is_empty() {
             let wanted = won
                 .iter()
-                .map(|(key, flight, _, _)| (key.clone(), flight.keys()))
+                .map(|(key, flight, _, _)| (key.clone(), shared.loads.lead(flight.keys().value())))
                 .collect();
             let loaded = self.load_together(wanted).await;
             let finishing =

@@ -358,6 +358,51 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         self.after_answer(None).await;
     }
 
+    /// The backend failed a batch's read or lease request for this key:
+    /// the answer a flight would degrade to without loading (strict mode's
+    /// error, the outage fallback's value), or `None` if the key must be
+    /// loaded without the lease (the batch loads such keys together).
+    pub(crate) fn degrade_without_load(
+        &mut self,
+        error: BackendError,
+    ) -> Option<Result<Answer<V>, Error>> {
+        if self.policy.strict {
+            return Some(Err(Error::Backend(error)));
+        }
+        let value = self.shared.fallback.get(self.keys.value())?;
+        self.from_fallback = true;
+        self.rec().stale_served();
+        Some(Ok((value, Outcome::Stale)))
+    }
+
+    /// Answers the callers with `answer` (kept for outages and in the L1
+    /// as any answer of this flight).
+    pub(crate) fn answer(
+        self,
+        answer: Result<Answer<V>, Error>,
+        completion: Completion<Answer<V>>,
+    ) -> Result<Answer<V>, Error> {
+        self.remember(&answer);
+        self.keep_in_l1(&answer, false);
+        completion.complete_shared(answer)
+    }
+
+    /// A batch loaded this key without a lease (the backend failed):
+    /// answered as a degraded load of its own, nothing stored.
+    pub(crate) fn finish_batch_unstored(
+        self,
+        loaded: Result<Loaded<V>, Error>,
+        completion: Completion<Answer<V>>,
+    ) -> Result<Answer<V>, Error> {
+        self.rec().degraded_load();
+        let answer = loaded.map(|(value, _)| {
+            // A new value, not the one read before: `ttl + grace`.
+            *self.value_expires.lock() = None;
+            (value, Outcome::Degraded)
+        });
+        self.answer(answer, completion)
+    }
+
     /// A batch asked for this flight's lease (and did not win it): the
     /// flight goes on from that answer in a task of its own, as after its
     /// own first acquire (waits for the holder, serves stale, degrades).

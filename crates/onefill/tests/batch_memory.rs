@@ -3,6 +3,8 @@
 //! behind its own call counter) stand for processes sharing one Redis.
 
 mod batch_support;
+#[allow(unused)]
+mod support;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -587,4 +589,67 @@ async fn stale_keys_are_served_at_once_and_refreshed_together_in_the_background(
         .values()
         .all(|a| a.as_ref().unwrap().outcome == Outcome::Hit));
     assert_eq!(cache.stats().background_refreshes, 10);
+}
+
+#[tokio::test(start_paused = true)]
+async fn when_the_backend_fails_the_keys_are_loaded_together_unstored() {
+    use support::{Switched, HANG, REFUSE};
+    let backend = Switched::default();
+    let cache: Cache<String, String> = Cache::builder()
+        .namespace(NS)
+        .backend(backend.clone())
+        .backend_timeout(Duration::from_millis(100))
+        .no_l1()
+        .build()
+        .unwrap();
+    let origin = Origin::default();
+    let wanted = keys(15);
+    cache
+        .get_or_load_many(&wanted[..5], origin.loader(Duration::ZERO, &[]))
+        .await
+        .unwrap();
+
+    for (mode, new) in [(REFUSE, 5..10), (HANG, 10..15)] {
+        backend.set(mode);
+        let calls = origin.calls();
+        let asked: Vec<String> = wanted[..5]
+            .iter()
+            .chain(&wanted[new.clone()])
+            .cloned()
+            .collect();
+        let answers = cache
+            .fetch_many(&asked, &CallOptions::new(), origin.loader(SECOND, &[]))
+            .await
+            .unwrap();
+        // The five read before: their last-known values (outage fallback).
+        for k in &wanted[..5] {
+            let a = answers[k].as_ref().unwrap();
+            assert_eq!(
+                (a.value.clone(), a.outcome),
+                (Some(format!("v{k}")), Outcome::Stale)
+            );
+        }
+        // The five never read: loaded without a lease, in one call.
+        for k in &wanted[new] {
+            let a = answers[k].as_ref().unwrap();
+            assert_eq!(a.outcome, Outcome::Degraded, "{mode}");
+        }
+        assert_eq!(origin.calls(), calls + 1, "one loader call in mode {mode}");
+    }
+    backend.set(support::HEALTHY);
+    assert!(wanted[5..].iter().all(|k| backend
+        .store()
+        .get_raw(FillKeys::new(NS, k).value())
+        .is_none()));
+
+    // Strict mode: the backend's error, for each key.
+    backend.set(REFUSE);
+    let strict = CallOptions::new().strict(true);
+    let answers = cache
+        .fetch_many(&wanted, &strict, origin.loader(SECOND, &[]))
+        .await
+        .unwrap();
+    assert!(answers
+        .values()
+        .all(|a| matches!(a, Err(Error::Backend(_)))));
 }
