@@ -172,7 +172,7 @@ where
                         None => unstored.push(l),
                     }
                 }
-                FirstRead::Miss { unreadable } if self.policy.lease_ttl.is_some() => {
+                FirstRead::Miss { unreadable } => {
                     misses.push((l, unreadable));
                 }
                 first => {
@@ -263,6 +263,13 @@ where
                     continue;
                 }
                 Ok(Acquired::Fresh(stored)) => Ok(Acquisition::Fresh(stored)),
+                // `no_lease`: nobody is waited for; loaded without storing,
+                // with the batch's other such keys (the holder's fill will be
+                // stored), as a single call's `load_without_waiting`.
+                Ok(Acquired::Held { .. }) if self.policy.lease_ttl.is_none() => {
+                    unstored.push(l);
+                    continue;
+                }
                 Ok(Acquired::Held { stale, lease_ttl }) => {
                     Ok(Acquisition::Held { stale, lease_ttl })
                 }
@@ -454,8 +461,9 @@ where
     }
 
     /// The lease TTL for this batch's leases, sized from recent loads.
-    /// Without the lease policy a refresh still takes one: it fences the
-    /// write, and nobody waits for it anyway.
+    /// Without the lease policy (`no_lease`) a lease is still taken when it
+    /// is free, as by a single call: it fences the write, and nobody waits
+    /// for it.
     fn lease_ttl(&self) -> Duration {
         self.policy
             .lease_ttl

@@ -653,3 +653,37 @@ async fn when_the_backend_fails_the_keys_are_loaded_together_unstored() {
         .values()
         .all(|a| matches!(a, Err(Error::Backend(_)))));
 }
+
+#[tokio::test(start_paused = true)]
+async fn without_the_lease_policy_held_keys_are_loaded_unstored_not_waited_for() {
+    let backend = MemoryBackend::new();
+    let (cache, _) = process(&backend);
+    let origin = Origin::default();
+    backend.put_raw(&lock_of("held"), b"someone", Duration::from_secs(60));
+    let answers = cache
+        .fetch_many(
+            &["held".to_owned(), "free".to_owned(), "free2".to_owned()],
+            &CallOptions::new().no_lease(),
+            origin.loader(SECOND, &[]),
+        )
+        .await
+        .unwrap();
+    let held = answers["held"].as_ref().unwrap();
+    assert_eq!(
+        (held.value.as_deref(), held.outcome),
+        (Some("vheld"), Outcome::Degraded)
+    );
+    assert_eq!(answers["free"].as_ref().unwrap().outcome, Outcome::Loaded);
+    // "free" stored under the lease it took; "held" left to its holder.
+    assert!(backend.get_raw(FillKeys::new(NS, "free").value()).is_some());
+    assert!(backend.get_raw(FillKeys::new(NS, "held").value()).is_none());
+    assert_eq!(
+        backend.get_raw(&lock_of("held")).map(|(b, _)| b),
+        Some(b"someone".to_vec())
+    );
+    assert_eq!(
+        origin.loads_per_key(),
+        HashMap::from([("held".into(), 1), ("free".into(), 1)])
+    );
+    assert_eq!(cache.stats().waits, 0);
+}
