@@ -683,7 +683,9 @@ async fn without_the_lease_policy_held_keys_are_loaded_unstored_not_waited_for()
     );
     assert_eq!(
         origin.loads_per_key(),
-        HashMap::from([("held".into(), 1), ("free".into(), 1)])
+        HashMap::from([("held".into(), 1), ("free".into(), 1), ("free2".into(), 1)])
     );
+    // One call for the keys won, one for the key loaded unstored.
+    assert_eq!(origin.calls(), 2);
     assert_eq!(cache.stats().waits, 0);
 }
