@@ -689,3 +689,72 @@ async fn without_the_lease_policy_held_keys_are_loaded_unstored_not_waited_for()
     assert_eq!(origin.calls(), 2);
     assert_eq!(cache.stats().waits, 0);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_set_during_the_batch_load_fences_its_fill_and_extra_pairs_are_ignored() {
+    let backend = MemoryBackend::new();
+    let (cache, _) = process(&backend);
+    let (writer, _) = process(&backend);
+    let loading = {
+        let cache = cache.clone();
+        tokio::spawn(async move {
+            cache
+                .fetch_many(
+                    &["a".to_owned(), "b".to_owned()],
+                    &CallOptions::new(),
+                    |keys: Vec<String>| async move {
+                        tokio::time::sleep(Duration::from_secs(2)).await;
+                        let mut found: Vec<(String, String)> =
+                            keys.into_iter().map(|k| (k, "old".to_owned())).collect();
+                        // Not asked for: ignored, not stored.
+                        found.push(("extra".to_owned(), "x".to_owned()));
+                        Ok::<_, std::io::Error>(found)
+                    },
+                )
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    writer.set(&"a".to_owned(), "new".to_owned()).await.unwrap();
+    let answers = loading.await.unwrap().unwrap();
+    // The batch's callers get what the loader found...
+    assert_eq!(answers["a"].as_ref().unwrap().value.as_deref(), Some("old"));
+    assert_eq!(answers.len(), 2);
+    // ...but the write that came after the load started stays.
+    let (reader, _) = process(&backend);
+    assert_eq!(
+        reader.get(&"a".to_owned()).await.unwrap().as_deref(),
+        Some("new")
+    );
+    assert_eq!(
+        reader.get(&"b".to_owned()).await.unwrap().as_deref(),
+        Some("old")
+    );
+    assert!(backend
+        .get_raw(FillKeys::new(NS, "extra").value())
+        .is_none());
+    assert_eq!(cache.stats().lease_lost, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn keys_with_braces_newlines_and_unicode_are_batched_like_any_other() {
+    let backend = MemoryBackend::new();
+    let (cache, _) = process(&backend);
+    let origin = Origin::default();
+    let odd: Vec<String> = ["}a{", "{b}", "line\nbreak", "ключ", "}"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let found = cache
+        .get_or_load_many(&odd, origin.loader(Duration::ZERO, &[]))
+        .await
+        .unwrap();
+    assert!(odd.iter().all(|k| found[k] == format!("v{k}")));
+    let (other, counting) = process(&backend);
+    let again = other
+        .get_or_load_many(&odd, origin.loader(Duration::ZERO, &[]))
+        .await
+        .unwrap();
+    assert_eq!(again, found);
+    assert_eq!((origin.calls(), counting.round_trips()), (1, 1));
+}
