@@ -202,17 +202,11 @@ where
                 .await
         };
 
-        // The backend failed these keys: one load for them all, stored
-        // nowhere (as a flight's degraded load; one per key per process).
-        if !unstored.is_empty() {
-            for (index, answer) in self.load_unstored(&keys, unstored).await {
-                answers[index] = Some(fetched(answer, false));
-            }
-        }
-
-        // One load of every key won.
-        if !won.is_empty() {
-            for (index, answer) in self.load_won(&keys, won).await {
+        // One load of every key won (filled under its lease) and of every
+        // key the backend failed or, with `no_lease`, another process holds
+        // (stored nowhere, as a flight's degraded load).
+        if !won.is_empty() || !unstored.is_empty() {
+            for (index, answer) in self.load_all(&keys, won, unstored).await {
                 answers[index] = Some(fetched(answer, false));
             }
         }
@@ -291,24 +285,42 @@ where
         won
     }
 
-    /// Runs the loader once for every key won, then fills (or releases)
-    /// each key's lease and answers its callers.
-    async fn load_won(
+    /// Runs the loader once for every key won and every key to load
+    /// unstored (a key of those whose load already runs in this process
+    /// shares it instead), then fills (or releases) each won key's lease,
+    /// and answers every key's callers.
+    async fn load_all(
         &self,
         keys: &[(K, String)],
         won: Vec<(Led<V>, Lease, Option<Stored>)>,
+        unstored: Vec<Led<V>>,
     ) -> Vec<(usize, Result<Answer<V>, Error>)> {
-        let wanted = won
-            .iter()
-            .map(|(l, _, _)| {
-                let load = self.shared.loads.lead(l.flight.keys().value());
-                (keys[l.index].0.clone(), load)
-            })
-            .collect();
-        let loaded = self.load_together(wanted).await;
+        let loads = &self.shared.loads;
+        let mut wanted = Vec::with_capacity(won.len() + unstored.len());
+        for (l, _, _) in &won {
+            let load = loads.lead(l.flight.keys().value());
+            wanted.push((keys[l.index].0.clone(), load));
+        }
+        let mut loading_unstored = Vec::new();
+        let mut sharing = Vec::new();
+        for l in unstored {
+            match loads.join(l.flight.keys().value()) {
+                Joined::Leader(load) => {
+                    wanted.push((keys[l.index].0.clone(), load));
+                    loading_unstored.push(l);
+                }
+                Joined::Follower(awaiter) => sharing.push((l, awaiter)),
+            }
+        }
+        let mut loaded = if wanted.is_empty() {
+            Vec::new()
+        } else {
+            self.load_together(wanted).await
+        }
+        .into_iter();
         let finishing = won
             .into_iter()
-            .zip(loaded)
+            .zip(loaded.by_ref())
             .map(|((l, lease, stale), loaded)| async move {
                 let index = l.index;
                 let answer = l
@@ -316,8 +328,23 @@ where
                     .finish_batch_load(lease, stale, loaded, l.completion)
                     .await;
                 (index, answer)
-            });
-        futures_util::future::join_all(finishing).await
+            })
+            .collect::<Vec<_>>();
+        let mut out = futures_util::future::join_all(finishing).await;
+        for (l, loaded) in loading_unstored.into_iter().zip(loaded) {
+            out.push((
+                l.index,
+                l.flight.finish_batch_unstored(loaded, l.completion),
+            ));
+        }
+        for (l, awaiter) in sharing {
+            let loaded = awaiter.outcome().await;
+            out.push((
+                l.index,
+                l.flight.finish_batch_unstored(loaded, l.completion),
+            ));
+        }
+        out
     }
 
     /// One load of `wanted`, each key with its place in the process's
@@ -354,49 +381,6 @@ where
                 loaded
             })
             .collect()
-    }
-
-    /// Loads the keys the backend failed, together and stored nowhere; a
-    /// key whose load already runs in this process shares it instead.
-    async fn load_unstored(
-        &self,
-        keys: &[(K, String)],
-        unstored: Vec<Led<V>>,
-    ) -> Vec<(usize, Result<Answer<V>, Error>)> {
-        let mut to_load = Vec::new();
-        let mut sharing = Vec::new();
-        for l in unstored {
-            match self.shared.loads.join(l.flight.keys().value()) {
-                Joined::Leader(load) => to_load.push((l, load)),
-                Joined::Follower(awaiter) => sharing.push((l, awaiter)),
-            }
-        }
-        let mut led = Vec::with_capacity(to_load.len());
-        let mut wanted = Vec::with_capacity(to_load.len());
-        for (l, load) in to_load {
-            wanted.push((keys[l.index].0.clone(), load));
-            led.push(l);
-        }
-        let loaded = if wanted.is_empty() {
-            Vec::new()
-        } else {
-            self.load_together(wanted).await
-        };
-        let mut out = Vec::new();
-        for (l, loaded) in led.into_iter().zip(loaded) {
-            out.push((
-                l.index,
-                l.flight.finish_batch_unstored(loaded, l.completion),
-            ));
-        }
-        for (l, awaiter) in sharing {
-            let loaded = awaiter.outcome().await;
-            out.push((
-                l.index,
-                l.flight.finish_batch_unstored(loaded, l.completion),
-            ));
-        }
-        out
     }
 
     /// The background refresh of the keys a batch served stale (in grace)
