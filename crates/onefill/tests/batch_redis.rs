@@ -193,3 +193,102 @@ async fn the_batch_steps_answer_each_key_and_survive_a_script_flush() {
     assert!(matches!(read[1], Ok(None)));
     assert!(matches!(read[2], Ok(None)));
 }
+
+fn node_id(node: &RedisServer) -> String {
+    node.command(&["CLUSTER", "MYID"]).trim().to_owned()
+}
+
+/// A slot migrating (`ASK`), then moved (`MOVED`), under a batch: the keys
+/// whose pipelined command was redirected are sent again alone and
+/// followed; a strict cache (backend errors surface) sees no error, and
+/// nothing is loaded twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_follows_a_migrating_then_moved_slot() {
+    let cluster = RedisCluster::start(3);
+    let urls = cluster.urls();
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let ns = unique_ns("batch-migrate");
+    let backend = RedisBackend::connect_cluster(&urls).await.unwrap();
+    let cache: Cache<String, String> = Cache::builder()
+        .namespace(&ns)
+        .backend(backend)
+        .strict(true)
+        .build()
+        .unwrap();
+    let origin = Origin::default();
+    let wanted = keys(20);
+    cache
+        .get_or_load_many(&wanted, origin.loader(Duration::ZERO, &[]))
+        .await
+        .unwrap();
+
+    let moving = FillKeys::new(&ns, "k0");
+    let source = cluster.node_for_key(moving.value());
+    let target = cluster
+        .nodes()
+        .iter()
+        .find(|n| n.port() != source.port())
+        .unwrap();
+    let slot = source
+        .query(&["CLUSTER", "KEYSLOT", moving.value()])
+        .as_int()
+        .unwrap()
+        .to_string();
+    let (source_id, target_id) = (node_id(source), node_id(target));
+    target.command(&["CLUSTER", "SETSLOT", &slot, "IMPORTING", &source_id]);
+    source.command(&["CLUSTER", "SETSLOT", &slot, "MIGRATING", &target_id]);
+    let port = target.port().to_string();
+    let migrated = source.command(&[
+        "MIGRATE",
+        "127.0.0.1",
+        &port,
+        "",
+        "0",
+        "5000",
+        "KEYS",
+        moving.value(),
+    ]);
+    assert!(migrated.contains("OK"), "MIGRATE: {migrated}");
+
+    // Migrating: the source answers ASK for k0.
+    let answers = cache
+        .fetch_many(
+            &wanted,
+            &CallOptions::new(),
+            origin.loader(Duration::ZERO, &[]),
+        )
+        .await
+        .unwrap();
+    assert!(
+        answers
+            .values()
+            .all(|a| a.as_ref().unwrap().outcome == Outcome::Hit),
+        "{answers:?}"
+    );
+
+    // Moved: the source answers MOVED; k0 is gone, so it is read, leased,
+    // loaded and filled through the redirection.
+    for node in cluster.nodes() {
+        node.command(&["CLUSTER", "SETSLOT", &slot, "NODE", &target_id]);
+    }
+    target.command(&["DEL", moving.value()]);
+    let answers = cache
+        .fetch_many(
+            &wanted,
+            &CallOptions::new(),
+            origin.loader(Duration::ZERO, &[]),
+        )
+        .await
+        .unwrap();
+    let k0 = answers["k0"].as_ref().unwrap();
+    assert_eq!(
+        (k0.value.as_deref(), k0.outcome),
+        (Some("vk0"), Outcome::Loaded)
+    );
+    assert!(
+        !target.query(&["GET", moving.value()]).is_nil(),
+        "filled on the new master"
+    );
+    assert_eq!(origin.loads_per_key().get("k0"), Some(&2));
+    assert_eq!(cache.stats().backend_errors, 0, "{:?}", cache.stats());
+}
