@@ -43,11 +43,14 @@ use crate::budget::Budget;
 use crate::cache::Fetched;
 use crate::coalesce::{Awaiter, Completion, Joined};
 use crate::error::{Error, LoaderError};
-use crate::flight::{Answer, FirstRead, Flight, Outcome, Pending, Refresh};
+use crate::flight::{Answer, FirstRead, Flight, Outcome, Pending, Recheck, Refresh};
 use crate::lease::{Acquisition, Lease, LeaseToken};
 use crate::loader::{self, Load, Loaded};
 use crate::options::Policy;
 use crate::shared::Shared;
+use crate::wait::{AtDeadline, Next, Wait};
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use futures_util::FutureExt;
 
 /// What a loader's error may be, for the batch calls: the bound of
 /// [`get_or_load`](crate::Cache::get_or_load)'s loader error, spelled in
@@ -92,9 +95,38 @@ impl<K, V> Clone for Batch<K, V> {
     }
 }
 
+/// A key won, its lease and any stale value (for fail-safe).
+type Won<K, V> = (Led<K, V>, Lease, Option<Option<V>>);
+
+/// Where the lease request sends each key it does not answer or win.
+struct Sink<'a, K, V> {
+    /// Keys whose own flight goes on (answers to await).
+    running: &'a mut Vec<(usize, Awaiter<Answer<V>>, bool)>,
+    /// Keys answered.
+    answers: &'a mut [Option<KeyAnswer<V>>],
+    /// Keys to load without storing.
+    unstored: &'a mut Vec<Led<K, V>>,
+    /// Keys another process holds: waited for together, with the holder's
+    /// lease TTL.
+    waiters: &'a mut Vec<(Led<K, V>, Duration)>,
+}
+
+/// A key the batch waits for.
+struct Waiter<K, V> {
+    l: Led<K, V>,
+    wait: Wait,
+    /// The holder's lease TTL when last asked (a re-check at its expiry).
+    holder_ttl: Duration,
+    /// A stale value seen while waiting (for the deadline's outcome).
+    stale: Option<Option<V>>,
+    /// The next re-check ignores freshness once (a value unreadable here).
+    unreadable: bool,
+}
+
 /// A key whose flight this batch leads.
-struct Led<V> {
+struct Led<K, V> {
     index: usize,
+    key: K,
     flight: Flight<V>,
     completion: Completion<Answer<V>>,
 }
@@ -128,7 +160,7 @@ where
         let shared = self.shared.clone();
         let mut answers: Vec<Option<KeyAnswer<V>>> = keys.iter().map(|_| None).collect();
         let mut running: Vec<(usize, Awaiter<Answer<V>>, bool)> = Vec::new();
-        let mut led: Vec<Led<V>> = Vec::new();
+        let mut led: Vec<Led<K, V>> = Vec::new();
         for (index, (key, string)) in keys.iter().enumerate() {
             match shared.flights.join(string) {
                 Joined::Follower(awaiter) => {
@@ -146,6 +178,7 @@ where
                     );
                     led.push(Led {
                         index,
+                        key: key.clone(),
                         flight,
                         completion,
                     });
@@ -157,14 +190,14 @@ where
         let budget = Budget::new(self.policy.backend_timeout);
         let read_keys: Vec<FillKeys> = led.iter().map(|l| l.flight.keys().clone()).collect();
         let read = self.get_many(&read_keys, &budget).await;
-        let mut misses: Vec<(Led<V>, bool)> = Vec::new();
+        let mut misses: Vec<(Led<K, V>, bool)> = Vec::new();
         let mut refreshes = Vec::new();
-        let mut unstored: Vec<Led<V>> = Vec::new();
+        let mut unstored: Vec<Led<K, V>> = Vec::new();
         for (mut l, stored) in led.into_iter().zip(read) {
             match l.flight.first_read_of(stored) {
                 FirstRead::Failed(error) => {
                     l.flight.charge(budget.spent());
-                    match l.flight.degrade_without_load(error) {
+                    match l.flight.degrade_without_load(error, None) {
                         Some(answer) => {
                             let answer = l.flight.answer(answer, l.completion);
                             answers[l.index] = Some(fetched(answer, false));
@@ -195,20 +228,41 @@ where
         }
 
         // One lease request for every miss.
+        let mut waiters = Vec::new();
         let won = if misses.is_empty() {
             Vec::new()
         } else {
-            self.acquire_misses(misses, &budget, &mut running, &mut answers, &mut unstored)
-                .await
+            let mut sink = Sink {
+                running: &mut running,
+                answers: &mut answers,
+                unstored: &mut unstored,
+                waiters: &mut waiters,
+            };
+            self.acquire_misses(misses, &budget, &mut sink).await
         };
 
         // One load of every key won (filled under its lease) and of every
         // key the backend failed or, with `no_lease`, another process holds
-        // (stored nowhere, as a flight's degraded load).
-        if !won.is_empty() || !unstored.is_empty() {
-            for (index, answer) in self.load_all(&keys, won, unstored).await {
-                answers[index] = Some(fetched(answer, false));
+        // (stored nowhere, as a flight's degraded load); meanwhile, the wait
+        // for the keys other processes hold.
+        let (loaded, waited) = tokio::join!(
+            async {
+                if won.is_empty() && unstored.is_empty() {
+                    Vec::new()
+                } else {
+                    self.load_all(won, unstored).await
+                }
+            },
+            async {
+                if waiters.is_empty() {
+                    Vec::new()
+                } else {
+                    self.wait_for(waiters).await
+                }
             }
+        );
+        for (index, answer) in loaded.into_iter().chain(waited) {
+            answers[index] = Some(fetched(answer, false));
         }
 
         for (index, awaiter, coalesced) in running {
@@ -225,12 +279,10 @@ where
     /// answer (into `running`).
     async fn acquire_misses(
         &self,
-        misses: Vec<(Led<V>, bool)>,
+        misses: Vec<(Led<K, V>, bool)>,
         budget: &Budget,
-        running: &mut Vec<(usize, Awaiter<Answer<V>>, bool)>,
-        answers: &mut [Option<KeyAnswer<V>>],
-        unstored: &mut Vec<Led<V>>,
-    ) -> Vec<(Led<V>, Lease, Option<Stored>)> {
+        sink: &mut Sink<'_, K, V>,
+    ) -> Vec<Won<K, V>> {
         let shared = &self.shared;
         let lease_ttl = self.lease_ttl();
         let requests: Vec<LeaseRequest> = misses
@@ -253,6 +305,7 @@ where
             let acquisition = match acquired {
                 Ok(Acquired::Won { stale }) => {
                     let lease = Lease::won(shared, &request.keys, request.token, lease_ttl);
+                    let stale = l.flight.stale_value(stale);
                     won.push((l, lease, stale));
                     continue;
                 }
@@ -261,7 +314,16 @@ where
                 // with the batch's other such keys (the holder's fill will be
                 // stored), as a single call's `load_without_waiting`.
                 Ok(Acquired::Held { .. }) if self.policy.lease_ttl.is_none() => {
-                    unstored.push(l);
+                    sink.unstored.push(l);
+                    continue;
+                }
+                // Waited for with the batch's other such keys (with a stale
+                // value, the key's flight serves it at once, as below).
+                Ok(Acquired::Held {
+                    stale: None,
+                    lease_ttl,
+                }) => {
+                    sink.waiters.push((l, lease_ttl));
                     continue;
                 }
                 Ok(Acquired::Held { stale, lease_ttl }) => {
@@ -269,18 +331,18 @@ where
                 }
                 Err(error) => {
                     Lease::release_unanswered(shared, &request.keys, request.token, &error);
-                    match l.flight.degrade_without_load(error) {
+                    match l.flight.degrade_without_load(error, None) {
                         Some(answer) => {
                             let answer = l.flight.answer(answer, l.completion);
-                            answers[l.index] = Some(fetched(answer, false));
+                            sink.answers[l.index] = Some(fetched(answer, false));
                         }
-                        None => unstored.push(l),
+                        None => sink.unstored.push(l),
                     }
                     continue;
                 }
             };
             let awaiter = l.flight.continue_from_acquire(acquisition, l.completion);
-            running.push((l.index, awaiter, false));
+            sink.running.push((l.index, awaiter, false));
         }
         won
     }
@@ -291,22 +353,21 @@ where
     /// and answers every key's callers.
     async fn load_all(
         &self,
-        keys: &[(K, String)],
-        won: Vec<(Led<V>, Lease, Option<Stored>)>,
-        unstored: Vec<Led<V>>,
+        won: Vec<Won<K, V>>,
+        unstored: Vec<Led<K, V>>,
     ) -> Vec<(usize, Result<Answer<V>, Error>)> {
         let loads = &self.shared.loads;
         let mut wanted = Vec::with_capacity(won.len() + unstored.len());
         for (l, _, _) in &won {
             let load = loads.lead(l.flight.keys().value());
-            wanted.push((keys[l.index].0.clone(), load));
+            wanted.push((l.key.clone(), load));
         }
         let mut loading_unstored = Vec::new();
         let mut sharing = Vec::new();
         for l in unstored {
             match loads.join(l.flight.keys().value()) {
                 Joined::Leader(load) => {
-                    wanted.push((keys[l.index].0.clone(), load));
+                    wanted.push((l.key.clone(), load));
                     loading_unstored.push(l);
                 }
                 Joined::Follower(awaiter) => sharing.push((l, awaiter)),
@@ -343,6 +404,236 @@ where
                 l.index,
                 l.flight.finish_batch_unstored(loaded, l.completion),
             ));
+        }
+        out
+    }
+
+    /// Waits for the keys other processes hold, together, as each key's
+    /// own flight would (`lease_or_wait`): subscribed to each key's fill
+    /// notifications first, then re-checked at once; woken by a
+    /// notification (one read of every key notified), at a holder's lease
+    /// expiry or a safety poll (one lease request for every key due), each
+    /// key within its own deadline and with the wait policy's outcome at
+    /// it. A key whose holder died is taken over (loaded, with the others
+    /// taken over at the same re-check, in a task of its own).
+    async fn wait_for(
+        &self,
+        waiters: Vec<(Led<K, V>, Duration)>,
+    ) -> Vec<(usize, Result<Answer<V>, Error>)> {
+        let shared = &self.shared;
+        let timeout = self.policy.backend_timeout;
+        let subscribing = waiters.iter().map(|(l, _)| {
+            let keys = l.flight.keys();
+            shared.call(keys, timeout, "subscribe", shared.backend.subscribe(keys))
+        });
+        let subscriptions = futures_util::future::join_all(subscribing).await;
+        let mut slots: Vec<Option<Waiter<K, V>>> = waiters
+            .into_iter()
+            .zip(subscriptions)
+            .map(|((l, holder_ttl), subscription)| {
+                shared.recorder.lease_contended();
+                Some(Waiter {
+                    wait: Wait::start(shared, &self.policy.wait, subscription.ok()),
+                    l,
+                    holder_ttl,
+                    stale: None,
+                    unreadable: false,
+                })
+            })
+            .collect();
+        let mut out = Vec::new();
+        let mut loading = Vec::new();
+        // Subscribed: re-check every key at once, so a fill that landed
+        // before its subscription is not waited for.
+        let mut due: Vec<usize> = (0..slots.len()).collect();
+        let mut notified: Vec<usize> = Vec::new();
+        loop {
+            let mut won: Vec<Won<K, V>> = Vec::new();
+            let mut unstored: Vec<Led<K, V>> = Vec::new();
+            let mut finish = |slots: &mut Vec<Option<Waiter<K, V>>>,
+                              i: usize,
+                              timed_out: bool,
+                              answer: Option<Result<Answer<V>, Error>>,
+                              unstored: &mut Vec<Led<K, V>>| {
+                let Some(w) = slots[i].take() else {
+                    return;
+                };
+                w.wait.finish(shared, timed_out);
+                match answer {
+                    Some(answer) => {
+                        let index = w.l.index;
+                        out.push((index, w.l.flight.answer(answer, w.l.completion)));
+                    }
+                    None => unstored.push(w.l),
+                }
+            };
+
+            // Notified: a plain read first (the fill most likely landed).
+            notified.retain(|&i| slots[i].is_some());
+            if !notified.is_empty() {
+                let keys: Vec<FillKeys> = notified
+                    .iter()
+                    .filter_map(|&i| slots[i].as_ref().map(|w| w.l.flight.keys().clone()))
+                    .collect();
+                let read = self.get_many(&keys, &Budget::new(timeout)).await;
+                for (i, stored) in std::mem::take(&mut notified).into_iter().zip(read) {
+                    let Some(w) = slots[i].as_mut() else { continue };
+                    match stored {
+                        Ok(stored) => match w.l.flight.waited_read(stored) {
+                            Some(answer) => {
+                                finish(&mut slots, i, false, Some(answer), &mut unstored)
+                            }
+                            None => due.push(i),
+                        },
+                        Err(error) => {
+                            let stale = w.stale.take();
+                            let answer = w.l.flight.degrade_without_load(error, stale);
+                            finish(&mut slots, i, false, answer, &mut unstored);
+                        }
+                    }
+                }
+            }
+
+            // Due (or notified without a fresh value): one lease request.
+            due.retain(|&i| slots[i].is_some());
+            if !due.is_empty() {
+                let lease_ttl = self.lease_ttl();
+                let mut requests: Vec<LeaseRequest> = Vec::with_capacity(due.len());
+                for &i in &due {
+                    if let Some(w) = slots[i].as_mut() {
+                        let window = if std::mem::take(&mut w.unreadable) {
+                            Duration::MAX
+                        } else {
+                            Duration::ZERO
+                        };
+                        let keys = w.l.flight.keys().clone();
+                        requests.push(LeaseRequest::new(keys, LeaseToken::random(), window));
+                    }
+                }
+                let acquired = self
+                    .acquire_many(&requests, lease_ttl, &Budget::new(timeout))
+                    .await;
+                let mut again = Vec::new();
+                for ((i, request), acquired) in std::mem::take(&mut due)
+                    .into_iter()
+                    .zip(requests)
+                    .zip(acquired)
+                {
+                    let Some(w) = slots[i].as_mut() else { continue };
+                    let acquisition = match acquired {
+                        Ok(Acquired::Won { stale }) => Acquisition::Won {
+                            lease: Lease::won(shared, &request.keys, request.token, lease_ttl),
+                            stale,
+                        },
+                        Ok(Acquired::Fresh(stored)) => Acquisition::Fresh(stored),
+                        Ok(Acquired::Held { stale, lease_ttl }) => {
+                            Acquisition::Held { stale, lease_ttl }
+                        }
+                        Err(error) => {
+                            Lease::release_unanswered(shared, &request.keys, request.token, &error);
+                            let stale = w.stale.take();
+                            let answer = w.l.flight.degrade_without_load(error, stale);
+                            finish(&mut slots, i, false, answer, &mut unstored);
+                            continue;
+                        }
+                    };
+                    let Waiter {
+                        l,
+                        stale,
+                        holder_ttl,
+                        unreadable,
+                        ..
+                    } = w;
+                    match l
+                        .flight
+                        .waited_acquire(acquisition, stale, holder_ttl, unreadable)
+                    {
+                        Recheck::Answered(answer) => {
+                            finish(&mut slots, i, false, Some(answer), &mut unstored)
+                        }
+                        Recheck::Won(lease, stale) => {
+                            if let Some(w) = slots[i].take() {
+                                w.wait.finish(shared, false);
+                                won.push((w.l, lease, stale));
+                            }
+                        }
+                        Recheck::Held => {}
+                        Recheck::Again => again.push(i),
+                    }
+                }
+                due = again;
+            }
+
+            // Taken over, or to load at the deadline: loaded in a task of
+            // their own, so the other keys' waits go on meanwhile.
+            if !won.is_empty() || !unstored.is_empty() {
+                let batch = self.clone();
+                loading.push(tokio::spawn(
+                    async move { batch.load_all(won, unstored).await },
+                ));
+            }
+            if !due.is_empty() {
+                continue;
+            }
+            if slots.iter().all(Option::is_none) {
+                break;
+            }
+
+            // Until the next key wakes: each key's own wait (notification,
+            // holder's expiry, safety poll, deadline), raced; every key
+            // awake at that moment is handled in this round.
+            let woke = {
+                let mut waits: FuturesUnordered<_> =
+                    slots
+                        .iter_mut()
+                        .enumerate()
+                        .filter_map(|(i, w)| w.as_mut().map(|w| (i, w)))
+                        .map(|(i, w)| async move {
+                            (i, w.wait.until_recheck(shared, w.holder_ttl).await)
+                        })
+                        .collect();
+                let mut woke = Vec::new();
+                if let Some(first) = waits.next().await {
+                    woke.push(first);
+                }
+                while let Some(Some(next)) = waits.next().now_or_never() {
+                    woke.push(next);
+                }
+                woke
+            };
+            let mut unstored: Vec<Led<K, V>> = Vec::new();
+            for (i, next) in woke {
+                match next {
+                    Next::Notified => notified.push(i),
+                    Next::Recheck => due.push(i),
+                    Next::Deadline => {
+                        let Some(w) = slots[i].as_mut() else { continue };
+                        let answer = match self.policy.wait.at_deadline(w.stale.take()) {
+                            AtDeadline::Serve(value) => {
+                                shared.recorder.stale_served();
+                                Some(Ok((value, Outcome::Stale)))
+                            }
+                            AtDeadline::Load => None,
+                            AtDeadline::Fail(error) => Some(Err(error)),
+                        };
+                        finish(&mut slots, i, true, answer, &mut unstored);
+                    }
+                }
+            }
+            if !unstored.is_empty() {
+                let batch = self.clone();
+                loading.push(tokio::spawn(async move {
+                    batch.load_all(Vec::new(), unstored).await
+                }));
+            }
+        }
+        for task in loading {
+            // A load task that panicked dropped its keys' completions:
+            // their callers get `FlightAbandoned`, and so does the batch
+            // (a key left unanswered, below).
+            if let Ok(answers) = task.await {
+                out.extend(answers);
+            }
         }
         out
     }

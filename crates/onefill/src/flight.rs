@@ -128,6 +128,19 @@ pub(crate) struct Flight<V> {
     first_acquired: Option<Result<Acquisition, BackendError>>,
 }
 
+/// What a batch's re-check of a key it waits for found.
+pub(crate) enum Recheck<V> {
+    /// The key is answered (waited for, or a cached failure).
+    Answered(Result<Answer<V>, Error>),
+    /// The holder is gone and the lease is ours (with any stale value).
+    Won(Lease, Option<Option<V>>),
+    /// Still held: wait on.
+    Held,
+    /// Re-check at once (a fresh value unreadable here: ask once more,
+    /// ignoring freshness).
+    Again,
+}
+
 /// A flight's answer, or where it will be published.
 pub(crate) enum Pending<V> {
     /// Answered at once (the first read answered).
@@ -358,6 +371,70 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         self.after_answer(None).await;
     }
 
+    /// A batch waits for this key (another process holds its lease) and
+    /// was notified of a change: the plain read's answer, if it answers (a
+    /// fresh value, a fresh cached failure), as `lease_or_wait` reads.
+    pub(crate) fn waited_read(&self, stored: Option<Stored>) -> Option<Result<Answer<V>, Error>> {
+        let stored = stored?;
+        match self.shared.read(&stored, None) {
+            Read::Value {
+                value, fresh_for, ..
+            } if !fresh_for.is_zero() => {
+                self.note_value_ttl(stored.ttl);
+                Some(Ok((value, Outcome::Waited)))
+            }
+            Read::Failure {
+                message,
+                fresh: true,
+            } => {
+                self.rec().negative_hit();
+                Some(Err(Error::CachedFailure(message)))
+            }
+            _ => None,
+        }
+    }
+
+    /// A batch waits for this key: what its re-check (`acquire`) found, as
+    /// `lease_or_wait` reads it. `stale` keeps the stale value seen (for
+    /// the deadline), `holder_ttl` the holder's lease, `unreadable` asks
+    /// for the next acquire to ignore freshness once.
+    pub(crate) fn waited_acquire(
+        &mut self,
+        acquired: Acquisition,
+        stale: &mut Option<Option<V>>,
+        holder_ttl: &mut Duration,
+        unreadable: &mut bool,
+    ) -> Recheck<V> {
+        match acquired {
+            Acquisition::Fresh(stored) => match self.read(&stored) {
+                Read::Value { value, .. } => Recheck::Answered(Ok((value, Outcome::Waited))),
+                Read::Failure { message, .. } => {
+                    self.rec().negative_hit();
+                    Recheck::Answered(Err(Error::CachedFailure(message)))
+                }
+                Read::Unreadable => {
+                    *unreadable = true;
+                    Recheck::Again
+                }
+            },
+            Acquisition::Won {
+                lease,
+                stale: won_stale,
+            } => Recheck::Won(lease, self.stale_value(won_stale).or(stale.take())),
+            Acquisition::Held {
+                stale: held_stale,
+                lease_ttl,
+            } => {
+                self.rec().lease_contended();
+                if let Some(value) = self.stale_value(held_stale) {
+                    *stale = Some(value);
+                }
+                *holder_ttl = lease_ttl;
+                Recheck::Held
+            }
+        }
+    }
+
     /// The backend failed a batch's read or lease request for this key:
     /// the answer a flight would degrade to without loading (strict mode's
     /// error, the outage fallback's value), or `None` if the key must be
@@ -365,9 +442,14 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
     pub(crate) fn degrade_without_load(
         &mut self,
         error: BackendError,
+        stale: Option<Option<V>>,
     ) -> Option<Result<Answer<V>, Error>> {
         if self.policy.strict {
             return Some(Err(Error::Backend(error)));
+        }
+        if let Some(value) = stale {
+            self.rec().stale_served();
+            return Some(Ok((value, Outcome::Stale)));
         }
         let value = self.shared.fallback.get(self.keys.value())?;
         self.from_fallback = true;
@@ -423,11 +505,10 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
     pub(crate) async fn finish_batch_load(
         mut self,
         lease: Lease,
-        stale: Option<Stored>,
+        stale: Option<Option<V>>,
         loaded: Result<Loaded<V>, Error>,
         completion: Completion<Answer<V>>,
     ) -> Result<Answer<V>, Error> {
-        let stale = self.stale_value(stale);
         let answer = self.after_leased_load(lease, stale, loaded).await;
         self.remember(&answer);
         self.keep_in_l1(&answer, false);
@@ -1062,7 +1143,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
 
     /// A usable stale value from an acquire answer. Unreadable bytes were
     /// already counted when the flight first read them, so not again here.
-    fn stale_value(&self, stored: Option<Stored>) -> Option<Option<V>> {
+    pub(crate) fn stale_value(&self, stored: Option<Stored>) -> Option<Option<V>> {
         let stored = stored?;
         let value = self.shared.value_of(&stored, None)?;
         self.note_value_ttl(stored.ttl);

@@ -360,8 +360,14 @@ async fn keys_another_process_is_loading_are_waited_for() {
         HashMap::from([("x".into(), 1), ("y".into(), 1)])
     );
     assert!(loading.await.unwrap().is_ok());
-    assert_eq!(b_counting.of("acquire_many"), 1);
+    // The wait is batched too: the re-check right after subscribing is a
+    // lease request, the read after the notification a `get_many`; no
+    // single-key step.
+    assert_eq!(b_counting.of("acquire_many"), 2, "{:?}", b_counting.calls);
+    assert_eq!(b_counting.of("get_many"), 2, "{:?}", b_counting.calls);
+    assert_eq!(b_counting.of("acquire") + b_counting.of("get"), 0);
     assert_eq!(b.stats().waits, 1);
+    assert_eq!(b.stats().wait_notified, 1);
 }
 
 #[tokio::test(start_paused = true)]
@@ -378,25 +384,113 @@ async fn a_dead_holder_is_taken_over_and_a_wait_is_bounded() {
         .build()
         .unwrap();
     let origin = Origin::default();
-    // A dead process's lease on "dead" (expires in 1 s), and a live one
-    // that outlives the wait on "stuck".
+    // Dead processes' leases on "dead" and "dead2" (expire in 1 s), and a
+    // live one that outlives the wait on "stuck".
     backend.put_raw(&lock_of("dead"), b"someone", SECOND);
+    backend.put_raw(&lock_of("dead2"), b"someone", SECOND);
     backend.put_raw(&lock_of("stuck"), b"someone", Duration::from_secs(60));
 
+    let asked: Vec<String> = ["dead", "dead2", "stuck", "free"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
     let answers = cache
         .fetch_many(
-            &["dead".to_owned(), "stuck".to_owned(), "free".to_owned()],
+            &asked,
             &CallOptions::new(),
             origin.loader(Duration::ZERO, &[]),
         )
         .await
         .unwrap();
     assert_eq!(answers["dead"].as_ref().unwrap().outcome, Outcome::Loaded);
+    assert_eq!(answers["dead2"].as_ref().unwrap().outcome, Outcome::Loaded);
     assert_eq!(answers["free"].as_ref().unwrap().outcome, Outcome::Loaded);
     assert!(matches!(answers["stuck"], Err(Error::WaitTimedOut(_))));
-    // "free" in the batch's load, "dead" alone after the takeover.
+    // "free" in the batch's load; "dead" and "dead2", taken over at the
+    // same re-check (their holders' expiry), in one more.
     assert_eq!(origin.calls(), 2);
+    assert_eq!(origin.loaded.lock().clone(), vec!["free", "dead", "dead2"]);
     assert_eq!(origin.loads_per_key().get("stuck"), None);
+    assert_eq!(cache.stats().wait_timeouts, 1);
+    for k in ["dead", "dead2", "free"] {
+        assert!(backend.get_raw(&lock_of(k)).is_none(), "lease of {k} left");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn at_the_wait_deadline_the_keys_are_loaded_together_unstored_by_default() {
+    let backend = MemoryBackend::new();
+    let cache: Cache<String, String> = Cache::builder()
+        .namespace(NS)
+        .backend(backend.clone())
+        .wait(onefill::WaitPolicy::default().deadline(Duration::from_secs(2)))
+        .build()
+        .unwrap();
+    let origin = Origin::default();
+    for k in ["a", "b"] {
+        backend.put_raw(&lock_of(k), b"someone", Duration::from_secs(60));
+    }
+    let answers = cache
+        .fetch_many(
+            &["a".to_owned(), "b".to_owned()],
+            &CallOptions::new(),
+            origin.loader(Duration::ZERO, &[]),
+        )
+        .await
+        .unwrap();
+    for k in ["a", "b"] {
+        let a = answers[k].as_ref().unwrap();
+        assert_eq!(
+            (a.value.clone(), a.outcome),
+            (Some(format!("v{k}")), Outcome::Degraded)
+        );
+        assert!(
+            backend.get_raw(FillKeys::new(NS, k).value()).is_none(),
+            "not stored"
+        );
+    }
+    assert_eq!(origin.calls(), 1, "both keys in one call");
+    assert_eq!(cache.stats().wait_timeouts, 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_backend_that_hangs_during_the_wait_degrades_the_keys_within_bounds() {
+    use support::{Switched, HANG_FROM_THIRD};
+    let backend = Switched::default();
+    let cache: Cache<String, String> = Cache::builder()
+        .namespace(NS)
+        .backend(backend.clone())
+        .backend_timeout(Duration::from_millis(100))
+        .no_l1()
+        .build()
+        .unwrap();
+    let origin = Origin::default();
+    backend
+        .store()
+        .put_raw(&lock_of("held"), b"someone", Duration::from_secs(60));
+    // The read and the lease request answer; the subscription and every
+    // re-check hang.
+    backend.set(HANG_FROM_THIRD);
+    let started = tokio::time::Instant::now();
+    let answers = cache
+        .fetch_many(
+            &["held".to_owned()],
+            &CallOptions::new(),
+            origin.loader(Duration::ZERO, &[]),
+        )
+        .await
+        .unwrap();
+    let held = answers["held"].as_ref().unwrap();
+    assert_eq!(
+        (held.value.as_deref(), held.outcome),
+        (Some("vheld"), Outcome::Degraded)
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(origin.calls(), 1);
 }
 
 #[tokio::test(start_paused = true)]

@@ -81,6 +81,14 @@ async fn four_processes(processes: &[(Cache<String, String>, Counting<RedisBacke
     assert!(origin.calls() <= 4, "{} loader calls", origin.calls());
     for (i, (_, counting)) in processes.iter().enumerate() {
         eprintln!("cold, process {i}: {:?}", counting.calls.lock());
+        // Read, lease requests and the wait's re-checks all batched: no
+        // key went through a single-key read or lease request.
+        assert_eq!(
+            counting.of("get") + counting.of("acquire"),
+            0,
+            "{:?}",
+            counting.calls.lock()
+        );
     }
     origin
 }
