@@ -6,18 +6,30 @@
 //!
 //! ```text
 //! L1 ── fresh ─────────────────────────────────────────► Hit (no backend)
-//!  │ (stale: served, refreshed alone in the background, as a single call)
+//!  │ stale: served; refreshed together in the background (one load)
 //!  ▼
 //! join each key's flight (a key already in flight here: share it)
 //!  ▼
 //! get_many ── hit / stale / cached failure ────────────► as a single call
-//!  │ misses (one round trip per master, in parallel)
-//!  ▼
-//! acquire_many ── won ── one load of every won key ── fill each (fenced)
-//!  │ held / fresh / error: each key's flight goes on from that answer,
-//!  ▼ alone (waits for the holder, serves stale, degrades, takes over)
+//!  │ misses (one round trip per master, in parallel)   (stale: refreshed
+//!  ▼                                                     together, one load)
+//! acquire_many ── won ───────┐
+//!  │ held ── wait together   │ one load of every key won (filled, fenced
+//!  │   subscribe each, then  │ on its own token) and every key to load
+//!  │   re-check: get_many of │ unstored (backend failed; `no_lease` and
+//!  │   the keys notified,    │ held), as one loader call
+//!  │   acquire_many of the   │
+//!  │   keys due; takeovers   │
+//!  │   and deadline loads    │
+//!  │   loaded together       │
+//!  ▼                         ▼
 //! every key's answer
 //! ```
+//!
+//! A key whose lease request found a stale value under another's lease,
+//! or a fresh value (someone just filled), goes on through its own flight
+//! from that answer (serves the stale value, answers the hit) with no
+//! further command.
 //!
 //! Each key joins the in-process coalescer exactly as a single call does,
 //! so a single call and a batch on the same key share one flight, whoever
@@ -679,7 +691,7 @@ where
     /// (one per key per process, one fleet-wide through the lease; an
     /// early refresh that fails writes nothing), with one lease request
     /// and one load for them all.
-    async fn refresh(self, refreshes: Vec<(K, Flight<V>, Refresh)>) {
+    pub(crate) async fn refresh(self, refreshes: Vec<(K, Flight<V>, Refresh)>) {
         let shared = &self.shared;
         let mut started = Vec::new();
         for (key, mut flight, why) in refreshes {

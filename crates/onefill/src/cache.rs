@@ -17,7 +17,7 @@ use crate::builder::CacheBuilder;
 use crate::circuit::CircuitState;
 use crate::coalesce::Joined;
 use crate::error::{BackendError, Error, LoaderError};
-use crate::flight::{Flight, Outcome};
+use crate::flight::{Flight, Outcome, Refresh};
 use crate::freshness;
 use crate::key::{self, FillKeys, KeyBuf};
 use crate::l1::{Local, Lookup};
@@ -423,15 +423,19 @@ where
     /// are read in one round trip (a pipeline; on a Redis Cluster one per
     /// master, in parallel), the misses' leases are asked for in one more,
     /// `loader` runs once for the keys won, and each is filled fenced on its
-    /// own lease token, exactly as a single fill. Every other key goes on as
-    /// [`get_or_load`](Cache::get_or_load) would from that point, on its
-    /// own: a key another process is loading is waited for (notification,
-    /// polling fallback, the wait policy's deadline and outcome); a stale
-    /// value is served and refreshed in the background; a holder that died
-    /// is taken over. Those per-key paths call `loader` with that one key,
-    /// so `loader` may run more than once in a call: once for the keys won
-    /// at first, and once for each key taken over, loaded degraded or
-    /// refreshed. Batches of more than
+    /// own lease token, exactly as a single fill. Every other key is
+    /// answered as [`get_or_load`](Cache::get_or_load) would answer it,
+    /// with the steps shared: the keys other processes are loading are
+    /// waited for together (each subscribed to its fill notification; one
+    /// read of the keys notified, one lease request for the keys due at a
+    /// holder's lease expiry or a safety poll; each key within the wait
+    /// policy's deadline, with its outcome); stale values are served and
+    /// refreshed together in the background; keys whose holder died are
+    /// taken over. So `loader` may run more than once in a call: once for
+    /// the keys won at first (with any keys to load without the lease: the
+    /// backend failed them, or `no_lease` found them held), and once more
+    /// for each group taken over or loaded at the wait deadline together,
+    /// or refreshed in the background. Batches of more than
     /// [`MAX_PIPELINE`](crate::backend::MAX_PIPELINE) keys are sent in
     /// chunks of that size (concurrently); `loader` still gets all the
     /// keys won in one call.
@@ -569,6 +573,7 @@ where
         let mut seen = HashSet::with_capacity(keys.len());
         let mut answers: Vec<(K, Option<KeyAnswer<V>>)> = Vec::with_capacity(keys.len());
         let mut to_run: Vec<(K, String)> = Vec::new();
+        let mut l1_refreshes = Vec::new();
         for key in keys {
             let string = key.to_string();
             if seen.contains(&string) {
@@ -589,13 +594,14 @@ where
                         self.shared.recorder.stale_served();
                         let keys = FillKeys::new(&self.shared.namespace, &string);
                         if !self.shared.refreshing.lock().contains(keys.value()) {
-                            Flight::spawn_refresh(
+                            let flight = Flight::new(
                                 self.shared.clone(),
                                 string.clone(),
                                 keys,
                                 batch.policy.clone(),
                                 batch.load_of(key),
                             );
+                            l1_refreshes.push((key.clone(), flight, Refresh::Stale));
                         }
                         Some((value, Outcome::Stale))
                     }
@@ -613,6 +619,11 @@ where
             }
             answers.push((key.clone(), None));
             to_run.push((key.clone(), string));
+        }
+        // The keys the L1 served stale: refreshed together, in the
+        // background (as the batch refreshes those it reads stale).
+        if !l1_refreshes.is_empty() {
+            tokio::spawn(Box::pin(batch.clone().refresh(l1_refreshes)));
         }
         if !to_run.is_empty() {
             let count = to_run.len();

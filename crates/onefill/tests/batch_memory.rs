@@ -335,7 +335,7 @@ async fn keys_another_process_is_loading_are_waited_for() {
     // A loads "x" (slowly), alone.
     let loading = {
         let a = a.clone();
-        let loader = origin.loader(Duration::from_secs(3), &[]);
+        let loader = origin.loader(Duration::from_millis(4500), &[]);
         tokio::spawn(async move { a.get_or_load_many(&["x".to_owned()], loader).await })
     };
     tokio::time::sleep(Duration::from_millis(10)).await;
@@ -360,12 +360,17 @@ async fn keys_another_process_is_loading_are_waited_for() {
         HashMap::from([("x".into(), 1), ("y".into(), 1)])
     );
     assert!(loading.await.unwrap().is_ok());
-    // The wait is batched too: the re-check right after subscribing is a
-    // lease request, the read after the notification a `get_many`; no
-    // single-key step.
-    assert_eq!(b_counting.of("acquire_many"), 2, "{:?}", b_counting.calls);
+    // The wait is batched too: re-checks are lease requests for the keys
+    // due, the read after the notification a `get_many`; no single-key
+    // step. (How many re-checks depends on when the holder's lease comes
+    // due, not asserted.)
+    assert_eq!(
+        b_counting.of("acquire") + b_counting.of("get"),
+        0,
+        "{:?}",
+        b_counting.calls
+    );
     assert_eq!(b_counting.of("get_many"), 2, "{:?}", b_counting.calls);
-    assert_eq!(b_counting.of("acquire") + b_counting.of("get"), 0);
     assert_eq!(b.stats().waits, 1);
     assert_eq!(b.stats().wait_notified, 1);
 }
@@ -851,4 +856,51 @@ async fn keys_with_braces_newlines_and_unicode_are_batched_like_any_other() {
         .unwrap();
     assert_eq!(again, found);
     assert_eq!((origin.calls(), counting.round_trips()), (1, 1));
+}
+
+#[tokio::test(start_paused = true)]
+async fn stale_keys_in_the_l1_are_served_without_a_round_trip_and_refreshed_together() {
+    let backend = MemoryBackend::new();
+    let counting = Counting::new(backend.clone());
+    let build = |b: Counting<MemoryBackend>| -> Cache<String, String> {
+        Cache::builder()
+            .namespace(NS)
+            .backend(b)
+            .ttl(Duration::from_secs(10))
+            .grace(Duration::from_secs(60))
+            .jitter(0.0)
+            .build()
+            .unwrap()
+    };
+    let (writer, reader) = (
+        build(Counting::new(backend.clone())),
+        build(counting.clone()),
+    );
+    let wanted = keys(5);
+    let first = Origin::default();
+    writer
+        .get_or_load_many(&wanted, first.loader(Duration::ZERO, &[]))
+        .await
+        .unwrap();
+    // The reader reads them once: its L1 keeps them.
+    reader
+        .get_or_load_many(&wanted, first.loader(Duration::ZERO, &[]))
+        .await
+        .unwrap();
+    tokio::time::advance(Duration::from_secs(11)).await;
+
+    counting.reset();
+    let refresh = Origin::default();
+    let answers = reader
+        .fetch_many(&wanted, &CallOptions::new(), refresh.loader(SECOND, &[]))
+        .await
+        .unwrap();
+    assert!(answers
+        .values()
+        .all(|a| a.as_ref().unwrap().outcome == Outcome::Stale));
+    assert_eq!(counting.of("get_many"), 0, "served from the L1");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(refresh.calls(), 1, "one load refreshed every key");
+    assert_eq!(refresh.loaded.lock().len(), 5);
+    assert_eq!(counting.of("acquire_many"), 1);
 }
