@@ -904,3 +904,38 @@ async fn stale_keys_in_the_l1_are_served_without_a_round_trip_and_refreshed_toge
     assert_eq!(refresh.loaded.lock().len(), 5);
     assert_eq!(counting.of("acquire_many"), 1);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_batch_dropped_while_it_waits_still_answers_the_keys_other_callers() {
+    let backend = MemoryBackend::new();
+    let (a, _) = process(&backend);
+    let (b, _) = process(&backend);
+    let origin = Origin::default();
+    let loading = {
+        let loader = origin.loader(Duration::from_secs(2), &[]);
+        tokio::spawn(async move { a.get_or_load_many(&["x".to_owned()], loader).await })
+    };
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let waiting = {
+        let b = b.clone();
+        let loader = origin.loader(SECOND, &[]);
+        tokio::spawn(async move { b.get_or_load_many(&["x".to_owned()], loader).await })
+    };
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    waiting.abort();
+    assert!(waiting.await.unwrap_err().is_cancelled());
+    // A single call in B joins the flight the dropped batch leads.
+    let x = b
+        .fetch(&"x".to_owned(), &CallOptions::new(), |_| async {
+            Ok::<_, std::io::Error>("mine".to_owned())
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        (x.value.as_str(), x.outcome, x.coalesced),
+        ("vx", Outcome::Waited, true)
+    );
+    assert!(loading.await.unwrap().is_ok());
+    assert_eq!(origin.calls(), 1);
+    assert_eq!(b.stats().waits, 1);
+}
