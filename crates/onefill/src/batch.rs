@@ -371,7 +371,7 @@ where
         let loads = &self.shared.loads;
         let mut wanted = Vec::with_capacity(won.len() + unstored.len());
         for (l, _, _) in &won {
-            let load = loads.lead(l.flight.keys().value());
+            let load = self.lead_load(l.flight.keys().value());
             wanted.push((l.key.clone(), load));
         }
         let mut loading_unstored = Vec::new();
@@ -733,7 +733,7 @@ where
         if !won.is_empty() {
             let wanted = won
                 .iter()
-                .map(|(key, flight, _, _)| (key.clone(), shared.loads.lead(flight.keys().value())))
+                .map(|(key, flight, _, _)| (key.clone(), self.lead_load(flight.keys().value())))
                 .collect();
             let loaded = self.load_together(wanted).await;
             let finishing =
@@ -745,6 +745,17 @@ where
             futures_util::future::join_all(finishing).await;
         }
         drop(guards);
+    }
+
+    /// This process's place for a load of `key` under a lease just won
+    /// (as `loader::run` with `Sharing::Own`): another load of the key
+    /// still running here is a duplicate, counted.
+    fn lead_load(&self, key: &str) -> Completion<Loaded<V>> {
+        let (completion, replaced) = self.shared.loads.lead(key);
+        if replaced {
+            self.shared.recorder.duplicate_load(key);
+        }
+        completion
     }
 
     /// The lease TTL for this batch's leases, sized from recent loads.

@@ -25,13 +25,22 @@ use crate::error::Error;
 struct Slot<T> {
     outcome: Mutex<Option<Result<T, Error>>>,
     published: Notify,
+    /// Callers that joined the flight after its leader (for the
+    /// `onefill_flight_callers` histogram).
+    followers: AtomicU64,
+    /// The leader's call span, if a subscriber records it: the followers'
+    /// spans follow from it. Valid while the flight is in the map, which
+    /// is when followers join (the flight holds the span until it answers).
+    leader_span: Option<tracing::Id>,
 }
 
 impl<T> Slot<T> {
-    fn new() -> Arc<Self> {
+    fn new(leader_span: Option<tracing::Id>) -> Arc<Self> {
         Arc::new(Slot {
+            leader_span,
             outcome: Mutex::new(None),
             published: Notify::new(),
+            followers: AtomicU64::new(0),
         })
     }
 
@@ -109,23 +118,32 @@ impl<T> Coalescer<T> {
 impl<T: Clone> Coalescer<T> {
     /// Joins the key's flight, or starts it.
     pub(crate) fn join(&self, key: &str) -> Joined<T> {
+        self.join_in_span(key, None)
+    }
+
+    /// Joins the key's flight, or starts it with `span` (the caller's
+    /// span's id, if recorded) as the span its followers follow from.
+    pub(crate) fn join_in_span(&self, key: &str, span: Option<tracing::Id>) -> Joined<T> {
         let mut map = self.map.lock();
         if let Some((_, slot)) = map.get(key) {
+            slot.followers.fetch_add(1, Ordering::Relaxed);
             return Joined::Follower(Awaiter { slot: slot.clone() });
         }
-        Joined::Leader(self.start(&mut map, key))
+        Joined::Leader(self.start(&mut map, key, span))
     }
 
     /// Starts a flight for the key whatever is under way: an older one is
     /// detached (it still answers its own callers), and later callers join
-    /// this one.
-    pub(crate) fn lead(&self, key: &str) -> Completion<T> {
-        self.start(&mut self.map.lock(), key)
+    /// this one. The flag says whether an older one was under way.
+    pub(crate) fn lead(&self, key: &str) -> (Completion<T>, bool) {
+        let mut map = self.map.lock();
+        let replaced = map.contains_key(key);
+        (self.start(&mut map, key, None), replaced)
     }
 
-    fn start(&self, map: &mut Entries<T>, key: &str) -> Completion<T> {
+    fn start(&self, map: &mut Entries<T>, key: &str, span: Option<tracing::Id>) -> Completion<T> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let slot = Slot::new();
+        let slot = Slot::new(span);
         map.insert(key.to_owned(), (id, slot.clone()));
         Completion {
             map: self.map.clone(),
@@ -172,6 +190,11 @@ impl<T> Completion<T> {
         outcome
     }
 
+    /// The callers of this flight so far: its leader and those that joined.
+    pub(crate) fn callers(&self) -> u64 {
+        1 + self.slot.followers.load(Ordering::Relaxed)
+    }
+
     /// An awaiter of this flight.
     pub(crate) fn awaiter(&self) -> Awaiter<T> {
         Awaiter {
@@ -196,6 +219,13 @@ impl<T> Drop for Completion<T> {
         if !self.published {
             self.slot.publish(Err(Error::FlightAbandoned));
         }
+    }
+}
+
+impl<T> Awaiter<T> {
+    /// The span of the flight's leader, if recorded.
+    pub(crate) fn leader_span(&self) -> Option<&tracing::Id> {
+        self.slot.leader_span.as_ref()
     }
 }
 

@@ -38,6 +38,7 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use crate::backend::Stored;
 use crate::budget::Budget;
@@ -75,6 +76,20 @@ pub enum Outcome {
     /// backend failed, or (with `no_lease`) another process held the lease.
     /// The result was not stored.
     Degraded,
+}
+
+impl Outcome {
+    /// The outcome's name in spans: `hit`, `stale`, `loaded`, `waited`,
+    /// `degraded`.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Hit => "hit",
+            Outcome::Stale => "stale",
+            Outcome::Loaded => "loaded",
+            Outcome::Waited => "waited",
+            Outcome::Degraded => "degraded",
+        }
+    }
 }
 
 /// Why a background refresh runs (for the counters).
@@ -226,17 +241,24 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
     /// Runs the flight in a task of its own from `first` (its first read,
     /// already made by the leader), or from the start.
     fn spawn_from(mut self, first: Option<FirstRead<V>>, completion: Completion<Answer<V>>) {
+        // The leader's call span: the task's spans (lease, wait, load,
+        // backend calls) are its children, up to the answer.
+        let call = tracing::Span::current();
         // Boxed: the flight's state machine is large, and a box is cheaper
         // to hand to the task than a copy of it (measured with callgrind).
         tokio::spawn(Box::pin(async move {
-            let (answer, refresh) = match first {
-                Some(first) => self.after_first_read(first).await,
-                None => self.run().await,
+            let to_answer = async {
+                match first {
+                    Some(first) => self.after_first_read(first).await,
+                    None => self.run().await,
+                }
             };
+            let (answer, refresh) = to_answer.instrument(call.clone()).await;
             self.remember(&answer);
             self.keep_in_l1(&answer, refresh.is_some());
+            self.rec().flight_callers(completion.callers());
             completion.complete(answer);
-            self.after_answer(refresh).await;
+            self.after_answer(refresh, call).await;
         }));
     }
 
@@ -300,9 +322,11 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         };
         self.remember(&answer);
         self.keep_in_l1(&answer, refresh.is_some());
+        self.rec().flight_callers(completion.callers());
         let answer = completion.complete_shared(answer);
         if refresh.is_some() {
-            tokio::spawn(Box::pin(self.after_answer(refresh)));
+            let call = tracing::Span::current();
+            tokio::spawn(Box::pin(self.after_answer(refresh, call)));
         }
         Pending::Ready(answer)
     }
@@ -319,6 +343,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
             FirstRead::Answered(answer, refresh) => {
                 self.remember(&answer);
                 self.keep_in_l1(&answer, refresh.is_some());
+                self.rec().flight_callers(completion.callers());
                 let answer = completion.complete_shared(answer);
                 (Pending::Ready(answer), refresh.map(|why| (self, why)))
             }
@@ -368,7 +393,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         }
         let stale = self.stale_value(stale);
         let _ = self.after_leased_load(lease, stale, loaded).await;
-        self.after_answer(None).await;
+        self.after_answer(None, tracing::Span::current()).await;
     }
 
     /// A batch waits for this key (another process holds its lease) and
@@ -466,6 +491,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
     ) -> Result<Answer<V>, Error> {
         self.remember(&answer);
         self.keep_in_l1(&answer, false);
+        self.rec().flight_callers(completion.callers());
         completion.complete_shared(answer)
     }
 
@@ -512,8 +538,9 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         let answer = self.after_leased_load(lease, stale, loaded).await;
         self.remember(&answer);
         self.keep_in_l1(&answer, false);
+        self.rec().flight_callers(completion.callers());
         let answer = completion.complete_shared(answer);
-        self.after_answer(None).await;
+        self.after_answer(None, tracing::Span::current()).await;
         answer
     }
 
@@ -538,7 +565,8 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         load: Load<V>,
     ) {
         let flight = Flight::new(shared, key, keys, policy, load);
-        tokio::spawn(Box::pin(flight.refresh(Refresh::Stale)));
+        let span = flight.refresh_span(Refresh::Stale, &tracing::Span::current());
+        tokio::spawn(Box::pin(flight.refresh(Refresh::Stale).instrument(span)));
     }
 
     pub(crate) fn new(
@@ -566,20 +594,48 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         }
     }
 
-    /// After the callers' answer: the deferred fill, then any refresh.
-    async fn after_answer(mut self, refresh: Option<Refresh>) {
+    /// After the callers' answer: the deferred fill, then any refresh,
+    /// each in a span of its own that follows from the call's (`call`),
+    /// not inside it: the call's span ends with its answer.
+    async fn after_answer(mut self, refresh: Option<Refresh>, call: tracing::Span) {
         // Off the callers' path from here: a full budget again.
         self.budget.refill();
         if let Some(fill) = self.deferred_fill.take() {
             let timeout = self.policy.backend_timeout;
+            let span = tracing::info_span!(
+                parent: None,
+                "onefill.deferred_fill",
+                namespace = self.shared.namespace.as_str(),
+            );
+            span.follows_from(&call);
             let _ = fill
                 .lease
                 .fill(&self.shared, timeout, &fill.bytes, fill.ttl)
+                .instrument(span)
                 .await;
         }
         if let Some(why) = refresh {
-            self.refresh(why).await;
+            let span = self.refresh_span(why, &call);
+            drop(call);
+            self.refresh(why).instrument(span).await;
         }
+    }
+
+    /// The span of a background refresh: a root (nobody waits for it)
+    /// that follows from the span that caused it.
+    fn refresh_span(&self, why: Refresh, cause: &tracing::Span) -> tracing::Span {
+        let reason = match why {
+            Refresh::Stale => "stale",
+            Refresh::Early(_) => "early",
+        };
+        let span = tracing::info_span!(
+            parent: None,
+            "onefill.refresh",
+            namespace = self.shared.namespace.as_str(),
+            reason,
+        );
+        span.follows_from(cause);
+        span
     }
 
     /// Keeps the answer in the L1, with the freshness the backend gave it:
@@ -711,11 +767,18 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         let mut waiting: Option<Wait> = None;
         let mut stale: Option<Option<V>> = None;
         let mut notified = false;
+        // When the holder's lease runs out, as the last re-check saw it, and
+        // whether a notification (a fill, a release, an invalidation) came
+        // since: a lease won after that moment with no notice was taken
+        // over from a holder that died or stalled.
+        let mut holder_expires: Option<Instant> = None;
+        let mut told = false;
         loop {
             // Notified: the fill has most likely landed, and a plain read
             // (`GET` + `PTTL`, as a hit) is cheaper than the acquire script.
             // Anything but a fresh answer goes on to acquire, which decides.
             if std::mem::take(&mut notified) {
+                told = true;
                 match self.call("get", self.shared.backend.get(&self.keys)).await {
                     Err(e) => {
                         self.finish_wait(waiting, false);
@@ -786,12 +849,17 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
                     lease,
                     stale: won_stale,
                 }) => {
+                    if !told && holder_expires.is_some_and(|at| Instant::now() >= at) {
+                        self.rec().lease_takeover();
+                    }
                     self.finish_wait(waiting, false);
                     let stale = self.stale_value(won_stale).or(stale);
                     return self.load_leased(lease, stale).await;
                 }
                 Ok(Acquisition::Held { stale, lease_ttl }) => (stale, lease_ttl),
             };
+            holder_expires = Some(Instant::now() + holder_ttl);
+            told = false;
             self.rec().lease_contended();
             if let Some(value) = self.stale_value(held_stale) {
                 stale = Some(value);

@@ -213,6 +213,22 @@ pub(crate) struct Lease {
     /// Set by whoever first learns the lease was lost (the watchdog or the
     /// fill), so a lost lease is counted once.
     lost: Arc<AtomicBool>,
+    /// Records how long the lease was held when the lease is dropped (after
+    /// its fill or release, or when its drop guard releases it).
+    _held_for: HoldTimer,
+}
+
+/// Records the time from the acquire to its drop in the lease hold
+/// histogram.
+struct HoldTimer {
+    won: tokio::time::Instant,
+    recorder: Recorder,
+}
+
+impl Drop for HoldTimer {
+    fn drop(&mut self) {
+        self.recorder.lease_held(self.won.elapsed());
+    }
 }
 
 struct Held {
@@ -277,6 +293,8 @@ impl Lease {
     ) -> Lease {
         shared.recorder.lease_acquired();
         let lost = Arc::new(AtomicBool::new(false));
+        // Renewals get the full backend timeout each, whatever the
+        // caller's flight had left for this acquire.
         let watchdog = Watchdog::start(
             shared.backend.clone(),
             keys.clone(),
@@ -295,6 +313,10 @@ impl Lease {
             }),
             watchdog: Some(watchdog),
             lost,
+            _held_for: HoldTimer {
+                won: tokio::time::Instant::now(),
+                recorder: shared.recorder.clone(),
+            },
         }
     }
 
@@ -364,6 +386,7 @@ impl Lease {
         let Some(held) = self.held.as_ref() else {
             return Ok(false);
         };
+        let filling = matches!(ending, Ending::Fill { .. });
         let (op, step) = match ending {
             Ending::Fill { bytes, ttl } => (
                 "fill",
@@ -375,6 +398,9 @@ impl Lease {
             ),
         };
         let ended = shared.call(&held.keys, timeout, op, step).await;
+        if filling && matches!(ended, Ok(false)) {
+            shared.recorder.fill_fenced();
+        }
         // Not ours any more, whether we fill or release (the load failed):
         // expired or revoked under the load, so another process may have
         // loaded too. Counted once per lease, with the watchdog.
@@ -458,8 +484,8 @@ impl Watchdog {
                     }
                     // A failed renewal is retried at the next period; the
                     // lease is still valid for two more periods.
-                    Ok(Err(e)) => recorder.backend_error("extend", &e),
-                    Err(_) => recorder.backend_error(
+                    Ok(Err(e)) => recorder.lease_renewal_failed("extend", &e),
+                    Err(_) => recorder.lease_renewal_failed(
                         "extend",
                         &BackendError::new(BackendErrorKind::Timeout, "extend timed out"),
                     ),

@@ -19,7 +19,9 @@
 //!   `CLIENT TRACKING`); on by default on the embedded backend;
 //! - **resilience**: backend timeouts, a circuit breaker, degradation to
 //!   in-process coalescing;
-//! - **observability**: [`Stats`] and the `metrics` facade, `tracing` spans.
+//! - **observability**: [`Stats`], the `metrics` facade (every name in
+//!   [`metrics`], lock-level ones included) and a `tracing`
+//!   span per call, ready for OpenTelemetry (`examples/otel.rs`).
 //!
 //! The embedded [`MemoryBackend`] is the default; the `redis` feature (on
 //! by default) adds `redis::RedisBackend` for a fleet.
@@ -56,6 +58,28 @@
 //! With `--no-default-features` the crate is the embedded [`MemoryBackend`]
 //! alone, with every policy.
 //!
+//! ## Observability
+//!
+//! Metrics go through the `metrics` facade: install an exporter (e.g.
+//! `metrics-exporter-prometheus`) before building caches; every name,
+//! label and unit is in [`metrics`], and the same counts
+//! are in [`Cache::stats`]. Spans go through `tracing` (and on to
+//! OpenTelemetry with `tracing-opentelemetry`, see `examples/otel.rs`):
+//!
+//! | span | level | fields | what |
+//! | --- | --- | --- | --- |
+//! | `onefill.get_or_load` | info | `namespace`, `outcome`, `coalesced`, `error`, `otel.status_code` | one call of `get_or_load`, `fetch` and their variants, unless the L1 answered it (an L1 hit makes no span); a coalesced call's span *follows from* its flight leader's |
+//! | `onefill.get`, `onefill.set`, `onefill.invalidate` | info | `namespace`, `outcome`, `error`, `otel.status_code` | one call of those |
+//! | `onefill.backend` | debug | `op` | one backend call, a child of the call's span |
+//! | `onefill.load` | info | `key`, `outcome` | the loader's run, a child of the call's span (though it runs in a task of its own) |
+//! | `onefill.wait` | info | `notified`, `polls`, `timed_out` | a wait for another process's load, a child of the call's span |
+//! | `onefill.refresh` | info | `namespace`, `reason` | a background refresh: a root span that *follows from* the call that started it |
+//! | `onefill.deferred_fill` | info | `namespace` | a fill put off until after the answer: a root span that follows from its call |
+//!
+//! `outcome` is `hit`, `stale`, `loaded`, `waited`, `degraded` or `error`
+//! (and `miss` for `get`); `coalesced` says the call shared a flight
+//! another caller of this process had started.
+//!
 //! ## What the lease is not
 //!
 //! The lease is a best-effort mutex that turns N loads into one; it is not a
@@ -87,6 +111,7 @@ mod key;
 mod l1;
 mod lease;
 mod loader;
+pub mod metrics;
 mod options;
 mod shared;
 mod stats;

@@ -52,7 +52,15 @@ pub(crate) async fn run<V: Clone + Send + Sync + 'static>(
     sharing: Sharing,
 ) -> Result<Loaded<V>, Error> {
     let completion = match sharing {
-        Sharing::Own => shared.loads.lead(key),
+        Sharing::Own => {
+            let (completion, replaced) = shared.loads.lead(key);
+            if replaced {
+                // Another load of the key still runs here (its lease was
+                // lost, or it is a degraded load): two loads at once.
+                shared.recorder.duplicate_load(key);
+            }
+            completion
+        }
         Sharing::MayJoin => match shared.loads.join(key) {
             Joined::Follower(awaiter) => return awaiter.outcome().await,
             Joined::Leader(completion) => completion,
@@ -75,8 +83,11 @@ pub(crate) async fn run_alone<V, T: Send + 'static>(
     load: Detached<T>,
 ) -> Result<(T, Duration), Error> {
     let started = Instant::now();
-    let span = tracing::debug_span!("onefill.load", key);
-    let mut task = tokio::spawn(async move { load().await }.instrument(span));
+    // A child of the current span (the leader's call), though the load
+    // runs in a task of its own.
+    let span = tracing::info_span!("onefill.load", key, outcome = tracing::field::Empty);
+    let load_span = span.clone();
+    let mut task = tokio::spawn(async move { load().await }.instrument(load_span));
     let max = policy.max_load_time;
     let result = match tokio::time::timeout(max, &mut task).await {
         Ok(Ok(Ok(value))) => Ok(value),
@@ -88,6 +99,7 @@ pub(crate) async fn run_alone<V, T: Send + 'static>(
         }
     };
     let took = started.elapsed();
+    span.record("outcome", if result.is_ok() { "ok" } else { "error" });
     shared.recorder.load_finished(result.is_ok(), took);
     shared.load_times.record(took);
     if result.is_ok() && took > policy.ttl {

@@ -130,7 +130,7 @@ impl<V: 'static> Shared<V> {
                 "circuit breaker open",
             ));
         };
-        let span = tracing::trace_span!("onefill.backend", op);
+        let span = tracing::debug_span!("onefill.backend", op);
         let result = match tokio::time::timeout(timeout, fut.instrument(span)).await {
             Ok(result) => result,
             Err(_) => Err(BackendError::new(

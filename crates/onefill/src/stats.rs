@@ -1,17 +1,17 @@
 //! Counters for everything the cache decides, exported twice: as a
-//! [`Stats`] snapshot on the cache, and through the `metrics` facade
-//! (`onefill_*` counters and histograms labelled by namespace) for whatever
+//! [`Stats`] snapshot on the cache, and through the `metrics` facade (the
+//! names in [`crate::metrics`], labelled by namespace) for whatever
 //! exporter the application installed.
 //!
 //! Counting sits on the hit path, so nothing is looked up or allocated per
-//! event: the `metrics` handles of a cache (one per counter, two
-//! histograms, each labelled with its namespace) are registered once, when
-//! the cache is built, and kept next to the snapshot's atomics. A handle is
-//! bound to the recorder that was installed when it was registered: the
-//! `metrics` recorder (exporter) must be installed *before* the cache is
-//! built; a cache built earlier reports to the recorder of that moment (the
-//! no-op one if none was) for the rest of its life. Every series exists,
-//! at 0, from the moment the cache is built.
+//! event: the `metrics` handles of a cache (one per series, each labelled
+//! with its namespace) are registered once, when the cache is built, and
+//! kept next to the snapshot's atomics. A handle is bound to the recorder
+//! that was installed when it was registered: the `metrics` recorder
+//! (exporter) must be installed *before* the cache is built; a cache built
+//! earlier reports to the recorder of that moment (the no-op one if none
+//! was) for the rest of its life. Every series exists, at 0, from the
+//! moment the cache is built.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
@@ -20,7 +20,7 @@ use std::time::Duration;
 use crate::error::BackendError;
 
 macro_rules! counters {
-    ($( $(#[$doc:meta])* $name:ident ),* $(,)?) => {
+    ($( $(#[$doc:meta])* $name:ident => $metric:literal $( { $lk:literal => $lv:literal } )? ),* $(,)?) => {
         /// A snapshot of a cache's counters since it was built.
         ///
         /// Counters only grow; subtract two snapshots to get a rate. Hits,
@@ -28,7 +28,8 @@ macro_rules! counters {
         /// conversations): callers that shared a flight are counted once in
         /// `coalesced` each, and share the flight's outcome. Answers from
         /// the L1 are not flights: a fresh one counts in `l1_hits`, a stale
-        /// one (grace) in `stale_served`.
+        /// one (grace) in `stale_served`. The same counts go to the
+        /// `metrics` facade under the names listed in [`crate::metrics`].
         #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
         #[serde(default)]
         #[non_exhaustive]
@@ -51,23 +52,40 @@ macro_rules! counters {
         #[derive(Debug)]
         struct Handles {
             $( $name: metrics::Counter, )*
-            load_seconds: metrics::Histogram,
-            wait_seconds: metrics::Histogram,
+            load_duration: metrics::Histogram,
+            lease_wait_duration: metrics::Histogram,
+            lease_hold_duration: metrics::Histogram,
+            flight_callers: metrics::Histogram,
+            lease_waiters: metrics::Gauge,
         }
 
         impl Handles {
             fn register(namespace: &str) -> Self {
+                crate::metrics::describe();
                 Handles {
                     $( $name: metrics::counter!(
-                        concat!("onefill_", stringify!($name)),
+                        $metric,
                         "namespace" => namespace.to_owned()
+                        $( , $lk => $lv )?
                     ), )*
-                    load_seconds: metrics::histogram!(
-                        "onefill_load_seconds",
+                    load_duration: metrics::histogram!(
+                        "onefill_load_duration_seconds",
                         "namespace" => namespace.to_owned()
                     ),
-                    wait_seconds: metrics::histogram!(
-                        "onefill_wait_seconds",
+                    lease_wait_duration: metrics::histogram!(
+                        "onefill_lease_wait_duration_seconds",
+                        "namespace" => namespace.to_owned()
+                    ),
+                    lease_hold_duration: metrics::histogram!(
+                        "onefill_lease_hold_duration_seconds",
+                        "namespace" => namespace.to_owned()
+                    ),
+                    flight_callers: metrics::histogram!(
+                        "onefill_flight_callers",
+                        "namespace" => namespace.to_owned()
+                    ),
+                    lease_waiters: metrics::gauge!(
+                        "onefill_lease_waiters",
                         "namespace" => namespace.to_owned()
                     ),
                 }
@@ -76,9 +94,9 @@ macro_rules! counters {
 
         #[cfg(test)]
         impl Stats {
-            /// Every counter with its `metrics` name.
-            fn named(&self) -> Vec<(&'static str, u64)> {
-                vec![ $( (concat!("onefill_", stringify!($name)), self.$name), )* ]
+            /// Every counter with its `metrics` name and extra label.
+            fn named(&self) -> Vec<(&'static str, Option<(&'static str, &'static str)>, u64)> {
+                vec![ $( ($metric, None $( .or(Some(($lk, $lv))) )?, self.$name), )* ]
             }
         }
     };
@@ -86,66 +104,91 @@ macro_rules! counters {
 
 counters! {
     /// Calls answered by a fresh value from the backend (flights).
-    hits,
+    hits => "onefill_hits_total" { "layer" => "backend" },
     /// Calls answered by the in-process [`L1`](crate::L1) without a
     /// flight (not counted in `hits`).
-    l1_hits,
+    l1_hits => "onefill_hits_total" { "layer" => "l1" },
     /// L1 entries dropped because the backend reported a change of their key.
-    l1_invalidations,
+    l1_invalidations => "onefill_l1_invalidations_total",
     /// Times the L1 was emptied because the backend lost track of changes
     /// (its tracking connection was re-established).
-    l1_resets,
+    l1_resets => "onefill_l1_resets_total",
     /// Calls that found no usable value (cold, expired or unreadable).
-    misses,
+    misses => "onefill_misses_total",
     /// Calls answered by a stale value (grace window, fail-safe, or outage).
-    stale_served,
+    stale_served => "onefill_stale_served_total",
     /// Loader runs that returned a value.
-    loads_ok,
+    loads_ok => "onefill_loads_total" { "outcome" => "ok" },
     /// Loader runs that failed: an error, a panic or the maximum load time.
-    loads_error,
+    loads_error => "onefill_loads_total" { "outcome" => "error" },
     /// Loads run without a lease because the wait deadline passed or the
     /// backend failed (at most one per process per key at a time).
-    degraded_loads,
+    degraded_loads => "onefill_degraded_loads_total",
+    /// Loads started under a lease just won while this process was still
+    /// running another load of the same key (one whose lease was lost, or
+    /// a degraded one): two loads of one key at once.
+    duplicate_loads => "onefill_duplicate_loads_total",
     /// Leases this process acquired.
-    lease_acquired,
+    lease_acquired => "onefill_leases_acquired_total",
     /// Acquire attempts that found another holder's lease.
-    lease_contended,
+    lease_contended => "onefill_lease_contentions_total",
+    /// Leases won by a waiter of this process once the previous holder's
+    /// lease had run out (as its last re-check saw it) with no notification
+    /// that it ended: the holder died or stalled. A stalled holder's load
+    /// then runs twice.
+    lease_takeovers => "onefill_lease_takeovers_total",
     /// Leases lost before the fill or release (expired or invalidated
     /// mid-load): each is a possible duplicate load. Should stay near zero.
-    lease_lost,
+    lease_lost => "onefill_leases_lost_total",
+    /// Fills refused because the lease no longer held this process's token
+    /// (expired or invalidated mid-load): nothing was written.
+    fills_fenced => "onefill_fills_fenced_total",
     /// Successful watchdog renewals.
-    lease_extended,
+    lease_extended => "onefill_lease_renewals_total" { "outcome" => "ok" },
+    /// Watchdog renewals that failed or timed out (retried at the next
+    /// period; a renewal that finds the lease gone counts in `lease_lost`).
+    lease_renewal_failures => "onefill_lease_renewals_total" { "outcome" => "error" },
     /// Flights that waited for another process's load.
-    waits,
+    waits => "onefill_waits_total",
     /// Waits that reached their deadline.
-    wait_timeouts,
+    wait_timeouts => "onefill_wait_timeouts_total",
     /// Re-checks made by waiters that no notification woke: at the holder's
     /// lease expiry, at the safety poll, or at a poll tick of a waiter
     /// without a (confirmed) subscription.
-    wait_polls,
+    wait_polls => "onefill_wait_rechecks_total" { "trigger" => "poll" },
     /// Re-checks made by waiters because a fill notification arrived.
-    wait_notified,
+    wait_notified => "onefill_wait_rechecks_total" { "trigger" => "notified" },
     /// Calls that joined a flight already under way in this process instead
     /// of talking to the backend themselves.
-    coalesced,
+    coalesced => "onefill_coalesced_total",
     /// Stored values that could not be decoded (treated as misses).
-    decode_errors,
+    decode_errors => "onefill_decode_errors_total",
     /// Backend calls that failed or timed out.
-    backend_errors,
+    backend_errors => "onefill_backend_errors_total",
     /// Refreshes started before expiry (early refresh).
-    early_refreshes,
+    early_refreshes => "onefill_refreshes_total" { "reason" => "early" },
     /// Background refreshes started while a stale value was served.
-    background_refreshes,
+    background_refreshes => "onefill_refreshes_total" { "reason" => "stale" },
     /// Calls answered by a cached failure (negative caching).
-    negative_hits,
+    negative_hits => "onefill_negative_hits_total",
     /// Calls where the circuit breaker skipped the backend.
-    circuit_rejected,
+    circuit_rejected => "onefill_circuit_rejections_total",
     /// Times the circuit breaker opened.
-    circuit_opened,
+    circuit_opened => "onefill_circuit_opens_total",
     /// Windows of 10 s in which at least half of this cache's flights (and
     /// at least 20) had to wait for another process's lease: the lock is
     /// doing the work a refresh strategy (grace, early refresh) should do.
-    contention_warnings,
+    contention_warnings => "onefill_contention_warnings_total",
+}
+
+/// A flight counted in the `onefill_lease_waiters` gauge while alive.
+#[derive(Debug)]
+pub(crate) struct Waiting(metrics::Gauge);
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        self.0.decrement(1.0);
+    }
 }
 
 /// Shared handle that records into both the snapshot and `metrics`.
@@ -261,7 +304,7 @@ impl Recorder {
         } else {
             bump!(self, loads_error)
         }
-        self.metrics.load_seconds.record(took.as_secs_f64());
+        self.metrics.load_duration.record(took.as_secs_f64());
     }
     pub(crate) fn degraded_load(&self) {
         bump!(self, degraded_loads)
@@ -281,6 +324,42 @@ impl Recorder {
     }
     pub(crate) fn lease_extended(&self) {
         bump!(self, lease_extended)
+    }
+    /// A watchdog renewal failed or timed out (the lease may still hold).
+    pub(crate) fn lease_renewal_failed(&self, op: &'static str, error: &BackendError) {
+        bump!(self, lease_renewal_failures);
+        self.backend_error(op, error);
+    }
+    /// A waiter won the lease after its holder's had run out unannounced.
+    pub(crate) fn lease_takeover(&self) {
+        bump!(self, lease_takeovers)
+    }
+    /// A fill found the lease no longer ours: nothing was written.
+    pub(crate) fn fill_fenced(&self) {
+        bump!(self, fills_fenced)
+    }
+    /// A leased load started while another load of the key still ran here.
+    pub(crate) fn duplicate_load(&self, key: &str) {
+        bump!(self, duplicate_loads);
+        tracing::warn!(
+            key,
+            "a load started while another load of the same key was still running in this process"
+        );
+    }
+    /// A lease this process won ended (filled, released or dropped) after
+    /// being held for `held`.
+    pub(crate) fn lease_held(&self, held: Duration) {
+        self.metrics.lease_hold_duration.record(held.as_secs_f64());
+    }
+    /// A flight answered `callers` callers (itself and those that joined).
+    pub(crate) fn flight_callers(&self, callers: u64) {
+        self.metrics.flight_callers.record(callers as f64);
+    }
+    /// One more flight waits for another process's lease, until the guard
+    /// is dropped.
+    pub(crate) fn waiting(&self) -> Waiting {
+        self.metrics.lease_waiters.increment(1.0);
+        Waiting(self.metrics.lease_waiters.clone())
     }
     /// A flight starts (one backend conversation).
     pub(crate) fn flight(&self) {
@@ -302,7 +381,9 @@ impl Recorder {
         if timed_out {
             bump!(self, wait_timeouts)
         }
-        self.metrics.wait_seconds.record(waited.as_secs_f64());
+        self.metrics
+            .lease_wait_duration
+            .record(waited.as_secs_f64());
     }
     pub(crate) fn wait_poll(&self, notified: bool) {
         if notified {
@@ -421,33 +502,59 @@ mod tests {
 
         let mut counters = HashMap::new();
         let mut histograms = HashMap::new();
-        for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+        let mut gauges = HashMap::new();
+        for (key, unit, description, value) in snapshotter.snapshot().into_vec() {
             let key = key.key();
-            let labels: Vec<_> = key.labels().map(|l| (l.key(), l.value())).collect();
-            assert_eq!(labels, [("namespace", "m")], "{}", key.name());
             let name = key.name().to_owned();
+            let described = crate::metrics::ALL.iter().find(|m| m.name == name);
+            let described = described.unwrap_or_else(|| panic!("{name} is in the table"));
+            assert_eq!(unit, Some(described.unit), "{name}");
+            assert!(description.is_some(), "{name} is described");
+            let mut labels = key.labels().map(|l| (l.key(), l.value()));
+            assert_eq!(labels.next(), Some(("namespace", "m")), "{name}");
+            let extra = labels.next().map(|(k, v)| (k.to_owned(), v.to_owned()));
+            assert_eq!(labels.next(), None, "{name}");
+            let series = (name.clone(), extra);
             match value {
-                DebugValue::Counter(n) => assert!(counters.insert(name, n).is_none()),
+                DebugValue::Counter(n) => assert!(counters.insert(series, n).is_none()),
                 DebugValue::Histogram(xs) => assert!(histograms.insert(name, xs).is_none()),
-                DebugValue::Gauge(_) => panic!("no gauge is emitted: {name}"),
+                DebugValue::Gauge(x) => assert!(gauges.insert(name, x).is_none()),
             }
         }
         let expected: Vec<_> = (sa.named().into_iter().zip(sb.named()))
-            .map(|((name, x), (_, y))| (name.to_owned(), x + y))
+            .map(|((name, label, x), (_, _, y))| {
+                let label = label.map(|(k, v)| (k.to_owned(), v.to_owned()));
+                ((name.to_owned(), label), x + y)
+            })
             .collect();
         assert_eq!(
             counters.len(),
             expected.len(),
             "every counter is registered (at 0 if nothing happened): {counters:?}"
         );
-        for (name, n) in expected {
-            assert_eq!(counters.get(&name), Some(&n), "{name}");
+        for (series, n) in expected {
+            assert_eq!(counters.get(&series), Some(&n), "{series:?}");
         }
-        let loads = &histograms["onefill_load_seconds"];
+        let loads = &histograms["onefill_load_duration_seconds"];
         assert_eq!(loads.len() as u64, sa.loads_ok + sa.loads_error);
         assert!(loads.iter().any(|s| s.0 >= 0.5), "{loads:?}");
-        let waits = &histograms["onefill_wait_seconds"];
+        let waits = &histograms["onefill_lease_wait_duration_seconds"];
         assert_eq!(waits.len() as u64, sb.waits);
-        assert_eq!(histograms.len(), 2);
+        let held = &histograms["onefill_lease_hold_duration_seconds"];
+        assert_eq!(held.len() as u64, sa.lease_acquired, "{held:?}");
+        assert!(
+            held.iter().any(|s| s.0 >= 0.5),
+            "held for the 500 ms load: {held:?}"
+        );
+        // a: the flight of three callers, the hit, "bad", "w"; b: "w".
+        let mut callers: Vec<f64> = histograms["onefill_flight_callers"]
+            .iter()
+            .map(|s| s.0)
+            .collect();
+        callers.sort_by(f64::total_cmp);
+        assert_eq!(callers, [1.0, 1.0, 1.0, 1.0, 3.0]);
+        assert_eq!(histograms.len(), 4);
+        assert_eq!(gauges.len(), 1);
+        assert_eq!(gauges["onefill_lease_waiters"].0, 0.0, "no wait left");
     }
 }

@@ -17,6 +17,8 @@ use crate::backend::FillSubscription;
 use crate::backoff::{jittered, Backoff};
 use crate::error::{Error, InvalidOption};
 use crate::shared::Shared;
+use crate::stats::Waiting;
+use tracing::Instrument;
 
 /// What a waiter does when its deadline passes without a fill.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -186,6 +188,14 @@ pub(crate) struct Wait {
     backoff: Backoff,
     /// The safety-net interval of a subscribed waiter.
     safety_poll: Duration,
+    /// Counts this wait in the `onefill_lease_waiters` gauge while it lives.
+    _waiting: Waiting,
+    /// `onefill.wait`, a child of the flight's call span: open from the
+    /// start of the wait to its end; its naps run in it.
+    span: tracing::Span,
+    /// Re-checks so far, by trigger (the span's fields).
+    notified: u64,
+    polls: u64,
 }
 
 /// What to do after [`Wait::until_recheck`].
@@ -210,6 +220,7 @@ impl Wait {
         subscription: Option<Box<dyn FillSubscription>>,
     ) -> Wait {
         shared.recorder.wait_started();
+        let waiting = shared.recorder.waiting();
         let started = Instant::now();
         Wait {
             subscription,
@@ -217,6 +228,15 @@ impl Wait {
             deadline: started + policy.deadline,
             backoff: Backoff::new(policy.poll_initial, policy.poll_max),
             safety_poll: policy.safety_poll,
+            _waiting: waiting,
+            notified: 0,
+            polls: 0,
+            span: tracing::info_span!(
+                "onefill.wait",
+                notified = tracing::field::Empty,
+                polls = tracing::field::Empty,
+                timed_out = tracing::field::Empty,
+            ),
         }
     }
 
@@ -243,17 +263,27 @@ impl Wait {
         let nap = tick
             .min(holder_ttl.saturating_add(Duration::from_millis(1)))
             .min(self.deadline - now);
-        let notified = match self.subscription.as_mut() {
-            Some(sub) => tokio::select! {
-                _ = sub.notified() => true,
-                _ = tokio::time::sleep(nap) => false,
-            },
-            None => {
-                tokio::time::sleep(nap).await;
-                false
+        let nap = async {
+            match self.subscription.as_mut() {
+                Some(sub) => tokio::select! {
+                    _ = sub.notified() => true,
+                    _ = tokio::time::sleep(nap) => false,
+                },
+                None => {
+                    tokio::time::sleep(nap).await;
+                    false
+                }
             }
         };
+        let notified = nap.instrument(self.span.clone()).await;
         shared.recorder.wait_poll(notified);
+        // Recorded in the span once, at the end (an OpenTelemetry span
+        // keeps every value recorded, not the last).
+        if notified {
+            self.notified += 1;
+        } else {
+            self.polls += 1;
+        }
         if notified {
             Next::Notified
         } else {
@@ -263,6 +293,10 @@ impl Wait {
 
     /// Ends the wait (counted, with its duration).
     pub(crate) fn finish<V>(self, shared: &Shared<V>, timed_out: bool) {
+        self.span
+            .record("notified", self.notified)
+            .record("polls", self.polls)
+            .record("timed_out", timed_out);
         shared
             .recorder
             .wait_finished(self.started.elapsed(), timed_out);
