@@ -609,8 +609,32 @@ where
         Ok(answers.into_iter().collect())
     }
 
-    /// Every distinct key's answer, in the order of `keys`.
+    /// Every distinct key's answer, in the order of `keys`, in the call's
+    /// span (`onefill.get_or_load_many`: the namespace and the number of
+    /// keys; the batch's task and the keys' flights are its children).
     async fn fetch_many_ordered(
+        &self,
+        keys: &[K],
+        options: &CallOptions,
+        loader: ManyLoader<K, V>,
+    ) -> Result<Vec<(K, KeyAnswer<V>)>, Error> {
+        let span = tracing::info_span!(
+            "onefill.get_or_load_many",
+            namespace = self.shared.namespace.as_str(),
+            keys = keys.len(),
+            outcome = tracing::field::Empty,
+            error = tracing::field::Empty,
+            "otel.status_code" = tracing::field::Empty,
+        );
+        let answers = self
+            .fetch_many_in_span(keys, options, loader)
+            .instrument(span.clone())
+            .await;
+        ended(&span, &answers, |_| "ok");
+        answers
+    }
+
+    async fn fetch_many_in_span(
         &self,
         keys: &[K],
         options: &CallOptions,
@@ -690,7 +714,8 @@ where
         if !to_run.is_empty() {
             let count = to_run.len();
             // Detached (see `batch.rs`): a dropped caller cancels nothing.
-            let ran = match tokio::spawn(batch.run(to_run)).await {
+            let run = batch.run(to_run).instrument(tracing::Span::current());
+            let ran = match tokio::spawn(run).await {
                 Ok(ran) => ran,
                 Err(_) => (0..count).map(|_| Err(Error::FlightAbandoned)).collect(),
             };
