@@ -41,6 +41,11 @@ impl Budget {
                 Some(left.saturating_sub(spent))
             });
     }
+    /// What failures took of it so far.
+    pub(crate) fn spent(&self) -> Duration {
+        self.total.saturating_sub(self.left())
+    }
+
     /// A full budget again (for work after the callers were answered).
     pub(crate) fn refill(&self) {
         let total = u64::try_from(self.total.as_micros()).unwrap_or(u64::MAX);

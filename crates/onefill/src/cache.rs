@@ -3,8 +3,10 @@
 //! `flight.rs` and the modules it uses.
 
 use std::borrow::Borrow;
+use std::collections::{HashMap, HashSet};
 use std::fmt::{self, Display};
 use std::future::Future;
+use std::hash::Hash;
 use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,11 +14,12 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::Instrument;
 
+use crate::batch::{Batch, KeyAnswer, ManyLoader};
 use crate::builder::CacheBuilder;
 use crate::circuit::CircuitState;
 use crate::coalesce::Joined;
 use crate::error::{BackendError, Error, IntoLoaderError};
-use crate::flight::{Flight, Outcome};
+use crate::flight::{Flight, Outcome, Refresh};
 use crate::freshness;
 use crate::key::{self, FillKeys, KeyBuf};
 use crate::l1::{Local, Lookup};
@@ -540,6 +543,305 @@ where
         })
     }
 
+    /// Returns the values of many keys at once, loading the missing ones
+    /// with **one** call of `loader` (per process), once across every
+    /// process sharing the backend.
+    ///
+    /// `loader` gets the keys this process holds the lease of (each key
+    /// once, in the order given) and returns what it found as `(key, value)`
+    /// pairs: a `HashMap<K, V>`, a `Vec<(K, V)>`, any `IntoIterator`. A key
+    /// it does not return **is absent**: cached as such (for
+    /// `negative_ttl` if set, else `ttl`, as
+    /// [`get_or_load_optional`](Cache::get_or_load_optional)'s `Ok(None)`)
+    /// and missing from the answer, so a `SELECT … WHERE id = ANY($1)` that
+    /// finds no row for a key is not asked again by every caller. Pairs for
+    /// keys it was not asked for are ignored (not stored: nobody leased them).
+    ///
+    /// The answer maps each key found to its value; duplicate keys (by
+    /// their string form) are answered once; no keys, no work (the loader
+    /// is not called).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), onefill::Error> {
+    /// use std::collections::HashMap;
+    ///
+    /// let cache = onefill::Cache::<u64, String>::builder().build().unwrap();
+    /// let users = cache
+    ///     .get_or_load_many(&[1, 2, 3], |ids: Vec<u64>| async move {
+    ///         // One query for every id missing from the cache, e.g.
+    ///         // `SELECT id, name FROM users WHERE id = ANY($1)`.
+    ///         let rows: HashMap<u64, String> = ids
+    ///             .into_iter()
+    ///             .filter(|id| *id != 3) // no user 3
+    ///             .map(|id| (id, format!("user {id}")))
+    ///             .collect();
+    ///         Ok::<_, std::io::Error>(rows)
+    ///     })
+    ///     .await?;
+    /// assert_eq!(users[&1], "user 1");
+    /// assert!(!users.contains_key(&3)); // absent, and cached as such
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # How it runs
+    ///
+    /// Keys fresh in the [`L1`](crate::L1) are answered from it. The others
+    /// are read in one round trip (a pipeline; on a Redis Cluster one per
+    /// master, in parallel), the misses' leases are asked for in one more,
+    /// `loader` runs once for the keys won, and each is filled fenced on its
+    /// own lease token, exactly as a single fill. Every other key is
+    /// answered as [`get_or_load`](Cache::get_or_load) would answer it,
+    /// with the steps shared: the keys other processes are loading are
+    /// waited for together (each subscribed to its fill notification; one
+    /// read of the keys notified, one lease request for the keys due at a
+    /// holder's lease expiry or a safety poll; each key within the wait
+    /// policy's deadline, with its outcome); stale values are served and
+    /// refreshed together in the background; keys whose holder died are
+    /// taken over. So `loader` may run more than once in a call: once for
+    /// the keys won at first (with any keys to load without the lease: the
+    /// backend failed them, or `no_lease` found them held), and once more
+    /// for each group taken over or loaded at the wait deadline together,
+    /// or refreshed in the background. Batches of more than
+    /// [`MAX_PIPELINE`](crate::backend::MAX_PIPELINE) keys are sent in
+    /// chunks of that size (concurrently); `loader` still gets all the
+    /// keys won in one call.
+    ///
+    /// # Concurrent calls on the same key
+    ///
+    /// Each key joins the in-process flight of that key like a single call:
+    /// a batch and a [`get_or_load`](Cache::get_or_load) (or another batch)
+    /// racing on a key share one flight, whoever started it, so one process
+    /// never loads a key twice at once; the key is then answered with the
+    /// flight's result (and reported [`coalesced`](Fetched::coalesced) by
+    /// [`fetch_many`](Cache::fetch_many)). Across processes, the lease of
+    /// each key elects one loader, as for a single call: N processes asking
+    /// for the same cold keys together make one load per key fleet-wide,
+    /// split between their loader calls.
+    ///
+    /// # Differences from the single-key calls
+    ///
+    /// A batch's values are stored with the call's policy: its loader
+    /// cannot choose a TTL per value ([`Loaded`](crate::Loaded) is for the
+    /// single-key calls), and [`soft_timeout`](crate::CallOptions::soft_timeout)
+    /// does not apply to a batch's own load (its callers wait for it; a
+    /// stale value the batch read is not served at the soft timeout).
+    ///
+    /// # Cancellation
+    ///
+    /// The batch runs in a task of its own once past the L1: dropping the
+    /// returned future cancels neither the load nor any lease (each is
+    /// filled or released as usual), and other callers of the same keys
+    /// still get their answers.
+    ///
+    /// # Errors
+    ///
+    /// One error for the call, the first in the order of `keys`: any key's
+    /// error as [`get_or_load`](Cache::get_or_load) has them (the loader's
+    /// error, shared by every key it was loading; a wait timeout; a cached
+    /// failure), and [`Error::InvalidInput`] for an invalid key, before
+    /// any I/O. Use [`fetch_many`](Cache::fetch_many) for each key's own
+    /// result.
+    ///
+    /// # Panics
+    ///
+    /// Never because of the loader (a panic becomes
+    /// [`Error::LoaderPanicked`] for the keys it was loading). Must be
+    /// called within a tokio runtime.
+    pub async fn get_or_load_many<F, Fut, I, E>(
+        &self,
+        keys: &[K],
+        loader: F,
+    ) -> Result<HashMap<K, V>, Error>
+    where
+        K: Hash + Eq,
+        F: Fn(Vec<K>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<I, E>> + Send + 'static,
+        I: IntoIterator<Item = (K, V)>,
+        E: IntoLoaderError,
+    {
+        for key in keys {
+            self.validated(key)?;
+        }
+        let answers = self
+            .fetch_many_ordered(keys, &CallOptions::default(), erase_many(loader))
+            .await?;
+        let mut found = HashMap::with_capacity(answers.len());
+        for (key, answer) in answers {
+            if let Some(value) = answer?.value {
+                found.insert(key, value);
+            }
+        }
+        Ok(found)
+    }
+
+    /// [`get_or_load_many`](Cache::get_or_load_many) with per-call options,
+    /// answering each key on its own: its value (`None`: absent), how it
+    /// was answered ([`Outcome`]) and whether it was coalesced, or its own
+    /// error. One key's failure (an invalid key, a wait timeout, a cached
+    /// failure) leaves the others' answers alone.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), onefill::Error> {
+    /// use onefill::{CallOptions, Outcome};
+    ///
+    /// let cache = onefill::Cache::<String, u32>::builder().build().unwrap();
+    /// let keys = ["a".to_string(), String::new()]; // "" is not a valid key
+    /// let answers = cache
+    ///     .fetch_many(&keys, &CallOptions::new(), |keys: Vec<String>| async move {
+    ///         Ok::<_, std::io::Error>(keys.into_iter().map(|k| (k, 1)).collect::<Vec<_>>())
+    ///     })
+    ///     .await?;
+    /// let a = answers["a"].as_ref().unwrap();
+    /// assert_eq!((a.value, a.outcome), (Some(1), Outcome::Loaded));
+    /// assert!(matches!(answers[""], Err(onefill::Error::InvalidInput(_))));
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// The call fails as a whole only for invalid `options`
+    /// ([`Error::InvalidInput`]); every key's own error is in its answer,
+    /// as [`get_or_load_many`](Cache::get_or_load_many) lists them.
+    pub async fn fetch_many<F, Fut, I, E>(
+        &self,
+        keys: &[K],
+        options: &CallOptions,
+        loader: F,
+    ) -> Result<HashMap<K, Result<Fetched<Option<V>>, Error>>, Error>
+    where
+        K: Hash + Eq,
+        F: Fn(Vec<K>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<I, E>> + Send + 'static,
+        I: IntoIterator<Item = (K, V)>,
+        E: IntoLoaderError,
+    {
+        let answers = self
+            .fetch_many_ordered(keys, options, erase_many(loader))
+            .await?;
+        Ok(answers.into_iter().collect())
+    }
+
+    /// Every distinct key's answer, in the order of `keys`, in the call's
+    /// span (`onefill.get_or_load_many`: the namespace and the number of
+    /// keys; the batch's task and the keys' flights are its children).
+    async fn fetch_many_ordered(
+        &self,
+        keys: &[K],
+        options: &CallOptions,
+        loader: ManyLoader<K, V>,
+    ) -> Result<Vec<(K, KeyAnswer<V>)>, Error> {
+        let span = tracing::info_span!(
+            "onefill.get_or_load_many",
+            namespace = self.shared.namespace.as_str(),
+            keys = keys.len(),
+            outcome = tracing::field::Empty,
+            error = tracing::field::Empty,
+            "otel.status_code" = tracing::field::Empty,
+        );
+        let answers = self
+            .fetch_many_in_span(keys, options, loader)
+            .instrument(span.clone())
+            .await;
+        ended(&span, &answers, |_| "ok");
+        answers
+    }
+
+    async fn fetch_many_in_span(
+        &self,
+        keys: &[K],
+        options: &CallOptions,
+        loader: ManyLoader<K, V>,
+    ) -> Result<Vec<(K, KeyAnswer<V>)>, Error> {
+        let policy = self
+            .shared
+            .policy
+            .with(options)
+            .map_err(crate::InputError::from)?;
+        let batch = Batch {
+            shared: self.shared.clone(),
+            policy,
+            loader,
+        };
+        let l1 = self
+            .shared
+            .l1
+            .as_ref()
+            .filter(|_| *options == CallOptions::default());
+        let now = Instant::now();
+        let mut seen = HashSet::with_capacity(keys.len());
+        let mut answers: Vec<(K, Option<KeyAnswer<V>>)> = Vec::with_capacity(keys.len());
+        let mut to_run: Vec<(K, String)> = Vec::new();
+        let mut l1_refreshes = Vec::new();
+        for key in keys {
+            let string = key.to_string();
+            if seen.contains(&string) {
+                continue;
+            }
+            seen.insert(string.clone());
+            if let Err(invalid) = key::validate_key(&string, self.shared.policy.max_key_bytes) {
+                answers.push((key.clone(), Some(Err(invalid.into()))));
+                continue;
+            }
+            if let Some(l1) = l1 {
+                let answered = match l1.get(&string, now) {
+                    Lookup::Fresh(value) => {
+                        self.shared.recorder.l1_hit();
+                        Some((value, Outcome::Hit))
+                    }
+                    Lookup::Stale(value) => {
+                        self.shared.recorder.stale_served();
+                        let keys = FillKeys::new(&self.shared.namespace, &string);
+                        if !self.shared.refreshing.lock().contains(keys.value()) {
+                            let flight = Flight::new(
+                                self.shared.clone(),
+                                string.clone(),
+                                keys,
+                                batch.policy.clone(),
+                                batch.load_of(key),
+                            );
+                            l1_refreshes.push((key.clone(), flight, Refresh::Stale));
+                        }
+                        Some((value, Outcome::Stale))
+                    }
+                    Lookup::Miss => None,
+                };
+                if let Some((value, outcome)) = answered {
+                    let fetched = Fetched {
+                        value,
+                        outcome,
+                        coalesced: false,
+                    };
+                    answers.push((key.clone(), Some(Ok(fetched))));
+                    continue;
+                }
+            }
+            answers.push((key.clone(), None));
+            to_run.push((key.clone(), string));
+        }
+        // The keys the L1 served stale: refreshed together, in the
+        // background (as the batch refreshes those it reads stale).
+        if !l1_refreshes.is_empty() {
+            tokio::spawn(Box::pin(batch.clone().refresh(l1_refreshes)));
+        }
+        if !to_run.is_empty() {
+            let count = to_run.len();
+            // Detached (see `batch.rs`): a dropped caller cancels nothing.
+            let run = batch.run(to_run).instrument(tracing::Span::current());
+            let ran = match tokio::spawn(run).await {
+                Ok(ran) => ran,
+                Err(_) => (0..count).map(|_| Err(Error::FlightAbandoned)).collect(),
+            };
+            let mut ran = ran.into_iter();
+            for (_, answer) in answers.iter_mut().filter(|(_, a)| a.is_none()) {
+                *answer = Some(ran.next().unwrap_or(Err(Error::FlightAbandoned)));
+            }
+        }
+        Ok(answers
+            .into_iter()
+            .map(|(k, a)| (k, a.unwrap_or(Err(Error::FlightAbandoned))))
+            .collect())
+    }
+
     fn prepare<Q: Display + ?Sized>(
         &self,
         key: &Q,
@@ -740,6 +1042,27 @@ fn ended<T>(span: &tracing::Span, result: &Result<T, Error>, outcome: impl Fn(&T
             .record("error", tracing::field::display(e))
             .record("otel.status_code", "ERROR"),
     };
+}
+
+/// The caller's batch loader, type-erased for the batch.
+fn erase_many<K, V, F, Fut, I, E>(loader: F) -> ManyLoader<K, V>
+where
+    K: Send + 'static,
+    V: Send + 'static,
+    F: Fn(Vec<K>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<I, E>> + Send + 'static,
+    I: IntoIterator<Item = (K, V)>,
+    E: IntoLoaderError,
+{
+    Arc::new(move |keys| {
+        let loading = loader(keys);
+        Box::pin(async move {
+            match loading.await {
+                Ok(found) => Ok(found.into_iter().collect()),
+                Err(error) => Err(error.into_loader_error()),
+            }
+        })
+    })
 }
 
 /// The caller's loader, type-erased for the flight.

@@ -313,7 +313,13 @@ mod tests {
         assert_eq!(expires_at_ms(v2), Some(1_700_000_000_000));
         // Version 1 has no expiry; a version 2 cut short is truncated.
         assert_eq!(
-            expires_at_ms(&encode(Kind::Value, Duration::ZERO, Duration::ZERO, None, b"")),
+            expires_at_ms(&encode(
+                Kind::Value,
+                Duration::ZERO,
+                Duration::ZERO,
+                None,
+                b""
+            )),
             None
         );
         assert_eq!(decode(&v2[..20]), Err(DecodeError::Truncated));

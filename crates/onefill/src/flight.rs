@@ -42,7 +42,7 @@ use tracing::Instrument;
 
 use crate::backend::Stored;
 use crate::budget::Budget;
-use crate::coalesce::Completion;
+use crate::coalesce::{Awaiter, Completion};
 use crate::envelope::{self, Kind};
 use crate::error::{BackendError, Error};
 use crate::freshness;
@@ -95,7 +95,7 @@ impl Outcome {
 
 /// Why a background refresh runs (for the counters).
 #[derive(Debug, Clone, Copy)]
-enum Refresh {
+pub(crate) enum Refresh {
     /// Served stale in the grace window.
     Stale,
     /// The value is due for early refresh; the window is handed to `acquire`.
@@ -143,10 +143,34 @@ pub(crate) struct Flight<V> {
     /// if its load fails, nothing is written (no fail-safe re-store, no
     /// cached failure over a fresh value).
     refreshing_fresh: bool,
+    /// The first acquire's answer, when a batch made it for this flight
+    /// (see `batch.rs`): the miss path starts from it instead of asking.
+    first_acquired: Option<Result<Acquisition, BackendError>>,
+}
+
+/// What a batch's re-check of a key it waits for found.
+pub(crate) enum Recheck<V> {
+    /// The key is answered (waited for, or a cached failure).
+    Answered(Result<Answer<V>, Error>),
+    /// The holder is gone and the lease is ours (with any stale value).
+    Won(Lease, Option<Option<V>>),
+    /// Still held: wait on.
+    Held,
+    /// Re-check at once (a fresh value unreadable here: ask once more,
+    /// ignoring freshness).
+    Again,
+}
+
+/// A flight's answer, or where it will be published.
+pub(crate) enum Pending<V> {
+    /// Answered at once (the first read answered).
+    Ready(Result<Answer<V>, Error>),
+    /// The flight goes on in a task of its own.
+    Running(Awaiter<Answer<V>>),
 }
 
 /// What the first read of a flight found.
-enum FirstRead<V> {
+pub(crate) enum FirstRead<V> {
     /// The answer (a hit, stale in grace, a cached failure), and any
     /// refresh to run after it.
     Answered(Result<Answer<V>, Error>, Option<Refresh>),
@@ -311,20 +335,265 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         let Some((flight, completion)) = guard.armed.take() else {
             return Err(Error::FlightAbandoned);
         };
+        match flight.continue_from(first, completion) {
+            Pending::Ready(answer) => answer,
+            Pending::Running(awaiter) => awaiter.outcome().await,
+        }
+    }
+
+    /// After the first read: a read that answered completes the callers
+    /// here (and starts any refresh in the background); anything else goes
+    /// on in a task of its own.
+    pub(crate) fn continue_from(
+        self,
+        first: FirstRead<V>,
+        completion: Completion<Answer<V>>,
+    ) -> Pending<V> {
         let FirstRead::Answered(answer, refresh) = first else {
             let awaiter = completion.awaiter();
-            flight.spawn_from(Some(first), completion);
-            return awaiter.outcome().await;
+            self.spawn_from(Some(first), completion);
+            return Pending::Running(awaiter);
         };
-        flight.remember(&answer);
-        flight.keep_in_l1(&answer, refresh.is_some());
-        flight.rec().flight_callers(completion.callers());
+        self.remember(&answer);
+        self.keep_in_l1(&answer, refresh.is_some());
+        self.rec().flight_callers(completion.callers());
         let answer = completion.complete_shared(answer);
         if refresh.is_some() {
             let call = tracing::Span::current();
-            tokio::spawn(Box::pin(flight.after_answer(refresh, call)));
+            tokio::spawn(Box::pin(self.after_answer(refresh, call)));
         }
+        Pending::Ready(answer)
+    }
+
+    /// As [`continue_from`](Self::continue_from), but a refresh the answer
+    /// calls for (stale in grace, early refresh) is handed back instead of
+    /// started, so a batch refreshes its keys with one load.
+    pub(crate) fn continue_from_batched(
+        self,
+        first: FirstRead<V>,
+        completion: Completion<Answer<V>>,
+    ) -> (Pending<V>, Option<(Flight<V>, Refresh)>) {
+        match first {
+            FirstRead::Answered(answer, refresh) => {
+                self.remember(&answer);
+                self.keep_in_l1(&answer, refresh.is_some());
+                self.rec().flight_callers(completion.callers());
+                let answer = completion.complete_shared(answer);
+                (Pending::Ready(answer), refresh.map(|why| (self, why)))
+            }
+            first => (self.continue_from(first, completion), None),
+        }
+    }
+
+    /// This flight's part of a batch's background refresh begins: the
+    /// key's place in the `refreshing` set (held by the guard; `None` if a
+    /// refresh of the key already runs here) and the window to acquire with.
+    pub(crate) fn start_batch_refresh(
+        &mut self,
+        why: Refresh,
+    ) -> Option<(RefreshingGuard<V>, Duration)> {
+        let key = self.keys.value().to_owned();
+        if !self.shared.refreshing.lock().insert(key.clone()) {
+            return None;
+        }
+        let guard = RefreshingGuard {
+            shared: self.shared.clone(),
+            key,
+        };
+        let window = match why {
+            Refresh::Stale => {
+                self.rec().background_refresh();
+                Duration::ZERO
+            }
+            Refresh::Early(window) => {
+                self.refreshing_fresh = true;
+                window
+            }
+        };
+        Some((guard, window))
+    }
+
+    /// A batch's refresh won this flight's lease and ran the load: fill or
+    /// release as a refresh of its own would (nobody waits for it).
+    pub(crate) async fn finish_batch_refresh(
+        mut self,
+        lease: Lease,
+        stale: Option<Stored>,
+        loaded: Result<Done<V>, Error>,
+    ) {
+        // Counted when it starts for real, as a single refresh.
+        if self.refreshing_fresh {
+            self.rec().early_refresh();
+        }
+        let stale = self.stale_value(stale);
+        let _ = self.store_loaded(lease, loaded, stale).await;
+        self.after_answer(None, tracing::Span::current()).await;
+    }
+
+    /// A batch waits for this key (another process holds its lease) and
+    /// was notified of a change: the plain read's answer, if it answers (a
+    /// fresh value, a fresh cached failure), as `lease_or_wait` reads.
+    pub(crate) fn waited_read(&self, stored: Option<Stored>) -> Option<Result<Answer<V>, Error>> {
+        let stored = stored?;
+        match self.shared.read(&stored, None) {
+            Read::Value {
+                value, fresh_for, ..
+            } if !fresh_for.is_zero() => {
+                self.note_value_ttl(stored.ttl);
+                Some(Ok((value, Outcome::Waited)))
+            }
+            Read::Failure {
+                message,
+                fresh: true,
+            } => {
+                self.rec().negative_hit();
+                Some(Err(Error::CachedFailure(message)))
+            }
+            _ => None,
+        }
+    }
+
+    /// A batch waits for this key: what its re-check (`acquire`) found, as
+    /// `lease_or_wait` reads it. `stale` keeps the stale value seen (for
+    /// the deadline), `holder_ttl` the holder's lease, `unreadable` asks
+    /// for the next acquire to ignore freshness once.
+    pub(crate) fn waited_acquire(
+        &mut self,
+        acquired: Acquisition,
+        stale: &mut Option<Option<V>>,
+        holder_ttl: &mut Duration,
+        unreadable: &mut bool,
+    ) -> Recheck<V> {
+        match acquired {
+            Acquisition::Fresh(stored) => match self.read(&stored) {
+                Read::Value { value, .. } => Recheck::Answered(Ok((value, Outcome::Waited))),
+                Read::Failure { message, .. } => {
+                    self.rec().negative_hit();
+                    Recheck::Answered(Err(Error::CachedFailure(message)))
+                }
+                Read::Unreadable => {
+                    *unreadable = true;
+                    Recheck::Again
+                }
+            },
+            Acquisition::Won {
+                lease,
+                stale: won_stale,
+            } => Recheck::Won(lease, self.stale_value(won_stale).or(stale.take())),
+            Acquisition::Held {
+                stale: held_stale,
+                lease_ttl,
+            } => {
+                self.rec().lease_contended();
+                if let Some(value) = self.stale_value(held_stale) {
+                    *stale = Some(value);
+                }
+                *holder_ttl = lease_ttl;
+                Recheck::Held
+            }
+        }
+    }
+
+    /// The backend failed a batch's read or lease request for this key:
+    /// the answer a flight would degrade to without loading (strict mode's
+    /// error, the outage fallback's value), or `None` if the key must be
+    /// loaded without the lease (the batch loads such keys together).
+    pub(crate) fn degrade_without_load(
+        &mut self,
+        error: BackendError,
+        stale: Option<Option<V>>,
+    ) -> Option<Result<Answer<V>, Error>> {
+        if self.policy.strict {
+            return Some(Err(Error::Backend(error)));
+        }
+        if let Some(value) = stale {
+            self.rec().stale_served();
+            return Some(Ok((value, Outcome::Stale)));
+        }
+        let value = self.shared.fallback.get(self.keys.value())?;
+        self.from_fallback = true;
+        self.rec().stale_served();
+        Some(Ok((value, Outcome::Stale)))
+    }
+
+    /// Answers the callers with `answer` (kept for outages and in the L1
+    /// as any answer of this flight).
+    pub(crate) fn answer(
+        self,
+        answer: Result<Answer<V>, Error>,
+        completion: Completion<Answer<V>>,
+    ) -> Result<Answer<V>, Error> {
+        self.remember(&answer);
+        self.keep_in_l1(&answer, false);
+        self.rec().flight_callers(completion.callers());
+        completion.complete_shared(answer)
+    }
+
+    /// A batch loaded this key without a lease (the backend failed):
+    /// answered as a degraded load of its own, nothing stored.
+    pub(crate) fn finish_batch_unstored(
+        self,
+        loaded: Result<Done<V>, Error>,
+        completion: Completion<Answer<V>>,
+    ) -> Result<Answer<V>, Error> {
+        self.rec().degraded_load();
+        let answer = loaded.map(|(loaded, _)| {
+            let value = loaded.into_value();
+            // A new value, not the one read before: `ttl + grace`.
+            *self.value_expires.lock() = None;
+            (value, Outcome::Degraded)
+        });
+        self.answer(answer, completion)
+    }
+
+    /// A batch asked for this flight's lease (and did not win it): the
+    /// flight goes on from that answer in a task of its own, as after its
+    /// own first acquire (waits for the holder, serves stale, degrades).
+    pub(crate) fn continue_from_acquire(
+        mut self,
+        acquired: Result<Acquisition, BackendError>,
+        completion: Completion<Answer<V>>,
+    ) -> Awaiter<Answer<V>> {
+        self.first_acquired = Some(acquired);
+        let awaiter = completion.awaiter();
+        self.spawn_from(
+            Some(FirstRead::Miss {
+                unreadable: false,
+                stale: None,
+            }),
+            completion,
+        );
+        awaiter
+    }
+
+    /// A batch won this flight's lease and ran the load (`loaded`, shared
+    /// with the batch's other keys): fill or release as after a load of
+    /// its own, answer the callers, then any deferred fill.
+    pub(crate) async fn finish_batch_load(
+        mut self,
+        lease: Lease,
+        stale: Option<Option<V>>,
+        loaded: Result<Done<V>, Error>,
+        completion: Completion<Answer<V>>,
+    ) -> Result<Answer<V>, Error> {
+        let answer = self.store_loaded(lease, loaded, stale).await;
+        self.remember(&answer);
+        self.keep_in_l1(&answer, false);
+        self.rec().flight_callers(completion.callers());
+        let answer = completion.complete_shared(answer);
+        self.after_answer(None, tracing::Span::current()).await;
         answer
+    }
+
+    /// The key's backend keys.
+    pub(crate) fn keys(&self) -> &FillKeys {
+        &self.keys
+    }
+
+    /// Charges the flight's backend budget with time a batch spent on its
+    /// behalf (failures only, as the budget counts).
+    pub(crate) fn charge(&self, spent: Duration) {
+        self.budget.charge(spent);
     }
 
     /// Starts the background refresh of a value the L1 served stale (one
@@ -341,7 +610,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         tokio::spawn(Box::pin(flight.refresh(Refresh::Stale).instrument(span)));
     }
 
-    fn new(
+    pub(crate) fn new(
         shared: Arc<Shared<V>>,
         key: String,
         keys: FillKeys,
@@ -362,6 +631,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
             deferred_load: Mutex::new(None),
             value_expires: Mutex::new(None),
             refreshing_fresh: false,
+            first_acquired: None,
             policy,
         }
     }
@@ -509,8 +779,18 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
     /// answers at once; a miss goes on to the lease. The only step a hit
     /// takes, so the leader runs it in its own task (see `cache.rs`).
     async fn first_read(&mut self) -> FirstRead<V> {
+        let stored = self.call("get", self.shared.backend.get(&self.keys)).await;
+        self.first_read_of(stored)
+    }
+
+    /// What the first read's answer means (a batch reads many keys at once
+    /// and hands each flight its own).
+    pub(crate) fn first_read_of(
+        &mut self,
+        stored: Result<Option<Stored>, BackendError>,
+    ) -> FirstRead<V> {
         self.rec().flight();
-        let stored = match self.call("get", self.shared.backend.get(&self.keys)).await {
+        let stored = match stored {
             Ok(stored) => stored,
             Err(e) => return FirstRead::Failed(e),
         };
@@ -619,7 +899,10 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
             } else {
                 Duration::ZERO
             };
-            let acquired = self.acquire(lease, window).await;
+            let acquired = match self.first_acquired.take() {
+                Some(acquired) => acquired,
+                None => self.acquire(lease, window).await,
+            };
             let (held_stale, holder_ttl) = match acquired {
                 Err(e) => {
                     self.finish_wait(waiting, false);
@@ -1100,7 +1383,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
 
     /// A usable stale value from an acquire answer. Unreadable bytes were
     /// already counted when the flight first read them, so not again here.
-    fn stale_value(&self, stored: Option<Stored>) -> Option<Option<V>> {
+    pub(crate) fn stale_value(&self, stored: Option<Stored>) -> Option<Option<V>> {
         let stored = stored?;
         let value = self.shared.value_of(&stored, None)?;
         self.note_value_ttl(stored.ttl);
@@ -1140,7 +1423,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
 
 /// Takes the key out of the `refreshing` set when the refresh ends, however
 /// it ends.
-struct RefreshingGuard<V> {
+pub(crate) struct RefreshingGuard<V> {
     shared: Arc<Shared<V>>,
     key: String,
 }

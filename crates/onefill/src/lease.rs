@@ -269,54 +269,77 @@ impl Lease {
                 // then the lease is ours and nobody would ever release it, so
                 // the fleet would wait out its whole TTL. Release the token,
                 // best effort and off the caller's path (issue 8, fault 6).
-                if matches!(
-                    error.kind(),
-                    BackendErrorKind::Timeout | BackendErrorKind::Connection
-                ) {
-                    release_in_background(Held {
-                        backend: shared.backend.clone(),
-                        keys: keys.clone(),
-                        token,
-                        timeout: shared.policy.backend_timeout,
-                    });
-                }
+                Lease::release_unanswered(shared, keys, token, &error);
                 return Err(error);
             }
         };
         Ok(match acquired {
             Acquired::Fresh(stored) => Acquisition::Fresh(stored),
             Acquired::Held { stale, lease_ttl } => Acquisition::Held { stale, lease_ttl },
-            Acquired::Won { stale } => {
-                shared.recorder.lease_acquired();
-                let lost = Arc::new(AtomicBool::new(false));
-                // Renewals get the full backend timeout each, whatever the
-                // caller's flight had left for this acquire.
-                let watchdog = Watchdog::start(
-                    shared.backend.clone(),
-                    keys.clone(),
-                    token.clone(),
-                    lease_ttl,
-                    shared.policy.backend_timeout,
-                    shared.recorder.clone(),
-                    lost.clone(),
-                );
-                let lease = Lease {
-                    held: Some(Held {
-                        backend: shared.backend.clone(),
-                        keys: keys.clone(),
-                        token,
-                        timeout: shared.policy.backend_timeout,
-                    }),
-                    watchdog: Some(watchdog),
-                    lost,
-                    _held_for: HoldTimer {
-                        won: tokio::time::Instant::now(),
-                        recorder: shared.recorder.clone(),
-                    },
-                };
-                Acquisition::Won { lease, stale }
-            }
+            Acquired::Won { stale } => Acquisition::Won {
+                lease: Lease::won(shared, keys, token, lease_ttl),
+                stale,
+            },
         })
+    }
+
+    /// The lease just won with `token` (by `acquire` or a batch's
+    /// `acquire_many`): counted, and its watchdog started.
+    pub(crate) fn won<V: 'static>(
+        shared: &Shared<V>,
+        keys: &FillKeys,
+        token: LeaseToken,
+        lease_ttl: Duration,
+    ) -> Lease {
+        shared.recorder.lease_acquired();
+        let lost = Arc::new(AtomicBool::new(false));
+        // Renewals get the full backend timeout each, whatever the
+        // caller's flight had left for this acquire.
+        let watchdog = Watchdog::start(
+            shared.backend.clone(),
+            keys.clone(),
+            token.clone(),
+            lease_ttl,
+            shared.policy.backend_timeout,
+            shared.recorder.clone(),
+            lost.clone(),
+        );
+        Lease {
+            held: Some(Held {
+                backend: shared.backend.clone(),
+                keys: keys.clone(),
+                token,
+                timeout: shared.policy.backend_timeout,
+            }),
+            watchdog: Some(watchdog),
+            lost,
+            _held_for: HoldTimer {
+                won: tokio::time::Instant::now(),
+                recorder: shared.recorder.clone(),
+            },
+        }
+    }
+
+    /// After an acquire whose answer was lost (a timeout, a dropped
+    /// connection): it may have taken the lease with `token`, so the token
+    /// is released in the background (compare-and-delete: harmless if not).
+    pub(crate) fn release_unanswered<V: 'static>(
+        shared: &Shared<V>,
+        keys: &FillKeys,
+        token: LeaseToken,
+        error: &BackendError,
+    ) {
+        if matches!(
+            error.kind(),
+            BackendErrorKind::Timeout | BackendErrorKind::Connection
+        ) {
+            release_in_background(Held {
+                backend: shared.backend.clone(),
+                keys: keys.clone(),
+                token,
+                timeout: shared.policy.backend_timeout,
+            });
+        }
     }
 
     /// The loader is done: stop extending the lease.

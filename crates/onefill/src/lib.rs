@@ -125,6 +125,7 @@
 //! | span | level | fields | what |
 //! | --- | --- | --- | --- |
 //! | `onefill.get_or_load` | info | `namespace`, `outcome`, `coalesced`, `error`, `otel.status_code` | one call of `get_or_load`, `fetch` and their variants, unless the L1 answered it (an L1 hit makes no span); a coalesced call's span *follows from* its flight leader's |
+//! | `onefill.get_or_load_many` | info | `namespace`, `keys`, `outcome`, `error`, `otel.status_code` | one batch call (`get_or_load_many`, `fetch_many`); its task and its keys' flights are its children |
 //! | `onefill.get`, `onefill.set`, `onefill.invalidate` | info | `namespace`, `outcome`, `error`, `otel.status_code` | one call of those |
 //! | `onefill.backend` | debug | `op` | one backend call, a child of the call's span |
 //! | `onefill.load` | info | `key`, `outcome` | the loader's run, a child of the call's span (though it runs in a task of its own) |
@@ -152,6 +153,7 @@
 
 pub mod backend;
 mod backoff;
+mod batch;
 mod budget;
 mod builder;
 mod cache;

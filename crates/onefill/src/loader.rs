@@ -19,10 +19,11 @@ use crate::shared::Shared;
 
 /// The caller's loader, type-erased, with the key already captured: `None`
 /// is "nothing there" (the optional variant).
-pub(crate) type Load<V> = Box<
-    dyn FnOnce() -> Pin<Box<dyn Future<Output = Result<Loaded<Option<V>>, LoaderError>> + Send>>
-        + Send,
->;
+pub(crate) type Load<V> = Detached<Loaded<Option<V>>>;
+
+/// A load, type-erased, before it is spawned.
+pub(crate) type Detached<T> =
+    Box<dyn FnOnce() -> Pin<Box<dyn Future<Output = Result<T, LoaderError>> + Send>> + Send>;
 
 /// A load's result and how long it took.
 pub(crate) type Done<V> = (Loaded<Option<V>>, Duration);
@@ -148,14 +149,33 @@ pub(crate) async fn run<V: Clone + Send + Sync + 'static>(
     loaded
 }
 
+/// What a load returns, as far as [`run_alone`] cares: the TTL its loader
+/// chose, if it could choose one (a batch's loader cannot).
+pub(crate) trait LoadResult: Send + 'static {
+    fn chosen_ttl(&self) -> Option<Duration> {
+        None
+    }
+}
+
+impl<V: Send + 'static> LoadResult for Loaded<Option<V>> {
+    fn chosen_ttl(&self) -> Option<Duration> {
+        self.ttl
+    }
+}
+
+impl<K: Send + 'static, V: Send + 'static> LoadResult for Vec<(K, V)> {}
+
 /// Runs `load` detached, bounded by the policy's maximum load time, and
 /// records how long it took (for the adaptive lease TTL and the counters).
-async fn run_alone<V: Send + 'static>(
+///
+/// Generic in what the load returns: a batch's load (see `batch.rs`) runs
+/// here too, as one load.
+pub(crate) async fn run_alone<V, T: LoadResult>(
     shared: &Shared<V>,
     policy: &Policy,
     key: &str,
-    load: Load<V>,
-) -> Result<Done<V>, Error> {
+    load: Detached<T>,
+) -> Result<(T, Duration), Error> {
     let started = Instant::now();
     // A child of the current span (the leader's call), though the load
     // runs in a task of its own.
@@ -177,7 +197,7 @@ async fn run_alone<V: Send + 'static>(
     shared.recorder.load_finished(result.is_ok(), took);
     shared.load_times.record(took);
     let ttl = match &result {
-        Ok(loaded) => loaded.ttl.unwrap_or(policy.ttl),
+        Ok(loaded) => loaded.chosen_ttl().unwrap_or(policy.ttl),
         Err(_) => Duration::MAX,
     };
     if took > ttl {

@@ -15,7 +15,8 @@ use tokio::time::Instant;
 
 use super::Listeners;
 use super::{
-    Acquired, Backend, BackendError, ChangeListener, FillKeys, FillSubscription, LeaseToken, Stored,
+    Acquired, Backend, BackendError, ChangeListener, FillKeys, FillSubscription, LeaseRequest,
+    LeaseToken, Stored,
 };
 use crate::envelope;
 
@@ -103,6 +104,30 @@ impl State {
                 expires_at: now + ttl,
             },
         );
+    }
+    /// The `acquire` step (see [`Backend::acquire`]).
+    fn acquire(
+        &mut self,
+        keys: &FillKeys,
+        token: &LeaseToken,
+        lease_ttl: Duration,
+        refresh_window: Duration,
+        now: Instant,
+    ) -> Acquired {
+        let value = self.get(keys.value(), now);
+        if let Some(fresh) = value.as_ref().filter(|v| is_fresh(v, refresh_window)) {
+            return Acquired::Fresh(fresh.clone());
+        }
+        match self.get(keys.lock(), now) {
+            Some(lease) => Acquired::Held {
+                stale: value,
+                lease_ttl: lease.ttl,
+            },
+            None => {
+                self.put(keys.lock(), token.as_bytes().to_vec(), lease_ttl, now);
+                Acquired::Won { stale: value }
+            }
+        }
     }
     fn holds(&mut self, lock: &str, token: &LeaseToken, now: Instant) -> bool {
         self.live(lock, now)
@@ -211,21 +236,29 @@ impl Backend for MemoryBackend {
         refresh_window: Duration,
     ) -> Result<Acquired, BackendError> {
         let now = Instant::now();
+        Ok(self
+            .state()
+            .acquire(keys, token, lease_ttl, refresh_window, now))
+    }
+
+    /// Every key under one lock: one step, as one pipeline is on Redis.
+    async fn get_many(&self, keys: &[FillKeys]) -> Vec<Result<Option<Stored>, BackendError>> {
+        let now = Instant::now();
         let mut state = self.state();
-        let value = state.get(keys.value(), now);
-        if let Some(fresh) = value.as_ref().filter(|v| is_fresh(v, refresh_window)) {
-            return Ok(Acquired::Fresh(fresh.clone()));
-        }
-        match state.get(keys.lock(), now) {
-            Some(lease) => Ok(Acquired::Held {
-                stale: value,
-                lease_ttl: lease.ttl,
-            }),
-            None => {
-                state.put(keys.lock(), token.as_bytes().to_vec(), lease_ttl, now);
-                Ok(Acquired::Won { stale: value })
-            }
-        }
+        keys.iter().map(|k| Ok(state.get(k.value(), now))).collect()
+    }
+
+    async fn acquire_many(
+        &self,
+        requests: &[LeaseRequest],
+        lease_ttl: Duration,
+    ) -> Vec<Result<Acquired, BackendError>> {
+        let now = Instant::now();
+        let mut state = self.state();
+        requests
+            .iter()
+            .map(|r| Ok(state.acquire(&r.keys, &r.token, lease_ttl, r.refresh_window, now)))
+            .collect()
     }
 
     async fn fill(

@@ -13,6 +13,7 @@
 //! | [`release`](Backend::release) | lock == token ? delete lock (+ optional short entry), publish : nothing |
 //! | [`extend`](Backend::extend) | lock == token ? `PEXPIRE lock ttl` : nothing |
 //! | [`set`](Backend::set) / [`invalidate`](Backend::invalidate) | write / delete the value and delete any lease, publish |
+//! | [`get_many`](Backend::get_many) / [`acquire_many`](Backend::acquire_many) | `get` / `acquire` of each key, sent together (each key's step atomic on its own) |
 //!
 //! A value is *fresh* when its remaining TTL exceeds the grace period recorded
 //! in its envelope header by more than the caller's `refresh_window`. Bytes
@@ -64,6 +65,36 @@ pub enum Acquired {
     },
 }
 
+/// The most keys the cache sends to a backend in one
+/// [`get_many`](Backend::get_many) or [`acquire_many`](Backend::acquire_many)
+/// call: a bigger batch is sent in chunks of this size (concurrently), so no
+/// pipeline grows without bound in the server's or the client's buffers.
+pub const MAX_PIPELINE: usize = 1_000;
+
+/// One key's part of [`Backend::acquire_many`]: what
+/// [`acquire`](Backend::acquire) takes for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LeaseRequest {
+    /// The key.
+    pub keys: FillKeys,
+    /// The token the lease is taken with, if it is free.
+    pub token: LeaseToken,
+    /// As `acquire`'s `refresh_window`.
+    pub refresh_window: Duration,
+}
+
+impl LeaseRequest {
+    /// A request for `keys`' lease with `token`.
+    pub fn new(keys: FillKeys, token: LeaseToken, refresh_window: Duration) -> Self {
+        LeaseRequest {
+            keys,
+            token,
+            refresh_window,
+        }
+    }
+}
+
 /// A subscription to one key's fill notifications.
 ///
 /// Created by [`Backend::subscribe`] *before* the caller re-checks the value,
@@ -98,6 +129,39 @@ pub trait Backend: Debug + Send + Sync + 'static {
         lease_ttl: Duration,
         refresh_window: Duration,
     ) -> Result<Acquired, BackendError>;
+
+    /// [`get`](Backend::get) of every key, in one round trip where the store
+    /// allows (a pipeline on Redis; per node, the nodes in parallel, on a
+    /// cluster). One answer per key, in the order of `keys`; a key's error
+    /// leaves the others' answers alone.
+    ///
+    /// The cache sends at most [`MAX_PIPELINE`]
+    /// keys per call. The default calls `get` for every key concurrently,
+    /// so a backend written before batches existed keeps working.
+    async fn get_many(&self, keys: &[FillKeys]) -> Vec<Result<Option<Stored>, BackendError>> {
+        futures_util::future::join_all(keys.iter().map(|k| self.get(k))).await
+    }
+
+    /// [`acquire`](Backend::acquire) of every request's key (each key
+    /// atomic on its own, not the batch as a whole), in one round trip
+    /// where the store allows. One answer per request, in order; a key's
+    /// error leaves the others' answers alone. A key whose answer is an
+    /// error may or may not have been leased with its token: the cache
+    /// releases the token of a key that timed out or lost its connection.
+    ///
+    /// The default calls `acquire` for every request concurrently.
+    async fn acquire_many(
+        &self,
+        requests: &[LeaseRequest],
+        lease_ttl: Duration,
+    ) -> Vec<Result<Acquired, BackendError>> {
+        futures_util::future::join_all(
+            requests
+                .iter()
+                .map(|r| self.acquire(&r.keys, &r.token, lease_ttl, r.refresh_window)),
+        )
+        .await
+    }
 
     /// If the lease still holds `token`: stores `bytes` with TTL `ttl`,
     /// deletes the lease and announces the fill. Returns whether the lease was

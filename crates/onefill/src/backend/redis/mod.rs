@@ -138,11 +138,13 @@ use tokio::time::Instant;
 
 use super::Listeners;
 use super::{
-    Acquired, Backend, BackendError, ChangeListener, FillKeys, FillSubscription, LeaseToken, Stored,
+    Acquired, Backend, BackendError, ChangeListener, FillKeys, FillSubscription, LeaseRequest,
+    LeaseToken, Stored,
 };
 use crate::envelope;
 use crate::error::BackendErrorKind;
 
+mod batch;
 mod cluster;
 mod errors;
 mod link;
@@ -386,6 +388,35 @@ impl RedisBackend {
     }
 }
 
+/// The acquire script's reply: status, value, value PTTL, lease PTTL.
+type AcquireAnswer = (i64, Option<Vec<u8>>, i64, i64);
+
+/// The acquire script's reply (see `scripts/acquire.lua`) as an [`Acquired`].
+fn acquired_from(
+    (status, bytes, value_ttl, lease_ms): AcquireAnswer,
+) -> Result<Acquired, BackendError> {
+    let value = stored(bytes, value_ttl);
+    match status {
+        0 => value.map(Acquired::Fresh).ok_or_else(|| {
+            BackendError::new(
+                BackendErrorKind::Protocol,
+                "acquire: the script answered fresh without a value",
+            )
+        }),
+        1 => Ok(Acquired::Won { stale: value }),
+        2 => Ok(Acquired::Held {
+            stale: value,
+            // The lease vanished between the `SET NX` and the `PTTL`
+            // only if it had expired: report it as expiring now.
+            lease_ttl: ttl_from_ms(lease_ms).unwrap_or(Duration::ZERO),
+        }),
+        other => Err(BackendError::new(
+            BackendErrorKind::Protocol,
+            format!("acquire: unknown status {other} from the script"),
+        )),
+    }
+}
+
 /// An invocation of `script` on the key's value, lock and channel: the
 /// `KEYS` of every script that announces a change, in that order.
 fn announcing<'a>(script: &'a Script, keys: &FillKeys) -> ScriptCall<'a> {
@@ -552,28 +583,24 @@ impl Backend for RedisBackend {
             .arg(px(lease_ttl))
             .arg(ms_ceil(refresh_window))
             .arg(NO_EXPIRY_TTL.as_millis() as u64);
-        let (status, bytes, value_ttl, lease_ms): (i64, Option<Vec<u8>>, i64, i64) =
-            self.eval("acquire", keys, &invocation).await?;
-        let value = stored(bytes, value_ttl);
-        match status {
-            0 => value.map(Acquired::Fresh).ok_or_else(|| {
-                BackendError::new(
-                    BackendErrorKind::Protocol,
-                    "acquire: the script answered fresh without a value",
-                )
-            }),
-            1 => Ok(Acquired::Won { stale: value }),
-            2 => Ok(Acquired::Held {
-                stale: value,
-                // The lease vanished between the `SET NX` and the `PTTL`
-                // only if it had expired: report it as expiring now.
-                lease_ttl: ttl_from_ms(lease_ms).unwrap_or(Duration::ZERO),
-            }),
-            other => Err(BackendError::new(
-                BackendErrorKind::Protocol,
-                format!("acquire: unknown status {other} from the script"),
-            )),
-        }
+        let answer: AcquireAnswer = self.eval("acquire", keys, &invocation).await?;
+        acquired_from(answer)
+    }
+
+    /// One pipeline of `GET` + `PTTL` per key (per master on a cluster,
+    /// the masters in parallel); see `batch.rs`.
+    async fn get_many(&self, keys: &[FillKeys]) -> Vec<Result<Option<Stored>, BackendError>> {
+        self.pipelined_get_many(keys).await
+    }
+
+    /// One pipeline of the acquire script per key (per master on a
+    /// cluster, the masters in parallel); see `batch.rs`.
+    async fn acquire_many(
+        &self,
+        requests: &[LeaseRequest],
+        lease_ttl: Duration,
+    ) -> Vec<Result<Acquired, BackendError>> {
+        self.pipelined_acquire_many(requests, lease_ttl).await
     }
 
     async fn fill(

@@ -86,7 +86,7 @@ impl<'a> ScriptCall<'a> {
         self
     }
 
-    fn evalsha(&self) -> Cmd {
+    pub(super) fn evalsha(&self) -> Cmd {
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(self.script.get_hash())
             .arg(self.keys.len())

@@ -112,6 +112,8 @@ macro_rules! themes {
 }
 
 #[macro_use]
+mod batch;
+#[macro_use]
 mod coalescing;
 #[macro_use]
 mod freshness;
@@ -134,6 +136,7 @@ themes! { $
     freshness => __onefill_conformance_freshness,
     writes => __onefill_conformance_writes,
     regressions => __onefill_conformance_regressions,
+    batch => __onefill_conformance_batch,
 }
 
 // ------------------------------------------- helpers of the scenarios only

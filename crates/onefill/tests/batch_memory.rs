@@ -1,0 +1,941 @@
+//! The batch call (`get_or_load_many`, `fetch_many`) on the embedded
+//! backend, in paused time: several caches on one `MemoryBackend` (each
+//! behind its own call counter) stand for processes sharing one Redis.
+
+mod batch_support;
+#[allow(unused)]
+mod support;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use batch_support::{Counting, Origin};
+use onefill::backend::{FillKeys, MAX_PIPELINE};
+use onefill::{Cache, CallOptions, Error, InputError, MemoryBackend, OnWaitTimeout, Outcome};
+
+const NS: &str = "batch";
+const SECOND: Duration = Duration::from_secs(1);
+
+fn process(backend: &MemoryBackend) -> (Cache<String, String>, Counting<MemoryBackend>) {
+    let counting = Counting::new(backend.clone());
+    let cache = Cache::builder()
+        .namespace(NS)
+        .backend(counting.clone())
+        .ttl(Duration::from_secs(60))
+        .jitter(0.0)
+        .build()
+        .unwrap();
+    (cache, counting)
+}
+
+fn keys(n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("k{i}")).collect()
+}
+
+fn lock_of(key: &str) -> String {
+    FillKeys::new(NS, key).lock().to_owned()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cold_batch_is_one_read_one_lease_request_one_load() {
+    let backend = MemoryBackend::new();
+    let (cache, counting) = process(&backend);
+    let origin = Origin::default();
+    let wanted = keys(10);
+
+    let found = cache
+        .get_or_load_many(&wanted, origin.loader(SECOND, &[]))
+        .await
+        .unwrap();
+    assert_eq!(found.len(), 10);
+    assert!(wanted.iter().all(|k| found[k] == format!("v{k}")));
+    assert_eq!(origin.calls(), 1);
+    assert_eq!(
+        origin.loaded.lock().clone(),
+        wanted,
+        "each key once, in order"
+    );
+    assert_eq!(counting.of("get_many"), 1);
+    assert_eq!(counting.of("acquire_many"), 1);
+    assert_eq!(counting.of("get") + counting.of("acquire"), 0);
+    assert_eq!(
+        counting.of("fill"),
+        10,
+        "each key filled fenced on its own lease"
+    );
+    for k in &wanted {
+        assert!(backend.get_raw(&lock_of(k)).is_none(), "no lease left");
+    }
+
+    // Again, from another process: one read, no load.
+    let (other, other_counting) = process(&backend);
+    let again = other
+        .fetch_many(&wanted, &CallOptions::new(), origin.loader(SECOND, &[]))
+        .await
+        .unwrap();
+    assert!(again
+        .values()
+        .all(|a| a.as_ref().unwrap().outcome == Outcome::Hit));
+    assert_eq!(origin.calls(), 1);
+    assert_eq!(other_counting.round_trips(), 1);
+
+    // And again from the second process's L1 (it kept what it read, as a
+    // single call does): no backend call at all.
+    other_counting.reset();
+    let l1 = other
+        .fetch_many(&wanted, &CallOptions::new(), origin.loader(SECOND, &[]))
+        .await
+        .unwrap();
+    assert!(l1
+        .values()
+        .all(|a| a.as_ref().unwrap().outcome == Outcome::Hit));
+    assert_eq!(other_counting.round_trips(), 0);
+    assert_eq!(other.stats().l1_hits, 10);
+}
+
+#[tokio::test(start_paused = true)]
+async fn no_keys_no_work_and_duplicates_are_loaded_once() {
+    let backend = MemoryBackend::new();
+    let (cache, counting) = process(&backend);
+    let origin = Origin::default();
+
+    let none = cache
+        .get_or_load_many(&[], origin.loader(SECOND, &[]))
+        .await
+        .unwrap();
+    assert!(none.is_empty());
+    assert_eq!((origin.calls(), counting.round_trips()), (0, 0));
+
+    let dup = vec![
+        "a".to_owned(),
+        "b".to_owned(),
+        "a".to_owned(),
+        "a".to_owned(),
+    ];
+    let found = cache
+        .get_or_load_many(&dup, origin.loader(SECOND, &[]))
+        .await
+        .unwrap();
+    assert_eq!(found.len(), 2);
+    assert_eq!(origin.loaded.lock().clone(), vec!["a", "b"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_invalid_key_fails_the_call_before_any_io_or_only_itself_in_fetch_many() {
+    let backend = MemoryBackend::new();
+    let (cache, counting) = process(&backend);
+    let origin = Origin::default();
+    let bad = vec!["ok".to_owned(), String::new(), "x".repeat(100_000)];
+
+    let err = cache
+        .get_or_load_many(&bad, origin.loader(SECOND, &[]))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::InvalidInput(InputError::EmptyKey)));
+    assert_eq!((origin.calls(), counting.round_trips()), (0, 0));
+
+    let answers = cache
+        .fetch_many(&bad, &CallOptions::new(), origin.loader(SECOND, &[]))
+        .await
+        .unwrap();
+    assert_eq!(
+        answers["ok"].as_ref().unwrap().value.as_deref(),
+        Some("vok")
+    );
+    assert!(matches!(
+        answers[""],
+        Err(Error::InvalidInput(InputError::EmptyKey))
+    ));
+    assert!(matches!(
+        answers[&"x".repeat(100_000)],
+        Err(Error::InvalidInput(InputError::KeyTooLong { .. }))
+    ));
+    assert_eq!(origin.loaded.lock().clone(), vec!["ok"]);
+
+    let bad_options = CallOptions::new().ttl(Duration::ZERO);
+    assert!(matches!(
+        cache
+            .fetch_many(&bad, &bad_options, origin.loader(SECOND, &[]))
+            .await,
+        Err(Error::InvalidInput(_))
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_key_the_loader_does_not_return_is_a_cached_absence() {
+    let backend = MemoryBackend::new();
+    let (cache, _) = process(&backend);
+    let origin = Origin::default();
+    let wanted = vec!["here".to_owned(), "gone".to_owned()];
+
+    let found = cache
+        .get_or_load_many(&wanted, origin.loader(SECOND, &["gone"]))
+        .await
+        .unwrap();
+    assert_eq!(found.len(), 1);
+    assert_eq!(found["here"], "vhere");
+
+    let (other, _) = process(&backend);
+    let answers = other
+        .fetch_many(&wanted, &CallOptions::new(), origin.loader(SECOND, &[]))
+        .await
+        .unwrap();
+    let gone = answers["gone"].as_ref().unwrap();
+    assert_eq!((gone.value.clone(), gone.outcome), (None, Outcome::Hit));
+    assert_eq!(origin.calls(), 1, "the absence was cached");
+    // The single-key optional call sees the same absence.
+    let single = other
+        .get_or_load_optional(&"gone".to_owned(), |_| async {
+            Ok::<_, std::io::Error>(Some("no".to_owned()))
+        })
+        .await
+        .unwrap();
+    assert_eq!(single, None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failing_loader_fails_every_key_it_loaded_and_releases_every_lease() {
+    let backend = MemoryBackend::new();
+    let (cache, _) = process(&backend);
+    let wanted = keys(5);
+    let calls = Arc::new(AtomicUsize::new(0));
+    let c = calls.clone();
+    let err = cache
+        .get_or_load_many(&wanted, move |_keys: Vec<String>| {
+            c.fetch_add(1, Ordering::SeqCst);
+            async { Err::<Vec<(String, String)>, _>(std::io::Error::other("db down")) }
+        })
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Loader(_)), "{err:?}");
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    for k in &wanted {
+        assert!(
+            backend.get_raw(&lock_of(k)).is_none(),
+            "lease of {k} released"
+        );
+        assert!(backend.get_raw(FillKeys::new(NS, k).value()).is_none());
+    }
+
+    // A panic: every key gets LoaderPanicked, no lease stays.
+    let answers = cache
+        .fetch_many(&wanted, &CallOptions::new(), |_keys: Vec<String>| async {
+            if true {
+                panic!("loader bug");
+            }
+            Ok::<Vec<(String, String)>, std::io::Error>(Vec::new())
+        })
+        .await
+        .unwrap();
+    assert!(answers
+        .values()
+        .all(|a| matches!(a, Err(Error::LoaderPanicked(m)) if m == "loader bug")));
+    for k in &wanted {
+        assert!(backend.get_raw(&lock_of(k)).is_none());
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn negative_caching_and_fail_safe_apply_per_key_as_for_single_calls() {
+    let backend = MemoryBackend::new();
+    let cache: Cache<String, String> = Cache::builder()
+        .namespace(NS)
+        .backend(backend.clone())
+        .ttl(Duration::from_secs(10))
+        .grace(Duration::from_secs(60))
+        .negative_ttl(Duration::from_secs(5))
+        .jitter(0.0)
+        .build()
+        .unwrap();
+    let origin = Origin::default();
+    // "old" has a value that will be stale; "new" has none.
+    cache
+        .get_or_load_many(&["old".to_owned()], origin.loader(Duration::ZERO, &[]))
+        .await
+        .unwrap();
+    tokio::time::advance(Duration::from_secs(11)).await;
+
+    let failing = |_keys: Vec<String>| async {
+        Err::<Vec<(String, String)>, _>(std::io::Error::other("db down"))
+    };
+    let answers = cache
+        .fetch_many(
+            &["old".to_owned(), "new".to_owned()],
+            &CallOptions::new(),
+            failing,
+        )
+        .await
+        .unwrap();
+    // In grace: served stale at once (the refresh fails in the background).
+    let old = answers["old"].as_ref().unwrap();
+    assert_eq!(
+        (old.value.as_deref(), old.outcome),
+        (Some("vold"), Outcome::Stale)
+    );
+    assert!(matches!(answers["new"], Err(Error::Loader(_))));
+    // The failure of "new" is remembered for the negative TTL.
+    let again = cache
+        .fetch_many(
+            &["new".to_owned()],
+            &CallOptions::new(),
+            origin.loader(SECOND, &[]),
+        )
+        .await
+        .unwrap();
+    assert!(matches!(again["new"], Err(Error::CachedFailure(_))));
+    assert_eq!(origin.calls(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn four_processes_load_the_same_cold_keys_once_fleet_wide() {
+    let backend = MemoryBackend::new();
+    let processes: Vec<_> = (0..4).map(|_| process(&backend)).collect();
+    let origin = Origin::default();
+    let wanted = keys(100);
+
+    let calls = processes.iter().map(|(cache, _)| {
+        let cache = cache.clone();
+        let wanted = wanted.clone();
+        let loader = origin.loader(SECOND, &[]);
+        tokio::spawn(async move { cache.get_or_load_many(&wanted, loader).await })
+    });
+    for call in calls.collect::<Vec<_>>() {
+        let found = call.await.unwrap().unwrap();
+        assert_eq!(found.len(), 100);
+        assert!(wanted.iter().all(|k| found[k] == format!("v{k}")));
+    }
+    let per_key = origin.loads_per_key();
+    assert_eq!(per_key.len(), 100);
+    assert!(per_key.values().all(|n| *n == 1), "{per_key:?}");
+    assert!(origin.calls() <= 4, "{} loader calls", origin.calls());
+
+    // The hit path: each process reads all 100 keys again in one round
+    // trip (a `get_many`; none for the keys its L1 kept), no load.
+    for (cache, counting) in &processes {
+        counting.reset();
+        let found = cache
+            .get_or_load_many(&wanted, origin.loader(SECOND, &[]))
+            .await
+            .unwrap();
+        assert_eq!(found.len(), 100);
+        assert!(counting.round_trips() <= 1, "{:?}", counting.calls);
+    }
+    assert!(origin.calls() <= 4);
+}
+
+#[tokio::test(start_paused = true)]
+async fn keys_another_process_is_loading_are_waited_for() {
+    let backend = MemoryBackend::new();
+    let (a, _) = process(&backend);
+    let (b, b_counting) = process(&backend);
+    let origin = Origin::default();
+
+    // A loads "x" (slowly), alone.
+    let loading = {
+        let a = a.clone();
+        let loader = origin.loader(Duration::from_millis(4500), &[]);
+        tokio::spawn(async move { a.get_or_load_many(&["x".to_owned()], loader).await })
+    };
+    tokio::time::sleep(Duration::from_millis(10)).await;
+
+    // B asks for x and y: loads y, waits for x.
+    let answers = b
+        .fetch_many(
+            &["x".to_owned(), "y".to_owned()],
+            &CallOptions::new(),
+            origin.loader(SECOND, &[]),
+        )
+        .await
+        .unwrap();
+    let x = answers["x"].as_ref().unwrap();
+    assert_eq!(
+        (x.value.as_deref(), x.outcome),
+        (Some("vx"), Outcome::Waited)
+    );
+    assert_eq!(answers["y"].as_ref().unwrap().outcome, Outcome::Loaded);
+    assert_eq!(
+        origin.loads_per_key(),
+        HashMap::from([("x".into(), 1), ("y".into(), 1)])
+    );
+    assert!(loading.await.unwrap().is_ok());
+    // The wait is batched too: re-checks are lease requests for the keys
+    // due, the read after the notification a `get_many`; no single-key
+    // step. (How many re-checks depends on when the holder's lease comes
+    // due, not asserted.)
+    assert_eq!(
+        b_counting.of("acquire") + b_counting.of("get"),
+        0,
+        "{:?}",
+        b_counting.calls
+    );
+    assert_eq!(b_counting.of("get_many"), 2, "{:?}", b_counting.calls);
+    assert_eq!(b.stats().waits, 1);
+    assert_eq!(b.stats().wait_notified, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_dead_holder_is_taken_over_and_a_wait_is_bounded() {
+    let backend = MemoryBackend::new();
+    let cache: Cache<String, String> = Cache::builder()
+        .namespace(NS)
+        .backend(backend.clone())
+        .wait(
+            onefill::WaitPolicy::default()
+                .deadline(Duration::from_secs(2))
+                .on_timeout(OnWaitTimeout::Error),
+        )
+        .build()
+        .unwrap();
+    let origin = Origin::default();
+    // Dead processes' leases on "dead" and "dead2" (expire in 1 s), and a
+    // live one that outlives the wait on "stuck".
+    backend.put_raw(&lock_of("dead"), b"someone", SECOND);
+    backend.put_raw(&lock_of("dead2"), b"someone", SECOND);
+    backend.put_raw(&lock_of("stuck"), b"someone", Duration::from_secs(60));
+
+    let asked: Vec<String> = ["dead", "dead2", "stuck", "free"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let answers = cache
+        .fetch_many(
+            &asked,
+            &CallOptions::new(),
+            origin.loader(Duration::ZERO, &[]),
+        )
+        .await
+        .unwrap();
+    assert_eq!(answers["dead"].as_ref().unwrap().outcome, Outcome::Loaded);
+    assert_eq!(answers["dead2"].as_ref().unwrap().outcome, Outcome::Loaded);
+    assert_eq!(answers["free"].as_ref().unwrap().outcome, Outcome::Loaded);
+    assert!(matches!(answers["stuck"], Err(Error::WaitTimedOut(_))));
+    // "free" in the batch's load; "dead" and "dead2", taken over at the
+    // same re-check (their holders' expiry), in one more.
+    assert_eq!(origin.calls(), 2);
+    assert_eq!(origin.loaded.lock().clone(), vec!["free", "dead", "dead2"]);
+    assert_eq!(origin.loads_per_key().get("stuck"), None);
+    assert_eq!(cache.stats().wait_timeouts, 1);
+    for k in ["dead", "dead2", "free"] {
+        assert!(backend.get_raw(&lock_of(k)).is_none(), "lease of {k} left");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn at_the_wait_deadline_the_keys_are_loaded_together_unstored_by_default() {
+    let backend = MemoryBackend::new();
+    let cache: Cache<String, String> = Cache::builder()
+        .namespace(NS)
+        .backend(backend.clone())
+        .wait(onefill::WaitPolicy::default().deadline(Duration::from_secs(2)))
+        .build()
+        .unwrap();
+    let origin = Origin::default();
+    for k in ["a", "b"] {
+        backend.put_raw(&lock_of(k), b"someone", Duration::from_secs(60));
+    }
+    let answers = cache
+        .fetch_many(
+            &["a".to_owned(), "b".to_owned()],
+            &CallOptions::new(),
+            origin.loader(Duration::ZERO, &[]),
+        )
+        .await
+        .unwrap();
+    for k in ["a", "b"] {
+        let a = answers[k].as_ref().unwrap();
+        assert_eq!(
+            (a.value.clone(), a.outcome),
+            (Some(format!("v{k}")), Outcome::Degraded)
+        );
+        assert!(
+            backend.get_raw(FillKeys::new(NS, k).value()).is_none(),
+            "not stored"
+        );
+    }
+    assert_eq!(origin.calls(), 1, "both keys in one call");
+    assert_eq!(cache.stats().wait_timeouts, 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_backend_that_hangs_during_the_wait_degrades_the_keys_within_bounds() {
+    use support::{Switched, HANG_FROM_THIRD};
+    let backend = Switched::default();
+    let cache: Cache<String, String> = Cache::builder()
+        .namespace(NS)
+        .backend(backend.clone())
+        .backend_timeout(Duration::from_millis(100))
+        .no_l1()
+        .build()
+        .unwrap();
+    let origin = Origin::default();
+    backend
+        .store()
+        .put_raw(&lock_of("held"), b"someone", Duration::from_secs(60));
+    // The read and the lease request answer; the subscription and every
+    // re-check hang.
+    backend.set(HANG_FROM_THIRD);
+    let started = tokio::time::Instant::now();
+    let answers = cache
+        .fetch_many(
+            &["held".to_owned()],
+            &CallOptions::new(),
+            origin.loader(Duration::ZERO, &[]),
+        )
+        .await
+        .unwrap();
+    let held = answers["held"].as_ref().unwrap();
+    assert_eq!(
+        (held.value.as_deref(), held.outcome),
+        (Some("vheld"), Outcome::Degraded)
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(origin.calls(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_batch_and_a_single_call_on_one_key_share_one_load() {
+    let backend = MemoryBackend::new();
+    let (cache, _) = process(&backend);
+    let origin = Origin::default();
+    let single_loads = Arc::new(AtomicUsize::new(0));
+
+    // A single call is loading "a".
+    let single = {
+        let cache = cache.clone();
+        let loads = single_loads.clone();
+        tokio::spawn(async move {
+            cache
+                .get_or_load(&"a".to_owned(), move |_| async move {
+                    loads.fetch_add(1, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                    Ok::<_, std::io::Error>("single".to_owned())
+                })
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let answers = cache
+        .fetch_many(
+            &["a".to_owned(), "b".to_owned()],
+            &CallOptions::new(),
+            origin.loader(SECOND, &[]),
+        )
+        .await
+        .unwrap();
+    let a = answers["a"].as_ref().unwrap();
+    assert_eq!((a.value.as_deref(), a.coalesced), (Some("single"), true));
+    assert_eq!(
+        origin.loaded.lock().clone(),
+        vec!["b"],
+        "the batch did not load a"
+    );
+    assert_eq!(single_loads.load(Ordering::SeqCst), 1);
+    assert_eq!(single.await.unwrap().unwrap(), "single");
+
+    // The other way round: a batch is loading; a single call joins it.
+    let batch = {
+        let cache = cache.clone();
+        let loader = origin.loader(Duration::from_secs(2), &[]);
+        tokio::spawn(async move {
+            cache
+                .get_or_load_many(&["c".to_owned(), "d".to_owned()], loader)
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let c = cache
+        .fetch(&"c".to_owned(), &CallOptions::new(), |_| async {
+            Ok::<_, std::io::Error>("single".to_owned())
+        })
+        .await
+        .unwrap();
+    assert_eq!((c.value.as_str(), c.coalesced), ("vc", true));
+    assert_eq!(batch.await.unwrap().unwrap().len(), 2);
+    assert_eq!(origin.loads_per_key().get("c"), Some(&1));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_dropped_batch_still_loads_fills_and_leaves_no_lease() {
+    let backend = MemoryBackend::new();
+    let (cache, _) = process(&backend);
+    let origin = Origin::default();
+    let wanted = keys(3);
+
+    let call = {
+        let cache = cache.clone();
+        let wanted = wanted.clone();
+        let loader = origin.loader(Duration::from_secs(2), &[]);
+        tokio::spawn(async move { cache.get_or_load_many(&wanted, loader).await })
+    };
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(origin.calls(), 1, "loading");
+    call.abort();
+    assert!(call.await.unwrap_err().is_cancelled());
+    // A caller that joins meanwhile gets the dropped batch's load.
+    let joined = cache
+        .fetch(&"k0".to_owned(), &CallOptions::new(), |_| async {
+            Ok::<_, std::io::Error>("other".to_owned())
+        })
+        .await
+        .unwrap();
+    assert_eq!((joined.value.as_str(), joined.coalesced), ("vk0", true));
+    for k in &wanted {
+        assert!(backend.get_raw(&lock_of(k)).is_none(), "lease of {k} left");
+    }
+    let (other, _) = process(&backend);
+    let found = other
+        .get_or_load_many(&wanted, origin.loader(SECOND, &[]))
+        .await
+        .unwrap();
+    assert_eq!(found.len(), 3);
+    assert_eq!(origin.calls(), 1, "filled by the dropped batch");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_huge_batch_is_chunked_for_the_backend_and_loaded_in_one_call() {
+    let backend = MemoryBackend::new();
+    let (cache, counting) = process(&backend);
+    let origin = Origin::default();
+    let n = MAX_PIPELINE * 2 + 500;
+    let wanted = keys(n);
+    let found = cache
+        .get_or_load_many(&wanted, origin.loader(SECOND, &[]))
+        .await
+        .unwrap();
+    assert_eq!(found.len(), n);
+    assert_eq!(origin.calls(), 1);
+    assert_eq!(counting.of("get_many"), 3);
+    assert_eq!(counting.of("acquire_many"), 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_loader_slower_than_the_maximum_load_time_is_cut_off() {
+    let backend = MemoryBackend::new();
+    let cache: Cache<String, String> = Cache::builder()
+        .namespace(NS)
+        .backend(backend.clone())
+        .max_load_time(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let origin = Origin::default();
+    let answers = cache
+        .fetch_many(
+            &["a".to_owned(), "b".to_owned()],
+            &CallOptions::new(),
+            origin.loader(Duration::from_secs(3600), &[]),
+        )
+        .await
+        .unwrap();
+    assert!(answers
+        .values()
+        .all(|a| matches!(a, Err(Error::LoadTimedOut(_)))));
+    assert!(backend.get_raw(&lock_of("a")).is_none());
+}
+
+#[tokio::test(start_paused = true)]
+async fn stale_keys_are_served_at_once_and_refreshed_together_in_the_background() {
+    let backend = MemoryBackend::new();
+    let build = || -> Cache<String, String> {
+        Cache::builder()
+            .namespace(NS)
+            .backend(backend.clone())
+            .ttl(Duration::from_secs(10))
+            .grace(Duration::from_secs(60))
+            .jitter(0.0)
+            .no_l1()
+            .build()
+            .unwrap()
+    };
+    let (cache, other) = (build(), build());
+    let wanted = keys(10);
+    let first = Origin::default();
+    cache
+        .get_or_load_many(&wanted, first.loader(Duration::ZERO, &[]))
+        .await
+        .unwrap();
+    tokio::time::advance(Duration::from_secs(11)).await;
+
+    let refresh = Origin::default();
+    let answers = cache
+        .fetch_many(&wanted, &CallOptions::new(), refresh.loader(SECOND, &[]))
+        .await
+        .unwrap();
+    assert!(answers
+        .values()
+        .all(|a| a.as_ref().unwrap().outcome == Outcome::Stale));
+    // Another process at the same moment: stale too, and no second refresh.
+    let answers = other
+        .fetch_many(&wanted, &CallOptions::new(), refresh.loader(SECOND, &[]))
+        .await
+        .unwrap();
+    assert!(answers
+        .values()
+        .all(|a| a.as_ref().unwrap().outcome == Outcome::Stale));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(refresh.calls(), 1, "one load refreshed every key");
+    assert_eq!(refresh.loaded.lock().len(), 10);
+    let answers = other
+        .fetch_many(&wanted, &CallOptions::new(), refresh.loader(SECOND, &[]))
+        .await
+        .unwrap();
+    assert!(answers
+        .values()
+        .all(|a| a.as_ref().unwrap().outcome == Outcome::Hit));
+    assert_eq!(cache.stats().background_refreshes, 10);
+}
+
+#[tokio::test(start_paused = true)]
+async fn when_the_backend_fails_the_keys_are_loaded_together_unstored() {
+    use support::{Switched, HANG, REFUSE};
+    let backend = Switched::default();
+    let cache: Cache<String, String> = Cache::builder()
+        .namespace(NS)
+        .backend(backend.clone())
+        .backend_timeout(Duration::from_millis(100))
+        .no_l1()
+        .build()
+        .unwrap();
+    let origin = Origin::default();
+    let wanted = keys(15);
+    cache
+        .get_or_load_many(&wanted[..5], origin.loader(Duration::ZERO, &[]))
+        .await
+        .unwrap();
+
+    for (mode, new) in [(REFUSE, 5..10), (HANG, 10..15)] {
+        backend.set(mode);
+        let calls = origin.calls();
+        let asked: Vec<String> = wanted[..5]
+            .iter()
+            .chain(&wanted[new.clone()])
+            .cloned()
+            .collect();
+        let answers = cache
+            .fetch_many(&asked, &CallOptions::new(), origin.loader(SECOND, &[]))
+            .await
+            .unwrap();
+        // The five read before: their last-known values (outage fallback).
+        for k in &wanted[..5] {
+            let a = answers[k].as_ref().unwrap();
+            assert_eq!(
+                (a.value.clone(), a.outcome),
+                (Some(format!("v{k}")), Outcome::Stale)
+            );
+        }
+        // The five never read: loaded without a lease, in one call.
+        for k in &wanted[new] {
+            let a = answers[k].as_ref().unwrap();
+            assert_eq!(a.outcome, Outcome::Degraded, "{mode}");
+        }
+        assert_eq!(origin.calls(), calls + 1, "one loader call in mode {mode}");
+    }
+    backend.set(support::HEALTHY);
+    assert!(wanted[5..].iter().all(|k| backend
+        .store()
+        .get_raw(FillKeys::new(NS, k).value())
+        .is_none()));
+
+    // Strict mode: the backend's error, for each key.
+    backend.set(REFUSE);
+    let strict = CallOptions::new().strict(true);
+    let answers = cache
+        .fetch_many(&wanted, &strict, origin.loader(SECOND, &[]))
+        .await
+        .unwrap();
+    assert!(answers
+        .values()
+        .all(|a| matches!(a, Err(Error::Backend(_)))));
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_the_lease_policy_held_keys_are_loaded_unstored_not_waited_for() {
+    let backend = MemoryBackend::new();
+    let (cache, _) = process(&backend);
+    let origin = Origin::default();
+    backend.put_raw(&lock_of("held"), b"someone", Duration::from_secs(60));
+    let answers = cache
+        .fetch_many(
+            &["held".to_owned(), "free".to_owned(), "free2".to_owned()],
+            &CallOptions::new().no_lease(),
+            origin.loader(SECOND, &[]),
+        )
+        .await
+        .unwrap();
+    let held = answers["held"].as_ref().unwrap();
+    assert_eq!(
+        (held.value.as_deref(), held.outcome),
+        (Some("vheld"), Outcome::Degraded)
+    );
+    assert_eq!(answers["free"].as_ref().unwrap().outcome, Outcome::Loaded);
+    // "free" stored under the lease it took; "held" left to its holder.
+    assert!(backend.get_raw(FillKeys::new(NS, "free").value()).is_some());
+    assert!(backend.get_raw(FillKeys::new(NS, "held").value()).is_none());
+    assert_eq!(
+        backend.get_raw(&lock_of("held")).map(|(b, _)| b),
+        Some(b"someone".to_vec())
+    );
+    assert_eq!(
+        origin.loads_per_key(),
+        HashMap::from([("held".into(), 1), ("free".into(), 1), ("free2".into(), 1)])
+    );
+    // One call for the keys won and the key loaded unstored.
+    assert_eq!(origin.calls(), 1);
+    assert_eq!(cache.stats().waits, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_set_during_the_batch_load_fences_its_fill_and_extra_pairs_are_ignored() {
+    let backend = MemoryBackend::new();
+    let (cache, _) = process(&backend);
+    let (writer, _) = process(&backend);
+    let loading = {
+        let cache = cache.clone();
+        tokio::spawn(async move {
+            cache
+                .fetch_many(
+                    &["a".to_owned(), "b".to_owned()],
+                    &CallOptions::new(),
+                    |keys: Vec<String>| async move {
+                        tokio::time::sleep(Duration::from_secs(2)).await;
+                        let mut found: Vec<(String, String)> =
+                            keys.into_iter().map(|k| (k, "old".to_owned())).collect();
+                        // Not asked for: ignored, not stored.
+                        found.push(("extra".to_owned(), "x".to_owned()));
+                        Ok::<_, std::io::Error>(found)
+                    },
+                )
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    writer.set(&"a".to_owned(), "new".to_owned()).await.unwrap();
+    let answers = loading.await.unwrap().unwrap();
+    // The batch's callers get what the loader found...
+    assert_eq!(answers["a"].as_ref().unwrap().value.as_deref(), Some("old"));
+    assert_eq!(answers.len(), 2);
+    // ...but the write that came after the load started stays.
+    let (reader, _) = process(&backend);
+    assert_eq!(
+        reader.get(&"a".to_owned()).await.unwrap().as_deref(),
+        Some("new")
+    );
+    assert_eq!(
+        reader.get(&"b".to_owned()).await.unwrap().as_deref(),
+        Some("old")
+    );
+    assert!(backend
+        .get_raw(FillKeys::new(NS, "extra").value())
+        .is_none());
+    assert_eq!(cache.stats().lease_lost, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn keys_with_braces_newlines_and_unicode_are_batched_like_any_other() {
+    let backend = MemoryBackend::new();
+    let (cache, _) = process(&backend);
+    let origin = Origin::default();
+    let odd: Vec<String> = ["}a{", "{b}", "line\nbreak", "ключ", "}"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let found = cache
+        .get_or_load_many(&odd, origin.loader(Duration::ZERO, &[]))
+        .await
+        .unwrap();
+    assert!(odd.iter().all(|k| found[k] == format!("v{k}")));
+    let (other, counting) = process(&backend);
+    let again = other
+        .get_or_load_many(&odd, origin.loader(Duration::ZERO, &[]))
+        .await
+        .unwrap();
+    assert_eq!(again, found);
+    assert_eq!((origin.calls(), counting.round_trips()), (1, 1));
+}
+
+#[tokio::test(start_paused = true)]
+async fn stale_keys_in_the_l1_are_served_without_a_round_trip_and_refreshed_together() {
+    let backend = MemoryBackend::new();
+    let counting = Counting::new(backend.clone());
+    let build = |b: Counting<MemoryBackend>| -> Cache<String, String> {
+        Cache::builder()
+            .namespace(NS)
+            .backend(b)
+            .ttl(Duration::from_secs(10))
+            .grace(Duration::from_secs(60))
+            .jitter(0.0)
+            .build()
+            .unwrap()
+    };
+    let (writer, reader) = (
+        build(Counting::new(backend.clone())),
+        build(counting.clone()),
+    );
+    let wanted = keys(5);
+    let first = Origin::default();
+    writer
+        .get_or_load_many(&wanted, first.loader(Duration::ZERO, &[]))
+        .await
+        .unwrap();
+    // The reader reads them once: its L1 keeps them.
+    reader
+        .get_or_load_many(&wanted, first.loader(Duration::ZERO, &[]))
+        .await
+        .unwrap();
+    tokio::time::advance(Duration::from_secs(11)).await;
+
+    counting.reset();
+    let refresh = Origin::default();
+    let answers = reader
+        .fetch_many(&wanted, &CallOptions::new(), refresh.loader(SECOND, &[]))
+        .await
+        .unwrap();
+    assert!(answers
+        .values()
+        .all(|a| a.as_ref().unwrap().outcome == Outcome::Stale));
+    assert_eq!(counting.of("get_many"), 0, "served from the L1");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(refresh.calls(), 1, "one load refreshed every key");
+    assert_eq!(refresh.loaded.lock().len(), 5);
+    assert_eq!(counting.of("acquire_many"), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_batch_dropped_while_it_waits_still_answers_the_keys_other_callers() {
+    let backend = MemoryBackend::new();
+    let (a, _) = process(&backend);
+    let (b, _) = process(&backend);
+    let origin = Origin::default();
+    let loading = {
+        let loader = origin.loader(Duration::from_secs(2), &[]);
+        tokio::spawn(async move { a.get_or_load_many(&["x".to_owned()], loader).await })
+    };
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let waiting = {
+        let b = b.clone();
+        let loader = origin.loader(SECOND, &[]);
+        tokio::spawn(async move { b.get_or_load_many(&["x".to_owned()], loader).await })
+    };
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    waiting.abort();
+    assert!(waiting.await.unwrap_err().is_cancelled());
+    // A single call in B joins the flight the dropped batch leads.
+    let x = b
+        .fetch(&"x".to_owned(), &CallOptions::new(), |_| async {
+            Ok::<_, std::io::Error>("mine".to_owned())
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        (x.value.as_str(), x.outcome, x.coalesced),
+        ("vx", Outcome::Waited, true)
+    );
+    assert!(loading.await.unwrap().is_ok());
+    assert_eq!(origin.calls(), 1);
+    assert_eq!(b.stats().waits, 1);
+}

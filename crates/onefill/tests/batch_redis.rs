@@ -1,0 +1,302 @@
+//! The batch call on real Redis (private servers from the testkit):
+//! separate `Cache` + `RedisBackend` instances, each with its own
+//! connections, stand for processes. Round trips are counted as backend
+//! calls (a counting wrapper: each call is one request and its reply, a
+//! pipeline for the batch methods) and checked against the server's own
+//! `INFO commandstats`.
+
+mod batch_support;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use batch_support::{Counting, Origin};
+use onefill::backend::{Acquired, Backend, FillKeys, LeaseRequest};
+use onefill::redis::RedisBackend;
+use onefill::{Cache, CallOptions, LeaseToken, Outcome};
+use onefill_testkit::{RedisCluster, RedisServer};
+
+fn unique_ns(name: &str) -> String {
+    format!("{name}-{}", &LeaseToken::random().as_str()[..8])
+}
+
+/// `calls=` of each command in the server's `INFO commandstats`.
+fn commandstats(node: &RedisServer) -> HashMap<String, u64> {
+    node.command(&["INFO", "commandstats"])
+        .lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix("cmdstat_")?;
+            let (name, stats) = rest.split_once(':')?;
+            let calls = stats
+                .split("calls=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse()
+                .ok()?;
+            Some((name.to_owned(), calls))
+        })
+        .collect()
+}
+
+fn keys(n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("k{i}")).collect()
+}
+
+async fn process(
+    backend: RedisBackend,
+    ns: &str,
+) -> (Cache<String, String>, Counting<RedisBackend>) {
+    let counting = Counting::new(backend);
+    let cache = Cache::builder()
+        .namespace(ns)
+        .backend(counting.clone())
+        .ttl(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    (cache, counting)
+}
+
+/// The test: 4 processes × the same 100 cold keys, at once.
+async fn four_processes(processes: &[(Cache<String, String>, Counting<RedisBackend>)]) -> Origin {
+    let origin = Origin::default();
+    let wanted = keys(100);
+    let calls: Vec<_> = processes
+        .iter()
+        .map(|(cache, _)| {
+            let cache = cache.clone();
+            let wanted = wanted.clone();
+            let loader = origin.loader(Duration::from_millis(50), &[]);
+            tokio::spawn(async move { cache.get_or_load_many(&wanted, loader).await })
+        })
+        .collect();
+    for call in calls {
+        let found = call.await.unwrap().unwrap();
+        assert_eq!(found.len(), 100);
+        assert!(wanted.iter().all(|k| found[k] == format!("v{k}")));
+    }
+    let per_key = origin.loads_per_key();
+    assert_eq!(per_key.len(), 100);
+    assert!(per_key.values().all(|n| *n == 1), "{per_key:?}");
+    assert!(origin.calls() <= 4, "{} loader calls", origin.calls());
+    for (i, (_, counting)) in processes.iter().enumerate() {
+        eprintln!("cold, process {i}: {:?}", counting.calls.lock());
+        // Read, lease requests and the wait's re-checks all batched: no
+        // key went through a single-key read or lease request.
+        assert_eq!(
+            counting.of("get") + counting.of("acquire"),
+            0,
+            "{:?}",
+            counting.calls.lock()
+        );
+    }
+    origin
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_processes_load_100_cold_keys_once_fleet_wide_standalone() {
+    let server = RedisServer::start();
+    let ns = unique_ns("batch");
+    let mut processes = Vec::new();
+    for _ in 0..4 {
+        let backend = RedisBackend::connect(&server.url()).await.unwrap();
+        processes.push(process(backend, &ns).await);
+    }
+    let origin = four_processes(&processes).await;
+
+    // The hit path: one round trip per process (one pipeline of
+    // GET + PTTL for the 100 keys), nothing else on the server.
+    let before = commandstats(&server);
+    for (cache, counting) in &processes {
+        counting.reset();
+        let answers = cache
+            .fetch_many(
+                &keys(100),
+                &CallOptions::new(),
+                origin.loader(Duration::ZERO, &[]),
+            )
+            .await
+            .unwrap();
+        assert!(answers
+            .values()
+            .all(|a| a.as_ref().unwrap().outcome == Outcome::Hit));
+        assert_eq!(counting.round_trips(), 1, "{:?}", counting.calls.lock());
+        assert_eq!(counting.of("get_many"), 1);
+    }
+    let after = commandstats(&server);
+    let delta = |c: &str| after.get(c).copied().unwrap_or(0) - before.get(c).copied().unwrap_or(0);
+    assert_eq!((delta("get"), delta("pttl")), (400, 400));
+    assert_eq!(delta("evalsha") + delta("eval"), 0);
+    assert!(origin.calls() <= 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_processes_load_100_cold_keys_once_fleet_wide_on_a_cluster() {
+    let cluster = RedisCluster::start(3);
+    let urls = cluster.urls();
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let ns = unique_ns("batch");
+    let mut processes = Vec::new();
+    for _ in 0..4 {
+        let backend = RedisBackend::connect_cluster(&urls).await.unwrap();
+        processes.push(process(backend, &ns).await);
+    }
+    let origin = four_processes(&processes).await;
+
+    // The hit path: one pipeline per master (3), in parallel.
+    for (cache, counting) in &processes {
+        counting.reset();
+        let found = cache
+            .get_or_load_many(&keys(100), origin.loader(Duration::ZERO, &[]))
+            .await
+            .unwrap();
+        assert_eq!(found.len(), 100);
+        assert!(counting.round_trips() <= 3, "{:?}", counting.calls.lock());
+    }
+    assert!(origin.calls() <= 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_batch_steps_answer_each_key_and_survive_a_script_flush() {
+    let server = RedisServer::start();
+    let backend = RedisBackend::connect(&server.url()).await.unwrap();
+    let ns = unique_ns("steps");
+    let k = |s: &str| FillKeys::new(&ns, s);
+    // "held": someone's lease; "fresh": a value; "free": nothing.
+    server.command(&["SET", k("held").lock(), "someone", "PX", "60000"]);
+    let cache: Cache<String, String> = Cache::builder()
+        .namespace(&ns)
+        .backend(backend.clone())
+        .build()
+        .unwrap();
+    cache
+        .set(&"fresh".to_owned(), "v".to_owned())
+        .await
+        .unwrap();
+    server.command(&["SCRIPT", "FLUSH"]);
+
+    let requests: Vec<LeaseRequest> = ["held", "fresh", "free"]
+        .iter()
+        .map(|s| LeaseRequest::new(k(s), LeaseToken::random(), Duration::ZERO))
+        .collect();
+    let answers = backend
+        .acquire_many(&requests, Duration::from_secs(5))
+        .await;
+    assert!(
+        matches!(answers[0], Ok(Acquired::Held { .. })),
+        "{answers:?}"
+    );
+    assert!(matches!(answers[1], Ok(Acquired::Fresh(_))), "{answers:?}");
+    assert!(
+        matches!(answers[2], Ok(Acquired::Won { stale: None })),
+        "{answers:?}"
+    );
+    assert_eq!(
+        server.command(&["GET", k("free").lock()]).trim(),
+        requests[2].token.as_str()
+    );
+
+    let read = backend.get_many(&[k("fresh"), k("free"), k("held")]).await;
+    assert!(matches!(&read[0], Ok(Some(s)) if !s.bytes.is_empty()));
+    assert!(matches!(read[1], Ok(None)));
+    assert!(matches!(read[2], Ok(None)));
+}
+
+fn node_id(node: &RedisServer) -> String {
+    node.command(&["CLUSTER", "MYID"]).trim().to_owned()
+}
+
+/// A slot migrating (`ASK`), then moved (`MOVED`), under a batch: the keys
+/// whose pipelined command was redirected are sent again alone and
+/// followed; a strict cache (backend errors surface) sees no error, and
+/// nothing is loaded twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_follows_a_migrating_then_moved_slot() {
+    let cluster = RedisCluster::start(3);
+    let urls = cluster.urls();
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let ns = unique_ns("batch-migrate");
+    let backend = RedisBackend::connect_cluster(&urls).await.unwrap();
+    let cache: Cache<String, String> = Cache::builder()
+        .namespace(&ns)
+        .backend(backend)
+        .strict(true)
+        .build()
+        .unwrap();
+    let origin = Origin::default();
+    let wanted = keys(20);
+    cache
+        .get_or_load_many(&wanted, origin.loader(Duration::ZERO, &[]))
+        .await
+        .unwrap();
+
+    let moving = FillKeys::new(&ns, "k0");
+    let source = cluster.node_for_key(moving.value());
+    let target = cluster
+        .nodes()
+        .iter()
+        .find(|n| n.port() != source.port())
+        .unwrap();
+    let slot = source
+        .query(&["CLUSTER", "KEYSLOT", moving.value()])
+        .as_int()
+        .unwrap()
+        .to_string();
+    let (source_id, target_id) = (node_id(source), node_id(target));
+    target.command(&["CLUSTER", "SETSLOT", &slot, "IMPORTING", &source_id]);
+    source.command(&["CLUSTER", "SETSLOT", &slot, "MIGRATING", &target_id]);
+    let port = target.port().to_string();
+    let migrated = source.command(&[
+        "MIGRATE",
+        "127.0.0.1",
+        &port,
+        "",
+        "0",
+        "5000",
+        "KEYS",
+        moving.value(),
+    ]);
+    assert!(migrated.contains("OK"), "MIGRATE: {migrated}");
+
+    // Migrating: the source answers ASK for k0.
+    let answers = cache
+        .fetch_many(
+            &wanted,
+            &CallOptions::new(),
+            origin.loader(Duration::ZERO, &[]),
+        )
+        .await
+        .unwrap();
+    assert!(
+        answers
+            .values()
+            .all(|a| a.as_ref().unwrap().outcome == Outcome::Hit),
+        "{answers:?}"
+    );
+
+    // Moved: the source answers MOVED; k0 is gone, so it is read, leased,
+    // loaded and filled through the redirection.
+    for node in cluster.nodes() {
+        node.command(&["CLUSTER", "SETSLOT", &slot, "NODE", &target_id]);
+    }
+    target.command(&["DEL", moving.value()]);
+    let answers = cache
+        .fetch_many(
+            &wanted,
+            &CallOptions::new(),
+            origin.loader(Duration::ZERO, &[]),
+        )
+        .await
+        .unwrap();
+    let k0 = answers["k0"].as_ref().unwrap();
+    assert_eq!(
+        (k0.value.as_deref(), k0.outcome),
+        (Some("vk0"), Outcome::Loaded)
+    );
+    assert!(
+        !target.query(&["GET", moving.value()]).is_nil(),
+        "filled on the new master"
+    );
+    assert_eq!(origin.loads_per_key().get("k0"), Some(&2));
+    assert_eq!(cache.stats().backend_errors, 0, "{:?}", cache.stats());
+}
