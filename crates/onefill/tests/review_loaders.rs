@@ -712,3 +712,120 @@ async fn an_odd_borrow_impl_is_caught() {
     c.invalidate(&1u32).await.unwrap();
     assert_eq!(c.get(&UserId(1)).await.unwrap(), None, "invalidated");
 }
+
+// ---------------------------------------------------------------------
+// More: chosen grace vs early refresh, invalidate during a background
+// load, soft timeout on a private Redis
+// ---------------------------------------------------------------------
+
+/// A cache with a grace window (so early refresh is off for it) whose
+/// loader chooses `grace(0)` for a value: that value has no grace window
+/// on the server, so at expiry every caller waits for a load, unless early
+/// refresh (sized from the value, as decision 0007 puts it: "early refresh
+/// and the grace window answer the same question") refreshes it ahead.
+/// The gate reads the reader's policy's grace, not the value's.
+#[tokio::test(start_paused = true)]
+#[ignore = "finding 6: early refresh is gated on the policy's grace, not the value's chosen grace"]
+async fn a_value_chosen_without_grace_is_refreshed_early() {
+    let backend = MemoryBackend::new();
+    let c = fresh_cache(&backend, Duration::from_secs(10));
+    let loads = Arc::new(AtomicUsize::new(0));
+    let no_grace = |loads: &Arc<AtomicUsize>| {
+        let loads = loads.clone();
+        move |_: String| async move {
+            let n = loads.fetch_add(1, Ordering::SeqCst) + 1;
+            tokio::time::sleep(ms(100)).await;
+            Ok::<_, io::Error>(
+                Loaded::new(format!("v{n}"))
+                    .ttl(ms(1000))
+                    .grace(Duration::ZERO),
+            )
+        }
+    };
+    c.fetch_loaded("k", &CallOptions::new(), no_grace(&loads))
+        .await
+        .unwrap();
+    // 1.2 × 100 ms + 5 ms before expiry: due for early refresh.
+    tokio::time::advance(ms(950)).await;
+    let f = c
+        .fetch_loaded("k", &CallOptions::new(), no_grace(&loads))
+        .await
+        .unwrap();
+    assert_eq!(f.outcome, Outcome::Hit);
+    tokio::time::sleep(ms(150)).await;
+    assert_eq!(loads.load(Ordering::SeqCst), 2, "refreshed ahead of expiry");
+    let f = c
+        .fetch_loaded("k", &CallOptions::new(), no_grace(&loads))
+        .await
+        .unwrap();
+    assert_eq!((f.outcome, f.value.as_str()), (Outcome::Hit, "v2"));
+}
+
+/// `invalidate` in the same process while the soft timeout's background
+/// load runs: the load's value is neither stored nor served from the L1.
+#[tokio::test(start_paused = true)]
+async fn invalidate_during_the_background_load_with_l1() {
+    let backend = MemoryBackend::new();
+    let c = soft(&backend).l1(onefill::L1::new(100)).build().unwrap();
+    let loads = Arc::new(AtomicUsize::new(0));
+    fetch(&c, &loads, ms(0), Then::Value).await.unwrap();
+    tokio::time::advance(ms(1500)).await;
+    let first = fetch(&c, &loads, ms(500), Then::Value).await.unwrap();
+    assert_eq!(first.outcome, Outcome::Stale);
+    c.invalidate("k").await.unwrap();
+    tokio::time::sleep(ms(600)).await;
+    assert!(stored(&backend).await.is_none(), "fenced out");
+    assert!(!lease_held(&backend).await);
+    assert_eq!(c.get("k").await.unwrap(), None, "not from the L1");
+    let f = fetch(&c, &loads, ms(0), Then::Value).await.unwrap();
+    assert_eq!((f.outcome, f.value.as_str()), (Outcome::Loaded, "v3"));
+}
+
+/// The soft timeout on a private Redis: a background load three times
+/// longer than its lease TTL keeps the lease (the watchdog), another
+/// process gets stale with no load of its own, the fill lands, the lease
+/// key is gone.
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn on_redis_the_background_load_keeps_its_lease_and_fills() {
+    use onefill::redis::RedisBackend;
+    use onefill_testkit::RedisServer;
+
+    let server = RedisServer::start();
+    let mk = || async {
+        Cache::<String, String>::builder()
+            .namespace(NS)
+            .backend(RedisBackend::connect(&server.url()).await.unwrap())
+            .ttl(ms(1000))
+            .grace(ms(30_000))
+            .jitter(0.0)
+            .lease_ttl(LeaseTtl::Fixed(ms(300)))
+            .soft_timeout(ms(100))
+            .build()
+            .unwrap()
+    };
+    let (a, b) = (mk().await, mk().await);
+    let loads = Arc::new(AtomicUsize::new(0));
+    fetch(&a, &loads, ms(0), Then::Value).await.unwrap();
+    tokio::time::sleep(ms(1100)).await; // stale
+    let first = fetch(&a, &loads, ms(1000), Then::Value).await.unwrap();
+    assert_eq!(
+        (first.outcome, first.value.as_str()),
+        (Outcome::Stale, "v1")
+    );
+    let keys = FillKeys::new(NS, "k");
+    for _ in 0..3 {
+        tokio::time::sleep(ms(250)).await;
+        let other = fetch(&b, &loads, ms(0), Then::Value).await.unwrap();
+        assert_eq!(
+            (other.outcome, other.value.as_str()),
+            (Outcome::Stale, "v1")
+        );
+        assert_eq!(server.query(&["EXISTS", keys.lock()]).as_int(), Some(1));
+    }
+    tokio::time::sleep(ms(400)).await; // filled at ~1 s, fresh for 1 s
+    assert_eq!(server.query(&["EXISTS", keys.lock()]).as_int(), Some(0));
+    let after = fetch(&b, &loads, ms(0), Then::Value).await.unwrap();
+    assert_eq!((after.outcome, after.value.as_str()), (Outcome::Hit, "v2"));
+    assert_eq!(loads.load(Ordering::SeqCst), 2);
+}
