@@ -241,9 +241,21 @@ impl<V: 'static> Shared<V> {
             key: key.to_owned(),
             source,
         };
+        let too_large = |len: usize| {
+            Error::InvalidInput(InputError::ValueTooLarge {
+                len,
+                max: policy.max_value_bytes,
+            })
+        };
         let (kind, payload) = match value {
             Some(v) => {
                 let payload = self.codec.encode(v).map_err(encode_error)?;
+                // Refused by size before the round trip: decoding a value
+                // that cannot be stored anyway would only cost its decode.
+                let len = envelope::HEADER_LEN + payload.len();
+                if len > policy.max_value_bytes {
+                    return Err(too_large(len));
+                }
                 // A decode that panics (a bug in user code) fails the write
                 // as one that errs, rather than the whole flight.
                 let check = || self.codec.check_round_trip(&payload);
@@ -256,10 +268,7 @@ impl<V: 'static> Shared<V> {
         };
         let bytes = envelope::encode(kind, policy.grace, took, written_ttl, &payload);
         if bytes.len() > policy.max_value_bytes {
-            return Err(Error::InvalidInput(InputError::ValueTooLarge {
-                len: bytes.len(),
-                max: policy.max_value_bytes,
-            }));
+            return Err(too_large(bytes.len()));
         }
         Ok(bytes)
     }

@@ -122,3 +122,46 @@ async fn values_that_round_trip_are_stored() {
     }
     assert_eq!(loads.load(Ordering::SeqCst), 1);
 }
+
+/// Review of issue 10: a value over the size limit was decoded (the round
+/// trip check) before it was refused by size: a full decode of a value
+/// that cannot be stored. Now refused first, without a decode.
+#[tokio::test(start_paused = true)]
+async fn a_value_over_the_size_limit_is_not_decoded() {
+    struct Counting(Arc<AtomicUsize>);
+    impl onefill::Codec<String> for Counting {
+        fn encode(&self, v: &String) -> Result<Vec<u8>, onefill::CodecError> {
+            Ok(v.as_bytes().to_vec())
+        }
+        fn decode(&self, b: &[u8]) -> Result<String, onefill::CodecError> {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            String::from_utf8(b.to_vec()).map_err(onefill::CodecError::new)
+        }
+    }
+    let decodes = Arc::new(AtomicUsize::new(0));
+    let backend = MemoryBackend::new();
+    let c: Cache<String, String> = Cache::builder()
+        .namespace(NS)
+        .backend(backend.clone())
+        .codec(Counting(decodes.clone()))
+        .max_value_bytes(100)
+        .build()
+        .unwrap();
+    // 16-byte header + 84 bytes: exactly the limit, checked and stored.
+    c.set("k", "x".repeat(84)).await.unwrap();
+    assert_eq!(decodes.load(Ordering::SeqCst), 1, "the round trip");
+    let err = c.set("k", "x".repeat(85)).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::InvalidInput(onefill::InputError::ValueTooLarge { len: 101, max: 100 })
+        ),
+        "{err:?}"
+    );
+    let err = c
+        .get_or_load("k2", |_| async { Ok::<_, std::io::Error>("y".repeat(85)) })
+        .await
+        .unwrap_err();
+    assert!(err.is_invalid_input(), "{err:?}");
+    assert_eq!(decodes.load(Ordering::SeqCst), 1, "no decode of either");
+}
