@@ -249,7 +249,13 @@ impl<V: 'static> Shared<V> {
         };
         let (kind, payload) = match value {
             Some(v) => {
-                let payload = self.codec.encode(v).map_err(encode_error)?;
+                // An encode that panics (a `Serialize` impl's or a codec's
+                // bug) fails the write as one that errs, as a decode that
+                // panics does below, rather than abandoning the flight.
+                let encode = || self.codec.encode(v);
+                let payload = std::panic::catch_unwind(std::panic::AssertUnwindSafe(encode))
+                    .unwrap_or_else(|_| Err(CodecError::msg("the codec's encode panicked")))
+                    .map_err(encode_error)?;
                 // Refused by size before the round trip: decoding a value
                 // that cannot be stored anyway would only cost its decode.
                 let len = envelope::HEADER_LEN + payload.len();

@@ -575,7 +575,9 @@ async fn a_codec_whose_decode_panics() {
 }
 
 /// A custom codec whose `encode` panics (a buggy `Serialize` impl, say):
-/// the fill should fail like an encode error, not abandon the flight.
+/// the fill and `set` fail with `Error::Encode`, as for a decode that
+/// panics, instead of abandoning the flight (`FlightAbandoned`) and
+/// unwinding through `set`'s caller. Regression test of the review.
 #[tokio::test(start_paused = true)]
 async fn a_codec_whose_encode_panics() {
     struct Panics;
@@ -598,8 +600,17 @@ async fn a_codec_whose_encode_panics() {
         .get_or_load("k", |_| async { Ok::<_, io::Error>("a".to_owned()) })
         .await
         .unwrap_err();
-    eprintln!("encode panic -> {err:?}");
-    tokio::time::sleep(ms(10)).await;
+    // Was `FlightAbandoned` (the flight's task unwound); now the encode
+    // error of a decode that panics, with the lease released in line.
+    assert!(
+        matches!(&err, Error::Encode { key, .. } if key == "k"),
+        "{err:?}"
+    );
+    let err = c.set("k", "a".to_owned()).await.unwrap_err();
+    assert!(
+        matches!(&err, Error::Encode { key, .. } if key == "k"),
+        "{err:?}"
+    );
     assert!(stored(&backend).await.is_none());
     assert!(!lease_held(&backend).await, "the lease is released");
     // Not stuck: the next call runs its loader again.
