@@ -873,3 +873,40 @@ async fn a_stale_read_is_not_a_miss_with_a_soft_timeout() {
         );
     }
 }
+
+/// A loader gives its value a long grace (60 s) on a cache without one.
+/// The value goes stale; its refresh fails; fail-safe re-stores it fresh
+/// for the throttle (1 s) plus the *cache's* grace (0), so the value the
+/// loader promised a minute of grace is gone from the server 1 s later,
+/// and the next caller, with no stale value left, gets the origin's error.
+#[tokio::test(start_paused = true)]
+#[ignore = "finding 8: a fail-safe re-store drops the value's chosen grace"]
+async fn fail_safe_keeps_the_values_own_grace() {
+    let backend = MemoryBackend::new();
+    let c = Cache::<String, String>::builder()
+        .namespace(NS)
+        .backend(backend.clone())
+        .ttl(ms(1000))
+        .jitter(0.0)
+        .early_refresh_beta(0.0)
+        .fail_safe_throttle(ms(1000))
+        .no_l1()
+        .build()
+        .unwrap();
+    c.fetch_loaded("k", &CallOptions::new(), |_| async {
+        Ok::<_, io::Error>(Loaded::new("v1".to_owned()).grace(Duration::from_secs(60)))
+    })
+    .await
+    .unwrap();
+    tokio::time::advance(ms(1500)).await; // stale, in its own grace
+    let loads = Arc::new(AtomicUsize::new(0));
+    let f = fetch(&c, &loads, ms(10), Then::Fail).await.unwrap();
+    assert_eq!((f.outcome, f.value.as_str()), (Outcome::Stale, "v1"));
+    tokio::time::sleep(ms(50)).await; // the refresh failed: fail-safe
+    tokio::time::advance(ms(2000)).await; // past the throttle, in the grace
+    let f = fetch(&c, &loads, ms(10), Then::Fail).await;
+    assert!(
+        matches!(&f, Ok(f) if f.value == "v1"),
+        "within the value's 60 s grace: {f:?}"
+    );
+}
