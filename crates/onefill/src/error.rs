@@ -78,7 +78,10 @@ impl Error {
     pub fn is_backend(&self) -> bool {
         matches!(self, Error::Backend(_))
     }
-    /// The input (key, value size or options) was rejected before anything ran.
+    /// The input was rejected and nothing was stored: a key or call option
+    /// (before anything ran), or what a load produced (a value over the size
+    /// limit, a TTL or grace out of range chosen with
+    /// [`Loaded`](crate::Loaded)).
     pub fn is_invalid_input(&self) -> bool {
         matches!(self, Error::InvalidInput(_))
     }
