@@ -935,3 +935,18 @@ async fn a_computed_ttl_of_zero_still_answers_the_value() {
         "the load succeeded: {r:?}"
     );
 }
+
+/// The workaround (and the shape of a fix) for finding 1: anyhow's
+/// relocating conversion makes the box downcastable to the original type.
+#[tokio::test(start_paused = true)]
+async fn anyhow_relocated_into_a_box_comes_back_typed() {
+    let c = errors_cache();
+    let err = c
+        .get_or_load(&5, |k| async move {
+            let row: anyhow::Result<String> = Err(NoRow(k).into());
+            row.map_err(|e| e.reallocate_into_boxed_dyn_error_without_backtrace())
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.loader_error::<NoRow>().map(|e| e.0), Some(5));
+}
