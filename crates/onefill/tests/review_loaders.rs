@@ -971,3 +971,43 @@ async fn the_soft_timeout_does_not_serve_a_value_past_its_grace() {
         "served 50 ms past its hard TTL"
     );
 }
+
+/// On a private Redis: the soft timeout's background load fails after the
+/// answer; fail-safe re-stores the stale value for the throttle (the
+/// release-with-entry script), the lease key is gone, the next call is a
+/// hit on the stale value with no load.
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn on_redis_a_background_failure_is_fail_safe() {
+    use onefill::redis::RedisBackend;
+    use onefill_testkit::RedisServer;
+
+    let server = RedisServer::start();
+    let c = Cache::<String, String>::builder()
+        .namespace(NS)
+        .backend(RedisBackend::connect(&server.url()).await.unwrap())
+        .ttl(ms(500))
+        .grace(ms(30_000))
+        .jitter(0.0)
+        .lease_ttl(LeaseTtl::Fixed(ms(300)))
+        .soft_timeout(ms(100))
+        .fail_safe_throttle(ms(5000))
+        .build()
+        .unwrap();
+    let loads = Arc::new(AtomicUsize::new(0));
+    fetch(&c, &loads, ms(0), Then::Value).await.unwrap();
+    tokio::time::sleep(ms(600)).await; // stale
+    let first = fetch(&c, &loads, ms(700), Then::Fail).await.unwrap();
+    assert_eq!(
+        (first.outcome, first.value.as_str()),
+        (Outcome::Stale, "v1")
+    );
+    let keys = FillKeys::new(NS, "k");
+    tokio::time::sleep(ms(900)).await; // failed at ~0.7 s, re-stored
+    assert_eq!(server.query(&["EXISTS", keys.lock()]).as_int(), Some(0));
+    let pttl = server.query(&["PTTL", keys.value()]).as_int().unwrap();
+    assert!(pttl > 30_000, "throttle + grace: {pttl}");
+    let next = fetch(&c, &loads, ms(0), Then::Value).await.unwrap();
+    assert_eq!((next.outcome, next.value.as_str()), (Outcome::Hit, "v1"));
+    assert_eq!(loads.load(Ordering::SeqCst), 2);
+}
