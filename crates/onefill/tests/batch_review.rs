@@ -1,0 +1,156 @@
+//! Review probes of the batch call (`get_or_load_many`, `fetch_many`):
+//! each test reproduces one finding of the hostile review of the batch
+//! merge (d1990a1), in paused time on the memory backend.
+
+mod batch_support;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use batch_support::Origin;
+use onefill::backend::{
+    Acquired, Backend, BackendError, FillKeys, FillSubscription, LeaseToken, Stored,
+};
+use onefill::{Cache, CallOptions, MemoryBackend, Outcome};
+
+const NS: &str = "review";
+
+/// Two shards (as two masters of a cluster): keys containing `bad` live on
+/// shard 1, which hangs once `hang_bad` is set. Every command takes a
+/// millisecond (a round trip), as on a real server.
+#[derive(Debug, Clone, Default)]
+struct TwoMasters {
+    store: MemoryBackend,
+    hang_bad: Arc<AtomicBool>,
+}
+
+impl TwoMasters {
+    async fn round_trip(&self, keys: &FillKeys) {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        if keys.value().contains("bad") && self.hang_bad.load(Ordering::SeqCst) {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+#[async_trait]
+impl Backend for TwoMasters {
+    async fn get(&self, keys: &FillKeys) -> Result<Option<Stored>, BackendError> {
+        self.round_trip(keys).await;
+        self.store.get(keys).await
+    }
+    async fn acquire(
+        &self,
+        keys: &FillKeys,
+        token: &LeaseToken,
+        lease_ttl: Duration,
+        refresh_window: Duration,
+    ) -> Result<Acquired, BackendError> {
+        self.round_trip(keys).await;
+        self.store
+            .acquire(keys, token, lease_ttl, refresh_window)
+            .await
+    }
+    async fn fill(
+        &self,
+        keys: &FillKeys,
+        token: &LeaseToken,
+        bytes: &[u8],
+        ttl: Duration,
+    ) -> Result<bool, BackendError> {
+        self.round_trip(keys).await;
+        self.store.fill(keys, token, bytes, ttl).await
+    }
+    async fn release(
+        &self,
+        keys: &FillKeys,
+        token: &LeaseToken,
+        entry: Option<(&[u8], Duration)>,
+    ) -> Result<bool, BackendError> {
+        self.round_trip(keys).await;
+        self.store.release(keys, token, entry).await
+    }
+    async fn extend(
+        &self,
+        keys: &FillKeys,
+        token: &LeaseToken,
+        lease_ttl: Duration,
+    ) -> Result<bool, BackendError> {
+        self.round_trip(keys).await;
+        self.store.extend(keys, token, lease_ttl).await
+    }
+    async fn set(&self, keys: &FillKeys, bytes: &[u8], ttl: Duration) -> Result<(), BackendError> {
+        self.round_trip(keys).await;
+        self.store.set(keys, bytes, ttl).await
+    }
+    async fn invalidate(&self, keys: &FillKeys) -> Result<(), BackendError> {
+        self.round_trip(keys).await;
+        self.store.invalidate(keys).await
+    }
+    async fn subscribe(&self, keys: &FillKeys) -> Result<Box<dyn FillSubscription>, BackendError> {
+        self.round_trip(keys).await;
+        self.store.subscribe(keys).await
+    }
+    fn shard(&self, keys: &FillKeys) -> u64 {
+        u64::from(keys.value().contains("bad"))
+    }
+}
+
+fn value_of(key: &str) -> String {
+    FillKeys::new(NS, key).value().to_owned()
+}
+
+/// One master hangs: the batch's keys on the other master must still be
+/// leased, loaded once and stored, as a single call stores them. The
+/// failing master's read timeout must not be charged to the healthy
+/// master's keys.
+#[tokio::test(start_paused = true)]
+async fn a_hung_master_does_not_stop_the_keys_of_a_healthy_one_being_stored() {
+    let backend = TwoMasters::default();
+    let cache: Cache<String, String> = Cache::builder()
+        .namespace(NS)
+        .backend(backend.clone())
+        .backend_timeout(Duration::from_millis(100))
+        .no_l1()
+        .build()
+        .unwrap();
+    let origin = Origin::default();
+    backend.hang_bad.store(true, Ordering::SeqCst);
+
+    // A single call on the healthy master, for reference: loaded, stored.
+    let single = cache
+        .fetch(&"good0".to_owned(), &CallOptions::new(), |k: String| async move {
+            Ok::<_, std::io::Error>(format!("v{k}"))
+        })
+        .await
+        .unwrap();
+    assert_eq!(single.outcome, Outcome::Loaded);
+    assert!(backend.store.get_raw(&value_of("good0")).is_some());
+
+    let wanted: Vec<String> = ["good1", "good2", "bad1"].map(String::from).to_vec();
+    let answers = cache
+        .fetch_many(
+            &wanted,
+            &CallOptions::new(),
+            origin.loader(Duration::ZERO, &[]),
+        )
+        .await
+        .unwrap();
+    for good in ["good1", "good2"] {
+        let answer = answers[good].as_ref().unwrap();
+        assert_eq!(
+            (answer.value.as_deref(), answer.outcome),
+            (Some(format!("v{good}").as_str()), Outcome::Loaded),
+            "{good}: {answers:?}"
+        );
+        assert!(
+            backend.store.get_raw(&value_of(good)).is_some(),
+            "{good} stored"
+        );
+    }
+    // The hung master's key: loaded without the lease (degraded).
+    let bad = answers["bad1"].as_ref().unwrap();
+    assert_eq!(bad.outcome, Outcome::Degraded);
+}
