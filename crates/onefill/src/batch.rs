@@ -240,6 +240,11 @@ where
                 unstored: &mut unstored,
                 waiters: &mut waiters,
             };
+            // A budget of their own: every miss was read (its master
+            // answered), so it has lost nothing yet; another master's
+            // failed read is not charged to it (a single call's flight
+            // has its own budget too).
+            let budget = Budget::new(self.policy.backend_timeout);
             self.acquire_misses(misses, &budget, &mut sink).await
         };
 
