@@ -24,6 +24,8 @@ const NS: &str = "review";
 struct TwoMasters {
     store: MemoryBackend,
     hang_bad: Arc<AtomicBool>,
+    /// Shard 1 answers reads but hangs on lease requests.
+    hang_bad_acquire: Arc<AtomicBool>,
 }
 
 impl TwoMasters {
@@ -49,6 +51,9 @@ impl Backend for TwoMasters {
         refresh_window: Duration,
     ) -> Result<Acquired, BackendError> {
         self.round_trip(keys).await;
+        if keys.value().contains("bad") && self.hang_bad_acquire.load(Ordering::SeqCst) {
+            std::future::pending::<()>().await;
+        }
         self.store
             .acquire(keys, token, lease_ttl, refresh_window)
             .await
@@ -153,4 +158,90 @@ async fn a_hung_master_does_not_stop_the_keys_of_a_healthy_one_being_stored() {
     // The hung master's key: loaded without the lease (degraded).
     let bad = answers["bad1"].as_ref().unwrap();
     assert_eq!(bad.outcome, Outcome::Degraded);
+}
+
+fn lock_of(key: &str) -> String {
+    FillKeys::new(NS, key).lock().to_owned()
+}
+
+/// One master hangs on the lease request (its read answered): the keys
+/// won on the healthy master must still be filled (their own budget is
+/// whole), and no lease is left behind.
+#[tokio::test(start_paused = true)]
+async fn a_master_hanging_on_the_lease_request_does_not_stop_the_fills_of_the_others() {
+    let backend = TwoMasters::default();
+    let cache: Cache<String, String> = Cache::builder()
+        .namespace(NS)
+        .backend(backend.clone())
+        .backend_timeout(Duration::from_millis(100))
+        .no_l1()
+        .build()
+        .unwrap();
+    let origin = Origin::default();
+    backend.hang_bad_acquire.store(true, Ordering::SeqCst);
+
+    let wanted: Vec<String> = ["good1", "good2", "bad1"].map(String::from).to_vec();
+    let answers = cache
+        .fetch_many(
+            &wanted,
+            &CallOptions::new(),
+            origin.loader(Duration::ZERO, &[]),
+        )
+        .await
+        .unwrap();
+    for good in ["good1", "good2"] {
+        let answer = answers[good].as_ref().unwrap();
+        assert_eq!(answer.outcome, Outcome::Loaded, "{good}: {answers:?}");
+        assert!(
+            backend.store.get_raw(&value_of(good)).is_some(),
+            "{good} stored: {answers:?}"
+        );
+        assert!(
+            backend.store.get_raw(&lock_of(good)).is_none(),
+            "{good}: no lease left"
+        );
+    }
+    assert_eq!(origin.calls(), 1, "one load");
+}
+
+/// Stale keys served by a batch are refreshed in the background; a hung
+/// master in the same batch must not stop the healthy master's refresh
+/// from being stored (nor leave its lease behind).
+#[tokio::test(start_paused = true)]
+async fn a_hung_master_does_not_stop_the_refresh_of_stale_keys_on_a_healthy_one() {
+    let backend = TwoMasters::default();
+    let cache: Cache<String, String> = Cache::builder()
+        .namespace(NS)
+        .backend(backend.clone())
+        .backend_timeout(Duration::from_millis(100))
+        .ttl(Duration::from_secs(10))
+        .grace(Duration::from_secs(60))
+        .jitter(0.0)
+        .no_l1()
+        .build()
+        .unwrap();
+    let wanted: Vec<String> = ["good1", "bad1"].map(String::from).to_vec();
+    let first = Origin::default();
+    cache
+        .get_or_load_many(&wanted, first.loader(Duration::ZERO, &[]))
+        .await
+        .unwrap();
+    tokio::time::advance(Duration::from_secs(11)).await;
+    backend.hang_bad.store(true, Ordering::SeqCst);
+
+    let refresh = Origin::default();
+    let answers = cache
+        .fetch_many(&wanted, &CallOptions::new(), refresh.loader(Duration::from_secs(1), &[]))
+        .await
+        .unwrap();
+    let good = answers["good1"].as_ref().unwrap();
+    assert_eq!(good.outcome, Outcome::Stale, "{answers:?}");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(refresh.loads_per_key().get("good1"), Some(&1), "refreshed");
+    let (_, ttl) = backend.store.get_raw(&value_of("good1")).unwrap();
+    assert!(
+        ttl > Duration::from_secs(60),
+        "the refreshed value is stored (ttl + grace left: {ttl:?})"
+    );
+    assert!(backend.store.get_raw(&lock_of("good1")).is_none(), "no lease left");
 }
