@@ -245,3 +245,42 @@ async fn a_hung_master_does_not_stop_the_refresh_of_stale_keys_on_a_healthy_one(
     );
     assert!(backend.store.get_raw(&lock_of("good1")).is_none(), "no lease left");
 }
+
+/// A loader returning a key twice (a join yielding two rows for one id):
+/// the batch's first load and a single key's load (a takeover, a
+/// refresh) must keep the same pair, the first, whichever path loads it.
+#[tokio::test(start_paused = true)]
+async fn a_key_returned_twice_keeps_its_first_pair_on_every_path() {
+    let backend = MemoryBackend::new();
+    let cache: Cache<String, String> = Cache::builder()
+        .namespace(NS)
+        .backend(backend.clone())
+        .ttl(Duration::from_secs(10))
+        .grace(Duration::from_secs(60))
+        .jitter(0.0)
+        .no_l1()
+        .build()
+        .unwrap();
+    let twice = |keys: Vec<String>| async move {
+        let mut rows = Vec::new();
+        for k in keys {
+            rows.push((k.clone(), format!("first {k}")));
+            rows.push((k.clone(), format!("second {k}")));
+        }
+        Ok::<_, std::io::Error>(rows)
+    };
+    let wanted = vec!["a".to_owned(), "b".to_owned()];
+    let found = cache.get_or_load_many(&wanted, twice).await.unwrap();
+    assert_eq!(found["a"], "first a", "the batch load");
+
+    // The stale value's background refresh of one key alone: the single
+    // key's load of the batch loader.
+    tokio::time::advance(Duration::from_secs(11)).await;
+    let _ = cache
+        .get_or_load_many(&["a".to_owned()], twice)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let found = cache.get_or_load_many(&wanted, twice).await.unwrap();
+    assert_eq!(found["a"], "first a", "the refresh");
+}
