@@ -661,8 +661,13 @@ where
         let load: loader::Detached<Vec<(K, V)>> = Box::new(move || loader(keys));
         let (mut found, took) = match loader::run_alone(shared, &self.policy, &label, load).await {
             Ok((found, took)) => {
-                let found: HashMap<String, V> =
-                    found.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+                // A key returned twice keeps its first pair, as a single
+                // key's load (`load_of`) keeps it.
+                let mut first: HashMap<String, V> = HashMap::new();
+                for (k, v) in found {
+                    first.entry(k.to_string()).or_insert(v);
+                }
+                let found = first;
                 (Ok(found), took)
             }
             Err(error) => (Err(error), Duration::ZERO),
