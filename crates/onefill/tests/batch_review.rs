@@ -284,3 +284,84 @@ async fn a_key_returned_twice_keeps_its_first_pair_on_every_path() {
     let found = cache.get_or_load_many(&wanted, twice).await.unwrap();
     assert_eq!(found["a"], "first a", "the refresh");
 }
+
+/// Strict mode, one master hung: its keys fail with the backend's error
+/// (nothing loaded for them), the healthy master's keys are loaded and
+/// stored, and the call is bounded by the backend timeout (plus the load).
+#[tokio::test(start_paused = true)]
+async fn strict_mode_fails_only_the_hung_masters_keys_within_the_backend_timeout() {
+    let backend = TwoMasters::default();
+    let cache: Cache<String, String> = Cache::builder()
+        .namespace(NS)
+        .backend(backend.clone())
+        .backend_timeout(Duration::from_millis(100))
+        .strict(true)
+        .no_l1()
+        .build()
+        .unwrap();
+    let origin = Origin::default();
+    backend.hang_bad.store(true, Ordering::SeqCst);
+    let started = tokio::time::Instant::now();
+    let wanted: Vec<String> = ["good1", "bad1"].map(String::from).to_vec();
+    let answers = cache
+        .fetch_many(
+            &wanted,
+            &CallOptions::new(),
+            origin.loader(Duration::ZERO, &[]),
+        )
+        .await
+        .unwrap();
+    assert!(
+        matches!(answers["bad1"], Err(onefill::Error::Backend(_))),
+        "{answers:?}"
+    );
+    let good = answers["good1"].as_ref().unwrap();
+    assert_eq!(good.outcome, Outcome::Loaded, "{answers:?}");
+    assert!(backend.store.get_raw(&value_of("good1")).is_some());
+    assert_eq!(origin.loaded.lock().clone(), vec!["good1".to_owned()]);
+    assert!(
+        started.elapsed() < Duration::from_millis(500),
+        "{:?}",
+        started.elapsed()
+    );
+    // And get_or_load_many answers the hung master's error.
+    let all = cache
+        .get_or_load_many(&wanted, origin.loader(Duration::ZERO, &[]))
+        .await;
+    assert!(matches!(all, Err(onefill::Error::Backend(_))), "{all:?}");
+}
+
+/// A batch dropped while its read hangs: a single call on the same key
+/// joins the batch's flight and is answered (the batch's task goes on);
+/// nothing is left leased.
+#[tokio::test(start_paused = true)]
+async fn a_batch_dropped_during_a_hung_read_still_answers_a_single_caller() {
+    let backend = TwoMasters::default();
+    let cache: Cache<String, String> = Cache::builder()
+        .namespace(NS)
+        .backend(backend.clone())
+        .backend_timeout(Duration::from_millis(100))
+        .no_l1()
+        .build()
+        .unwrap();
+    let origin = Origin::default();
+    backend.hang_bad.store(true, Ordering::SeqCst);
+    let batch = {
+        let cache = cache.clone();
+        let loader = origin.loader(Duration::ZERO, &[]);
+        tokio::spawn(async move { cache.get_or_load_many(&["bad1".to_owned()], loader).await })
+    };
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    batch.abort();
+    let single = cache
+        .fetch(&"bad1".to_owned(), &CallOptions::new(), |k: String| async move {
+            Ok::<_, std::io::Error>(format!("single {k}"))
+        })
+        .await
+        .unwrap();
+    assert!(single.coalesced, "joined the dropped batch's flight");
+    assert_eq!(single.value, "vbad1");
+    assert_eq!(origin.calls(), 1);
+    backend.hang_bad.store(false, Ordering::SeqCst);
+    assert!(backend.store.get_raw(&lock_of("bad1")).is_none());
+}
