@@ -365,3 +365,52 @@ async fn a_batch_dropped_during_a_hung_read_still_answers_a_single_caller() {
     backend.hang_bad.store(false, Ordering::SeqCst);
     assert!(backend.store.get_raw(&lock_of("bad1")).is_none());
 }
+
+/// A key the loader does not return is absent for `negative_ttl`, not
+/// `ttl`, in the backend and in the L1 of the process that loaded it and
+/// of another that read it.
+#[tokio::test(start_paused = true)]
+async fn an_absent_key_is_asked_again_after_the_negative_ttl_with_the_l1_on() {
+    let backend = MemoryBackend::new();
+    let build = || -> Cache<String, String> {
+        Cache::builder()
+            .namespace(NS)
+            .backend(backend.clone())
+            .ttl(Duration::from_secs(60))
+            .negative_ttl(Duration::from_secs(5))
+            .jitter(0.0)
+            .l1(onefill::L1::new(100))
+            .build()
+            .unwrap()
+    };
+    let (cache, other) = (build(), build());
+    let origin = Origin::default();
+    let wanted = vec!["here".to_owned(), "gone".to_owned()];
+    let found = cache
+        .get_or_load_many(&wanted, origin.loader(Duration::ZERO, &["gone"]))
+        .await
+        .unwrap();
+    assert!(!found.contains_key("gone"));
+    let read = other
+        .fetch_many(&wanted, &CallOptions::new(), origin.loader(Duration::ZERO, &["gone"]))
+        .await
+        .unwrap();
+    assert_eq!(read["gone"].as_ref().unwrap().outcome, Outcome::Hit);
+    assert_eq!(origin.calls(), 1);
+
+    tokio::time::advance(Duration::from_secs(6)).await;
+    for process in [&cache, &other] {
+        let again = process
+            .fetch_many(&wanted, &CallOptions::new(), origin.loader(Duration::ZERO, &[]))
+            .await
+            .unwrap();
+        assert_eq!(
+            again["gone"].as_ref().unwrap().value.as_deref(),
+            Some("vgone"),
+            "absence expired after negative_ttl: {again:?}"
+        );
+        assert_eq!(again["here"].as_ref().unwrap().outcome, Outcome::Hit);
+    }
+    assert_eq!(origin.loads_per_key().get("gone"), Some(&2), "loaded again once");
+    assert_eq!(origin.loads_per_key().get("here"), Some(&1));
+}
