@@ -414,3 +414,52 @@ async fn an_absent_key_is_asked_again_after_the_negative_ttl_with_the_l1_on() {
     assert_eq!(origin.loads_per_key().get("gone"), Some(&2), "loaded again once");
     assert_eq!(origin.loads_per_key().get("here"), Some(&1));
 }
+
+/// Batches (keys in both orders) and single calls racing on overlapping
+/// keys on a multi-threaded runtime: one process never loads a key twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_and_single_calls_racing_on_overlapping_keys_load_each_key_once() {
+    for round in 0..30 {
+        let cache: Cache<String, String> = Cache::builder()
+            .namespace(NS)
+            .backend(MemoryBackend::new())
+            .build()
+            .unwrap();
+        let origin = Origin::default();
+        let forward: Vec<String> = (0..8).map(|i| format!("k{i}")).collect();
+        let backward: Vec<String> = forward.iter().rev().cloned().collect();
+        let mut calls = Vec::new();
+        for wanted in [forward.clone(), backward, forward[2..6].to_vec()] {
+            let cache = cache.clone();
+            let loader = origin.loader(Duration::from_millis(2), &[]);
+            calls.push(tokio::spawn(async move {
+                let found = cache.get_or_load_many(&wanted, loader).await.unwrap();
+                assert_eq!(found.len(), wanted.len());
+            }));
+        }
+        for key in forward.iter().step_by(2) {
+            let cache = cache.clone();
+            let key = key.clone();
+            let origin = origin.clone();
+            calls.push(tokio::spawn(async move {
+                let loaded = cache
+                    .get_or_load(&key, move |k: String| async move {
+                        origin.loaded.lock().push(k.clone());
+                        tokio::time::sleep(Duration::from_millis(2)).await;
+                        Ok::<_, std::io::Error>(format!("v{k}"))
+                    })
+                    .await
+                    .unwrap();
+                assert_eq!(loaded, format!("v{key}"));
+            }));
+        }
+        for call in calls {
+            call.await.unwrap();
+        }
+        let per_key = origin.loads_per_key();
+        assert!(
+            per_key.values().all(|n| *n == 1) && per_key.len() == 8,
+            "round {round}: {per_key:?}"
+        );
+    }
+}
