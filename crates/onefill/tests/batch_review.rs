@@ -463,3 +463,33 @@ async fn batches_and_single_calls_racing_on_overlapping_keys_load_each_key_once(
         );
     }
 }
+
+/// `soft_timeout` does not apply to a batch's own load (documented): a
+/// cold batch slower than the soft timeout waits for its load and stores
+/// every key.
+#[tokio::test(start_paused = true)]
+async fn a_soft_timeout_does_not_cut_a_batchs_own_load() {
+    let backend = MemoryBackend::new();
+    let cache: Cache<String, String> = Cache::builder()
+        .namespace(NS)
+        .backend(backend.clone())
+        .no_l1()
+        .build()
+        .unwrap();
+    let origin = Origin::default();
+    let wanted = vec!["a".to_owned(), "b".to_owned()];
+    let answers = cache
+        .fetch_many(
+            &wanted,
+            &CallOptions::new().soft_timeout(Duration::from_millis(10)),
+            origin.loader(Duration::from_secs(1), &[]),
+        )
+        .await
+        .unwrap();
+    for k in &wanted {
+        let answer = answers[k].as_ref().unwrap();
+        assert_eq!(answer.outcome, Outcome::Loaded, "{answers:?}");
+        assert!(backend.get_raw(&value_of(k)).is_some());
+    }
+    assert_eq!(origin.calls(), 1);
+}
