@@ -126,9 +126,11 @@ async fn a_hung_master_does_not_stop_the_keys_of_a_healthy_one_being_stored() {
 
     // A single call on the healthy master, for reference: loaded, stored.
     let single = cache
-        .fetch(&"good0".to_owned(), &CallOptions::new(), |k: String| async move {
-            Ok::<_, std::io::Error>(format!("v{k}"))
-        })
+        .fetch(
+            &"good0".to_owned(),
+            &CallOptions::new(),
+            |k: String| async move { Ok::<_, std::io::Error>(format!("v{k}")) },
+        )
         .await
         .unwrap();
     assert_eq!(single.outcome, Outcome::Loaded);
@@ -231,7 +233,11 @@ async fn a_hung_master_does_not_stop_the_refresh_of_stale_keys_on_a_healthy_one(
 
     let refresh = Origin::default();
     let answers = cache
-        .fetch_many(&wanted, &CallOptions::new(), refresh.loader(Duration::from_secs(1), &[]))
+        .fetch_many(
+            &wanted,
+            &CallOptions::new(),
+            refresh.loader(Duration::from_secs(1), &[]),
+        )
         .await
         .unwrap();
     let good = answers["good1"].as_ref().unwrap();
@@ -243,7 +249,10 @@ async fn a_hung_master_does_not_stop_the_refresh_of_stale_keys_on_a_healthy_one(
         ttl > Duration::from_secs(60),
         "the refreshed value is stored (ttl + grace left: {ttl:?})"
     );
-    assert!(backend.store.get_raw(&lock_of("good1")).is_none(), "no lease left");
+    assert!(
+        backend.store.get_raw(&lock_of("good1")).is_none(),
+        "no lease left"
+    );
 }
 
 /// A loader returning a key twice (a join yielding two rows for one id):
@@ -354,9 +363,11 @@ async fn a_batch_dropped_during_a_hung_read_still_answers_a_single_caller() {
     tokio::time::sleep(Duration::from_millis(10)).await;
     batch.abort();
     let single = cache
-        .fetch(&"bad1".to_owned(), &CallOptions::new(), |k: String| async move {
-            Ok::<_, std::io::Error>(format!("single {k}"))
-        })
+        .fetch(
+            &"bad1".to_owned(),
+            &CallOptions::new(),
+            |k: String| async move { Ok::<_, std::io::Error>(format!("single {k}")) },
+        )
         .await
         .unwrap();
     assert!(single.coalesced, "joined the dropped batch's flight");
@@ -392,7 +403,11 @@ async fn an_absent_key_is_asked_again_after_the_negative_ttl_with_the_l1_on() {
         .unwrap();
     assert!(!found.contains_key("gone"));
     let read = other
-        .fetch_many(&wanted, &CallOptions::new(), origin.loader(Duration::ZERO, &["gone"]))
+        .fetch_many(
+            &wanted,
+            &CallOptions::new(),
+            origin.loader(Duration::ZERO, &["gone"]),
+        )
         .await
         .unwrap();
     assert_eq!(read["gone"].as_ref().unwrap().outcome, Outcome::Hit);
@@ -401,7 +416,11 @@ async fn an_absent_key_is_asked_again_after_the_negative_ttl_with_the_l1_on() {
     tokio::time::advance(Duration::from_secs(6)).await;
     for process in [&cache, &other] {
         let again = process
-            .fetch_many(&wanted, &CallOptions::new(), origin.loader(Duration::ZERO, &[]))
+            .fetch_many(
+                &wanted,
+                &CallOptions::new(),
+                origin.loader(Duration::ZERO, &[]),
+            )
             .await
             .unwrap();
         assert_eq!(
@@ -411,7 +430,11 @@ async fn an_absent_key_is_asked_again_after_the_negative_ttl_with_the_l1_on() {
         );
         assert_eq!(again["here"].as_ref().unwrap().outcome, Outcome::Hit);
     }
-    assert_eq!(origin.loads_per_key().get("gone"), Some(&2), "loaded again once");
+    assert_eq!(
+        origin.loads_per_key().get("gone"),
+        Some(&2),
+        "loaded again once"
+    );
     assert_eq!(origin.loads_per_key().get("here"), Some(&1));
 }
 

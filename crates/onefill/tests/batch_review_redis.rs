@@ -56,7 +56,11 @@ async fn a_frozen_server_bounds_the_batch_and_leaves_no_lease() {
     server.pause();
     let started = Instant::now();
     let answers = cache
-        .fetch_many(&wanted, &CallOptions::new(), origin.loader(Duration::ZERO, &[]))
+        .fetch_many(
+            &wanted,
+            &CallOptions::new(),
+            origin.loader(Duration::ZERO, &[]),
+        )
         .await
         .unwrap();
     let took = started.elapsed();
