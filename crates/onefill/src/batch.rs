@@ -240,6 +240,11 @@ where
                 unstored: &mut unstored,
                 waiters: &mut waiters,
             };
+            // A budget of their own: every miss was read (its master
+            // answered), so it has lost nothing yet; another master's
+            // failed read is not charged to it (a single call's flight
+            // has its own budget too).
+            let budget = Budget::new(self.policy.backend_timeout);
             self.acquire_misses(misses, &budget, &mut sink).await
         };
 
@@ -656,8 +661,13 @@ where
         let load: loader::Detached<Vec<(K, V)>> = Box::new(move || loader(keys));
         let (mut found, took) = match loader::run_alone(shared, &self.policy, &label, load).await {
             Ok((found, took)) => {
-                let found: HashMap<String, V> =
-                    found.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+                // A key returned twice keeps its first pair, as a single
+                // key's load (`load_of`) keeps it.
+                let mut first: HashMap<String, V> = HashMap::new();
+                for (k, v) in found {
+                    first.entry(k.to_string()).or_insert(v);
+                }
+                let found = first;
                 (Ok(found), took)
             }
             Err(error) => (Err(error), Duration::ZERO),

@@ -555,7 +555,8 @@ where
     /// [`get_or_load_optional`](Cache::get_or_load_optional)'s `Ok(None)`)
     /// and missing from the answer, so a `SELECT … WHERE id = ANY($1)` that
     /// finds no row for a key is not asked again by every caller. Pairs for
-    /// keys it was not asked for are ignored (not stored: nobody leased them).
+    /// keys it was not asked for are ignored (not stored: nobody leased them);
+    /// a key returned twice keeps its first pair.
     ///
     /// The answer maps each key found to its value; duplicate keys (by
     /// their string form) are answered once; no keys, no work (the loader
