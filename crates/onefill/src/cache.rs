@@ -64,8 +64,12 @@ pub struct Fetched<V> {
 /// Every keyed call takes the key borrowed as `HashMap::get` does
 /// (`K: Borrow<Q>`): a `Cache<String, _>` takes `"42"` as well as
 /// `&"42".to_string()`. `Q`'s string form must be `K`'s (as for `str` and
-/// `String`); a loader still receives the owned `K` (`Q::to_owned`, made
-/// only when the loader may run: an L1 hit allocates no key).
+/// `String`): a `Q` that displays otherwise names another key, and nothing
+/// can check it (as `HashMap` cannot check that `Hash` agrees). A loader
+/// still receives the owned `K` (`Q::to_owned`, made only when the loader
+/// may run: an L1 hit allocates no key), so the loading calls also need
+/// `Q: ToOwned<Owned = K>` (a `Cache<Arc<str>, _>` takes `&Arc<str>`
+/// there, not `&str`).
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -293,9 +297,8 @@ where
     ///
     /// # Errors
     ///
-    /// As [`get_or_load`](Cache::get_or_load); a TTL or grace out of range
-    /// (see [`Loaded::ttl`]) is [`Error::InvalidInput`] for every caller of
-    /// the load, and nothing is stored.
+    /// As [`get_or_load`](Cache::get_or_load). A chosen TTL or grace out of
+    /// range is clamped (see [`Loaded::ttl`]), never an error.
     pub async fn fetch_loaded<Q, F, Fut, E>(
         &self,
         key: &Q,

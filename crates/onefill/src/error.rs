@@ -9,56 +9,104 @@ use std::time::Duration;
 ///
 /// Classification helpers (`is_*`) let callers react without matching every
 /// variant.
-#[derive(Debug, Clone, thiserror::Error)]
+///
+/// A walk of its [`source`](std::error::Error::source) chain (or `anyhow`'s
+/// `chain()`) meets the cause as an object of its own type: for
+/// [`Error::Loader`], the loader's own error (then its causes).
+#[derive(Debug, Clone)]
 #[non_exhaustive]
 pub enum Error {
     /// The loader returned an error. Every caller coalesced onto that load gets
     /// a clone of the same error (shared through an `Arc`).
-    #[error("loader failed: {0}")]
-    Loader(#[source] LoaderError),
+    Loader(LoaderError),
     /// The loader panicked. The lease was released and every waiter got this
     /// error instead of hanging.
-    #[error("loader panicked: {0}")]
     LoaderPanicked(String),
     /// The loader ran longer than the maximum load time; it was aborted and
     /// its lease released.
-    #[error("loader did not finish within the maximum load time of {0:?}")]
     LoadTimedOut(Duration),
     /// Another process held the lease for longer than the wait deadline and the
     /// configured outcome at the deadline was an error.
-    #[error("waited {0:?} for another process's load without an answer")]
     WaitTimedOut(Duration),
     /// A recent load of this key failed and the failure was cached
     /// (negative caching); the origin was not called again.
-    #[error("cached failure of a recent load: {0}")]
     CachedFailure(String),
     /// The backend failed and the cache runs in strict mode (otherwise backend
     /// failures degrade to in-process coalescing and stale values).
-    #[error("backend error: {0}")]
-    Backend(#[from] BackendError),
+    Backend(BackendError),
     /// The key, value or an option given for this call is not acceptable.
-    #[error("invalid input: {0}")]
-    InvalidInput(#[from] InputError),
+    InvalidInput(InputError),
     /// The value of `key` could not be stored; nothing was written. Either
     /// the codec failed to encode it, or its encoding does not decode back
     /// ([`CodecError::is_round_trip`]: `f64::NAN` in JSON becomes `null`,
     /// say), which would make every later read a miss and a reload.
-    #[error("could not encode the value of key {key:?}: {source}")]
     Encode {
         /// The user key (its string form).
         key: String,
         /// The codec's error.
-        #[source]
         source: CodecError,
     },
     /// A recent [`get_or_load_optional`](crate::Cache::get_or_load_optional)
     /// found nothing and cached the key's absence.
-    #[error("the key's absence is cached")]
     NotFound,
     /// The in-process flight that was computing this key ended without an
     /// answer (its task was cancelled, e.g. by runtime shutdown).
-    #[error("the load this call was waiting for was abandoned")]
     FlightAbandoned,
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Loader(e) => write!(f, "loader failed: {e}"),
+            Error::LoaderPanicked(message) => write!(f, "loader panicked: {message}"),
+            Error::LoadTimedOut(max) => write!(
+                f,
+                "loader did not finish within the maximum load time of {max:?}"
+            ),
+            Error::WaitTimedOut(waited) => write!(
+                f,
+                "waited {waited:?} for another process's load without an answer"
+            ),
+            Error::CachedFailure(message) => {
+                write!(f, "cached failure of a recent load: {message}")
+            }
+            Error::Backend(e) => write!(f, "backend error: {e}"),
+            Error::InvalidInput(e) => write!(f, "invalid input: {e}"),
+            Error::Encode { key, source } => {
+                write!(f, "could not encode the value of key {key:?}: {source}")
+            }
+            Error::NotFound => f.write_str("the key's absence is cached"),
+            Error::FlightAbandoned => {
+                f.write_str("the load this call was waiting for was abandoned")
+            }
+        }
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            // The loader's own error, not the `LoaderError` around it (which
+            // displays as it): a chain walk meets it as its own type, once.
+            Error::Loader(e) => Some(e.get_ref()),
+            Error::Backend(e) => Some(e),
+            Error::InvalidInput(e) => Some(e),
+            Error::Encode { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+}
+
+impl From<BackendError> for Error {
+    fn from(error: BackendError) -> Self {
+        Error::Backend(error)
+    }
+}
+
+impl From<InputError> for Error {
+    fn from(error: InputError) -> Self {
+        Error::InvalidInput(error)
+    }
 }
 
 impl Error {
@@ -143,8 +191,23 @@ pub trait IntoLoaderError: Send + 'static {
 
 impl<E: Into<BoxError> + Send + 'static> IntoLoaderError for E {
     fn into_loader_error(self) -> LoaderError {
+        // anyhow's own conversion into a box hides the error's type (the
+        // box holds anyhow's private wrapper, whose `source()` skips the
+        // error itself): an `anyhow::Error` made by `?` from a typed error
+        // could not be downcast back. Its relocating conversion boxes the
+        // error itself (or its context wrapper, whose source is the error).
+        let mut slot = Some(self);
+        let anyhow = (&mut slot as &mut dyn std::any::Any)
+            .downcast_mut::<Option<anyhow::Error>>()
+            .and_then(Option::take);
+        let error: BoxError = match (anyhow, slot) {
+            (Some(anyhow), _) => anyhow.reallocate_into_boxed_dyn_error_without_backtrace(),
+            (None, Some(error)) => error.into(),
+            // Unreachable: the slot is emptied only by the anyhow branch.
+            (None, None) => "the loader failed".into(),
+        };
         LoaderError {
-            error: Arc::from(self.into()),
+            error: Arc::from(error),
         }
     }
 }
@@ -153,10 +216,11 @@ impl<E: Into<BoxError> + Send + 'static> IntoLoaderError for E {
 /// to clone: an `Arc`).
 ///
 /// Transparent over the loader's error: it displays as that error and its
-/// [`source`](std::error::Error::source) is that error's source, so a chain
-/// walk from [`Error::Loader`] (whose source it is) shows the whole chain
-/// once. [`LoaderError::downcast_ref`] gives back the loader's own error
-/// typed.
+/// [`source`](std::error::Error::source) is that error's source
+/// ([`Error::Loader`]'s source is the loader's error itself, so a chain walk
+/// from it meets that error once, as its own type).
+/// [`LoaderError::downcast_ref`] gives back the loader's own error typed
+/// (also from an `anyhow::Error`, with or without context).
 #[derive(Clone)]
 pub struct LoaderError {
     error: Arc<dyn std::error::Error + Send + Sync>,
@@ -214,7 +278,8 @@ impl fmt::Display for LoaderError {
 }
 impl std::error::Error for LoaderError {
     // Transparent: this error *is* the loader's (it displays as it), so its
-    // source is the loader's error's source.
+    // source is the loader's error's source. (`Error::Loader`'s source is
+    // the loader's error itself, not this wrapper.)
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         self.error.source()
     }

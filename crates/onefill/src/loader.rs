@@ -64,18 +64,18 @@ impl<V> Loaded<V> {
             grace: None,
         }
     }
-    /// How long this value stays fresh (1 ms to [`MAX_TTL`](crate::MAX_TTL);
-    /// out of range, the call fails with
-    /// [`Error::InvalidInput`](crate::Error::InvalidInput) and nothing is
-    /// stored). For an absent value (`None` from an optional loader), how
-    /// long the absence is cached.
+    /// How long this value stays fresh, clamped to 1 ms ..=
+    /// [`MAX_TTL`](crate::MAX_TTL) (a TTL computed from the data, such as a
+    /// row's `expires_at - now`, may come out zero: the value is still
+    /// answered, and stored for 1 ms). For an absent value (`None` from an
+    /// optional loader), how long the absence is cached.
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.ttl = Some(ttl);
         self
     }
     /// How long after its TTL this value is still served stale while one
-    /// refresh runs (0 to [`MAX_TTL`](crate::MAX_TTL), as
-    /// [`CallOptions::grace`](crate::CallOptions::grace)).
+    /// refresh runs (as [`CallOptions::grace`](crate::CallOptions::grace);
+    /// at most [`MAX_TTL`](crate::MAX_TTL), longer is clamped).
     pub fn grace(mut self, grace: Duration) -> Self {
         self.grace = Some(grace);
         self

@@ -67,7 +67,7 @@ macro_rules! options {
             pub(crate) fn validate(&self) -> Result<(), InvalidOption> {
                 $( ($pcheck)(stringify!($pf), &self.$pf)?; )*
                 $( ($ccheck)(stringify!($cf), &self.$cf)?; )*
-                Ok(())
+                self.check_together()
             }
 
             /// The cache's policy with a call's overrides applied, validated.
@@ -273,14 +273,34 @@ impl Policy {
         ttl: Option<Duration>,
         grace: Option<Duration>,
     ) -> Result<(), InvalidOption> {
+        // Clamped, not refused: a loader computes these from its data (a
+        // row's `expires_at - now` is zero once it passed), and throwing a
+        // successful load away over it would fail every caller.
         if let Some(ttl) = ttl {
-            within(MS, MAX_TTL)("Loaded::ttl", &ttl)?;
+            let ttl = ttl.clamp(MS, MAX_TTL);
             self.ttl = ttl;
             self.negative_ttl = Some(ttl);
         }
         if let Some(grace) = grace {
-            within(Duration::ZERO, MAX_TTL)("Loaded::grace", &grace)?;
-            self.grace = grace;
+            self.grace = grace.min(MAX_TTL);
+        }
+        Ok(())
+    }
+
+    /// The checks between options.
+    fn check_together(&self) -> Result<(), InvalidOption> {
+        // A soft timeout at or past the hard bound could never fire: the
+        // callers would wait for the whole `max_load_time`.
+        if let Some(soft) = self.soft_timeout {
+            if soft >= self.max_load_time {
+                return Err(InvalidOption::new(
+                    "soft_timeout",
+                    format!(
+                        "must be shorter than max_load_time ({:?}), got {soft:?}",
+                        self.max_load_time
+                    ),
+                ));
+            }
         }
         Ok(())
     }

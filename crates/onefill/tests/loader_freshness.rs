@@ -10,9 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use onefill::backend::{Backend, FillKeys};
-use onefill::{
-    Cache, CallOptions, Error, Fetched, InputError, Loaded, MemoryBackend, Outcome, MAX_TTL,
-};
+use onefill::{Cache, CallOptions, Fetched, Loaded, MemoryBackend, Outcome, MAX_TTL};
 
 const NS: &str = "fresh";
 
@@ -194,19 +192,21 @@ async fn early_refresh_follows_the_chosen_ttl() {
     }
 }
 
-/// Out of range: `Error::InvalidInput` naming the setter, for every
-/// coalesced caller, nothing stored, the lease free for the next load.
+/// Out of range: clamped, never an error. A TTL of zero (a row's
+/// `expires_at - now` once it passed) answers the value to every coalesced
+/// caller, stores it for 1 ms, and the next call loads again; a grace over
+/// `MAX_TTL` is `MAX_TTL`.
 #[tokio::test(start_paused = true)]
-async fn a_choice_out_of_range_is_an_error_and_stores_nothing() {
+async fn a_choice_out_of_range_is_clamped() {
     fn zero_ttl(l: Loaded<String>) -> Loaded<String> {
         l.ttl(Duration::ZERO)
     }
     fn long_grace(l: Loaded<String>) -> Loaded<String> {
         l.grace(MAX_TTL + secs(1))
     }
-    for (choose, option) in [
-        (zero_ttl as fn(_) -> _, "Loaded::ttl"),
-        (long_grace as fn(_) -> _, "Loaded::grace"),
+    for (choose, gone_after_2_ms) in [
+        (zero_ttl as fn(_) -> _, true),
+        (long_grace as fn(_) -> _, false),
     ] {
         let backend = MemoryBackend::new();
         let c = cache(&backend, true);
@@ -219,21 +219,17 @@ async fn a_choice_out_of_range_is_an_error_and_stores_nothing() {
             }));
         }
         for t in tasks {
-            match t.await.unwrap() {
-                Err(Error::InvalidInput(InputError::Option { option: o, .. })) => {
-                    assert_eq!(o, option)
-                }
-                other => panic!("{other:?}"),
-            }
+            let f = t.await.unwrap().expect("answered");
+            assert_eq!(f.value, "k#1");
         }
         assert_eq!(loads.load(Ordering::SeqCst), 1);
+        tokio::time::advance(Duration::from_millis(2)).await;
         let keys = FillKeys::new(NS, "k");
-        assert!(
+        assert_eq!(
             backend.get(&keys).await.unwrap().is_none(),
-            "nothing stored"
+            gone_after_2_ms,
+            "stored for 1 ms (TTL 0) or kept (grace clamped)"
         );
-        let next = fetch(&c, "k", &loads, draft).await;
-        assert_eq!(next.outcome, Outcome::Loaded, "the lease was released");
     }
 }
 
@@ -292,8 +288,8 @@ async fn set_with_takes_the_same_options() {
 }
 
 /// The same on a real Redis: the chosen TTL is the key's `PTTL`, the value
-/// reloads after it (through the L1 too), an out-of-range choice writes
-/// nothing and frees the lease, `set_with` writes its TTL and grace.
+/// reloads after it (through the L1 too), a zero TTL is clamped to 1 ms
+/// (answered, gone at once, the lease free), `set_with` writes its TTL and grace.
 #[cfg(feature = "redis")]
 #[tokio::test]
 async fn on_redis_the_chosen_ttl_is_the_keys_ttl() {
@@ -347,17 +343,20 @@ async fn on_redis_the_chosen_ttl_is_the_keys_ttl() {
             Outcome::Hit
         );
 
+        // A TTL of zero is clamped to 1 ms: answered, gone at once, and
+        // the lease released.
         let zero = |l: Loaded<String>| l.ttl(Duration::ZERO);
-        let err = c
+        let answered = c
             .fetch_loaded(
-                "bad",
+                "zero",
                 &CallOptions::new(),
                 loader(&loads, Duration::ZERO, zero),
             )
             .await
-            .unwrap_err();
-        assert!(err.is_invalid_input(), "{err:?}");
-        let keys = FillKeys::new(&ns, "bad");
+            .unwrap();
+        assert_eq!(answered.outcome, Outcome::Loaded);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let keys = FillKeys::new(&ns, "zero");
         assert_eq!(
             server
                 .query(&["EXISTS", keys.value(), keys.lock()])
