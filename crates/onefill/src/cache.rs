@@ -682,7 +682,11 @@ where
     /// answering each key on its own: its value (`None`: absent), how it
     /// was answered ([`Outcome`]) and whether it was coalesced, or its own
     /// error. One key's failure (an invalid key, a wait timeout, a cached
-    /// failure) leaves the others' answers alone.
+    /// failure) leaves the others' answers alone. As for the single calls,
+    /// non-default `options` skip the [`L1`](crate::L1). Keys are answered
+    /// once per string form: two different `K`s that display the same are
+    /// one key, and the answer holds only the first of them (index it with
+    /// `get`, not `[]`, if yours can collide).
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), onefill::Error> {
