@@ -1040,7 +1040,23 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         // (see `after_answer`).
         let mut loading = self.start_loader();
         match tokio::time::timeout(soft, &mut loading).await {
-            Ok(loaded) => self.store_loaded(lease, loaded, stale).await,
+            Ok(loaded) => {
+                // A load that failed before the soft timeout stores what a
+                // failed background refresh of the stale value stores (the
+                // same `store_loaded`: fail-safe re-store, cached failure or
+                // release), and the callers still get the stale value, as
+                // they would have at once without a soft timeout (review of
+                // issue 10, finding 3).
+                let load_failed = loaded.is_err();
+                let answer = self.store_loaded(lease, loaded, stale).await;
+                match answer {
+                    Err(_) if load_failed && self.value_still_lives() => {
+                        self.rec().stale_served();
+                        Ok((value, Outcome::Stale))
+                    }
+                    answer => answer,
+                }
+            }
             Err(_) => {
                 *self.deferred_load.lock() = Some(DeferredLoad {
                     lease,

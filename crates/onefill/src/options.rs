@@ -195,9 +195,12 @@ options! {
             /// usual; `max_load_time` stays its hard bound. With it set, a
             /// stale read no longer answers at once: it takes the lease and
             /// loads, so a fast origin gives a fresh value (another
-            /// process's load still answers stale at once). With no stale
-            /// value, callers wait for the load as always. Off by default
-            /// (1 ms to 24 h).
+            /// process's load still answers stale at once). A load that
+            /// fails before the soft timeout still answers the stale value,
+            /// and stores what a failed background refresh would (a
+            /// fail-safe re-store, a cached failure, or nothing). With no
+            /// stale value, callers wait for the load as always. Off by
+            /// default (1 ms to 24 h).
             fn soft_timeout(timeout: Duration) = Some(timeout);
             /// Stale values in the grace window answer at once while one
             /// refresh runs (the default).

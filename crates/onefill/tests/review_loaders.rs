@@ -289,7 +289,6 @@ async fn a_background_failure_after_the_soft_timeout_is_fail_safe() {
 /// the stale value is what callers get when the load is slow, and says
 /// nothing about turning a grace-window read into an error.
 #[tokio::test(start_paused = true)]
-#[ignore = "finding 3: with soft_timeout, a failing load turns a grace-window read into an error"]
 async fn a_fast_failure_with_a_stale_value_still_answers_stale() {
     for soft_timeout in [None, Some(ms(100))] {
         let backend = MemoryBackend::new();
