@@ -1057,6 +1057,15 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
                     answer => answer,
                 }
             }
+            // The stale value expired on the server during the wait (past
+            // `ttl + grace`): it is not served past that, as fail-safe does
+            // not serve it (review of issue 10, finding 10). The callers
+            // wait for the load as with no stale value (`max_load_time`
+            // bounds it), and its failure follows the usual rules.
+            Err(_) if !self.value_still_lives() => {
+                let loaded = loading.await;
+                self.store_loaded(lease, loaded, stale).await
+            }
             Err(_) => {
                 *self.deferred_load.lock() = Some(DeferredLoad {
                     lease,

@@ -200,7 +200,9 @@ options! {
             /// and stores what a failed background refresh would (a
             /// fail-safe re-store, a cached failure, or nothing). With no
             /// stale value, callers wait for the load as always. Off by
-            /// default (1 ms to 24 h).
+            /// default (1 ms to 24 h). A stale value that expires on the
+            /// server (past `ttl + grace`) before the soft timeout is not
+            /// served: the callers wait for the load, as with none.
             fn soft_timeout(timeout: Duration) = Some(timeout);
             /// Stale values in the grace window answer at once while one
             /// refresh runs (the default).

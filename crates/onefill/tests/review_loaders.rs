@@ -916,7 +916,6 @@ async fn anyhow_relocated_into_a_box_comes_back_typed() {
 /// refuses a stale value that expired during the load
 /// (`value_still_lives`).
 #[tokio::test(start_paused = true)]
-#[ignore = "finding 10 (low): the soft timeout serves a stale value past its hard expiry"]
 async fn the_soft_timeout_does_not_serve_a_value_past_its_grace() {
     let backend = MemoryBackend::new();
     let c = soft(&backend).build().unwrap();
