@@ -207,7 +207,10 @@ where
                 }
                 // With a soft timeout, a stale value read here is not
                 // served while the batch loads (see `fetch_many`'s docs).
-                FirstRead::Miss { unreadable, .. } => {
+                FirstRead::Miss { unreadable, stale } => {
+                    if stale.is_some() {
+                        l.flight.count_stale_miss();
+                    }
                     misses.push((l, unreadable));
                 }
                 first => {

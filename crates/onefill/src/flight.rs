@@ -585,6 +585,13 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         answer
     }
 
+    /// A batch loads a key whose first read found a stale value (with a
+    /// soft timeout): not served while the batch loads, so a miss (the
+    /// read did not count it).
+    pub(crate) fn count_stale_miss(&self) {
+        self.rec().miss();
+    }
+
     /// The key's backend keys.
     pub(crate) fn keys(&self) -> &FillKeys {
         &self.keys
@@ -766,10 +773,18 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
             FirstRead::Answered(answer, refresh) => (answer, refresh),
             FirstRead::Failed(e) => (self.degrade(e, None).await, None),
             FirstRead::Miss { unreadable, stale } => {
+                // A stale value read (with a soft timeout) was not counted
+                // by the read: answered stale, it counts as a stale answer
+                // only; anything else, as a miss (review of issue 10,
+                // finding 7).
+                let stale_read = stale.is_some();
                 let answer = match self.policy.lease_ttl {
                     Some(lease) => self.lease_or_wait(lease, unreadable, stale).await,
                     None => self.load_without_waiting(unreadable, stale).await,
                 };
+                if stale_read && !matches!(answer, Ok((_, Outcome::Stale))) {
+                    self.rec().miss();
+                }
                 (answer, None)
             }
         }
@@ -815,9 +830,9 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
                     return FirstRead::Answered(Ok((value, Outcome::Stale)), Some(Refresh::Stale));
                 }
                 // With a soft timeout, a stale value waits for a load (up to
-                // the soft timeout) before it is served.
+                // the soft timeout) before it is served. Counted by how it is
+                // answered (see `after_first_read`, `count_stale_miss`).
                 Read::Value { value, .. } => {
-                    self.rec().miss();
                     return FirstRead::Miss {
                         unreadable: false,
                         stale: Some(value),

@@ -113,7 +113,9 @@ counters! {
     /// Times the L1 was emptied because the backend lost track of changes
     /// (its tracking connection was re-established).
     l1_resets => "onefill_l1_resets_total",
-    /// Calls that found no usable value (cold, expired or unreadable).
+    /// Calls that found no usable value (cold, expired or unreadable). With
+    /// a soft timeout, a stale read counts here only if it was not
+    /// answered stale (a load answered it), else in `stale_served` only.
     misses => "onefill_misses_total",
     /// Calls answered by a stale value (grace window, fail-safe, or outage).
     stale_served => "onefill_stale_served_total",
