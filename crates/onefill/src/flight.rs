@@ -248,6 +248,8 @@ struct StoredFreshness {
     delta: Duration,
     /// At most the fresh TTL it was written with, if recorded.
     written_ttl: Option<Duration>,
+    /// The grace window it was written with.
+    grace: Duration,
     /// Its encoded size.
     size: usize,
 }
@@ -736,10 +738,11 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
             fresh_until,
             delta,
             written_ttl,
+            grace,
             size,
         } = stored;
         // With no freshness left, the window is the one a read would use.
-        let window = self.early_refresh(Duration::ZERO, delta, written_ttl);
+        let window = self.early_refresh(Duration::ZERO, delta, written_ttl, grace);
         let refresh_at = window
             .and_then(|w| fresh_until.checked_sub(w))
             .unwrap_or(fresh_until);
@@ -817,9 +820,10 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
                     fresh_for,
                     delta,
                     written_ttl,
+                    grace,
                 } if !fresh_for.is_zero() => {
                     self.rec().hit();
-                    let early = self.early_refresh(fresh_for, delta, written_ttl);
+                    let early = self.early_refresh(fresh_for, delta, written_ttl, grace);
                     return FirstRead::Answered(
                         Ok((value, Outcome::Hit)),
                         early.map(Refresh::Early),
@@ -1147,6 +1151,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
                     fresh_until: Instant::now() + fresh,
                     delta: took,
                     written_ttl: Some(fresh),
+                    grace: self.policy.grace,
                     size: bytes.len(),
                 });
             }
@@ -1360,13 +1365,19 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
     /// refresh and the grace window answer the same question (who pays for
     /// the refresh at expiry); with a grace window the first stale read
     /// refreshes in the background, so early refresh would only add loads.
+    /// The grace is the value's own (`grace`, from its envelope: a loader
+    /// may have chosen it), not the reader's policy's: a value stored
+    /// without one has no stale window on the server, whatever the cache
+    /// says (review of issue 10, finding 6). The one place this is decided,
+    /// for reads and for the L1's refresh point.
     fn early_refresh(
         &self,
         fresh_for: Duration,
         delta: Duration,
         written_ttl: Option<Duration>,
+        grace: Duration,
     ) -> Option<Duration> {
-        if !self.policy.grace.is_zero() {
+        if !grace.is_zero() {
             return None;
         }
         let cap = match written_ttl {
@@ -1407,6 +1418,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
             fresh_for,
             delta,
             written_ttl,
+            grace,
             ..
         } = &read
         {
@@ -1415,6 +1427,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
                 fresh_until: Instant::now() + *fresh_for,
                 delta: *delta,
                 written_ttl: *written_ttl,
+                grace: *grace,
                 size: stored.bytes.len(),
             });
         }

@@ -162,9 +162,11 @@ options! {
             /// for the round trips; at most half the TTL) of freshness left
             /// refreshes it in the background, once fleet-wide, so it is
             /// stored again shortly before it would have expired; larger
-            /// refreshes earlier, 0 turns it off (0 to 100). Applies to caches without a grace window: with
-            /// one, the first stale read already refreshes in the background
-            /// without making anyone wait.
+            /// refreshes earlier, 0 turns it off (0 to 100). Applies to
+            /// values stored without a grace window (the cache's, or the one
+            /// a loader chose with [`Loaded::grace`](crate::Loaded::grace)):
+            /// with one, the first stale read already refreshes in the
+            /// background without making anyone wait.
             fn early_refresh_beta(beta: f64) = beta;
         }
         lease_ttl: Option<LeaseTtl> = Some(LeaseTtl::default()), check(optional(|_, lease: &LeaseTtl| lease.validate())) {

@@ -67,6 +67,9 @@ pub(crate) enum Read<V> {
         /// At most the fresh TTL it was written with, if recorded (for
         /// early refresh; see `envelope.rs`).
         written_ttl: Option<Duration>,
+        /// The grace window it was written with (a loader may have chosen
+        /// it): early refresh is for values without one.
+        grace: Duration,
     },
     /// A cached loader failure (negative caching).
     Failure { message: String, fresh: bool },
@@ -190,6 +193,7 @@ impl<V: 'static> Shared<V> {
                     fresh_for,
                     delta: env.delta,
                     written_ttl: env.written_ttl,
+                    grace: env.grace,
                 },
                 Err(why) => {
                     if let Some(key) = count_as {
@@ -203,6 +207,7 @@ impl<V: 'static> Shared<V> {
                 fresh_for,
                 delta: env.delta,
                 written_ttl: env.written_ttl,
+                grace: env.grace,
             },
             Kind::Failure => Read::Failure {
                 message: String::from_utf8_lossy(env.payload).into_owned(),

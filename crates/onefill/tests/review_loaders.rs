@@ -696,7 +696,6 @@ async fn postcard_skip_serializing_if_is_refused() {
 /// and the grace window answer the same question") refreshes it ahead.
 /// The gate reads the reader's policy's grace, not the value's.
 #[tokio::test(start_paused = true)]
-#[ignore = "finding 6: early refresh is gated on the policy's grace, not the value's chosen grace"]
 async fn a_value_chosen_without_grace_is_refreshed_early() {
     let backend = MemoryBackend::new();
     let c = fresh_cache(&backend, Duration::from_secs(10));
