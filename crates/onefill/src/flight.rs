@@ -124,6 +124,10 @@ pub(crate) struct Flight<V> {
     /// fallback serves the answer no longer than that, and fail-safe does
     /// not serve a stale value past it.
     value_expires: Mutex<Option<Instant>>,
+    /// The grace window of the stale value last read (from its envelope: a
+    /// loader may have chosen it): a fail-safe re-store keeps it, not the
+    /// cache's (review of issue 10, finding 8).
+    stale_grace: Mutex<Option<Duration>>,
     /// A fill put off until after the callers were answered, because the
     /// budget was spent by then.
     deferred_fill: Option<DeferredFill>,
@@ -639,6 +643,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
             deferred_fill: None,
             deferred_load: Mutex::new(None),
             value_expires: Mutex::new(None),
+            stale_grace: Mutex::new(None),
             refreshing_fresh: false,
             first_acquired: None,
             policy,
@@ -1243,17 +1248,24 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         let stale = stale.filter(|_| self.value_still_lives());
         if let (true, Some(value)) = (self.policy.fail_safe, stale) {
             if let Some(lease) = lease {
+                // Re-stored with the stale value's own grace window (in the
+                // envelope and the TTL), so the grace it was stored with
+                // still follows the throttle.
+                let mut policy = self.policy.clone();
+                if let Some(grace) = *self.stale_grace.lock() {
+                    policy.grace = grace;
+                }
                 let throttled = self
                     .shared
                     .encode(
                         &self.key,
-                        &self.policy,
+                        &policy,
                         &value,
                         Duration::ZERO,
-                        Some(self.policy.fail_safe_throttle),
+                        Some(policy.fail_safe_throttle),
                     )
                     .ok()
-                    .map(|bytes| (bytes, self.policy.fail_safe_throttle + self.policy.grace));
+                    .map(|bytes| (bytes, policy.fail_safe_throttle + policy.grace));
                 let entry = throttled.as_ref().map(|(b, t)| (b.as_slice(), *t));
                 let _ = self
                     .budget
@@ -1423,6 +1435,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         } = &read
         {
             self.note_value_ttl(stored.ttl);
+            *self.stale_grace.lock() = Some(*grace);
             *self.l1_fresh.lock() = Some(StoredFreshness {
                 fresh_until: Instant::now() + *fresh_for,
                 delta: *delta,
@@ -1440,6 +1453,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         let stored = stored?;
         let value = self.shared.value_of(&stored, None)?;
         self.note_value_ttl(stored.ttl);
+        *self.stale_grace.lock() = envelope::grace_of(&stored.bytes);
         Some(value)
     }
 

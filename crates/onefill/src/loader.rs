@@ -37,8 +37,9 @@ pub(crate) type Done<V> = (Loaded<Option<V>>, Duration);
 /// The chosen TTL is written (shortened by the policy's jitter, as every
 /// TTL), recorded in the stored value so every process sizes the value's
 /// early refresh from it, and bounds the L1 entry; the chosen grace is the
-/// value's grace window everywhere, and decides whether the value is
-/// refreshed early (only without a grace window, whatever the cache's).
+/// value's grace window everywhere (kept by a fail-safe re-store), and
+/// decides whether the value is refreshed early (only without a grace
+/// window, whatever the cache's).
 ///
 /// ```
 /// use std::time::Duration;

@@ -246,7 +246,9 @@ options! {
         }
         fail_safe_throttle: Duration = Duration::from_secs(5), check(within(MS, MAX_TTL)) {
             /// After a fail-safe answer, the stale value is stored as fresh
-            /// for this long, so the failing origin is not retried at once.
+            /// for this long, so the failing origin is not retried at once,
+            /// followed by its own grace window (the one it was stored
+            /// with, which a loader may have chosen).
             fn fail_safe_throttle(throttle: Duration) = throttle;
         }
         max_value_bytes: usize = 8 * 1024 * 1024, check(within(1, 512 * 1024 * 1024)) {

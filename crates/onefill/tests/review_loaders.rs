@@ -838,7 +838,6 @@ async fn a_stale_read_is_not_a_miss_with_a_soft_timeout() {
 /// loader promised a minute of grace is gone from the server 1 s later,
 /// and the next caller, with no stale value left, gets the origin's error.
 #[tokio::test(start_paused = true)]
-#[ignore = "finding 8: a fail-safe re-store drops the value's chosen grace"]
 async fn fail_safe_keeps_the_values_own_grace() {
     let backend = MemoryBackend::new();
     let c = Cache::<String, String>::builder()
