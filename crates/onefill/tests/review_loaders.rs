@@ -966,3 +966,119 @@ async fn on_redis_a_background_failure_is_fail_safe() {
     assert_eq!((next.outcome, next.value.as_str()), (Outcome::Hit, "v1"));
     assert_eq!(loads.load(Ordering::SeqCst), 2);
 }
+
+/// Finding 3's fix, each failure rule: a load failing before the soft
+/// timeout answers the stale value (counted once as a stale answer, not a
+/// miss) and stores what a failed background refresh stores: fail-safe
+/// re-stores the stale value (the next call a hit on it), negative caching
+/// the failure (the next call gets it), neither nothing (the next call
+/// loads again).
+#[tokio::test(start_paused = true)]
+async fn a_fast_failure_stores_what_a_failed_refresh_stores() {
+    for rule in ["fail-safe", "negative", "neither"] {
+        let backend = MemoryBackend::new();
+        let mut b = soft(&backend);
+        if rule != "fail-safe" {
+            b = b.fail_safe(false);
+        }
+        if rule == "negative" {
+            b = b.negative_ttl(ms(2000));
+        }
+        let c = b.build().unwrap();
+        let loads = Arc::new(AtomicUsize::new(0));
+        fetch(&c, &loads, ms(0), Then::Value).await.unwrap();
+        tokio::time::advance(ms(1500)).await;
+        let before = c.stats();
+        let f = fetch(&c, &loads, ms(10), Then::Fail).await.unwrap();
+        assert_eq!(
+            (f.outcome, f.value.as_str()),
+            (Outcome::Stale, "v1"),
+            "{rule}"
+        );
+        let after = c.stats();
+        assert_eq!(
+            (
+                after.stale_served - before.stale_served,
+                after.misses - before.misses
+            ),
+            (1, 0),
+            "{rule}"
+        );
+        assert!(!lease_held(&backend).await, "{rule}");
+        let next = fetch(&c, &loads, ms(0), Then::Value).await;
+        match rule {
+            "fail-safe" => {
+                let next = next.unwrap();
+                assert_eq!((next.outcome, next.value.as_str()), (Outcome::Hit, "v1"));
+                assert_eq!(loads.load(Ordering::SeqCst), 2);
+            }
+            "negative" => {
+                let err = next.unwrap_err();
+                assert!(matches!(err, Error::CachedFailure(_)), "{err:?}");
+                assert_eq!(loads.load(Ordering::SeqCst), 2);
+            }
+            _ => {
+                // The stale value is still there (in grace): the soft
+                // timeout loads again, and this load succeeds.
+                let next = next.unwrap();
+                assert_eq!((next.outcome, next.value.as_str()), (Outcome::Loaded, "v3"));
+                assert_eq!(loads.load(Ordering::SeqCst), 3);
+            }
+        }
+    }
+}
+
+/// Finding 10's fix with a failing load: the stale value expired during
+/// the wait, so it is neither served at the soft timeout nor by fail-safe
+/// after the failure; the caller gets the loader's error and no lease is
+/// left.
+#[tokio::test(start_paused = true)]
+async fn a_value_expired_during_the_soft_wait_is_not_served_on_failure() {
+    let backend = MemoryBackend::new();
+    let c = soft(&backend).build().unwrap();
+    let loads = Arc::new(AtomicUsize::new(0));
+    fetch(&c, &loads, ms(0), Then::Value).await.unwrap();
+    tokio::time::advance(ms(10_950)).await; // 50 ms of grace left
+    let err = fetch(&c, &loads, ms(500), Then::Fail).await.unwrap_err();
+    assert!(matches!(err, Error::Loader(_)), "{err:?}");
+    assert!(!lease_held(&backend).await);
+    assert_eq!(loads.load(Ordering::SeqCst), 2);
+}
+
+/// Finding 6's fix, the other way round: a cache without grace (early
+/// refresh on) whose loader gives a value its own grace window: that value
+/// is not refreshed early (its first stale read refreshes it, at no wait).
+#[tokio::test(start_paused = true)]
+async fn a_value_chosen_with_grace_is_not_refreshed_early() {
+    let backend = MemoryBackend::new();
+    let c = fresh_cache(&backend, Duration::ZERO);
+    let loads = Arc::new(AtomicUsize::new(0));
+    let with_grace = |loads: &Arc<AtomicUsize>| {
+        let loads = loads.clone();
+        move |_: String| async move {
+            let n = loads.fetch_add(1, Ordering::SeqCst) + 1;
+            tokio::time::sleep(ms(100)).await;
+            Ok::<_, io::Error>(
+                Loaded::new(format!("v{n}"))
+                    .ttl(ms(1000))
+                    .grace(Duration::from_secs(10)),
+            )
+        }
+    };
+    c.fetch_loaded("k", &CallOptions::new(), with_grace(&loads))
+        .await
+        .unwrap();
+    tokio::time::advance(ms(950)).await;
+    let f = c
+        .fetch_loaded("k", &CallOptions::new(), with_grace(&loads))
+        .await
+        .unwrap();
+    assert_eq!(f.outcome, Outcome::Hit);
+    tokio::time::sleep(ms(150)).await;
+    assert_eq!(loads.load(Ordering::SeqCst), 1, "no early refresh");
+    let f = c
+        .fetch_loaded("k", &CallOptions::new(), with_grace(&loads))
+        .await
+        .unwrap();
+    assert_eq!((f.outcome, f.value.as_str()), (Outcome::Stale, "v1"));
+}
