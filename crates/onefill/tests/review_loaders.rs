@@ -1,8 +1,9 @@
 //! Hostile review of issue 10 (loader errors, borrowed keys, loader-chosen
 //! freshness, soft timeout, round-trip check). Each test states the
-//! behaviour a user relies on; tests marked `#[ignore = "finding …"]`
-//! reproduce a finding that is not fixed on this branch (run them with
-//! `--ignored`). Paused time on the embedded backend.
+//! behaviour a user relies on; the findings the review made are fixed, and
+//! their reproductions are the regression tests here (a "finding N" in a
+//! test's docs). Paused time on the embedded backend; a few on a private
+//! Redis.
 
 use std::error::Error as _;
 use std::io;
