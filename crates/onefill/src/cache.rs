@@ -500,16 +500,7 @@ where
                 .instrument(span.clone())
                 .await
         };
-        if !span.is_disabled() {
-            match &fetched {
-                Ok(f) => span.record("outcome", f.outcome.as_str()),
-                Err(e) => span
-                    .record("outcome", "error")
-                    .record("error", tracing::field::display(e))
-                    // `tracing-opentelemetry` sets the span's status from it.
-                    .record("otel.status_code", "ERROR"),
-            };
-        }
+        ended(&span, &fetched, |f| f.outcome.as_str());
         fetched
     }
 
@@ -1048,6 +1039,7 @@ fn ended<T>(span: &tracing::Span, result: &Result<T, Error>, outcome: impl Fn(&T
         Err(e) => span
             .record("outcome", "error")
             .record("error", tracing::field::display(e))
+            // `tracing-opentelemetry` sets the span's status from it.
             .record("otel.status_code", "ERROR"),
     };
 }

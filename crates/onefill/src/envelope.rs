@@ -47,9 +47,7 @@ pub(crate) const MAGIC: u8 = 0xF1;
 pub(crate) const VERSION: u8 = 1;
 pub(crate) const HEADER_LEN: usize = 16;
 /// Version 2: [`HEADER_LEN`], then the server's expiry (8 bytes).
-#[cfg_attr(not(feature = "redis"), allow(dead_code))]
 pub(crate) const VERSION_2: u8 = 2;
-#[cfg_attr(not(feature = "redis"), allow(dead_code))]
 pub(crate) const HEADER_2_LEN: usize = HEADER_LEN + 8;
 
 /// What an envelope holds.
@@ -102,7 +100,10 @@ pub(crate) fn encode(
     out
 }
 
-pub(crate) fn decode(bytes: &[u8]) -> Result<Envelope<'_>, DecodeError> {
+/// The checks every reader of stored bytes makes (an envelope of a known
+/// version and kind, long enough for its header): its kind and where its
+/// payload starts ([`HEADER_LEN`] for version 1, [`HEADER_2_LEN`] for 2).
+fn check(bytes: &[u8]) -> Result<(Kind, usize), DecodeError> {
     if bytes.len() < HEADER_LEN {
         return Err(DecodeError::Truncated);
     }
@@ -111,8 +112,8 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<Envelope<'_>, DecodeError> {
     }
     let payload_at = match bytes[1] {
         VERSION => HEADER_LEN,
-        2 if bytes.len() >= HEADER_LEN + 8 => HEADER_LEN + 8,
-        2 => return Err(DecodeError::Truncated),
+        VERSION_2 if bytes.len() >= HEADER_2_LEN => HEADER_2_LEN,
+        VERSION_2 => return Err(DecodeError::Truncated),
         other => return Err(DecodeError::UnknownVersion(other)),
     };
     let kind = match bytes[2] {
@@ -121,16 +122,25 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<Envelope<'_>, DecodeError> {
         2 => Kind::Absent,
         other => return Err(DecodeError::UnknownKind(other)),
     };
-    // The length was checked above: these copies cannot fail.
+    Ok((kind, payload_at))
+}
+
+/// The grace field of a checked header.
+fn grace_field(bytes: &[u8]) -> Duration {
     let mut grace = [0u8; 8];
     grace.copy_from_slice(&bytes[4..12]);
+    Duration::from_millis(u64::from_be_bytes(grace))
+}
+
+pub(crate) fn decode(bytes: &[u8]) -> Result<Envelope<'_>, DecodeError> {
+    let (kind, payload_at) = check(bytes)?;
+    // The length was checked: these copies cannot fail.
     let mut delta = [0u8; 4];
     delta.copy_from_slice(&bytes[12..16]);
-    let (grace, delta) = (u64::from_be_bytes(grace), u32::from_be_bytes(delta));
     Ok(Envelope {
         kind,
-        grace: Duration::from_millis(grace),
-        delta: Duration::from_millis(delta as u64),
+        grace: grace_field(bytes),
+        delta: Duration::from_millis(u64::from(u32::from_be_bytes(delta))),
         written_ttl: ttl_of_code(bytes[3]),
         payload: &bytes[payload_at..],
     })
@@ -151,12 +161,9 @@ pub(crate) fn strip_expiry(bytes: &mut Vec<u8>) {
 /// for anything else (version 1, bytes of another writer, truncated).
 #[cfg_attr(not(feature = "redis"), allow(dead_code))]
 pub(crate) fn expires_at_ms(bytes: &[u8]) -> Option<u64> {
-    if bytes.len() < HEADER_2_LEN
-        || bytes[0] != MAGIC
-        || bytes[1] != VERSION_2
-        || bytes[2] > Kind::Absent as u8
-    {
-        return None;
+    match check(bytes) {
+        Ok((_, HEADER_2_LEN)) => {}
+        _ => return None,
     }
     let mut at = [0u8; 8];
     at.copy_from_slice(&bytes[HEADER_LEN..HEADER_2_LEN]);
@@ -166,7 +173,8 @@ pub(crate) fn expires_at_ms(bytes: &[u8]) -> Option<u64> {
 /// The grace period recorded in stored bytes, or `None` if they are not an
 /// envelope we can read (the backends then treat the value as not fresh).
 pub(crate) fn grace_of(bytes: &[u8]) -> Option<Duration> {
-    decode(bytes).ok().map(|e| e.grace)
+    // The header alone (a Redis hit asks this of every fresh value).
+    check(bytes).ok().map(|_| grace_field(bytes))
 }
 
 /// Steps per doubling of the TTL code: 2^(1/8) ≈ 1.09.

@@ -1116,16 +1116,15 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
             Err(error) => return self.after_failed_load(Some(lease), error, stale).await,
         };
         // The loader's choice of freshness, then the bytes that record it;
-        // either failing, nothing is stored and the callers get the error.
-        let chosen = self.choose(&loaded);
+        // if they cannot be made, nothing is stored and the callers get the
+        // error.
+        self.choose(&loaded);
         let value = loaded.into_value();
         let ttl = self.written_ttl(value.is_some());
         let fresh = ttl.saturating_sub(self.policy.grace);
-        let encoded = chosen.and_then(|()| {
-            let key = &self.key;
-            self.shared
-                .encode(key, &self.policy, &value, took, Some(fresh))
-        });
+        let encoded = self
+            .shared
+            .encode(&self.key, &self.policy, &value, took, Some(fresh));
         let bytes = match encoded {
             Ok(bytes) => bytes,
             Err(error) => {
@@ -1211,7 +1210,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         self.rec().degraded_load();
         match self.run_loader(Sharing::MayJoin).await {
             Ok((loaded, _)) => {
-                self.choose(&loaded)?;
+                self.choose(&loaded);
                 // A new value, not the one read before: `ttl + grace`.
                 *self.value_expires.lock() = None;
                 Ok((loaded.into_value(), Outcome::Degraded))
@@ -1472,10 +1471,9 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
     }
 
     /// Adopts the freshness the loader chose for its value, if any.
-    fn choose<T>(&mut self, loaded: &Loaded<T>) -> Result<(), Error> {
+    fn choose<T>(&mut self, loaded: &Loaded<T>) {
         self.policy
-            .choose(loaded.chosen_ttl(), loaded.chosen_grace())
-            .map_err(|invalid| Error::InvalidInput(invalid.into()))
+            .choose(loaded.chosen_ttl(), loaded.chosen_grace());
     }
 
     fn written_ttl(&self, is_value: bool) -> Duration {

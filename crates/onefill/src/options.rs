@@ -276,12 +276,8 @@ options! {
 impl Policy {
     /// Applies the freshness a loader chose for its value
     /// ([`Loaded`](crate::Loaded)): its TTL (also that of a cached absence)
-    /// and grace, checked as the options of the same names.
-    pub(crate) fn choose(
-        &mut self,
-        ttl: Option<Duration>,
-        grace: Option<Duration>,
-    ) -> Result<(), InvalidOption> {
+    /// and grace, clamped to the ranges of the options of the same names.
+    pub(crate) fn choose(&mut self, ttl: Option<Duration>, grace: Option<Duration>) {
         // Clamped, not refused: a loader computes these from its data (a
         // row's `expires_at - now` is zero once it passed), and throwing a
         // successful load away over it would fail every caller.
@@ -293,7 +289,6 @@ impl Policy {
         if let Some(grace) = grace {
             self.grace = grace.min(MAX_TTL);
         }
-        Ok(())
     }
 
     /// The checks between options.
