@@ -49,6 +49,9 @@ use crate::shared::Shared;
 pub struct CacheBuilder<K, V> {
     namespace: String,
     backend: Option<Arc<dyn Backend>>,
+    /// The backend, when it is a `RedisBackend` (see `Shared::get`).
+    #[cfg(feature = "redis")]
+    redis: Option<crate::redis::RedisBackend>,
     codec: Option<Arc<dyn Codec<V>>>,
     /// `None`: the default (an L1 on an in-process store only);
     /// `Some(None)`: none.
@@ -79,6 +82,8 @@ impl<K, V> CacheBuilder<K, V> {
         CacheBuilder {
             namespace: "onefill".to_owned(),
             backend: None,
+            #[cfg(feature = "redis")]
+            redis: None,
             codec: None,
             l1: None,
             policy: Policy::default(),
@@ -92,11 +97,20 @@ impl<K, V> CacheBuilder<K, V> {
     }
     /// Where values and leases live.
     pub fn backend(mut self, backend: impl Backend) -> Self {
+        #[cfg(feature = "redis")]
+        {
+            let any: &dyn std::any::Any = &backend;
+            self.redis = any.downcast_ref::<crate::redis::RedisBackend>().cloned();
+        }
         self.backend = Some(Arc::new(backend));
         self
     }
     /// A backend already shared behind an `Arc`.
     pub fn shared_backend(mut self, backend: Arc<dyn Backend>) -> Self {
+        #[cfg(feature = "redis")]
+        {
+            self.redis = None;
+        }
         self.backend = Some(backend);
         self
     }
@@ -156,13 +170,13 @@ where
         if let Some(l1) = &l1 {
             l1.validate()?;
         }
-        let shared = Arc::new(Shared::new(
-            self.namespace,
-            backend,
-            codec,
-            self.policy,
-            l1.as_ref(),
-        ));
+        #[allow(unused_mut)]
+        let mut shared = Shared::new(self.namespace, backend, codec, self.policy, l1.as_ref());
+        #[cfg(feature = "redis")]
+        {
+            shared.redis = self.redis;
+        }
+        let shared = Arc::new(shared);
         if let (Some(local), Some(l1)) = (&shared.l1, &l1) {
             let listener: Arc<dyn ChangeListener> = local.clone();
             shared

@@ -2,7 +2,7 @@
 //! (or spawns one), and awaits the answer; the protocol itself lives in
 //! `flight.rs` and the modules it uses.
 
-use std::borrow::Borrow;
+use std::borrow::{Borrow, Cow};
 use std::collections::{HashMap, HashSet};
 use std::fmt::{self, Display};
 use std::future::Future;
@@ -21,6 +21,7 @@ use crate::coalesce::Joined;
 use crate::error::{BackendError, Error, IntoLoaderError};
 use crate::flight::{Flight, Outcome, Refresh};
 use crate::freshness;
+use crate::hit::Leader;
 use crate::key::{self, FillKeys, KeyBuf};
 use crate::l1::{Local, Lookup};
 use crate::loader::{Load, Loaded};
@@ -511,11 +512,27 @@ where
         load: Load<V>,
         span: &tracing::Span,
     ) -> Result<Fetched<Option<V>>, Error> {
-        let (key, policy) = self.prepare(key, options)?;
-        let joined = self.shared.flights.join_in_span(&key, span.id());
-        span.record("coalesced", matches!(joined, Joined::Follower(_)));
+        let joined = {
+            // Formatted on the stack: the coalescer's entry is the one copy
+            // of the key a hit makes.
+            let key = KeyBuf::new(key);
+            let key = key.as_str();
+            key::validate_key(key, self.shared.policy.max_key_bytes)?;
+            let policy = self.policy_of(options)?;
+            match self.shared.flights.join_in_span(key, span.id()) {
+                Joined::Leader(completion) => Err(Leader {
+                    shared: &self.shared,
+                    policy,
+                    keys: FillKeys::new(&self.shared.namespace, key),
+                    load,
+                    completion,
+                }),
+                Joined::Follower(awaiter) => Ok(awaiter),
+            }
+        };
+        span.record("coalesced", joined.is_ok());
         let ((value, outcome), coalesced) = match joined {
-            Joined::Follower(awaiter) => {
+            Ok(awaiter) => {
                 if let Some(leader) = awaiter.leader_span() {
                     // Its wait is the leader's flight: link the two.
                     span.follows_from(leader.clone());
@@ -523,12 +540,7 @@ where
                 self.shared.recorder.coalesced();
                 (awaiter.outcome().await?, true)
             }
-            Joined::Leader(completion) => {
-                let keys = FillKeys::new(&self.shared.namespace, &key);
-                let shared = self.shared.clone();
-                let answer = Flight::lead(shared, key, keys, policy, load, completion).await?;
-                (answer, false)
-            }
+            Err(leader) => (leader.answer().await?, false),
         };
         Ok(Fetched {
             value,
@@ -847,12 +859,22 @@ where
         options: &CallOptions,
     ) -> Result<(String, Policy), Error> {
         let key = self.validated(key)?;
+        let policy = self.policy_of(options)?.into_owned();
+        Ok((key, policy))
+    }
+
+    /// The policy of a call with `options`: the cache's own, not copied,
+    /// if the call sets none.
+    fn policy_of(&self, options: &CallOptions) -> Result<Cow<'_, Policy>, Error> {
+        if *options == CallOptions::default() {
+            return Ok(Cow::Borrowed(&self.shared.policy));
+        }
         let policy = self
             .shared
             .policy
             .with(options)
             .map_err(crate::InputError::from)?;
-        Ok((key, policy))
+        Ok(Cow::Owned(policy))
     }
 
     fn validated<Q: Display + ?Sized>(&self, key: &Q) -> Result<String, Error> {
@@ -900,9 +922,7 @@ where
         let span = call_span!("onefill.get", self);
         let read = async {
             let keys = self.keys(key)?;
-            let stored = self
-                .call(&keys, "get", self.shared.backend.get(&keys))
-                .await?;
+            let stored = self.call(&keys, "get", self.shared.get(&keys)).await?;
             Ok(stored
                 .and_then(|s| self.shared.value_of(&s, Some(keys.value())))
                 .flatten())

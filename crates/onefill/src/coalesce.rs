@@ -1,14 +1,21 @@
 //! In-process coalescing: per key, one flight per process talks to the
 //! backend and every other local caller shares its answer.
 //!
-//! The map lookup and insert happen under one mutex, so exactly one caller
-//! becomes the leader however many arrive together. The leader holds the
-//! [`Completion`]: it makes the flight's first read in its own task and
-//! hands the rest to a spawned [`Flight`](crate::flight::Flight); if it is
-//! dropped during that read, the flight starts over in a task of its own
-//! (`flight.rs`, `LeaderGuard`). So dropping any caller (the leader
+//! The map lookup and insert happen under one lock (the key's shard's), so
+//! exactly one caller becomes the leader however many arrive together. The
+//! leader holds the [`Completion`]: it makes the flight's first read in its
+//! own task and hands the rest to a spawned [`Flight`](crate::flight::Flight);
+//! if it is dropped during that read, the flight starts over in a task of
+//! its own (`hit.rs`, `LeaderGuard`). So dropping any caller (the leader
 //! included) neither cancels the load nor strands the others (the trap of
 //! moka#240 and of several single-flight crates).
+//!
+//! A flight is on the path of every hit past the L1, so it costs what it
+//! must and no more: one allocation (the key, shared by the map and the
+//! completion) and two short critical sections on one of [`SHARDS`] locks
+//! (two worker threads rarely meet on one). The [`Slot`] the outcome is
+//! published in is made only when somebody will wait for it: the first
+//! follower, or the leader handing the flight to a task.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -19,15 +26,14 @@ use tokio::sync::Notify;
 
 use crate::error::Error;
 
+/// The shards of a coalescer's map (a power of two).
+const SHARDS: usize = 16;
+
 /// Where a flight's outcome is published: set once, then every awaiter is
-/// woken. Lighter than a `watch` channel (built for every flight, hits
-/// included): one allocation, no lock-free version machinery.
+/// woken.
 struct Slot<T> {
     outcome: Mutex<Option<Result<T, Error>>>,
     published: Notify,
-    /// Callers that joined the flight after its leader (for the
-    /// `onefill_flight_callers` histogram).
-    followers: AtomicU64,
     /// The leader's call span, if a subscriber records it: the followers'
     /// spans follow from it. Valid while the flight is in the map, which
     /// is when followers join (the flight holds the span until it answers).
@@ -40,7 +46,6 @@ impl<T> Slot<T> {
             leader_span,
             outcome: Mutex::new(None),
             published: Notify::new(),
-            followers: AtomicU64::new(0),
         })
     }
 
@@ -58,24 +63,107 @@ impl<T> std::fmt::Debug for Slot<T> {
     }
 }
 
+/// A flight under way.
+#[derive(Debug)]
+struct Entry<T> {
+    id: u64,
+    /// Made by the first caller that waits for the outcome.
+    slot: Option<Arc<Slot<T>>>,
+    /// Callers that joined after the leader (for the
+    /// `onefill_flight_callers` histogram).
+    followers: u64,
+    leader_span: Option<tracing::Id>,
+}
+
+impl<T> Entry<T> {
+    fn slot(&mut self) -> Arc<Slot<T>> {
+        let leader_span = &self.leader_span;
+        self.slot
+            .get_or_insert_with(|| Slot::new(leader_span.clone()))
+            .clone()
+    }
+}
+
+/// One shard: the flights callers can join, keyed by an `Arc<str>` the
+/// flight's [`Completion`] shares, and the detached ones (by id), which
+/// still answer the callers that joined them.
+#[derive(Debug)]
+struct Shard<T> {
+    live: HashMap<Arc<str>, Entry<T>, quick_cache::DefaultHashBuilder>,
+    detached: HashMap<u64, Entry<T>, quick_cache::DefaultHashBuilder>,
+}
+
+impl<T> Default for Shard<T> {
+    fn default() -> Self {
+        Shard {
+            live: HashMap::default(),
+            detached: HashMap::default(),
+        }
+    }
+}
+
+impl<T> Shard<T> {
+    /// Moves the key's live flight (if any) to the detached ones.
+    fn detach(&mut self, key: &str) -> bool {
+        match self.live.remove(key) {
+            Some(entry) => {
+                self.detached.insert(entry.id, entry);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The flight `id` of `key`, live or detached.
+    fn find(&mut self, key: &str, id: u64) -> Option<&mut Entry<T>> {
+        match self.live.get(key) {
+            Some(entry) if entry.id == id => self.live.get_mut(key),
+            _ => self.detached.get_mut(&id),
+        }
+    }
+
+    /// Takes the flight `id` of `key` out, live or detached (one lookup for
+    /// a live one: the common case, every hit's).
+    fn take(&mut self, key: &str, id: u64) -> Option<Entry<T>> {
+        match self.live.remove_entry(key) {
+            Some((_, entry)) if entry.id == id => Some(entry),
+            Some((key, newer)) => {
+                self.live.insert(key, newer);
+                self.detached.remove(&id)
+            }
+            None => self.detached.remove(&id),
+        }
+    }
+}
+
 /// ahash (quick_cache's hasher, randomly keyed) rather than SipHash: the
 /// map is looked up on every call that misses the L1.
-/// Keyed by an `Arc<str>` the flight's [`Completion`] shares: one
-/// allocation of the key per flight, not two.
-type Entries<T> = HashMap<Arc<str>, (u64, Arc<Slot<T>>), quick_cache::DefaultHashBuilder>;
-type Map<T> = Arc<Mutex<Entries<T>>>;
+#[derive(Debug)]
+struct Shards<T> {
+    shards: Box<[Mutex<Shard<T>>]>,
+    hasher: quick_cache::DefaultHashBuilder,
+}
+
+impl<T> Shards<T> {
+    fn of(&self, key: &str) -> usize {
+        (self.hasher.hash_one(key) as usize) & (SHARDS - 1)
+    }
+}
 
 /// The map of flights under way in one [`Cache`](crate::Cache).
 #[derive(Debug)]
 pub(crate) struct Coalescer<T> {
-    map: Map<T>,
+    map: Arc<Shards<T>>,
     next_id: AtomicU64,
 }
 
 impl<T> Default for Coalescer<T> {
     fn default() -> Self {
         Coalescer {
-            map: Arc::default(),
+            map: Arc::new(Shards {
+                shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+                hasher: quick_cache::DefaultHashBuilder::default(),
+            }),
             next_id: AtomicU64::new(0),
         }
     }
@@ -93,10 +181,10 @@ pub(crate) enum Joined<T> {
 /// Publishes the flight's outcome once. Dropped without publishing, it still
 /// removes the flight and the waiters get [`Error::FlightAbandoned`].
 pub(crate) struct Completion<T> {
-    map: Map<T>,
+    map: Arc<Shards<T>>,
+    shard: usize,
     key: Arc<str>,
     id: u64,
-    slot: Arc<Slot<T>>,
     /// Whether the outcome was published (else `Drop` publishes
     /// `FlightAbandoned`).
     published: bool,
@@ -113,7 +201,7 @@ impl<T> Coalescer<T> {
     /// `invalidate` call this once their write is done, so no call that
     /// starts after they return gets an answer from before them.
     pub(crate) fn detach(&self, key: &str) {
-        self.map.lock().remove(key);
+        self.map.shards[self.map.of(key)].lock().detach(key);
     }
 }
 
@@ -126,102 +214,138 @@ impl<T: Clone> Coalescer<T> {
     /// Joins the key's flight, or starts it with `span` (the caller's
     /// span's id, if recorded) as the span its followers follow from.
     pub(crate) fn join_in_span(&self, key: &str, span: Option<tracing::Id>) -> Joined<T> {
-        let mut map = self.map.lock();
-        if let Some((_, slot)) = map.get(key) {
-            slot.followers.fetch_add(1, Ordering::Relaxed);
-            return Joined::Follower(Awaiter { slot: slot.clone() });
+        let shard = self.map.of(key);
+        let mut map = self.map.shards[shard].lock();
+        if let Some(entry) = map.live.get_mut(key) {
+            entry.followers += 1;
+            return Joined::Follower(Awaiter { slot: entry.slot() });
         }
-        Joined::Leader(self.start(&mut map, key, span))
+        Joined::Leader(self.start(&mut map, shard, key, span))
     }
 
     /// Starts a flight for the key whatever is under way: an older one is
     /// detached (it still answers its own callers), and later callers join
     /// this one. The flag says whether an older one was under way.
     pub(crate) fn lead(&self, key: &str) -> (Completion<T>, bool) {
-        let mut map = self.map.lock();
-        let replaced = map.contains_key(key);
-        (self.start(&mut map, key, None), replaced)
+        let shard = self.map.of(key);
+        let mut map = self.map.shards[shard].lock();
+        let replaced = map.detach(key);
+        (self.start(&mut map, shard, key, None), replaced)
     }
 
-    fn start(&self, map: &mut Entries<T>, key: &str, span: Option<tracing::Id>) -> Completion<T> {
+    fn start(
+        &self,
+        map: &mut Shard<T>,
+        shard: usize,
+        key: &str,
+        leader_span: Option<tracing::Id>,
+    ) -> Completion<T> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let slot = Slot::new(span);
         let key: Arc<str> = Arc::from(key);
-        map.insert(key.clone(), (id, slot.clone()));
+        let entry = Entry {
+            id,
+            slot: None,
+            followers: 0,
+            leader_span,
+        };
+        map.live.insert(key.clone(), entry);
         Completion {
             map: self.map.clone(),
+            shard,
             key,
             id,
-            slot,
             published: false,
         }
     }
 
-    /// Flights under way.
+    /// Flights under way (detached ones included).
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
-        self.map.lock().len()
+        self.map
+            .shards
+            .iter()
+            .map(|s| {
+                let s = s.lock();
+                s.live.len() + s.detached.len()
+            })
+            .sum()
     }
 }
 
 impl<T> Completion<T> {
-    /// Removes the flight from the map, then publishes the outcome. In that
-    /// order: a caller that arrives once the outcome is visible must start a
-    /// new flight (and read the backend), never pick up a finished answer;
-    /// otherwise a call made right after an `invalidate` or `set` could get
-    /// an answer from before it. Regression test: `coalesce::tests::
-    /// a_caller_after_completion_starts_a_new_flight`.
-    pub(crate) fn complete(mut self, outcome: Result<T, Error>) {
-        self.remove();
+    /// The flight's key.
+    pub(crate) fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// Removes the flight from the map, then publishes the outcome, and
+    /// says how many callers the flight had (its leader and those that
+    /// joined). In that order: a caller that arrives once the outcome is
+    /// visible must start a new flight (and read the backend), never pick
+    /// up a finished answer; otherwise a call made right after an
+    /// `invalidate` or `set` could get an answer from before it. Regression
+    /// test: `coalesce::tests::a_caller_after_completion_starts_a_new_flight`.
+    pub(crate) fn complete(mut self, outcome: Result<T, Error>) -> u64 {
+        let entry = self.remove();
         self.published = true;
-        self.slot.publish(outcome);
+        let (slot, callers) = Self::parts(entry);
+        if let Some(slot) = slot {
+            slot.publish(outcome);
+        }
+        callers
     }
 
     /// Like [`complete`](Self::complete), for a leader that has the outcome
-    /// itself: returns it, and clones it only if another caller joined.
-    pub(crate) fn complete_shared(mut self, outcome: Result<T, Error>) -> Result<T, Error>
+    /// itself: returns it, and clones it only if somebody waits for it.
+    pub(crate) fn complete_shared(mut self, outcome: Result<T, Error>) -> (Result<T, Error>, u64)
     where
         T: Clone,
     {
-        self.remove();
+        let entry = self.remove();
         self.published = true;
-        // Removed from the map first: nobody can join any more, so if this
-        // completion holds the only reference, nobody ever will.
-        if Arc::strong_count(&self.slot) > 1 {
-            self.slot.publish(outcome.clone());
+        // Removed from the map first: nobody can join any more, so without
+        // a slot nobody ever will wait.
+        let (slot, callers) = Self::parts(entry);
+        if let Some(slot) = slot {
+            slot.publish(outcome.clone());
         }
-        outcome
+        (outcome, callers)
     }
 
-    /// The callers of this flight so far: its leader and those that joined.
-    pub(crate) fn callers(&self) -> u64 {
-        1 + self.slot.followers.load(Ordering::Relaxed)
+    fn parts(entry: Option<Entry<T>>) -> (Option<Arc<Slot<T>>>, u64) {
+        match entry {
+            Some(entry) => (entry.slot, 1 + entry.followers),
+            None => (None, 1),
+        }
     }
 
     /// An awaiter of this flight.
     pub(crate) fn awaiter(&self) -> Awaiter<T> {
-        Awaiter {
-            slot: self.slot.clone(),
+        let mut map = self.map.shards[self.shard].lock();
+        match map.find(&self.key, self.id) {
+            Some(entry) => Awaiter { slot: entry.slot() },
+            // Not reachable: only this completion takes its entry out.
+            None => {
+                let slot = Slot::new(None);
+                slot.publish(Err(Error::FlightAbandoned));
+                Awaiter { slot }
+            }
         }
     }
 
-    /// Removes this flight's entry (one lookup: a hit's flight passes
-    /// here); a newer flight's entry (this one was detached) is put back.
-    fn remove(&self) {
-        let mut map = self.map.lock();
-        if let Some((key, entry)) = map.remove_entry(&*self.key) {
-            if entry.0 != self.id {
-                map.insert(key, entry);
-            }
-        }
+    /// Takes this flight's entry out of the map (one lookup on a hit).
+    fn remove(&self) -> Option<Entry<T>> {
+        self.map.shards[self.shard].lock().take(&self.key, self.id)
     }
 }
 
 impl<T> Drop for Completion<T> {
     fn drop(&mut self) {
-        self.remove();
+        // A published flight was taken out when it was published.
         if !self.published {
-            self.slot.publish(Err(Error::FlightAbandoned));
+            if let Some(slot) = self.remove().and_then(|entry| entry.slot) {
+                slot.publish(Err(Error::FlightAbandoned));
+            }
         }
     }
 }
@@ -288,7 +412,7 @@ mod tests {
             };
             let observer = {
                 let flights = flights.clone();
-                let slot = done.slot.clone();
+                let slot = done.awaiter().slot;
                 std::thread::spawn(move || {
                     while slot.outcome.lock().is_none() {
                         std::hint::spin_loop();
@@ -302,7 +426,7 @@ mod tests {
     }
 
     /// A detached flight that completes leaves the newer flight of its key
-    /// in place (its removal takes the entry out and puts a newer one back).
+    /// in place (detached flights are kept apart, by id).
     #[test]
     fn a_detached_flight_completing_keeps_the_newer_one() {
         let flights = Coalescer::<u32>::default();
@@ -313,13 +437,13 @@ mod tests {
         let Joined::Leader(new) = flights.join("k") else {
             panic!("the detached flight was joined")
         };
-        assert_eq!(old.complete_shared(Ok(1)).unwrap(), 1);
+        assert_eq!(old.complete_shared(Ok(1)).0.unwrap(), 1);
         assert!(
             matches!(flights.join("k"), Joined::Follower(..)),
             "the newer flight was removed with the old one"
         );
         assert_eq!(flights.len(), 1);
-        assert_eq!(new.complete_shared(Ok(2)).unwrap(), 2);
+        assert_eq!(new.complete_shared(Ok(2)).0.unwrap(), 2);
         assert_eq!(flights.len(), 0);
     }
 

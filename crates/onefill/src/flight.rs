@@ -29,11 +29,9 @@
 //! the policy is strict.
 
 use std::future::Future;
-use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -54,6 +52,24 @@ use crate::options::{Policy, MAX_TTL};
 use crate::shared::{Read, Shared};
 use crate::stats::Recorder;
 use crate::wait::{AtDeadline, Next, Wait};
+
+/// What a flight notes before its first read: the cache's write epoch (see
+/// `fallback.rs`) and the L1's ticket for the key (see `l1.rs`), so that
+/// nothing written or reported meanwhile is overwritten by its answer.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Start {
+    pub epoch: u64,
+    pub l1_ticket: Option<Ticket>,
+}
+
+impl Start {
+    pub(crate) fn now<V: Clone + Send + Sync + 'static>(shared: &Shared<V>, key: &str) -> Start {
+        Start {
+            epoch: shared.epoch.load(Ordering::SeqCst),
+            l1_ticket: shared.l1.as_ref().map(|l1| l1.ticket(key)),
+        }
+    }
+}
 
 /// What a flight hands every caller on success.
 pub(crate) type Answer<V> = (Option<V>, Outcome);
@@ -130,11 +146,11 @@ pub(crate) struct Flight<V> {
     stale_grace: Mutex<Option<Duration>>,
     /// A fill put off until after the callers were answered, because the
     /// budget was spent by then.
-    deferred_fill: Option<DeferredFill>,
+    deferred_fill: Option<Box<DeferredFill>>,
     /// A load still running when the soft timeout answered the callers
     /// stale: finished (filled or released) after the answer. In a mutex
     /// only to keep the flight `Sync`, as `load`.
-    deferred_load: Mutex<Option<DeferredLoad<V>>>,
+    deferred_load: Mutex<Option<Box<DeferredLoad<V>>>>,
     /// The user key (the L1's key).
     key: String,
     /// Taken before the first read: the L1 keeps the answer only if no
@@ -149,7 +165,7 @@ pub(crate) struct Flight<V> {
     refreshing_fresh: bool,
     /// The first acquire's answer, when a batch made it for this flight
     /// (see `batch.rs`): the miss path starts from it instead of asking.
-    first_acquired: Option<Result<Acquisition, BackendError>>,
+    first_acquired: Option<Box<Result<Acquisition, BackendError>>>,
 }
 
 /// What a batch's re-check of a key it waits for found.
@@ -188,74 +204,81 @@ pub(crate) enum FirstRead<V> {
     Failed(BackendError),
 }
 
-/// The leader's flight while its first read runs in the caller's task;
-/// dropped armed (the caller's future was dropped), it restarts the
-/// flight in a task of its own for the callers that joined.
-struct LeaderGuard<V: Clone + Send + Sync + 'static> {
-    armed: Option<(Flight<V>, Completion<Answer<V>>)>,
-}
-
-impl<V: Clone + Send + Sync + 'static> Drop for LeaderGuard<V> {
-    fn drop(&mut self) {
-        let Some((flight, completion)) = self.armed.take() else {
-            return;
-        };
-        // Unwinding from a panic of the read itself: running it again would
-        // panic again; the callers get `FlightAbandoned`.
-        if std::thread::panicking() {
-            return;
-        }
-        // Outside a runtime (it is shutting down) nobody is left to answer:
-        // the completion is dropped and the others get `FlightAbandoned`.
-        if tokio::runtime::Handle::try_current().is_err() {
-            return;
-        }
-        let Flight {
-            shared,
-            key,
-            keys,
-            policy,
-            load,
-            ..
-        } = flight;
-        let Some(load) = load.into_inner() else {
-            return;
-        };
-        let fresh = Flight::new(shared, key, keys, policy, load);
-        fresh.spawn_from(None, completion);
-    }
-}
-
-/// Polls a pinned future, turning a panic into an `Err` (no allocation:
-/// the leader's first read is on the hit path).
-struct CatchUnwind<'a, F>(Pin<&'a mut F>);
-
-impl<F: Future> Future for CatchUnwind<'_, F> {
-    type Output = std::thread::Result<F::Output>;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let inner = &mut self.0;
-        match std::panic::catch_unwind(AssertUnwindSafe(|| inner.as_mut().poll(cx))) {
-            Ok(Poll::Pending) => Poll::Pending,
-            Ok(Poll::Ready(value)) => Poll::Ready(Ok(value)),
-            Err(panic) => Poll::Ready(Err(panic)),
-        }
-    }
-}
-
 /// What the L1 needs of the value stored for the answer.
 #[derive(Debug, Clone, Copy)]
-struct StoredFreshness {
+pub(crate) struct StoredFreshness {
     /// When it stops being fresh.
-    fresh_until: Instant,
+    pub fresh_until: Instant,
     /// How long its load took.
-    delta: Duration,
+    pub delta: Duration,
     /// At most the fresh TTL it was written with, if recorded.
-    written_ttl: Option<Duration>,
+    pub written_ttl: Option<Duration>,
     /// The grace window it was written with.
-    grace: Duration,
+    pub grace: Duration,
     /// Its encoded size.
-    size: usize,
+    pub size: usize,
+}
+
+impl StoredFreshness {
+    /// The L1 entry of `value`, stored with this freshness and living on
+    /// the server until `expires_at`. The one place an L1 entry's deadlines
+    /// are decided (the hit path and a flight's answer).
+    pub(crate) fn l1_entry<V>(
+        self,
+        policy: &Policy,
+        value: Option<V>,
+        expires_at: Instant,
+    ) -> crate::l1::Entry<V> {
+        let StoredFreshness {
+            fresh_until,
+            delta,
+            written_ttl,
+            grace,
+            size,
+        } = self;
+        // With no freshness left, the window is the one a read would use.
+        let window = early_refresh(policy, Duration::ZERO, delta, written_ttl, grace);
+        let refresh_at = window
+            .and_then(|w| fresh_until.checked_sub(w))
+            .unwrap_or(fresh_until);
+        crate::l1::Entry {
+            value,
+            fresh_until,
+            refresh_at,
+            expires_at,
+            weight: u32::try_from(size).unwrap_or(u32::MAX),
+        }
+    }
+}
+
+/// The early-refresh window of a value with `fresh_for` left whose load
+/// took `delta`, if it is due (see `freshness::early_refresh`), capped by
+/// the fresh TTL it was written with if recorded (a loader may have chosen
+/// it), else by the policy's.
+///
+/// Early refresh and the grace window answer the same question (who pays
+/// for the refresh at expiry): with a grace window the first stale read
+/// refreshes in the background, so early refresh would only add loads.
+/// The grace is the value's own by the value's own grace (a
+/// loader may have chosen it), not the reader's policy's: a value stored
+/// without one has no stale window on the server, whatever the cache
+/// says (review of issue 10, finding 6). The one place this is decided,
+/// for reads and for the L1's refresh point.
+pub(crate) fn early_refresh(
+    policy: &Policy,
+    fresh_for: Duration,
+    delta: Duration,
+    written_ttl: Option<Duration>,
+    grace: Duration,
+) -> Option<Duration> {
+    if !grace.is_zero() {
+        return None;
+    }
+    let cap = match written_ttl {
+        Some(ttl) => freshness::early_refresh_cap(ttl, 0.0),
+        None => freshness::early_refresh_cap(policy.ttl, policy.jitter),
+    };
+    freshness::early_refresh(fresh_for, delta, policy.early_refresh_beta, cap)
 }
 
 /// A load under way, owned (not borrowing the flight), so it can go on
@@ -280,7 +303,11 @@ struct DeferredFill {
 impl<V: Clone + Send + Sync + 'static> Flight<V> {
     /// Runs the flight in a task of its own from `first` (its first read,
     /// already made by the leader), or from the start.
-    fn spawn_from(mut self, first: Option<FirstRead<V>>, completion: Completion<Answer<V>>) {
+    pub(crate) fn spawn_from(
+        mut self,
+        first: Option<FirstRead<V>>,
+        completion: Completion<Answer<V>>,
+    ) {
         // The leader's call span: the task's spans (lease, wait, load,
         // backend calls) are its children, up to the answer.
         let call = tracing::Span::current();
@@ -296,55 +323,10 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
             let (answer, refresh) = to_answer.instrument(call.clone()).await;
             self.remember(&answer);
             self.keep_in_l1(&answer, refresh.is_some());
-            self.rec().flight_callers(completion.callers());
-            completion.complete(answer);
+            let callers = completion.complete(answer);
+            self.rec().flight_callers(callers);
             self.after_answer(refresh, call).await;
         }));
-    }
-
-    /// The leader's path: the first read runs in the caller's own task (no
-    /// task, no channel for a hit); anything more (a miss, a refresh, a
-    /// deferred fill) goes on in a task of its own. If the caller's future
-    /// is dropped during the read, the flight starts over in a task of its
-    /// own, so the callers that joined it still get their answer.
-    pub(crate) async fn lead(
-        shared: Arc<Shared<V>>,
-        key: String,
-        keys: FillKeys,
-        policy: Policy,
-        load: Load<V>,
-        completion: Completion<Answer<V>>,
-    ) -> Result<Answer<V>, Error> {
-        let mut guard = LeaderGuard {
-            armed: Some((Flight::new(shared, key, keys, policy, load), completion)),
-        };
-        let first = match guard.armed.as_mut() {
-            Some((flight, _)) => {
-                let read = std::pin::pin!(flight.first_read());
-                CatchUnwind(read).await
-            }
-            None => return Err(Error::FlightAbandoned),
-        };
-        let first = match first {
-            Ok(first) => first,
-            Err(_) => {
-                // A codec's `decode` or a backend's `get` panicked. As when
-                // the whole flight ran in a task of its own: every caller
-                // gets `FlightAbandoned`, and the panic stays here (review
-                // of issue 9: it reached the caller, and the guard ran the
-                // read again in a task, which panicked again).
-                tracing::error!("a flight's first read panicked (the codec or the backend)");
-                guard.armed = None;
-                return Err(Error::FlightAbandoned);
-            }
-        };
-        let Some((flight, completion)) = guard.armed.take() else {
-            return Err(Error::FlightAbandoned);
-        };
-        match flight.continue_from(first, completion) {
-            Pending::Ready(answer) => answer,
-            Pending::Running(awaiter) => awaiter.outcome().await,
-        }
     }
 
     /// After the first read: a read that answered completes the callers
@@ -362,8 +344,8 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         };
         self.remember(&answer);
         self.keep_in_l1(&answer, refresh.is_some());
-        self.rec().flight_callers(completion.callers());
-        let answer = completion.complete_shared(answer);
+        let (answer, callers) = completion.complete_shared(answer);
+        self.rec().flight_callers(callers);
         if refresh.is_some() {
             let call = tracing::Span::current();
             tokio::spawn(Box::pin(self.after_answer(refresh, call)));
@@ -383,8 +365,8 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
             FirstRead::Answered(answer, refresh) => {
                 self.remember(&answer);
                 self.keep_in_l1(&answer, refresh.is_some());
-                self.rec().flight_callers(completion.callers());
-                let answer = completion.complete_shared(answer);
+                let (answer, callers) = completion.complete_shared(answer);
+                self.rec().flight_callers(callers);
                 (Pending::Ready(answer), refresh.map(|why| (self, why)))
             }
             first => (self.continue_from(first, completion), None),
@@ -531,8 +513,9 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
     ) -> Result<Answer<V>, Error> {
         self.remember(&answer);
         self.keep_in_l1(&answer, false);
-        self.rec().flight_callers(completion.callers());
-        completion.complete_shared(answer)
+        let (answer, callers) = completion.complete_shared(answer);
+        self.rec().flight_callers(callers);
+        answer
     }
 
     /// A batch loaded this key without a lease (the backend failed):
@@ -560,7 +543,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         acquired: Result<Acquisition, BackendError>,
         completion: Completion<Answer<V>>,
     ) -> Awaiter<Answer<V>> {
-        self.first_acquired = Some(acquired);
+        self.first_acquired = Some(Box::new(acquired));
         let awaiter = completion.awaiter();
         self.spawn_from(
             Some(FirstRead::Miss {
@@ -585,8 +568,8 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         let answer = self.store_loaded(lease, loaded, stale).await;
         self.remember(&answer);
         self.keep_in_l1(&answer, false);
-        self.rec().flight_callers(completion.callers());
-        let answer = completion.complete_shared(answer);
+        let (answer, callers) = completion.complete_shared(answer);
+        self.rec().flight_callers(callers);
         self.after_answer(None, tracing::Span::current()).await;
         answer
     }
@@ -630,9 +613,23 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         policy: Policy,
         load: Load<V>,
     ) -> Self {
+        let start = Start::now(&shared, &key);
+        Self::from_start(shared, key, keys, policy, load, start)
+    }
+
+    /// A flight whose [`Start`] was noted already (its first read was made
+    /// without it, see `hit.rs`).
+    pub(crate) fn from_start(
+        shared: Arc<Shared<V>>,
+        key: String,
+        keys: FillKeys,
+        policy: Policy,
+        load: Load<V>,
+        start: Start,
+    ) -> Self {
         Flight {
-            epoch: shared.epoch.load(Ordering::SeqCst),
-            l1_ticket: shared.l1.as_ref().map(|l1| l1.ticket(&key)),
+            epoch: start.epoch,
+            l1_ticket: start.l1_ticket,
             l1_fresh: Mutex::new(None),
             key,
             shared,
@@ -656,7 +653,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
     async fn after_answer(mut self, refresh: Option<Refresh>, call: tracing::Span) {
         // Off the callers' path from here: a full budget again.
         self.budget.refill();
-        let deferred = self.deferred_load.lock().take();
+        let deferred = self.deferred_load.lock().take().map(|d| *d);
         if let Some(DeferredLoad {
             lease,
             loading,
@@ -739,25 +736,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         let (true, Some(stored), Some(expires_at)) = (eligible, fresh, expires) else {
             return;
         };
-        let StoredFreshness {
-            fresh_until,
-            delta,
-            written_ttl,
-            grace,
-            size,
-        } = stored;
-        // With no freshness left, the window is the one a read would use.
-        let window = self.early_refresh(Duration::ZERO, delta, written_ttl, grace);
-        let refresh_at = window
-            .and_then(|w| fresh_until.checked_sub(w))
-            .unwrap_or(fresh_until);
-        let entry = crate::l1::Entry {
-            value: value.clone(),
-            fresh_until,
-            refresh_at,
-            expires_at,
-            weight: u32::try_from(size).unwrap_or(u32::MAX),
-        };
+        let entry = stored.l1_entry(&self.policy, value.clone(), expires_at);
         l1.insert(&self.key, entry, ticket);
     }
 
@@ -802,7 +781,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
     /// answers at once; a miss goes on to the lease. The only step a hit
     /// takes, so the leader runs it in its own task (see `cache.rs`).
     async fn first_read(&mut self) -> FirstRead<V> {
-        let stored = self.call("get", self.shared.backend.get(&self.keys)).await;
+        let stored = self.call("get", self.shared.get(&self.keys)).await;
         self.first_read_of(stored)
     }
 
@@ -812,14 +791,34 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         &mut self,
         stored: Result<Option<Stored>, BackendError>,
     ) -> FirstRead<V> {
+        match stored {
+            Ok(Some(stored)) => {
+                let read = self.shared.read(&stored, Some(self.keys.value()));
+                self.first_read_found(&stored, read)
+            }
+            Ok(None) => {
+                self.rec().flight();
+                self.rec().miss();
+                FirstRead::Miss {
+                    unreadable: false,
+                    stale: None,
+                }
+            }
+            Err(e) => {
+                self.rec().flight();
+                FirstRead::Failed(e)
+            }
+        }
+    }
+
+    /// What the first read found in `stored` (`read`, what
+    /// [`Shared::read`] made of it) means.
+    pub(crate) fn first_read_found(&mut self, stored: &Stored, read: Read<V>) -> FirstRead<V> {
         self.rec().flight();
-        let stored = match stored {
-            Ok(stored) => stored,
-            Err(e) => return FirstRead::Failed(e),
-        };
+        self.note_read(stored, &read);
         let mut unreadable = false;
-        if let Some(stored) = stored {
-            match self.read(&stored) {
+        {
+            match read {
                 Read::Value {
                     value,
                     fresh_for,
@@ -924,7 +923,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
                 Duration::ZERO
             };
             let acquired = match self.first_acquired.take() {
-                Some(acquired) => acquired,
+                Some(acquired) => *acquired,
                 None => self.acquire(lease, window).await,
             };
             let (held_stale, holder_ttl) = match acquired {
@@ -1091,11 +1090,11 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
                 self.store_loaded(lease, loaded, stale).await
             }
             Err(_) => {
-                *self.deferred_load.lock() = Some(DeferredLoad {
+                *self.deferred_load.lock() = Some(Box::new(DeferredLoad {
                     lease,
                     loading,
                     stale,
-                });
+                }));
                 self.rec().stale_served();
                 Ok((value, Outcome::Stale))
             }
@@ -1144,7 +1143,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         // still get the value, but it must not overwrite what is there now
         // (counted as a lost lease). An error: unknown whether it landed.
         if self.budget.left().is_zero() {
-            self.deferred_fill = Some(DeferredFill { lease, bytes, ttl });
+            self.deferred_fill = Some(Box::new(DeferredFill { lease, bytes, ttl }));
         } else {
             let filled = self
                 .budget
@@ -1370,17 +1369,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
     }
 
     /// The early-refresh window of a value with `fresh_for` left whose load
-    /// took `delta`, if it is due (see `freshness::early_refresh`), capped
-    /// by the fresh TTL it was written with if recorded (a loader may have
-    /// chosen it), else by the policy's. Early
-    /// refresh and the grace window answer the same question (who pays for
-    /// the refresh at expiry); with a grace window the first stale read
-    /// refreshes in the background, so early refresh would only add loads.
-    /// The grace is the value's own (`grace`, from its envelope: a loader
-    /// may have chosen it), not the reader's policy's: a value stored
-    /// without one has no stale window on the server, whatever the cache
-    /// says (review of issue 10, finding 6). The one place this is decided,
-    /// for reads and for the L1's refresh point.
+    /// took `delta`, if it is due (see [`early_refresh`]).
     fn early_refresh(
         &self,
         fresh_for: Duration,
@@ -1388,14 +1377,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         written_ttl: Option<Duration>,
         grace: Duration,
     ) -> Option<Duration> {
-        if !grace.is_zero() {
-            return None;
-        }
-        let cap = match written_ttl {
-            Some(ttl) => freshness::early_refresh_cap(ttl, 0.0),
-            None => freshness::early_refresh_cap(self.policy.ttl, self.policy.jitter),
-        };
-        freshness::early_refresh(fresh_for, delta, self.policy.early_refresh_beta, cap)
+        early_refresh(&self.policy, fresh_for, delta, written_ttl, grace)
     }
 
     /// Asks for the lease, with a TTL sized from recent load times.
@@ -1425,13 +1407,20 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
     /// Reads stored bytes, counting an unreadable value against the key.
     fn read(&self, stored: &Stored) -> Read<V> {
         let read = self.shared.read(stored, Some(self.keys.value()));
+        self.note_read(stored, &read);
+        read
+    }
+
+    /// Notes what a read of `stored` found, for the outage fallback, a
+    /// fail-safe re-store and the L1.
+    fn note_read(&self, stored: &Stored, read: &Read<V>) {
         if let Read::Value {
             fresh_for,
             delta,
             written_ttl,
             grace,
             ..
-        } = &read
+        } = read
         {
             self.note_value_ttl(stored.ttl);
             *self.stale_grace.lock() = Some(*grace);
@@ -1443,7 +1432,6 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
                 size: stored.bytes.len(),
             });
         }
-        read
     }
 
     /// A usable stale value from an acquire answer. Unreadable bytes were

@@ -48,7 +48,8 @@ pub(crate) fn early_refresh(
     beta: f64,
     cap: Duration,
 ) -> Option<Duration> {
-    if beta <= 0.0 || delta.is_zero() {
+    // Most reads are far from expiry: no window can reach them.
+    if beta <= 0.0 || delta.is_zero() || fresh_for > cap {
         return None;
     }
     let ahead = Duration::try_from_secs_f64(delta.as_secs_f64() * beta).unwrap_or(Duration::MAX);

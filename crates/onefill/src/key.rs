@@ -44,14 +44,21 @@ impl FillKeys {
             String::with_capacity(2 * value_len + LOCK_SUFFIX.len() + CHANNEL_SUFFIX.len());
         buf.push_str(namespace);
         buf.push_str(":{");
-        for c in key.chars() {
-            match c {
-                '%' => buf.push_str("%25"),
-                '{' => buf.push_str("%7B"),
-                '}' => buf.push_str("%7D"),
-                c => buf.push(c),
-            }
+        // Copied in runs between the bytes to escape (ASCII, so every run
+        // ends on a character boundary): a key with none is one copy.
+        let mut run = 0;
+        for (at, byte) in key.bytes().enumerate() {
+            let escaped = match byte {
+                b'%' => "%25",
+                b'{' => "%7B",
+                b'}' => "%7D",
+                _ => continue,
+            };
+            buf.push_str(&key[run..at]);
+            buf.push_str(escaped);
+            run = at + 1;
         }
+        buf.push_str(&key[run..]);
         buf.push('}');
         let value = buf.len();
         buf.push_str(LOCK_SUFFIX);

@@ -165,6 +165,7 @@ mod error;
 mod fallback;
 mod flight;
 mod freshness;
+mod hit;
 mod key;
 mod l1;
 mod lease;

@@ -24,6 +24,20 @@ pub(super) async fn within<T>(
     })
 }
 
+/// A backend step bounded by `limit`: past it, a timeout of `op`.
+pub(super) async fn within_as<T>(
+    op: &'static str,
+    limit: Duration,
+    fut: impl Future<Output = Result<T, BackendError>>,
+) -> Result<T, BackendError> {
+    tokio::time::timeout(limit, fut).await.unwrap_or_else(|_| {
+        Err(BackendError::new(
+            BackendErrorKind::Timeout,
+            format!("{op}: no answer within {limit:?}"),
+        ))
+    })
+}
+
 /// [`within`], with the error classified for the operation `op`.
 pub(super) async fn with_deadline<T>(
     op: &'static str,

@@ -160,7 +160,7 @@ pub use options::RedisOptions;
 pub use ttl::NO_EXPIRY_TTL;
 
 use cluster::{slot_of, ClusterRouter};
-use errors::{classify, with_deadline};
+use errors::{classify, with_deadline, within, within_as};
 use link::{ClusterLink, Link, SingleLink};
 use options::{check_url_and_tls, connect_deadline, open_client};
 use scripts::{ScriptCall, Scripts, CLUSTER_SCRIPTS, STANDALONE_SCRIPTS};
@@ -235,9 +235,15 @@ impl RedisBackend {
         options: RedisOptions,
     ) -> Result<RedisBackend, BackendError> {
         let client = open_client(url, &options)?;
+        // No response timeout on the command connection: the `Backend`
+        // methods bound their commands by it themselves, but a cache's hit
+        // calls `read` directly, bounded by the cache's own timeout alone
+        // (a second timer per hit cost about a tenth of a Redis hit's
+        // instructions: issue 9, callgrind). A reply that comes after its
+        // caller gave up is read and dropped, as before.
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(options.connection_timeout))
-            .set_response_timeout(Some(options.response_timeout))
+            .set_response_timeout(None)
             .set_number_of_retries(options.reconnect_retries)
             .set_max_delay(options.max_backoff);
         let manager = with_deadline(
@@ -358,7 +364,12 @@ impl RedisBackend {
         invocation: &ScriptCall<'_>,
     ) -> Result<T, BackendError> {
         let result = match &self.inner.conn {
-            Conn::Single(c) => invocation.invoke(&mut c.clone(), false).await,
+            // The command connection has no response timeout of its own
+            // (see `connect_with`).
+            Conn::Single(c) => {
+                let limit = self.inner.options.response_timeout;
+                within(limit, invocation.invoke(&mut c.clone(), false)).await
+            }
             Conn::Cluster(router) => {
                 let slot = slot_of(keys.value().as_bytes());
                 router
@@ -438,46 +449,13 @@ impl RedisBackend {
         conn: &ConnectionManager,
         keys: &FillKeys,
     ) -> Result<Option<Stored>, BackendError> {
+        // The rare paths are boxed: the hit's future stays small, and a
+        // cache moves it (into its timeout) on every hit.
         let estimate = match self.inner.clock.plan(Instant::now()) {
             Plan::Get(estimate) => estimate,
-            Plan::GetPttl => return self.get_pttl(keys).await,
+            Plan::GetPttl => return Box::pin(self.get_pttl(keys)).await,
             Plan::Sample(sampling) => {
-                // `GET` + `TIME`: two commands, as the pair was. `TIME` runs
-                // right after the `GET`, so a version-2 value's TTL is read
-                // against the server's own clock, as `PTTL` would be.
-                let mut pipe = redis::pipe();
-                pipe.cmd("GET").arg(keys.value()).cmd("TIME");
-                let answer: Result<SampledRead, RedisError> =
-                    pipe.query_async(&mut conn.clone()).await;
-                return match answer {
-                    Ok((bytes, (secs, micros))) => {
-                        let server_us = sampling.record(secs, micros);
-                        let Some(mut bytes) = bytes else {
-                            return Ok(None);
-                        };
-                        match envelope::expires_at_ms(&bytes) {
-                            Some(at) => {
-                                let left_us = at.saturating_mul(1_000).saturating_sub(server_us);
-                                envelope::strip_expiry(&mut bytes);
-                                Ok(Some(Stored {
-                                    bytes,
-                                    ttl: Duration::from_micros(left_us),
-                                }))
-                            }
-                            // Version 1 or another client's bytes: the
-                            // server's `PTTL` (a second round trip, rare).
-                            None => self.get_pttl(keys).await,
-                        }
-                    }
-                    // The server refused (a `TIME` renamed away, say): the
-                    // hit is still answered, by the pair, and the next
-                    // sample is tried a second later.
-                    Err(e) if matches!(e.kind(), redis::ErrorKind::Server(_)) => {
-                        sampling.refused();
-                        self.get_pttl(keys).await
-                    }
-                    Err(e) => Err(classify("get", e)),
-                };
+                return Box::pin(self.get_sampling(conn, keys, sampling)).await
             }
         };
         let bytes: Option<Vec<u8>> = redis::cmd("GET")
@@ -501,7 +479,60 @@ impl RedisBackend {
                 envelope::strip_expiry(&mut bytes);
                 Ok(Some(Stored { bytes, ttl }))
             }
-            None => self.get_pttl(keys).await,
+            None => Box::pin(self.get_pttl(keys)).await,
+        }
+    }
+
+    /// A standalone read that samples the server's clock: `GET` + `TIME`,
+    /// two commands, as the pair was. `TIME` runs right after the `GET`, so
+    /// a version-2 value's TTL is read against the server's own clock, as
+    /// `PTTL` would be.
+    async fn get_sampling(
+        &self,
+        conn: &ConnectionManager,
+        keys: &FillKeys,
+        sampling: server_clock::Sampling<'_>,
+    ) -> Result<Option<Stored>, BackendError> {
+        let mut pipe = redis::pipe();
+        pipe.cmd("GET").arg(keys.value()).cmd("TIME");
+        let answer: Result<SampledRead, RedisError> = pipe.query_async(&mut conn.clone()).await;
+        match answer {
+            Ok((bytes, (secs, micros))) => {
+                let server_us = sampling.record(secs, micros);
+                let Some(mut bytes) = bytes else {
+                    return Ok(None);
+                };
+                match envelope::expires_at_ms(&bytes) {
+                    Some(at) => {
+                        let left_us = at.saturating_mul(1_000).saturating_sub(server_us);
+                        envelope::strip_expiry(&mut bytes);
+                        Ok(Some(Stored {
+                            bytes,
+                            ttl: Duration::from_micros(left_us),
+                        }))
+                    }
+                    // Version 1 or another client's bytes: the server's
+                    // `PTTL` (a second round trip, rare).
+                    None => self.get_pttl(keys).await,
+                }
+            }
+            // The server refused (a `TIME` renamed away, say): the hit is
+            // still answered, by the pair, and the next sample is tried a
+            // second later.
+            Err(e) if matches!(e.kind(), redis::ErrorKind::Server(_)) => {
+                sampling.refused();
+                self.get_pttl(keys).await
+            }
+            Err(e) => Err(classify("get", e)),
+        }
+    }
+
+    /// [`Backend::get`], unboxed: a cache calls it directly on its hit path
+    /// (see `Shared::get`).
+    pub(crate) async fn read(&self, keys: &FillKeys) -> Result<Option<Stored>, BackendError> {
+        match &self.inner.conn {
+            Conn::Single(c) => self.get_standalone(c, keys).await,
+            Conn::Cluster(_) => Box::pin(self.get_pttl(keys)).await,
         }
     }
 
@@ -563,8 +594,15 @@ impl Backend for RedisBackend {
     /// Cluster: `GET` + `PTTL` (each master has its own clock).
     async fn get(&self, keys: &FillKeys) -> Result<Option<Stored>, BackendError> {
         match &self.inner.conn {
-            Conn::Single(c) => self.get_standalone(c, keys).await,
-            Conn::Cluster(_) => self.get_pttl(keys).await,
+            // The command connection has no response timeout of its own
+            // (see `connect_with`); a cache calls `read` directly, bounded
+            // by its own timeout.
+            Conn::Single(_) => {
+                let limit = self.inner.options.response_timeout;
+                let read = within_as("get", limit, self.read(keys));
+                read.await
+            }
+            Conn::Cluster(_) => self.read(keys).await,
         }
     }
 
