@@ -18,7 +18,6 @@
 //! follower, or the leader handing the flight to a task.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -66,7 +65,6 @@ impl<T> std::fmt::Debug for Slot<T> {
 /// A flight under way.
 #[derive(Debug)]
 struct Entry<T> {
-    id: u64,
     /// Made by the first caller that waits for the outcome.
     slot: Option<Arc<Slot<T>>>,
     /// Callers that joined after the leader (for the
@@ -85,12 +83,19 @@ impl<T> Entry<T> {
 }
 
 /// One shard: the flights callers can join, keyed by an `Arc<str>` the
-/// flight's [`Completion`] shares, and the detached ones (by id), which
-/// still answer the callers that joined them.
+/// flight's [`Completion`] shares, and the detached ones, which still
+/// answer the callers that joined them. A flight is told from another of
+/// the same key by that `Arc`'s address (its id: unique while the
+/// completion holds it, and no counter shared by every flight).
 #[derive(Debug)]
 struct Shard<T> {
     live: HashMap<Arc<str>, Entry<T>, quick_cache::DefaultHashBuilder>,
-    detached: HashMap<u64, Entry<T>, quick_cache::DefaultHashBuilder>,
+    detached: HashMap<usize, Entry<T>, quick_cache::DefaultHashBuilder>,
+}
+
+/// A flight's id: the address of its key's `Arc`.
+fn id_of(key: &Arc<str>) -> usize {
+    Arc::as_ptr(key).cast::<u8>() as usize
 }
 
 impl<T> Default for Shard<T> {
@@ -105,33 +110,33 @@ impl<T> Default for Shard<T> {
 impl<T> Shard<T> {
     /// Moves the key's live flight (if any) to the detached ones.
     fn detach(&mut self, key: &str) -> bool {
-        match self.live.remove(key) {
-            Some(entry) => {
-                self.detached.insert(entry.id, entry);
+        match self.live.remove_entry(key) {
+            Some((key, entry)) => {
+                self.detached.insert(id_of(&key), entry);
                 true
             }
             None => false,
         }
     }
 
-    /// The flight `id` of `key`, live or detached.
-    fn find(&mut self, key: &str, id: u64) -> Option<&mut Entry<T>> {
-        match self.live.get(key) {
-            Some(entry) if entry.id == id => self.live.get_mut(key),
-            _ => self.detached.get_mut(&id),
+    /// The flight of `key` (the completion's `Arc`), live or detached.
+    fn find(&mut self, key: &Arc<str>) -> Option<&mut Entry<T>> {
+        match self.live.get_key_value(&**key) {
+            Some((live, _)) if Arc::ptr_eq(live, key) => self.live.get_mut(&**key),
+            _ => self.detached.get_mut(&id_of(key)),
         }
     }
 
-    /// Takes the flight `id` of `key` out, live or detached (one lookup for
-    /// a live one: the common case, every hit's).
-    fn take(&mut self, key: &str, id: u64) -> Option<Entry<T>> {
-        match self.live.remove_entry(key) {
-            Some((_, entry)) if entry.id == id => Some(entry),
-            Some((key, newer)) => {
-                self.live.insert(key, newer);
-                self.detached.remove(&id)
+    /// Takes the flight of `key` (the completion's `Arc`) out, live or
+    /// detached (one lookup for a live one: the common case, every hit's).
+    fn take(&mut self, key: &Arc<str>) -> Option<Entry<T>> {
+        match self.live.remove_entry(&**key) {
+            Some((live, entry)) if Arc::ptr_eq(&live, key) => Some(entry),
+            Some((live, newer)) => {
+                self.live.insert(live, newer);
+                self.detached.remove(&id_of(key))
             }
-            None => self.detached.remove(&id),
+            None => self.detached.remove(&id_of(key)),
         }
     }
 }
@@ -154,7 +159,6 @@ impl<T> Shards<T> {
 #[derive(Debug)]
 pub(crate) struct Coalescer<T> {
     map: Arc<Shards<T>>,
-    next_id: AtomicU64,
 }
 
 impl<T> Default for Coalescer<T> {
@@ -164,7 +168,6 @@ impl<T> Default for Coalescer<T> {
                 shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
                 hasher: quick_cache::DefaultHashBuilder::default(),
             }),
-            next_id: AtomicU64::new(0),
         }
     }
 }
@@ -183,8 +186,8 @@ pub(crate) enum Joined<T> {
 pub(crate) struct Completion<T> {
     map: Arc<Shards<T>>,
     shard: usize,
+    /// The flight's key, and its id (see [`Shard`]).
     key: Arc<str>,
-    id: u64,
     /// Whether the outcome was published (else `Drop` publishes
     /// `FlightAbandoned`).
     published: bool,
@@ -240,10 +243,8 @@ impl<T: Clone> Coalescer<T> {
         key: &str,
         leader_span: Option<tracing::Id>,
     ) -> Completion<T> {
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let key: Arc<str> = Arc::from(key);
         let entry = Entry {
-            id,
             slot: None,
             followers: 0,
             leader_span,
@@ -253,7 +254,6 @@ impl<T: Clone> Coalescer<T> {
             map: self.map.clone(),
             shard,
             key,
-            id,
             published: false,
         }
     }
@@ -322,7 +322,7 @@ impl<T> Completion<T> {
     /// An awaiter of this flight.
     pub(crate) fn awaiter(&self) -> Awaiter<T> {
         let mut map = self.map.shards[self.shard].lock();
-        match map.find(&self.key, self.id) {
+        match map.find(&self.key) {
             Some(entry) => Awaiter { slot: entry.slot() },
             // Not reachable: only this completion takes its entry out.
             None => {
@@ -335,7 +335,7 @@ impl<T> Completion<T> {
 
     /// Takes this flight's entry out of the map (one lookup on a hit).
     fn remove(&self) -> Option<Entry<T>> {
-        self.map.shards[self.shard].lock().take(&self.key, self.id)
+        self.map.shards[self.shard].lock().take(&self.key)
     }
 }
 
@@ -444,6 +444,31 @@ mod tests {
         );
         assert_eq!(flights.len(), 1);
         assert_eq!(new.complete_shared(Ok(2)).0.unwrap(), 2);
+        assert_eq!(flights.len(), 0);
+    }
+
+    /// The callers count (`onefill_flight_callers`) comes from the entry,
+    /// whether or not anybody made a slot; a lone leader makes none.
+    #[tokio::test]
+    async fn completion_counts_its_callers() {
+        let flights = Coalescer::<u32>::default();
+        let Joined::Leader(alone) = flights.join("a") else {
+            panic!("no flight yet")
+        };
+        let (answer, callers) = alone.complete_shared(Ok(1));
+        assert_eq!((answer.unwrap(), callers), (1, 1));
+        let Joined::Leader(done) = flights.join("k") else {
+            panic!("no flight yet")
+        };
+        let Joined::Follower(f1) = flights.join("k") else {
+            panic!("joins")
+        };
+        let Joined::Follower(f2) = flights.join("k") else {
+            panic!("joins")
+        };
+        assert_eq!(done.complete(Ok(3)), 3);
+        assert_eq!(f1.outcome().await.unwrap(), 3);
+        assert_eq!(f2.outcome().await.unwrap(), 3);
         assert_eq!(flights.len(), 0);
     }
 

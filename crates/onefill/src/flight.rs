@@ -71,6 +71,12 @@ impl Start {
     }
 }
 
+/// When a value the server reported `ttl` left for at `now` expires there
+/// (the outage fallback serves it no longer, fail-safe not past it).
+pub(crate) fn server_expiry(now: Instant, ttl: Duration) -> Instant {
+    now.checked_add(ttl).unwrap_or(now + MAX_TTL * 2)
+}
+
 /// What a flight hands every caller on success.
 pub(crate) type Answer<V> = (Option<V>, Outcome);
 
@@ -1446,8 +1452,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
 
     /// Notes how long the value just read or written lives on the server.
     fn note_value_ttl(&self, ttl: Duration) {
-        let now = Instant::now();
-        *self.value_expires.lock() = Some(now.checked_add(ttl).unwrap_or(now + MAX_TTL * 2));
+        *self.value_expires.lock() = Some(server_expiry(Instant::now(), ttl));
     }
 
     /// Whether the value last read still lives on the server (a stale value

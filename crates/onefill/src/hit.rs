@@ -30,7 +30,7 @@ use crate::error::Error;
 use crate::flight::{self, Answer, Flight, Outcome, Pending, Start, StoredFreshness};
 use crate::key::FillKeys;
 use crate::loader::Load;
-use crate::options::{Policy, MAX_TTL};
+use crate::options::Policy;
 use crate::shared::{Read, Shared};
 
 /// The leader of a key's flight in this process, before its first read.
@@ -209,10 +209,9 @@ impl<V: Clone + Send + Sync + 'static> Leader<'_, V> {
         let recorder = &shared.recorder;
         recorder.flight();
         recorder.hit();
-        // As a flight notes a read's server TTL (`note_value_ttl`): the
-        // outage fallback serves the value no longer than the server keeps
-        // it.
-        let expires_at = now.checked_add(stored.ttl).unwrap_or(now + MAX_TTL * 2);
+        // As `Flight::remember`: the outage fallback serves the value no
+        // longer than the server keeps it.
+        let expires_at = flight::server_expiry(now, stored.ttl);
         shared
             .fallback
             .record(keys.value(), &value, expires_at, start.epoch);

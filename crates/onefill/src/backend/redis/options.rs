@@ -26,7 +26,11 @@ pub(super) const MIN_BACKOFF: Duration = Duration::from_millis(50);
 /// ([`CacheBuilder::backend_timeout`](crate::CacheBuilder::backend_timeout),
 /// 250 ms by default, shared by all the calls of one flight), which fires
 /// first with the defaults: these are a second line of defence, for the
-/// driver's own connections and reconnections.
+/// driver's own connections and reconnections, and for the
+/// [`Backend`](crate::Backend) methods of a `RedisBackend` called directly
+/// (each bounded by the response timeout). A cache's hit on a standalone
+/// server is bounded by the cache's timeout alone: one timer per hit, not
+/// two (decision 0013).
 ///
 /// ```
 /// use std::time::Duration;
@@ -76,8 +80,12 @@ impl RedisOptions {
         self
     }
 
-    /// How long the driver waits for one reply before failing the command
-    /// with a timeout.
+    /// How long a command may wait for its reply before it fails with a
+    /// timeout: every [`Backend`](crate::Backend) method's commands (all
+    /// of its round trips), the fill-notification and L1-tracking
+    /// connections' commands, and on a cluster each node's commands. A
+    /// cache's hit on a standalone server is bounded by the cache's
+    /// `backend_timeout` instead.
     pub fn response_timeout(mut self, timeout: Duration) -> Self {
         self.response_timeout = timeout.max(Duration::from_millis(1));
         self
