@@ -208,6 +208,20 @@ const STRIPES: usize = 8;
 #[repr(align(128))]
 struct Stripe(Counters);
 
+/// The calling thread's stripe (threads are dealt stripes in turn).
+fn stripe() -> usize {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    thread_local! {
+        static STRIPE: usize = NEXT.fetch_add(1, Relaxed) as usize % STRIPES;
+    }
+    STRIPE.with(|s| *s)
+}
+
+/// A count on cache lines of its own.
+#[derive(Debug, Default)]
+#[repr(align(128))]
+struct Padded(AtomicU64);
+
 impl Default for Striped {
     fn default() -> Self {
         Striped {
@@ -219,11 +233,7 @@ impl Default for Striped {
 impl Striped {
     /// The calling thread's counters.
     fn here(&self) -> &Counters {
-        static NEXT: AtomicU64 = AtomicU64::new(0);
-        thread_local! {
-            static STRIPE: usize = NEXT.fetch_add(1, Relaxed) as usize % STRIPES;
-        }
-        &self.stripes[STRIPE.with(|s| *s)].0
+        &self.stripes[stripe()].0
     }
 
     fn snapshot(&self) -> Stats {
@@ -245,13 +255,14 @@ pub(crate) struct Recorder {
 }
 
 /// The "contention approaches the request rate" guard rail: flights and
-/// waits in the current 10 s window, with lock-free counters (it sits on the
-/// hit path).
+/// waits in the current 10 s window, counted since the window's first wait
+/// (the window moves on when a wait sees it changed: a flight, on every
+/// hit, only adds one to its thread's stripe, with no clock read).
 #[derive(Debug)]
 struct Contention {
     epoch: std::time::Instant,
     window: AtomicU64,
-    flights: AtomicU64,
+    flights: [Padded; STRIPES],
     waits: AtomicU64,
     warned_window: AtomicU64,
 }
@@ -264,7 +275,7 @@ impl Contention {
         Contention {
             epoch: std::time::Instant::now(),
             window: AtomicU64::new(0),
-            flights: AtomicU64::new(0),
+            flights: std::array::from_fn(|_| Padded::default()),
             waits: AtomicU64::new(0),
             warned_window: AtomicU64::new(u64::MAX),
         }
@@ -280,15 +291,16 @@ impl Contention {
                 .compare_exchange(seen, now, Relaxed, Relaxed)
                 .is_ok()
         {
-            self.flights.store(0, Relaxed);
+            for flights in &self.flights {
+                flights.0.store(0, Relaxed);
+            }
             self.waits.store(0, Relaxed);
         }
         now
     }
 
     fn flight(&self) {
-        self.roll();
-        self.flights.fetch_add(1, Relaxed);
+        self.flights[stripe()].0.fetch_add(1, Relaxed);
     }
 
     /// Records a wait; true the first time in a window that waits reach
@@ -296,7 +308,7 @@ impl Contention {
     fn wait(&self) -> bool {
         let window = self.roll();
         let waits = self.waits.fetch_add(1, Relaxed) + 1;
-        let flights = self.flights.load(Relaxed);
+        let flights: u64 = self.flights.iter().map(|f| f.0.load(Relaxed)).sum();
         flights >= CONTENTION_MIN_FLIGHTS
             && waits * 2 >= flights
             && self.warned_window.swap(window, Relaxed) != window
