@@ -285,14 +285,19 @@ async fn a_call_given_up_at_once_does_not_count_against_a_healthy_master() {
     backend.get(&keys).await.unwrap();
     tokio::time::sleep(Duration::from_millis(500)).await;
     let before = cluster_slots_calls(&cluster);
+    let mut cancelled = 0;
     for _ in 0..20 {
-        // Polled once, then dropped before the master could answer.
+        // Polled once, then dropped before the master could answer. On a
+        // loaded machine the answer can come within that one poll (the
+        // connection's task runs on the other worker): that call was not
+        // given up, and is not counted.
         let mut get = backend.get(&keys);
         let pending =
             std::future::poll_fn(|cx| std::task::Poll::Ready(get.as_mut().poll(cx).is_pending()))
                 .await;
-        assert!(pending);
+        cancelled += usize::from(pending);
     }
+    assert!(cancelled >= 10, "only {cancelled} of 20 calls were given up");
     tokio::time::sleep(Duration::from_secs(2)).await;
     let refreshes = cluster_slots_calls(&cluster) - before;
     assert!(
