@@ -142,12 +142,12 @@ where
         let key = key.clone();
         Box::new(move || {
             Box::pin(async move {
-                let wanted = key.to_string();
+                let wanted = crate::key::display(&key).ok();
                 let found = loader(vec![key]).await?;
                 Ok(Loaded::new(
                     found
                         .into_iter()
-                        .find(|(k, _)| k.to_string() == wanted)
+                        .find(|(k, _)| wanted.is_some() && crate::key::display(k).ok() == wanted)
                         .map(|(_, v)| v),
                 ))
             })
@@ -657,7 +657,12 @@ where
         wanted: Vec<(K, Completion<Done<V>>)>,
     ) -> Vec<Result<Done<V>, Error>> {
         let shared = &self.shared;
-        let strings: Vec<String> = wanted.iter().map(|(k, _)| k.to_string()).collect();
+        // Formatted once already, when the batch began (a `Display` that
+        // fails now names no key: nothing is found for it).
+        let strings: Vec<Option<String>> = wanted
+            .iter()
+            .map(|(k, _)| crate::key::display(k).ok())
+            .collect();
         let (keys, loads): (Vec<K>, Vec<Completion<Done<V>>>) = wanted.into_iter().unzip();
         let loader = self.loader.clone();
         let label = format!("{} keys", keys.len());
@@ -668,7 +673,9 @@ where
                 // key's load (`load_of`) keeps it.
                 let mut first: HashMap<String, V> = HashMap::new();
                 for (k, v) in found {
-                    first.entry(k.to_string()).or_insert(v);
+                    if let Ok(k) = crate::key::display(&k) {
+                        first.entry(k).or_insert(v);
+                    }
                 }
                 let found = first;
                 (Ok(found), took)
@@ -680,7 +687,10 @@ where
             .zip(loads)
             .map(|(string, load)| {
                 let loaded = match &mut found {
-                    Ok(found) => Ok((Loaded::new(found.remove(string)), took)),
+                    Ok(found) => {
+                        let value = string.as_ref().and_then(|s| found.remove(s));
+                        Ok((Loaded::new(value), took))
+                    }
                     Err(error) => Err(error.clone()),
                 };
                 load.complete(loaded.clone());

@@ -437,7 +437,9 @@ where
             return Err(loader);
         }
         let buf = KeyBuf::new(key);
-        let user_key = buf.as_str();
+        let Ok(user_key) = buf.checked() else {
+            return Err(loader);
+        };
         if user_key.is_empty() || user_key.len() > self.shared.policy.max_key_bytes {
             return Err(loader);
         }
@@ -516,7 +518,7 @@ where
             // Formatted on the stack: the coalescer's entry is the one copy
             // of the key a hit makes.
             let key = KeyBuf::new(key);
-            let key = key.as_str();
+            let key = key.checked()?;
             key::validate_key(key, self.shared.policy.max_key_bytes)?;
             let policy = self.policy_of(options)?;
             match self.shared.flights.join_in_span(key, span.id()) {
@@ -784,7 +786,13 @@ where
         let mut to_run: Vec<(K, String)> = Vec::new();
         let mut l1_refreshes = Vec::new();
         for key in keys {
-            let string = key.to_string();
+            let string = match key::display(key) {
+                Ok(string) => string,
+                Err(invalid) => {
+                    answers.push((key.clone(), Some(Err(invalid.into()))));
+                    continue;
+                }
+            };
             if seen.contains(&string) {
                 continue;
             }
@@ -878,7 +886,7 @@ where
     }
 
     fn validated<Q: Display + ?Sized>(&self, key: &Q) -> Result<String, Error> {
-        let key = key.to_string();
+        let key = key::display(key)?;
         key::validate_key(&key, self.shared.policy.max_key_bytes)?;
         Ok(key)
     }
@@ -914,7 +922,8 @@ where
     {
         if let Some(l1) = &self.shared.l1 {
             let buf = KeyBuf::new(key);
-            if let Lookup::Fresh(value) = l1.get(buf.as_str(), Instant::now()) {
+            let found = buf.checked().map(|key| l1.get(key, Instant::now()));
+            if let Ok(Lookup::Fresh(value)) = found {
                 self.shared.recorder.l1_hit();
                 return Ok(value);
             }
@@ -922,7 +931,10 @@ where
         let span = call_span!("onefill.get", self);
         let read = async {
             let keys = self.keys(key)?;
-            let stored = self.call(&keys, "get", self.shared.get(&keys)).await?;
+            let within = self.shared.policy.backend_timeout;
+            let stored = self
+                .call(&keys, "get", self.shared.get(&keys, within))
+                .await?;
             Ok(stored
                 .and_then(|s| self.shared.value_of(&s, Some(keys.value())))
                 .flatten())

@@ -300,6 +300,10 @@ pub enum InputError {
         /// The configured maximum.
         max: usize,
     },
+    /// The key's `Display` implementation returned an error (its string
+    /// form, which names the key everywhere, is unknown).
+    #[error("the key's `Display` implementation returned an error")]
+    KeyDisplay,
     /// The encoded value is larger than the configured maximum.
     #[error("the encoded value is {len} bytes, over the limit of {max}")]
     ValueTooLarge {

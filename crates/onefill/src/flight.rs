@@ -787,7 +787,8 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
     /// answers at once; a miss goes on to the lease. The only step a hit
     /// takes, so the leader runs it in its own task (see `cache.rs`).
     async fn first_read(&mut self) -> FirstRead<V> {
-        let stored = self.call("get", self.shared.get(&self.keys)).await;
+        let left = self.budget.left();
+        let stored = self.call("get", self.shared.get(&self.keys, left)).await;
         self.first_read_of(stored)
     }
 

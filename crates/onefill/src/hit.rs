@@ -116,7 +116,7 @@ impl<V: Clone + Send + Sync + 'static> Leader<'_, V> {
         let got = match &guard.armed {
             Some(leader) => {
                 let keys = &leader.keys;
-                let get = shared.call(keys, timeout, "get", shared.get(keys));
+                let get = shared.call(keys, timeout, "get", shared.get(keys, timeout));
                 CatchUnwind(std::pin::pin!(get)).await
             }
             None => return Err(Error::FlightAbandoned),

@@ -119,6 +119,17 @@ pub(crate) struct KeyBuf {
     len: usize,
     /// Set once the key outgrew the inline buffer.
     heap: Option<String>,
+    /// The key's `Display` returned an error: what it wrote is not the key.
+    failed: bool,
+}
+
+/// A user key's string form, or [`InputError::KeyDisplay`] if its `Display`
+/// fails (`to_string` would panic; a truncated form could name another key).
+pub(crate) fn display<D: std::fmt::Display + ?Sized>(key: &D) -> Result<String, InputError> {
+    use std::fmt::Write;
+    let mut string = String::new();
+    write!(string, "{key}").map_err(|_| InputError::KeyDisplay)?;
+    Ok(string)
 }
 
 const INLINE: usize = 128;
@@ -130,11 +141,21 @@ impl KeyBuf {
             inline: [0; INLINE],
             len: 0,
             heap: None,
+            failed: false,
         };
-        // Writing to a `KeyBuf` cannot fail; a `Display` that reports an
-        // error leaves what it wrote, as `to_string` would panic instead.
-        let _ = write!(buf, "{key}");
+        // Writing to a `KeyBuf` cannot fail: an error is the key's own
+        // `Display` failing, and what it wrote is not the key.
+        buf.failed = write!(buf, "{key}").is_err();
         buf
+    }
+
+    /// The key's string form, unless its `Display` failed (review of the
+    /// hit path, finding 2: a truncated form could be another key's).
+    pub(crate) fn checked(&self) -> Result<&str, InputError> {
+        if self.failed {
+            return Err(InputError::KeyDisplay);
+        }
+        Ok(self.as_str())
     }
 
     pub(crate) fn as_str(&self) -> &str {

@@ -129,11 +129,17 @@ impl<V: 'static> Shared<V> {
     /// a `RedisBackend` it is called directly, not through the trait: an
     /// `async_trait` method boxes its future, which cost a Redis hit an
     /// allocation and a copy of that future (issue 9, callgrind).
-    pub(crate) async fn get(&self, keys: &FillKeys) -> Result<Option<Stored>, BackendError> {
+    /// `limit` is the timeout the call is made within.
+    pub(crate) async fn get(
+        &self,
+        keys: &FillKeys,
+        limit: Duration,
+    ) -> Result<Option<Stored>, BackendError> {
         #[cfg(feature = "redis")]
         if let Some(redis) = &self.redis {
-            return redis.read(keys).await;
+            return redis.read_within(keys, limit).await;
         }
+        let _ = limit;
         self.backend.get(keys).await
     }
 

@@ -297,7 +297,10 @@ async fn a_call_given_up_at_once_does_not_count_against_a_healthy_master() {
                 .await;
         cancelled += usize::from(pending);
     }
-    assert!(cancelled >= 10, "only {cancelled} of 20 calls were given up");
+    assert!(
+        cancelled >= 10,
+        "only {cancelled} of 20 calls were given up"
+    );
     tokio::time::sleep(Duration::from_secs(2)).await;
     let refreshes = cluster_slots_calls(&cluster) - before;
     assert!(

@@ -527,9 +527,28 @@ impl RedisBackend {
         }
     }
 
-    /// [`Backend::get`], unboxed: a cache calls it directly on its hit path
-    /// (see `Shared::get`).
-    pub(crate) async fn read(&self, keys: &FillKeys) -> Result<Option<Stored>, BackendError> {
+    /// [`Backend::get`] as a cache calls it, directly (see `Shared::get`),
+    /// within `limit` (the cache's own timeout): bounded by the response
+    /// timeout too where that is shorter (review of the hit path, finding
+    /// 1), so a hit waits no longer for a reply than any other command;
+    /// with the defaults the cache's timeout is the shorter, and a hit has
+    /// one timer.
+    pub(crate) async fn read_within(
+        &self,
+        keys: &FillKeys,
+        limit: Duration,
+    ) -> Result<Option<Stored>, BackendError> {
+        let response = self.inner.options.response_timeout;
+        match &self.inner.conn {
+            Conn::Single(_) if response < limit => {
+                within_as("get", response, self.read(keys)).await
+            }
+            _ => self.read(keys).await,
+        }
+    }
+
+    /// [`Backend::get`], unboxed and unbounded.
+    async fn read(&self, keys: &FillKeys) -> Result<Option<Stored>, BackendError> {
         match &self.inner.conn {
             Conn::Single(c) => self.get_standalone(c, keys).await,
             Conn::Cluster(_) => Box::pin(self.get_pttl(keys)).await,

@@ -29,8 +29,8 @@ pub(super) const MIN_BACKOFF: Duration = Duration::from_millis(50);
 /// driver's own connections and reconnections, and for the
 /// [`Backend`](crate::Backend) methods of a `RedisBackend` called directly
 /// (each bounded by the response timeout). A cache's hit on a standalone
-/// server is bounded by the cache's timeout alone: one timer per hit, not
-/// two (decision 0013).
+/// server is bounded by the shorter of the two with a single timer
+/// (decision 0013).
 ///
 /// ```
 /// use std::time::Duration;
@@ -84,8 +84,8 @@ impl RedisOptions {
     /// timeout: every [`Backend`](crate::Backend) method's commands (all
     /// of its round trips), the fill-notification and L1-tracking
     /// connections' commands, and on a cluster each node's commands. A
-    /// cache's hit on a standalone server is bounded by the cache's
-    /// `backend_timeout` instead.
+    /// cache's hit on a standalone server waits for the shorter of this and
+    /// the cache's `backend_timeout`.
     pub fn response_timeout(mut self, timeout: Duration) -> Self {
         self.response_timeout = timeout.max(Duration::from_millis(1));
         self
