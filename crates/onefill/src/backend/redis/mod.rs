@@ -540,8 +540,10 @@ impl RedisBackend {
     ) -> Result<Option<Stored>, BackendError> {
         let response = self.inner.options.response_timeout;
         match &self.inner.conn {
+            // Boxed: not the defaults' path, and the hit's future stays
+            // small (see `get_standalone`).
             Conn::Single(_) if response < limit => {
-                within_as("get", response, self.read(keys)).await
+                Box::pin(within_as("get", response, self.read(keys))).await
             }
             _ => self.read(keys).await,
         }
