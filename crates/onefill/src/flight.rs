@@ -824,45 +824,40 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         self.rec().flight();
         self.note_read(stored, &read);
         let mut unreadable = false;
-        {
-            match read {
-                Read::Value {
-                    value,
-                    fresh_for,
-                    delta,
-                    written_ttl,
-                    grace,
-                } if !fresh_for.is_zero() => {
-                    self.rec().hit();
-                    let early = self.early_refresh(fresh_for, delta, written_ttl, grace);
-                    return FirstRead::Answered(
-                        Ok((value, Outcome::Hit)),
-                        early.map(Refresh::Early),
-                    );
-                }
-                Read::Value { value, .. } if self.policy.soft_timeout.is_none() => {
-                    self.rec().stale_served();
-                    return FirstRead::Answered(Ok((value, Outcome::Stale)), Some(Refresh::Stale));
-                }
-                // With a soft timeout, a stale value waits for a load (up to
-                // the soft timeout) before it is served. Counted by how it is
-                // answered (see `after_first_read`, `count_stale_miss`).
-                Read::Value { value, .. } => {
-                    return FirstRead::Miss {
-                        unreadable: false,
-                        stale: Some(value),
-                    };
-                }
-                Read::Failure {
-                    message,
-                    fresh: true,
-                } => {
-                    self.rec().negative_hit();
-                    return FirstRead::Answered(Err(Error::CachedFailure(message)), None);
-                }
-                Read::Failure { fresh: false, .. } => {}
-                Read::Unreadable => unreadable = true,
+        match read {
+            Read::Value {
+                value,
+                fresh_for,
+                delta,
+                written_ttl,
+                grace,
+            } if !fresh_for.is_zero() => {
+                self.rec().hit();
+                let early = self.early_refresh(fresh_for, delta, written_ttl, grace);
+                return FirstRead::Answered(Ok((value, Outcome::Hit)), early.map(Refresh::Early));
             }
+            Read::Value { value, .. } if self.policy.soft_timeout.is_none() => {
+                self.rec().stale_served();
+                return FirstRead::Answered(Ok((value, Outcome::Stale)), Some(Refresh::Stale));
+            }
+            // With a soft timeout, a stale value waits for a load (up to
+            // the soft timeout) before it is served. Counted by how it is
+            // answered (see `after_first_read`, `count_stale_miss`).
+            Read::Value { value, .. } => {
+                return FirstRead::Miss {
+                    unreadable: false,
+                    stale: Some(value),
+                };
+            }
+            Read::Failure {
+                message,
+                fresh: true,
+            } => {
+                self.rec().negative_hit();
+                return FirstRead::Answered(Err(Error::CachedFailure(message)), None);
+            }
+            Read::Failure { fresh: false, .. } => {}
+            Read::Unreadable => unreadable = true,
         }
         self.rec().miss();
         FirstRead::Miss {

@@ -65,15 +65,9 @@ impl<V: Clone + Send + Sync + 'static> Drop for LeaderGuard<'_, V> {
         if tokio::runtime::Handle::try_current().is_err() {
             return;
         }
-        let Leader {
-            shared,
-            policy,
-            keys,
-            load,
-            completion,
-        } = leader;
-        let key = completion.key().to_owned();
-        let flight = Flight::new(shared.clone(), key, keys, policy.into_owned(), load);
+        // From the start, as a flight of its own would.
+        let start = Start::now(leader.shared, leader.completion.key());
+        let (flight, completion) = leader.into_flight(start);
         flight.spawn_from(None, completion);
     }
 }
