@@ -34,23 +34,24 @@ use crate::options::Policy;
 use crate::shared::{Read, Shared};
 
 /// The leader of a key's flight in this process, before its first read.
-pub(crate) struct Leader<'a, V> {
+pub(crate) struct Leader<'a, V, L: FnOnce() -> Load<V>> {
     pub shared: &'a Arc<Shared<V>>,
     /// The cache's own policy when the call has no options (not copied).
     pub policy: Cow<'a, Policy>,
     pub keys: FillKeys,
-    pub load: Load<V>,
+    /// Makes the loader, erased: only a flight needs it.
+    pub load: L,
     pub completion: Completion<Answer<V>>,
 }
 
 /// The leader during its first read; dropped armed (the caller's future
 /// was dropped), it starts the flight over in a task of its own for the
 /// callers that joined.
-struct LeaderGuard<'a, V: Clone + Send + Sync + 'static> {
-    armed: Option<Leader<'a, V>>,
+struct LeaderGuard<'a, V: Clone + Send + Sync + 'static, L: FnOnce() -> Load<V>> {
+    armed: Option<Leader<'a, V, L>>,
 }
 
-impl<V: Clone + Send + Sync + 'static> Drop for LeaderGuard<'_, V> {
+impl<V: Clone + Send + Sync + 'static, L: FnOnce() -> Load<V>> Drop for LeaderGuard<'_, V, L> {
     fn drop(&mut self) {
         let Some(leader) = self.armed.take() else {
             return;
@@ -97,7 +98,7 @@ fn abandoned<T>() -> Result<T, Error> {
     Err(Error::FlightAbandoned)
 }
 
-impl<V: Clone + Send + Sync + 'static> Leader<'_, V> {
+impl<V: Clone + Send + Sync + 'static, L: FnOnce() -> Load<V>> Leader<'_, V, L> {
     /// Makes the first read and answers every caller of the flight: at once
     /// for a fresh hit, else through a [`Flight`] (in a task of its own
     /// past an answer the read gave).
@@ -228,8 +229,8 @@ impl<V: Clone + Send + Sync + 'static> Leader<'_, V> {
             completion,
         } = self;
         let key = completion.key().to_owned();
-        let flight =
-            Flight::from_start(shared.clone(), key, keys, policy.into_owned(), load, start);
+        let policy = policy.into_owned();
+        let flight = Flight::from_start(shared.clone(), key, keys, policy, load(), start);
         (flight, completion)
     }
 }
