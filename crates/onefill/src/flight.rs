@@ -1,16 +1,16 @@
 //! One flight: a key's backend conversation in this process, from the first
 //! read to the answer every local caller shares, then any refresh.
 //!
-//! [`Flight::lead`] is the way in: the leader makes the first read in its
-//! own task (a hit ends there, with no task spawned); anything more runs in
-//! a task of its own, so no caller's cancellation can stop it, and a leader
-//! dropped during its read restarts the flight in a task (`LeaderGuard`).
-//! The flight owns its whole lifecycle: run the protocol, remember the
+//! The leader makes the first read in its own task (`hit.rs`: a fresh hit
+//! ends there, without a flight); anything else becomes a flight that goes
+//! on from what the read found ([`Flight::from_start`],
+//! [`Flight::first_read_found`]), in a task of its own past an answer, so
+//! no caller's cancellation can stop it. The flight owns its whole lifecycle: run the protocol, remember the
 //! answer for outages, keep it in the L1, complete the callers, refresh in
 //! the background if asked.
 //!
 //! ```text
-//! GET+PTTL ── fresh ──────────────────────────────► Hit (maybe refresh early)
+//! read ───── fresh ──────────────────────────────► Hit (maybe refresh early)
 //!    │ stale (in grace) ──────────────────────────► Stale + background refresh
 //!    ▼ miss
 //! acquire ── fresh (someone just filled) ─────────► Hit
@@ -226,6 +226,25 @@ pub(crate) struct StoredFreshness {
 }
 
 impl StoredFreshness {
+    /// The freshness of `stored`, read at `now` with `fresh_for` left (the
+    /// other fields from its envelope, see [`Read::Value`]).
+    pub(crate) fn read(
+        stored: &Stored,
+        now: Instant,
+        fresh_for: Duration,
+        delta: Duration,
+        written_ttl: Option<Duration>,
+        grace: Duration,
+    ) -> Self {
+        StoredFreshness {
+            fresh_until: now + fresh_for,
+            delta,
+            written_ttl,
+            grace,
+            size: stored.bytes.len(),
+        }
+    }
+
     /// The L1 entry of `value`, stored with this freshness and living on
     /// the server until `expires_at`. The one place an L1 entry's deadlines
     /// are decided (the hit path and a flight's answer).
@@ -783,9 +802,9 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         }
     }
 
-    /// The first read: a hit (or stale in grace, or a cached failure)
-    /// answers at once; a miss goes on to the lease. The only step a hit
-    /// takes, so the leader runs it in its own task (see `cache.rs`).
+    /// The first read of a flight started over (its leader was dropped
+    /// during the read `hit.rs` makes): a hit (or stale in grace, or a
+    /// cached failure) answers at once; a miss goes on to the lease.
     async fn first_read(&mut self) -> FirstRead<V> {
         let left = self.budget.left();
         let stored = self.call("get", self.shared.get(&self.keys, left)).await;
@@ -1426,13 +1445,10 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         {
             self.note_value_ttl(stored.ttl);
             *self.stale_grace.lock() = Some(*grace);
-            *self.l1_fresh.lock() = Some(StoredFreshness {
-                fresh_until: Instant::now() + *fresh_for,
-                delta: *delta,
-                written_ttl: *written_ttl,
-                grace: *grace,
-                size: stored.bytes.len(),
-            });
+            let now = Instant::now();
+            let fresh =
+                StoredFreshness::read(stored, now, *fresh_for, *delta, *written_ttl, *grace);
+            *self.l1_fresh.lock() = Some(fresh);
         }
     }
 

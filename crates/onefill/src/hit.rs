@@ -122,7 +122,7 @@ impl<V: Clone + Send + Sync + 'static, L: FnOnce() -> Load<V>> Leader<'_, V, L> 
         let Ok(got) = got else {
             return abandoned();
         };
-        let (flight, first) = match got {
+        let ((flight, completion), first) = match got {
             Ok(Some(stored)) => {
                 let read = std::panic::catch_unwind(AssertUnwindSafe(|| {
                     shared.read(&stored, Some(leader.keys.value()))
@@ -148,13 +148,14 @@ impl<V: Clone + Send + Sync + 'static, L: FnOnce() -> Load<V>> Leader<'_, V, L> 
                         .is_none() =>
                     {
                         let now = Instant::now();
-                        let fresh = StoredFreshness {
-                            fresh_until: now + fresh_for,
+                        let fresh = StoredFreshness::read(
+                            &stored,
+                            now,
+                            fresh_for,
                             delta,
                             written_ttl,
                             grace,
-                            size: stored.bytes.len(),
-                        };
+                        );
                         return leader.answer_hit(value, &stored, fresh, start, now);
                     }
                     read => {
@@ -176,7 +177,6 @@ impl<V: Clone + Send + Sync + 'static, L: FnOnce() -> Load<V>> Leader<'_, V, L> 
                 ((flight, completion), first)
             }
         };
-        let (flight, completion) = flight;
         match flight.continue_from(first, completion) {
             Pending::Ready(answer) => answer,
             Pending::Running(awaiter) => awaiter.outcome().await,

@@ -614,17 +614,10 @@ impl Backend for RedisBackend {
     /// clock) tells it is fresh, else `GET` + `PTTL` (decision 0011).
     /// Cluster: `GET` + `PTTL` (each master has its own clock).
     async fn get(&self, keys: &FillKeys) -> Result<Option<Stored>, BackendError> {
-        match &self.inner.conn {
-            // The command connection has no response timeout of its own
-            // (see `connect_with`); a cache calls `read` directly, bounded
-            // by its own timeout.
-            Conn::Single(_) => {
-                let limit = self.inner.options.response_timeout;
-                let read = within_as("get", limit, self.read(keys));
-                read.await
-            }
-            Conn::Cluster(_) => self.read(keys).await,
-        }
+        // Bounded by the response timeout alone (the command connection has
+        // none of its own, see `connect_with`); a cache calls `read_within`
+        // with its own timeout.
+        self.read_within(keys, Duration::MAX).await
     }
 
     async fn acquire(
