@@ -119,6 +119,15 @@ fn main() {
             "raw_get_pttl" => Subject::Raw(conn, true),
             other => panic!("unknown subject {other}"),
         };
+        // Every layer of the call moves its future at least once: its size
+        // is part of a hit's cost (rustc keeps a moved-from local's place
+        // in an async fn's state until its scope ends).
+        let future = cache.get_or_load(&keys[0], loader);
+        eprintln!(
+            "a get_or_load future: {} bytes",
+            std::mem::size_of_val(&future)
+        );
+        drop(future);
         server_ref.command(&["CONFIG", "RESETSTAT"]);
         let start = Instant::now();
         let mut tasks = JoinSet::new();

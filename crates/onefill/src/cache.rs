@@ -2,7 +2,7 @@
 //! (or spawns one), and awaits the answer; the protocol itself lives in
 //! `flight.rs` and the modules it uses.
 
-use std::borrow::{Borrow, Cow};
+use std::borrow::Borrow;
 use std::collections::{HashMap, HashSet};
 use std::fmt::{self, Display};
 use std::future::Future;
@@ -25,9 +25,13 @@ use crate::hit::Leader;
 use crate::key::{self, FillKeys, KeyBuf};
 use crate::l1::{Local, Lookup};
 use crate::loader::{Load, Loaded};
-use crate::options::{CallOptions, Policy};
+use crate::options::{CallOptions, Policy, PolicyRef};
 use crate::shared::{Shared, Writing};
 use crate::stats::Stats;
+
+/// The options of a call that sets none: a `&CallOptions::default()`
+/// temporary would be held through the call (~230 bytes of its future).
+static NO_OPTIONS: CallOptions = CallOptions::NONE;
 
 /// The span of a call other than a load (`get`, `set`, `invalidate`):
 /// `tracing` wants a literal name per call site.
@@ -190,9 +194,7 @@ where
         Fut: Future<Output = Result<V, E>> + Send + 'static,
         E: IntoLoaderError,
     {
-        self.fetch(key, &CallOptions::default(), loader)
-            .await
-            .map(|f| f.value)
+        self.fetch(key, &NO_OPTIONS, loader).await.map(|f| f.value)
     }
 
     /// [`get_or_load`](Cache::get_or_load) with per-call overrides of the
@@ -355,7 +357,7 @@ where
         Fut: Future<Output = Result<Option<V>, E>> + Send + 'static,
         E: IntoLoaderError,
     {
-        self.fetch_optional(key, &CallOptions::default(), loader)
+        self.fetch_optional(key, &NO_OPTIONS, loader)
             .await
             .map(|f| f.value)
     }
@@ -437,7 +439,7 @@ where
         E: IntoLoaderError,
     {
         // Call options are checked (and bad ones refused) by the flight.
-        if *options != CallOptions::default() {
+        if *options != NO_OPTIONS {
             return Err(loader);
         }
         let buf = KeyBuf::new(key);
@@ -676,7 +678,7 @@ where
             self.validated(key)?;
         }
         let answers = self
-            .fetch_many_ordered(keys, &CallOptions::default(), erase_many(loader))
+            .fetch_many_ordered(keys, &NO_OPTIONS, erase_many(loader))
             .await?;
         let mut found = HashMap::with_capacity(answers.len());
         for (key, answer) in answers {
@@ -779,11 +781,7 @@ where
             policy,
             loader,
         };
-        let l1 = self
-            .shared
-            .l1
-            .as_ref()
-            .filter(|_| *options == CallOptions::default());
+        let l1 = self.shared.l1.as_ref().filter(|_| *options == NO_OPTIONS);
         let now = Instant::now();
         let mut seen = HashSet::with_capacity(keys.len());
         let mut answers: Vec<(K, Option<KeyAnswer<V>>)> = Vec::with_capacity(keys.len());
@@ -877,16 +875,16 @@ where
 
     /// The policy of a call with `options`: the cache's own, not copied,
     /// if the call sets none.
-    fn policy_of(&self, options: &CallOptions) -> Result<Cow<'_, Policy>, Error> {
-        if *options == CallOptions::default() {
-            return Ok(Cow::Borrowed(&self.shared.policy));
+    fn policy_of(&self, options: &CallOptions) -> Result<PolicyRef<'_>, Error> {
+        if *options == NO_OPTIONS {
+            return Ok(PolicyRef::Cache(&self.shared.policy));
         }
         let policy = self
             .shared
             .policy
             .with(options)
             .map_err(crate::InputError::from)?;
-        Ok(Cow::Owned(policy))
+        Ok(PolicyRef::Call(Box::new(policy)))
     }
 
     fn validated<Q: Display + ?Sized>(&self, key: &Q) -> Result<String, Error> {
@@ -937,7 +935,7 @@ where
             let keys = self.keys(key)?;
             let within = self.shared.policy.backend_timeout;
             let stored = self
-                .call(&keys, "get", self.shared.get(&keys, within))
+                .call(&keys, "get", self.shared.get(&keys, within, Instant::now()))
                 .await?;
             Ok(stored
                 .and_then(|s| self.shared.value_of(&s, Some(keys.value())))
@@ -964,7 +962,7 @@ where
         K: Borrow<Q>,
         Q: Display + ?Sized,
     {
-        self.set_with(key, value, &CallOptions::default()).await
+        self.set_with(key, value, &NO_OPTIONS).await
     }
 
     /// [`set`](Cache::set) with per-call options: the value's `ttl`,

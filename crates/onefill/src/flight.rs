@@ -807,7 +807,9 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
     /// cached failure) answers at once; a miss goes on to the lease.
     async fn first_read(&mut self) -> FirstRead<V> {
         let left = self.budget.left();
-        let stored = self.call("get", self.shared.get(&self.keys, left)).await;
+        let stored = self
+            .call("get", self.shared.get(&self.keys, left, Instant::now()))
+            .await;
         self.first_read_of(stored)
     }
 

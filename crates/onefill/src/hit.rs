@@ -15,7 +15,6 @@
 //! joined still get their answer (moka#240's trap); a panic of the backend
 //! or the codec during the read gives every caller `FlightAbandoned`.
 
-use std::borrow::Cow;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
@@ -30,14 +29,14 @@ use crate::error::Error;
 use crate::flight::{self, Answer, Flight, Outcome, Pending, Start, StoredFreshness};
 use crate::key::FillKeys;
 use crate::loader::Load;
-use crate::options::Policy;
+use crate::options::PolicyRef;
 use crate::shared::{Read, Shared};
 
 /// The leader of a key's flight in this process, before its first read.
 pub(crate) struct Leader<'a, V, L: FnOnce() -> Load<V>> {
     pub shared: &'a Arc<Shared<V>>,
     /// The cache's own policy when the call has no options (not copied).
-    pub policy: Cow<'a, Policy>,
+    pub policy: PolicyRef<'a>,
     pub keys: FillKeys,
     /// Makes the loader, erased: only a flight needs it.
     pub load: L,
@@ -98,88 +97,109 @@ fn abandoned<T>() -> Result<T, Error> {
     Err(Error::FlightAbandoned)
 }
 
-impl<V: Clone + Send + Sync + 'static, L: FnOnce() -> Load<V>> Leader<'_, V, L> {
+impl<'a, V: Clone + Send + Sync + 'static, L: FnOnce() -> Load<V>> Leader<'a, V, L> {
     /// Makes the first read and answers every caller of the flight: at once
     /// for a fresh hit, else through a [`Flight`] (in a task of its own
     /// past an answer the read gave).
     pub(crate) async fn answer(self) -> Result<Answer<V>, Error> {
+        match self.first_read().await {
+            Pending::Ready(answer) => answer,
+            Pending::Running(awaiter) => awaiter.outcome().await,
+        }
+    }
+
+    /// The first read: the answer of a fresh hit, else the flight that goes
+    /// on from what it found.
+    ///
+    /// Not an `async fn`: one keeps its arguments for its whole life next to
+    /// what it makes of them, so the leader would be held twice (and the
+    /// hit's future is moved by every layer above it). The leader is in its
+    /// guard before the future is made, and held there alone.
+    pub(crate) fn first_read(self) -> impl Future<Output = Pending<V>> + use<'a, V, L> {
         let shared = self.shared;
         let start = Start::now(shared, self.completion.key());
         let timeout = self.policy.backend_timeout;
         let mut guard = LeaderGuard { armed: Some(self) };
-        let began = Instant::now();
-        let got = match &guard.armed {
-            Some(leader) => {
-                let keys = &leader.keys;
-                let get = shared.call(keys, timeout, "get", shared.get(keys, timeout));
-                CatchUnwind(std::pin::pin!(get)).await
-            }
-            None => return Err(Error::FlightAbandoned),
-        };
-        let Some(leader) = guard.armed.take() else {
-            return Err(Error::FlightAbandoned);
-        };
-        let Ok(got) = got else {
-            return abandoned();
-        };
-        let ((flight, completion), first) = match got {
-            Ok(Some(stored)) => {
-                let read = std::panic::catch_unwind(AssertUnwindSafe(|| {
-                    shared.read(&stored, Some(leader.keys.value()))
-                }));
-                let Ok(read) = read else {
-                    return abandoned();
-                };
-                match read {
-                    Read::Value {
-                        value,
-                        fresh_for,
-                        delta,
-                        written_ttl,
-                        grace,
-                    } if !fresh_for.is_zero()
-                        && flight::early_refresh(
-                            &leader.policy,
+        async move {
+            let began = Instant::now();
+            let got = match &guard.armed {
+                Some(leader) => {
+                    let keys = &leader.keys;
+                    let get = shared.call_with(keys, began, timeout, "get", || {
+                        shared.get(keys, timeout, began)
+                    });
+                    CatchUnwind(std::pin::pin!(get)).await
+                }
+                None => return Pending::Ready(Err(Error::FlightAbandoned)),
+            };
+            let Some(leader) = guard.armed.take() else {
+                return Pending::Ready(Err(Error::FlightAbandoned));
+            };
+            let Ok(got) = got else {
+                return Pending::Ready(abandoned());
+            };
+            let ((flight, completion), first) = match got {
+                Ok(Some(stored)) => {
+                    let read = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                        shared.read(&stored, Some(leader.keys.value()))
+                    }));
+                    let Ok(read) = read else {
+                        return Pending::Ready(abandoned());
+                    };
+                    match read {
+                        Read::Value {
+                            value,
                             fresh_for,
                             delta,
                             written_ttl,
                             grace,
-                        )
-                        .is_none() =>
-                    {
-                        let now = Instant::now();
-                        let fresh = StoredFreshness::read(
-                            &stored,
-                            now,
-                            fresh_for,
-                            delta,
-                            written_ttl,
-                            grace,
-                        );
-                        return leader.answer_hit(value, &stored, fresh, start, now);
-                    }
-                    read => {
-                        let (mut flight, completion) = leader.into_flight(start);
-                        let first = flight.first_read_found(&stored, read);
-                        ((flight, completion), first)
+                        } if !fresh_for.is_zero()
+                            && flight::early_refresh(
+                                &leader.policy,
+                                fresh_for,
+                                delta,
+                                written_ttl,
+                                grace,
+                            )
+                            .is_none() =>
+                        {
+                            // The deadlines count from before the read (the
+                            // TTL was read after it): sooner than the
+                            // server's by the round trip, never later, and
+                            // one read of the clock fewer.
+                            let now = began;
+                            let fresh = StoredFreshness::read(
+                                &stored,
+                                now,
+                                fresh_for,
+                                delta,
+                                written_ttl,
+                                grace,
+                            );
+                            return Pending::Ready(
+                                leader.answer_hit(value, &stored, fresh, start, now),
+                            );
+                        }
+                        read => {
+                            let (mut flight, completion) = leader.into_flight(start);
+                            let first = flight.first_read_found(&stored, read);
+                            ((flight, completion), first)
+                        }
                     }
                 }
-            }
-            // A miss or a failure: the flight's business. A failed read
-            // takes its time from the flight's budget, as the flight's own
-            // reads do.
-            other => {
-                let (mut flight, completion) = leader.into_flight(start);
-                if other.is_err() {
-                    flight.charge(began.elapsed());
+                // A miss or a failure: the flight's business. A failed read
+                // takes its time from the flight's budget, as the flight's own
+                // reads do.
+                other => {
+                    let (mut flight, completion) = leader.into_flight(start);
+                    if other.is_err() {
+                        flight.charge(began.elapsed());
+                    }
+                    let first = flight.first_read_of(other);
+                    ((flight, completion), first)
                 }
-                let first = flight.first_read_of(other);
-                ((flight, completion), first)
-            }
-        };
-        match flight.continue_from(first, completion) {
-            Pending::Ready(answer) => answer,
-            Pending::Running(awaiter) => awaiter.outcome().await,
+            };
+            flight.continue_from(first, completion)
         }
     }
 

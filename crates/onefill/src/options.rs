@@ -106,6 +106,9 @@ macro_rules! options {
             pub fn new() -> Self {
                 Self::default()
             }
+
+            /// No overrides, as a constant.
+            pub(crate) const NONE: Self = Self { $( $pf: None, )* };
             $( $(
                 $(#[$pdoc])*
                 pub fn $psetter(mut self, $( $parg: $parg_ty ),* ) -> Self {
@@ -269,6 +272,36 @@ options! {
             /// kept it: the TTL it reported when the value was read or
             /// written); 0 turns it off. Healthy reads never use it.
             fn outage_fallback_capacity(keys: usize) = keys;
+        }
+    }
+}
+
+/// The policy of one call: the cache's own, borrowed, when the call sets no
+/// options (most calls), else the call's, boxed. A `Cow` would hold a whole
+/// `Policy` inline (~300 bytes), and a call's state carries it through
+/// every layer of its future: each layer moves the future at least once.
+pub(crate) enum PolicyRef<'a> {
+    Cache(&'a Policy),
+    Call(Box<Policy>),
+}
+
+impl PolicyRef<'_> {
+    /// The policy itself, copied if borrowed.
+    pub(crate) fn into_owned(self) -> Policy {
+        match self {
+            PolicyRef::Cache(policy) => policy.clone(),
+            PolicyRef::Call(policy) => *policy,
+        }
+    }
+}
+
+impl std::ops::Deref for PolicyRef<'_> {
+    type Target = Policy;
+
+    fn deref(&self) -> &Policy {
+        match self {
+            PolicyRef::Cache(policy) => policy,
+            PolicyRef::Call(policy) => policy,
         }
     }
 }

@@ -129,17 +129,19 @@ impl<V: 'static> Shared<V> {
     /// a `RedisBackend` it is called directly, not through the trait: an
     /// `async_trait` method boxes its future, which cost a Redis hit an
     /// allocation and a copy of that future (issue 9, callgrind).
-    /// `limit` is the timeout the call is made within.
+    /// `limit` is the timeout the call is made within, `began` when it
+    /// began.
     pub(crate) async fn get(
         &self,
         keys: &FillKeys,
         limit: Duration,
+        began: Instant,
     ) -> Result<Option<Stored>, BackendError> {
         #[cfg(feature = "redis")]
         if let Some(redis) = &self.redis {
-            return redis.read_within(keys, limit).await;
+            return redis.read_within(keys, limit, began).await;
         }
-        let _ = limit;
+        let _ = (limit, began);
         self.backend.get(keys).await
     }
 
@@ -153,6 +155,27 @@ impl<V: 'static> Shared<V> {
         op: &'static str,
         fut: impl Future<Output = Result<T, BackendError>>,
     ) -> Result<T, BackendError> {
+        self.call_with(keys, Instant::now(), timeout, op, move || fut)
+            .await
+    }
+
+    /// [`call`](Shared::call) with the backend's future made when the
+    /// breaker admits the call: the future is then held once in the call's
+    /// state (an async fn keeps its arguments for its whole life), which a
+    /// hit moves through every layer of its own future. `began`: now, read
+    /// once by a caller that needs it too (each read of the clock counts
+    /// on a hit).
+    pub(crate) async fn call_with<T, F>(
+        &self,
+        keys: &FillKeys,
+        began: Instant,
+        timeout: Duration,
+        op: &'static str,
+        make: impl FnOnce() -> F,
+    ) -> Result<T, BackendError>
+    where
+        F: Future<Output = Result<T, BackendError>>,
+    {
         let breaker = self.breakers.of(self.backend.shard(keys));
         let Some(permit) = breaker.admit() else {
             self.recorder.circuit_rejected();
@@ -166,9 +189,9 @@ impl<V: 'static> Shared<V> {
         // entering and leaving a disabled span on every poll and drop cost
         // about 400 instructions of a Redis hit (callgrind).
         let answered = if span.is_disabled() {
-            tokio::time::timeout(timeout, fut).await
+            timeout_from(began, timeout, make()).await
         } else {
-            tokio::time::timeout(timeout, fut.instrument(span)).await
+            timeout_from(began, timeout, make().instrument(span)).await
         };
         let result = match answered {
             Ok(result) => result,
@@ -361,6 +384,16 @@ impl<V: Clone + 'static> Drop for Writing<'_, V> {
             let until = Instant::now() + self.shared.policy.longest_flight();
             self.shared.fallback.forget(self.keys.value(), until, epoch);
         }
+    }
+}
+
+/// `fut` bounded by `timeout` from `began` (no second read of the clock);
+/// a deadline past what an `Instant` holds is no deadline, as with
+/// `tokio::time::timeout`.
+fn timeout_from<F: Future>(began: Instant, timeout: Duration, fut: F) -> tokio::time::Timeout<F> {
+    match began.checked_add(timeout) {
+        Some(deadline) => tokio::time::timeout_at(deadline, fut),
+        None => tokio::time::timeout(timeout, fut),
     }
 }
 

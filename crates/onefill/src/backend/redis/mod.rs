@@ -448,10 +448,11 @@ impl RedisBackend {
         &self,
         conn: &ConnectionManager,
         keys: &FillKeys,
+        began: Instant,
     ) -> Result<Option<Stored>, BackendError> {
         // The rare paths are boxed: the hit's future stays small, and a
         // cache moves it (into its timeout) on every hit.
-        let estimate = match self.inner.clock.plan(Instant::now()) {
+        let estimate = match self.inner.clock.plan(began) {
             Plan::Get(estimate) => estimate,
             Plan::GetPttl => return Box::pin(self.get_pttl(keys)).await,
             Plan::Sample(sampling) => {
@@ -533,26 +534,30 @@ impl RedisBackend {
     /// 1), so a hit waits no longer for a reply than any other command;
     /// with the defaults the cache's timeout is the shorter, and a hit has
     /// one timer.
+    ///
+    /// `now` is when the call began (one clock read serves the caller's
+    /// timer and this read's plan).
     pub(crate) async fn read_within(
         &self,
         keys: &FillKeys,
         limit: Duration,
+        now: Instant,
     ) -> Result<Option<Stored>, BackendError> {
         let response = self.inner.options.response_timeout;
         match &self.inner.conn {
             // Boxed: not the defaults' path, and the hit's future stays
             // small (see `get_standalone`).
             Conn::Single(_) if response < limit => {
-                Box::pin(within_as("get", response, self.read(keys))).await
+                Box::pin(within_as("get", response, self.read(keys, now))).await
             }
-            _ => self.read(keys).await,
+            _ => self.read(keys, now).await,
         }
     }
 
     /// [`Backend::get`], unboxed and unbounded.
-    async fn read(&self, keys: &FillKeys) -> Result<Option<Stored>, BackendError> {
+    async fn read(&self, keys: &FillKeys, now: Instant) -> Result<Option<Stored>, BackendError> {
         match &self.inner.conn {
-            Conn::Single(c) => self.get_standalone(c, keys).await,
+            Conn::Single(c) => self.get_standalone(c, keys, now).await,
             Conn::Cluster(_) => Box::pin(self.get_pttl(keys)).await,
         }
     }
@@ -617,7 +622,7 @@ impl Backend for RedisBackend {
         // Bounded by the response timeout alone (the command connection has
         // none of its own, see `connect_with`); a cache calls `read_within`
         // with its own timeout.
-        self.read_within(keys, Duration::MAX).await
+        self.read_within(keys, Duration::MAX, Instant::now()).await
     }
 
     async fn acquire(
