@@ -189,11 +189,13 @@ where
         // One read of every key this batch leads.
         let budget = Budget::new(self.policy.backend_timeout);
         let read_keys: Vec<FillKeys> = led.iter().map(|l| l.flight.keys().clone()).collect();
+        let read_began = Instant::now();
         let read = self.get_many(&read_keys, &budget).await;
         let mut misses: Vec<(Led<K, V>, bool)> = Vec::new();
         let mut refreshes = Vec::new();
         let mut unstored: Vec<Led<K, V>> = Vec::new();
         for (mut l, stored) in led.into_iter().zip(read) {
+            l.flight.read_began_at(read_began);
             match l.flight.first_read_of(stored) {
                 FirstRead::Failed(error) => {
                     l.flight.charge(budget.spent());
@@ -308,10 +310,12 @@ where
                 LeaseRequest::new(l.flight.keys().clone(), LeaseToken::random(), window)
             })
             .collect();
+        let acquire_began = Instant::now();
         let acquired = self.acquire_many(&requests, lease_ttl, budget).await;
         let mut won = Vec::new();
         for (((mut l, _), request), acquired) in misses.into_iter().zip(requests).zip(acquired) {
             l.flight.charge(budget.spent());
+            l.flight.read_began_at(acquire_began);
             let acquisition = match acquired {
                 Ok(Acquired::Won { stale }) => {
                     let lease = Lease::won(shared, &request.keys, request.token, lease_ttl);
@@ -485,9 +489,11 @@ where
                     .iter()
                     .filter_map(|&i| slots[i].as_ref().map(|w| w.l.flight.keys().clone()))
                     .collect();
+                let read_began = Instant::now();
                 let read = self.get_many(&keys, &Budget::new(timeout)).await;
                 for (i, stored) in std::mem::take(&mut notified).into_iter().zip(read) {
                     let Some(w) = slots[i].as_mut() else { continue };
+                    w.l.flight.read_began_at(read_began);
                     match stored {
                         Ok(stored) => match w.l.flight.waited_read(stored) {
                             Some(answer) => {
@@ -520,6 +526,7 @@ where
                         requests.push(LeaseRequest::new(keys, LeaseToken::random(), window));
                     }
                 }
+                let acquire_began = Instant::now();
                 let acquired = self
                     .acquire_many(&requests, lease_ttl, &Budget::new(timeout))
                     .await;
@@ -530,6 +537,7 @@ where
                     .zip(acquired)
                 {
                     let Some(w) = slots[i].as_mut() else { continue };
+                    w.l.flight.read_began_at(acquire_began);
                     let acquisition = match acquired {
                         Ok(Acquired::Won { stale }) => Acquisition::Won {
                             lease: Lease::won(shared, &request.keys, request.token, lease_ttl),
@@ -723,6 +731,7 @@ where
             })
             .collect();
         let budget = Budget::new(self.policy.backend_timeout);
+        let acquire_began = Instant::now();
         let acquired = self.acquire_many(&requests, lease_ttl, &budget).await;
         // Held until the refreshes end: one refresh per key per process.
         let mut guards = Vec::with_capacity(started.len());
@@ -734,6 +743,7 @@ where
             match acquired {
                 Ok(Acquired::Won { stale }) => {
                     let lease = Lease::won(shared, &request.keys, request.token, lease_ttl);
+                    flight.read_began_at(acquire_began);
                     won.push((key, flight, lease, stale));
                 }
                 Ok(Acquired::Held { .. }) => shared.recorder.lease_contended(),

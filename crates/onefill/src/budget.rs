@@ -5,6 +5,7 @@ use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use parking_lot::Mutex;
 use tokio::time::Instant;
 
 use crate::error::{BackendError, BackendErrorKind};
@@ -19,6 +20,8 @@ use crate::error::{BackendError, BackendErrorKind};
 pub(crate) struct Budget {
     pub(crate) total: Duration,
     left_micros: AtomicU64,
+    /// When the last backend call made under this budget began.
+    last_began: Mutex<Option<Instant>>,
 }
 
 impl Budget {
@@ -26,6 +29,7 @@ impl Budget {
         let budget = Budget {
             total,
             left_micros: AtomicU64::new(0),
+            last_began: Mutex::new(None),
         };
         budget.refill();
         budget
@@ -44,6 +48,19 @@ impl Budget {
     /// What failures took of it so far.
     pub(crate) fn spent(&self) -> Duration {
         self.total.saturating_sub(self.left())
+    }
+
+    /// When the last backend call under this budget began, or the read
+    /// handed to it by [`began`](Budget::began): what a value read then
+    /// lives from (its TTL is read after).
+    pub(crate) fn last_began(&self) -> Option<Instant> {
+        *self.last_began.lock()
+    }
+
+    /// A read made outside [`run`](Budget::run) (a hit's, a batch's)
+    /// began at `at`.
+    pub(crate) fn began(&self, at: Instant) {
+        *self.last_began.lock() = Some(at);
     }
 
     /// A full budget again (for work after the callers were answered).
@@ -75,6 +92,7 @@ impl Budget {
             ));
         }
         let started = Instant::now();
+        self.began(started);
         let result = step(left).await;
         if result.is_err() {
             self.charge(started.elapsed());

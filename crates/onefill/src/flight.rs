@@ -617,6 +617,21 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         self.budget.charge(spent);
     }
 
+    /// The read about to be handed to this flight (a hit's first read, a
+    /// batch's read or acquire) began at `at`.
+    pub(crate) fn read_began_at(&self, at: Instant) {
+        self.budget.began(at);
+    }
+
+    /// When the read being noted began: the deadlines of what it found
+    /// count from then, so they are the server's or sooner, never later
+    /// (its TTL was read after; review of issue 9's second pass: counted
+    /// from after the reply, an L1 entry or the outage fallback outlived
+    /// the server's copy by the reply's latency).
+    fn read_began(&self) -> Instant {
+        self.budget.last_began().unwrap_or_else(Instant::now)
+    }
+
     /// Starts the background refresh of a value the L1 served stale (one
     /// per key per process, one fleet-wide, as for a stale read).
     pub(crate) fn spawn_refresh(
@@ -1157,7 +1172,9 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
                 return Err(error);
             }
         };
-        self.note_value_ttl(ttl);
+        // Written with `ttl` by the fill below, after now: sooner than the
+        // server's expiry, never later.
+        *self.value_expires.lock() = Some(server_expiry(Instant::now(), ttl));
         // Only this fill, if it lands, vouches for the L1 entry: not a
         // stale value read before the load (with a soft timeout, the first
         // read's).
@@ -1173,8 +1190,10 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
                 .run("fill", |t| lease.fill(&self.shared, t, &bytes, ttl))
                 .await;
             if let Ok(true) = filled {
+                // From when the fill began (it set the key's TTL on the
+                // server before its reply).
                 *self.l1_fresh.lock() = Some(StoredFreshness {
-                    fresh_until: Instant::now() + fresh,
+                    fresh_until: self.read_began() + fresh,
                     delta: took,
                     written_ttl: Some(fresh),
                     grace: self.policy.grace,
@@ -1447,9 +1466,14 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         {
             self.note_value_ttl(stored.ttl);
             *self.stale_grace.lock() = Some(*grace);
-            let now = Instant::now();
-            let fresh =
-                StoredFreshness::read(stored, now, *fresh_for, *delta, *written_ttl, *grace);
+            let fresh = StoredFreshness::read(
+                stored,
+                self.read_began(),
+                *fresh_for,
+                *delta,
+                *written_ttl,
+                *grace,
+            );
             *self.l1_fresh.lock() = Some(fresh);
         }
     }
@@ -1466,7 +1490,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
 
     /// Notes how long the value just read or written lives on the server.
     fn note_value_ttl(&self, ttl: Duration) {
-        *self.value_expires.lock() = Some(server_expiry(Instant::now(), ttl));
+        *self.value_expires.lock() = Some(server_expiry(self.read_began(), ttl));
     }
 
     /// Whether the value last read still lives on the server (a stale value

@@ -182,6 +182,7 @@ impl<'a, V: Clone + Send + Sync + 'static, L: FnOnce() -> Load<V>> Leader<'a, V,
                         }
                         read => {
                             let (mut flight, completion) = leader.into_flight(start);
+                            flight.read_began_at(began);
                             let first = flight.first_read_found(&stored, read);
                             ((flight, completion), first)
                         }
@@ -192,6 +193,7 @@ impl<'a, V: Clone + Send + Sync + 'static, L: FnOnce() -> Load<V>> Leader<'a, V,
                 // reads do.
                 other => {
                     let (mut flight, completion) = leader.into_flight(start);
+                    flight.read_began_at(began);
                     if other.is_err() {
                         flight.charge(began.elapsed());
                     }

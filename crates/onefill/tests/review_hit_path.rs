@@ -886,16 +886,16 @@ async fn a_key_whose_display_fails_is_refused_by_every_call() {
 /// Regression (issue 9, the hit's future): every layer of a call moves its
 /// inner future at least once, and an async fn keeps its arguments for its
 /// whole life, so a large argument held by value is paid for at every
-/// layer. A `get_or_load` future on a `RedisBackend` cache was 3,360
-/// bytes (the leader, with the call's policy inline, held five times; the
-/// backend's future twice; a `&CallOptions::default()` temporary held
-/// through the call); 1.5–1.7 KB since. The bound leaves room for a
-/// compiler's layout, not for a policy (~300 bytes) held again.
+/// layer. A `get_or_load` future was 3,360 bytes (the leader, with the
+/// call's policy inline, held five times; the backend's future twice; a
+/// `&CallOptions::default()` temporary held through the call); 1,624 since.
+/// The bound leaves a compiler's layout some room, not the options
+/// temporary (232 bytes) or a policy (296) held again. The size is the
+/// type's: the Redis arm of the read is compiled in with the feature,
+/// whatever the cache's backend.
 #[tokio::test]
 async fn a_redis_hit_future_stays_small() {
-    let server = RedisServer::start();
-    let backend = RedisBackend::connect(&server.url()).await.unwrap();
-    let cache: Cache<String, String> = Cache::builder().backend(backend).build().unwrap();
+    let cache: Cache<String, String> = Cache::builder().build().unwrap();
     let key = "k".to_owned();
     let plain = cache.get_or_load(&key, |k| async move { Ok::<_, OriginError>(k) });
     let options = CallOptions::new().ttl(Duration::from_secs(5));
@@ -904,7 +904,7 @@ async fn a_redis_hit_future_stays_small() {
         ("get_or_load", std::mem::size_of_val(&plain)),
         ("fetch with options", std::mem::size_of_val(&with_options)),
     ] {
-        assert!(size <= 2_048, "a {what} future is {size} bytes");
+        assert!(size <= 1_760, "a {what} future is {size} bytes");
     }
     // Both still answer.
     assert_eq!(plain.await.unwrap(), "k");
