@@ -652,6 +652,240 @@ async fn counters_of_a_coalesced_hit() {
 }
 
 // ---------------------------------------------------------------------------
+// A value's deadlines count from when its read began (the second pass)
+// ---------------------------------------------------------------------------
+//
+// A value's deadlines in this process (its L1 entry, the outage fallback's
+// copy) count from when the read began, not from its reply: the TTL is read
+// after the request reached the server, so a deadline counted from the
+// reply outlives the server's copy by the reply's latency (review of the
+// second pass: the hit, a restarted flight and a batch each did). And a
+// half-open probe frees its slot however its read ends (the backend's
+// future is made after the breaker admits the call).
+
+/// `base` with a 1 s TTL (values expire within the test) and a backend
+/// timeout longer than the replies held back.
+fn short(backend: &Gated) -> CacheBuilder<String, String> {
+    base(backend)
+        .ttl(Duration::from_secs(1))
+        .backend_timeout(Duration::from_secs(1))
+}
+
+async fn try_fetch(
+    c: &Cache<String, String>,
+    loads: &Arc<AtomicUsize>,
+) -> Result<Fetched<String>, Error> {
+    c.fetch(
+        &"k".to_owned(),
+        &CallOptions::new(),
+        counting(loads, Duration::ZERO),
+    )
+    .await
+}
+
+/// A hit whose reply is slow (300 ms of response latency): the outage
+/// fallback must not serve the value past the server's expiry. Before the
+/// change the expiry counted from after the reply (server + 300 ms).
+#[tokio::test(start_paused = true)]
+async fn a_slow_hit_reply_never_stretches_the_fallback_past_the_server_expiry() {
+    let wire = Gated::default();
+    let c = short(&wire).no_l1().build().unwrap();
+    let loads = Arc::new(AtomicUsize::new(0));
+    c.set(&"k".to_owned(), "v".into()).await.unwrap(); // expires at t0 + 1 s
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    wire.set(GATED);
+    let hit = spawn_fetch(&c, "k", &loads);
+    settle().await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    wire.release(1);
+    let hit = hit.await.unwrap().unwrap();
+    assert_eq!((hit.value.as_str(), hit.outcome), ("v", Outcome::Hit));
+    // t0 + ~1.1 s: gone on the server for ~100 ms.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    wire.set(REFUSE);
+    let outage = fetch(&c, "k", &loads).await;
+    assert_eq!(
+        (outage.value.as_str(), outage.outcome),
+        ("k-v1", Outcome::Degraded),
+        "the fallback served a value the server no longer keeps"
+    );
+}
+
+/// The same with an L1: its entry must not outlive the server's copy.
+#[tokio::test(start_paused = true)]
+async fn a_slow_hit_reply_never_stretches_the_l1_past_the_server_expiry() {
+    let wire = Gated::default();
+    let c = short(&wire).l1(L1::new(100)).build().unwrap();
+    let loads = Arc::new(AtomicUsize::new(0));
+    c.set(&"k".to_owned(), "v".into()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    wire.set(GATED);
+    let hit = spawn_fetch(&c, "k", &loads);
+    settle().await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    wire.release(1);
+    let hit = hit.await.unwrap().unwrap();
+    assert_eq!((hit.value.as_str(), hit.outcome), ("v", Outcome::Hit));
+    wire.set(OPEN);
+    let l1_before = c.stats().l1_hits;
+    tokio::time::sleep(Duration::from_millis(250)).await; // t0 + ~1.05 s
+    let after = fetch(&c, "k", &loads).await;
+    assert_eq!(
+        c.stats().l1_hits,
+        l1_before,
+        "an L1 hit on an expired value: {after:?}"
+    );
+    assert_eq!(
+        (after.value.as_str(), after.outcome),
+        ("k-v1", Outcome::Loaded)
+    );
+}
+
+/// A half-open probe whose read panics frees the probe slot (the permit is
+/// dropped while unwinding): the next call probes and closes the breaker.
+#[tokio::test(start_paused = true)]
+async fn a_probe_that_panics_frees_the_probe_slot() {
+    let wire = Gated::default();
+    let c = short(&wire)
+        .circuit_breaker(CircuitBreaker::new(1, Duration::from_secs(1)))
+        .build()
+        .unwrap();
+    let loads = Arc::new(AtomicUsize::new(0));
+    c.set(&"k".to_owned(), "v".into()).await.unwrap();
+    wire.set(REFUSE);
+    let _ = try_fetch(&c, &loads).await; // opens the breaker
+    tokio::time::sleep(Duration::from_millis(1_100)).await; // half-open
+    c.set(&"k".to_owned(), "v2".into()).await.ok();
+    wire.set(PANIC);
+    let err = try_fetch(&c, &loads).await.unwrap_err();
+    assert!(matches!(err, Error::FlightAbandoned), "{err}");
+    wire.set(OPEN);
+    let before = wire.gets();
+    let _ = try_fetch(&c, &loads).await;
+    assert_eq!(
+        wire.gets(),
+        before + 1,
+        "the next call was not admitted as a probe"
+    );
+    // Closed again: a plain hit.
+    let f = fetch(&c, "k", &loads).await;
+    assert_eq!(f.outcome, Outcome::Hit);
+}
+
+/// A half-open probe whose caller is dropped mid-read frees its slot: the
+/// flight restarted in a task probes again (and closes the breaker).
+#[tokio::test(start_paused = true)]
+async fn a_probe_dropped_mid_read_frees_the_probe_slot() {
+    let wire = Gated::default();
+    let c = short(&wire)
+        .circuit_breaker(CircuitBreaker::new(1, Duration::from_secs(1)))
+        .build()
+        .unwrap();
+    let loads = Arc::new(AtomicUsize::new(0));
+    wire.set(REFUSE);
+    let _ = try_fetch(&c, &loads).await; // opens the breaker
+    wire.set(OPEN);
+    tokio::time::sleep(Duration::from_millis(1_100)).await; // half-open
+    c.set(&"k".to_owned(), "v".into()).await.unwrap();
+    wire.set(GATED);
+    let before = wire.gets();
+    let leader = spawn_fetch(&c, "k", &loads);
+    settle().await;
+    assert_eq!(wire.gets(), before + 1);
+    leader.abort();
+    assert!(leader.await.unwrap_err().is_cancelled());
+    settle().await;
+    assert_eq!(
+        wire.gets(),
+        before + 2,
+        "the restarted flight was not admitted"
+    );
+    wire.set(OPEN);
+    wire.release(1);
+    settle().await;
+    let f = fetch(&c, "k", &loads).await;
+    assert_eq!((f.value.as_str(), f.outcome), ("v", Outcome::Hit));
+    assert_eq!(
+        loads.load(Ordering::SeqCst),
+        1,
+        "only the degraded load that opened it"
+    );
+}
+
+/// The flight's own reads (here: a leader dropped mid-read, its flight
+/// restarted in a task that reads again) count from before the read too.
+/// Regression: the flight counted from after the reply, and the fallback
+/// served the value ~100 ms after the server dropped it.
+#[tokio::test(start_paused = true)]
+async fn a_restarted_flight_with_a_slow_reply_never_stretches_the_fallback() {
+    let wire = Gated::default();
+    let c = short(&wire).no_l1().build().unwrap();
+    let loads = Arc::new(AtomicUsize::new(0));
+    c.set(&"k".to_owned(), "v".into()).await.unwrap(); // expires at t0 + 1 s
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    wire.set(GATED);
+    let leader = spawn_fetch(&c, "k", &loads);
+    settle().await;
+    let follower = spawn_fetch(&c, "k", &loads);
+    settle().await;
+    leader.abort();
+    let _ = leader.await;
+    settle().await; // the restarted flight reads (ttl ~500 ms), its reply held
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    wire.release(1);
+    let f = follower.await.unwrap().unwrap();
+    assert_eq!((f.value.as_str(), f.outcome), ("v", Outcome::Hit));
+    tokio::time::sleep(Duration::from_millis(300)).await; // t0 + ~1.1 s
+    wire.set(REFUSE);
+    let outage = fetch(&c, "k", &loads).await;
+    assert_eq!(
+        (outage.value.as_str(), outage.outcome),
+        ("k-v1", Outcome::Degraded),
+        "the fallback served a value the server no longer keeps"
+    );
+}
+
+/// The same through `get_or_load_many` (a batch reads for many flights and
+/// hands each its answer). Regression: the L1 answered a hit ~50 ms after
+/// the server dropped the value.
+#[tokio::test(start_paused = true)]
+async fn a_slow_batch_reply_never_stretches_the_l1_past_the_server_expiry() {
+    let wire = Gated::default();
+    let c = short(&wire).l1(L1::new(100)).build().unwrap();
+    let loads = Arc::new(AtomicUsize::new(0));
+    c.set(&"k".to_owned(), "v".into()).await.unwrap(); // expires at t0 + 1 s
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    wire.set(GATED);
+    let many = {
+        let c = c.clone();
+        tokio::spawn(async move {
+            c.get_or_load_many(&["k".to_owned()], |ids: Vec<String>| async move {
+                Ok::<_, OriginError>(
+                    ids.into_iter()
+                        .map(|k| (k, "loaded".to_owned()))
+                        .collect::<Vec<_>>(),
+                )
+            })
+            .await
+        })
+    };
+    settle().await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    wire.release(1);
+    let got = many.await.unwrap().unwrap();
+    assert_eq!(got["k"], "v");
+    wire.set(OPEN);
+    tokio::time::sleep(Duration::from_millis(250)).await; // t0 + ~1.05 s
+    let l1_before = c.stats().l1_hits;
+    let after = fetch(&c, "k", &loads).await;
+    assert_eq!(
+        c.stats().l1_hits,
+        l1_before,
+        "an L1 hit on a value the server expired: {after:?}"
+    );
+}
+
+// ---------------------------------------------------------------------------
 // Redis: the command connection has no driver response timeout
 // ---------------------------------------------------------------------------
 
