@@ -671,6 +671,41 @@ fn short(backend: &Gated) -> CacheBuilder<String, String> {
         .backend_timeout(Duration::from_secs(1))
 }
 
+/// "v" written (expiring at t0 + 1 s), read half a second later with the
+/// replies held back from then on.
+async fn written_then_gated(c: &Cache<String, String>, wire: &Gated) {
+    c.set(&"k".to_owned(), "v".into()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    wire.set(GATED);
+}
+
+/// A hit on "v" whose reply is held back 300 ms.
+async fn a_hit_held_back_300_ms(c: &Cache<String, String>, wire: &Gated, loads: &Arc<AtomicUsize>) {
+    let hit = spawn_fetch(c, "k", loads);
+    settle().await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    wire.release(1);
+    let hit = hit.await.unwrap().unwrap();
+    assert_eq!((hit.value.as_str(), hit.outcome), ("v", Outcome::Hit));
+}
+
+/// At t0 + ~1.1 s, "v" is gone on the server for ~100 ms: in an outage
+/// the fallback no longer serves it (the call degrades to a load).
+async fn the_fallback_no_longer_serves_it(
+    c: &Cache<String, String>,
+    wire: &Gated,
+    loads: &Arc<AtomicUsize>,
+) {
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    wire.set(REFUSE);
+    let outage = fetch(c, "k", loads).await;
+    assert_eq!(
+        (outage.value.as_str(), outage.outcome),
+        ("k-v1", Outcome::Degraded),
+        "the fallback served a value the server no longer keeps"
+    );
+}
+
 async fn try_fetch(
     c: &Cache<String, String>,
     loads: &Arc<AtomicUsize>,
@@ -691,24 +726,9 @@ async fn a_slow_hit_reply_never_stretches_the_fallback_past_the_server_expiry() 
     let wire = Gated::default();
     let c = short(&wire).no_l1().build().unwrap();
     let loads = Arc::new(AtomicUsize::new(0));
-    c.set(&"k".to_owned(), "v".into()).await.unwrap(); // expires at t0 + 1 s
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    wire.set(GATED);
-    let hit = spawn_fetch(&c, "k", &loads);
-    settle().await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    wire.release(1);
-    let hit = hit.await.unwrap().unwrap();
-    assert_eq!((hit.value.as_str(), hit.outcome), ("v", Outcome::Hit));
-    // t0 + ~1.1 s: gone on the server for ~100 ms.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    wire.set(REFUSE);
-    let outage = fetch(&c, "k", &loads).await;
-    assert_eq!(
-        (outage.value.as_str(), outage.outcome),
-        ("k-v1", Outcome::Degraded),
-        "the fallback served a value the server no longer keeps"
-    );
+    written_then_gated(&c, &wire).await;
+    a_hit_held_back_300_ms(&c, &wire, &loads).await;
+    the_fallback_no_longer_serves_it(&c, &wire, &loads).await;
 }
 
 /// The same with an L1: its entry must not outlive the server's copy.
@@ -717,15 +737,8 @@ async fn a_slow_hit_reply_never_stretches_the_l1_past_the_server_expiry() {
     let wire = Gated::default();
     let c = short(&wire).l1(L1::new(100)).build().unwrap();
     let loads = Arc::new(AtomicUsize::new(0));
-    c.set(&"k".to_owned(), "v".into()).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    wire.set(GATED);
-    let hit = spawn_fetch(&c, "k", &loads);
-    settle().await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    wire.release(1);
-    let hit = hit.await.unwrap().unwrap();
-    assert_eq!((hit.value.as_str(), hit.outcome), ("v", Outcome::Hit));
+    written_then_gated(&c, &wire).await;
+    a_hit_held_back_300_ms(&c, &wire, &loads).await;
     wire.set(OPEN);
     let l1_before = c.stats().l1_hits;
     tokio::time::sleep(Duration::from_millis(250)).await; // t0 + ~1.05 s
@@ -821,9 +834,7 @@ async fn a_restarted_flight_with_a_slow_reply_never_stretches_the_fallback() {
     let wire = Gated::default();
     let c = short(&wire).no_l1().build().unwrap();
     let loads = Arc::new(AtomicUsize::new(0));
-    c.set(&"k".to_owned(), "v".into()).await.unwrap(); // expires at t0 + 1 s
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    wire.set(GATED);
+    written_then_gated(&c, &wire).await;
     let leader = spawn_fetch(&c, "k", &loads);
     settle().await;
     let follower = spawn_fetch(&c, "k", &loads);
@@ -835,14 +846,7 @@ async fn a_restarted_flight_with_a_slow_reply_never_stretches_the_fallback() {
     wire.release(1);
     let f = follower.await.unwrap().unwrap();
     assert_eq!((f.value.as_str(), f.outcome), ("v", Outcome::Hit));
-    tokio::time::sleep(Duration::from_millis(300)).await; // t0 + ~1.1 s
-    wire.set(REFUSE);
-    let outage = fetch(&c, "k", &loads).await;
-    assert_eq!(
-        (outage.value.as_str(), outage.outcome),
-        ("k-v1", Outcome::Degraded),
-        "the fallback served a value the server no longer keeps"
-    );
+    the_fallback_no_longer_serves_it(&c, &wire, &loads).await;
 }
 
 /// The same through `get_or_load_many` (a batch reads for many flights and
@@ -853,9 +857,7 @@ async fn a_slow_batch_reply_never_stretches_the_l1_past_the_server_expiry() {
     let wire = Gated::default();
     let c = short(&wire).l1(L1::new(100)).build().unwrap();
     let loads = Arc::new(AtomicUsize::new(0));
-    c.set(&"k".to_owned(), "v".into()).await.unwrap(); // expires at t0 + 1 s
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    wire.set(GATED);
+    written_then_gated(&c, &wire).await;
     let many = {
         let c = c.clone();
         tokio::spawn(async move {
