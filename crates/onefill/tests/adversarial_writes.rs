@@ -373,6 +373,15 @@ async fn options_at_their_limits() {
 // Races on real threads
 // ---------------------------------------------------------------------------
 
+/// Sets its flag when dropped (also while unwinding from a panic).
+struct StopOnDrop(Arc<AtomicBool>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
 /// Held in the review (stress): with other tasks hammering the key (loads,
 /// early refreshes, invalidates), a `set` of version N is never followed,
 /// in this process, by an answer older than N.
@@ -388,6 +397,10 @@ async fn stress_no_answer_older_than_a_returned_set() {
         .unwrap();
     let db = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
+    // Stops the hammers however the test ends: a failed assertion used to
+    // leave them running, and a hammer answered from the L1 never yields,
+    // so the runtime's shutdown hung (CI waited until its limit).
+    let _stop_on_exit = StopOnDrop(stop.clone());
     let mut hammers = Vec::new();
     for h in 0..3 {
         let (c, db, stop) = (c.clone(), db.clone(), stop.clone());
@@ -407,6 +420,8 @@ async fn stress_no_answer_older_than_a_returned_set() {
                         Ok::<_, OriginError>(v)
                     })
                     .await;
+                // An L1 hit never yields: let the runtime stop the task.
+                tokio::task::yield_now().await;
             }
         }));
     }
