@@ -5,9 +5,9 @@
 //! ends there, without a flight); anything else becomes a flight that goes
 //! on from what the read found ([`Flight::from_start`],
 //! [`Flight::first_read_found`]), in a task of its own past an answer, so
-//! no caller's cancellation can stop it. The flight owns its whole lifecycle: run the protocol, remember the
-//! answer for outages, keep it in the L1, complete the callers, refresh in
-//! the background if asked.
+//! no caller's cancellation can stop it. The flight owns its whole
+//! lifecycle: run the protocol, remember the answer for outages, keep it
+//! in the L1, complete the callers, refresh in the background if asked.
 //!
 //! ```text
 //! read ───── fresh ──────────────────────────────► Hit (maybe refresh early)
@@ -284,10 +284,10 @@ impl StoredFreshness {
 /// Early refresh and the grace window answer the same question (who pays
 /// for the refresh at expiry): with a grace window the first stale read
 /// refreshes in the background, so early refresh would only add loads.
-/// The grace is the value's own by the value's own grace (a
-/// loader may have chosen it), not the reader's policy's: a value stored
-/// without one has no stale window on the server, whatever the cache
-/// says (review of issue 10, finding 6). The one place this is decided,
+/// The grace is the value's own (from its envelope: a loader may have
+/// chosen it), not the reader's policy's: a value stored without one has
+/// no stale window on the server, whatever the cache says (review of
+/// issue 10, finding 6). The one place this is decided,
 /// for reads and for the L1's refresh point.
 pub(crate) fn early_refresh(
     policy: &Policy,
@@ -367,10 +367,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
             self.spawn_from(Some(first), completion);
             return Pending::Running(awaiter);
         };
-        self.remember(&answer);
-        self.keep_in_l1(&answer, refresh.is_some());
-        let (answer, callers) = completion.complete_shared(answer);
-        self.rec().flight_callers(callers);
+        let answer = self.publish(answer, refresh.is_some(), completion);
         if refresh.is_some() {
             let call = tracing::Span::current();
             tokio::spawn(Box::pin(self.after_answer(refresh, call)));
@@ -388,10 +385,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
     ) -> (Pending<V>, Option<(Flight<V>, Refresh)>) {
         match first {
             FirstRead::Answered(answer, refresh) => {
-                self.remember(&answer);
-                self.keep_in_l1(&answer, refresh.is_some());
-                let (answer, callers) = completion.complete_shared(answer);
-                self.rec().flight_callers(callers);
+                let answer = self.publish(answer, refresh.is_some(), completion);
                 (Pending::Ready(answer), refresh.map(|why| (self, why)))
             }
             first => (self.continue_from(first, completion), None),
@@ -536,11 +530,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         answer: Result<Answer<V>, Error>,
         completion: Completion<Answer<V>>,
     ) -> Result<Answer<V>, Error> {
-        self.remember(&answer);
-        self.keep_in_l1(&answer, false);
-        let (answer, callers) = completion.complete_shared(answer);
-        self.rec().flight_callers(callers);
-        answer
+        self.publish(answer, false, completion)
     }
 
     /// A batch loaded this key without a lease (the backend failed):
@@ -591,10 +581,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         completion: Completion<Answer<V>>,
     ) -> Result<Answer<V>, Error> {
         let answer = self.store_loaded(lease, loaded, stale).await;
-        self.remember(&answer);
-        self.keep_in_l1(&answer, false);
-        let (answer, callers) = completion.complete_shared(answer);
-        self.rec().flight_callers(callers);
+        let answer = self.publish(answer, false, completion);
         self.after_answer(None, tracing::Span::current()).await;
         answer
     }
@@ -752,6 +739,22 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         );
         span.follows_from(cause);
         span
+    }
+
+    /// Hands `answer` to the callers that joined (and returns it to the
+    /// leader, who has it): remembered for outages and kept in the L1
+    /// first (`refreshing`: a refresh follows it).
+    fn publish(
+        &self,
+        answer: Result<Answer<V>, Error>,
+        refreshing: bool,
+        completion: Completion<Answer<V>>,
+    ) -> Result<Answer<V>, Error> {
+        self.remember(&answer);
+        self.keep_in_l1(&answer, refreshing);
+        let (answer, callers) = completion.complete_shared(answer);
+        self.rec().flight_callers(callers);
+        answer
     }
 
     /// Keeps the answer in the L1, with the freshness the backend gave it:

@@ -67,7 +67,7 @@ impl<V: Clone + Send + Sync + 'static, L: FnOnce() -> Load<V>> Drop for LeaderGu
         }
         // From the start, as a flight of its own would.
         let start = Start::now(leader.shared, leader.completion.key());
-        let (flight, completion) = leader.into_flight(start);
+        let (flight, completion) = leader.into_flight(start, None);
         flight.spawn_from(None, completion);
     }
 }
@@ -167,22 +167,20 @@ impl<'a, V: Clone + Send + Sync + 'static, L: FnOnce() -> Load<V>> Leader<'a, V,
                             // TTL was read after it): sooner than the
                             // server's by the round trip, never later, and
                             // one read of the clock fewer.
-                            let now = began;
                             let fresh = StoredFreshness::read(
                                 &stored,
-                                now,
+                                began,
                                 fresh_for,
                                 delta,
                                 written_ttl,
                                 grace,
                             );
                             return Pending::Ready(
-                                leader.answer_hit(value, &stored, fresh, start, now),
+                                leader.answer_hit(value, &stored, fresh, start, began),
                             );
                         }
                         read => {
-                            let (mut flight, completion) = leader.into_flight(start);
-                            flight.read_began_at(began);
+                            let (mut flight, completion) = leader.into_flight(start, Some(began));
                             let first = flight.first_read_found(&stored, read);
                             ((flight, completion), first)
                         }
@@ -192,8 +190,7 @@ impl<'a, V: Clone + Send + Sync + 'static, L: FnOnce() -> Load<V>> Leader<'a, V,
                 // takes its time from the flight's budget, as the flight's own
                 // reads do.
                 other => {
-                    let (mut flight, completion) = leader.into_flight(start);
-                    flight.read_began_at(began);
+                    let (mut flight, completion) = leader.into_flight(start, Some(began));
                     if other.is_err() {
                         flight.charge(began.elapsed());
                     }
@@ -205,16 +202,16 @@ impl<'a, V: Clone + Send + Sync + 'static, L: FnOnce() -> Load<V>> Leader<'a, V,
         }
     }
 
-    /// A fresh hit: what a flight does with one (counted, remembered for
-    /// outages, kept in the L1, shared with the callers that joined),
-    /// without the flight.
+    /// A fresh hit, read from `began`: what a flight does with one
+    /// (counted, remembered for outages, kept in the L1, shared with the
+    /// callers that joined), without the flight.
     fn answer_hit(
         self,
         value: Option<V>,
         stored: &Stored,
         fresh: StoredFreshness,
         start: Start,
-        now: Instant,
+        began: Instant,
     ) -> Result<Answer<V>, Error> {
         let Leader {
             shared,
@@ -228,7 +225,7 @@ impl<'a, V: Clone + Send + Sync + 'static, L: FnOnce() -> Load<V>> Leader<'a, V,
         recorder.hit();
         // As `Flight::remember`: the outage fallback serves the value no
         // longer than the server keeps it.
-        let expires_at = flight::server_expiry(now, stored.ttl);
+        let expires_at = flight::server_expiry(began, stored.ttl);
         shared
             .fallback
             .record(keys.value(), &value, expires_at, start.epoch);
@@ -241,8 +238,13 @@ impl<'a, V: Clone + Send + Sync + 'static, L: FnOnce() -> Load<V>> Leader<'a, V,
         answer
     }
 
-    /// The flight that goes on from the first read, and its completion.
-    fn into_flight(self, start: Start) -> (Flight<V>, Completion<Answer<V>>) {
+    /// The flight that goes on from the first read (`began`: when it began,
+    /// if it was made), and its completion.
+    fn into_flight(
+        self,
+        start: Start,
+        began: Option<Instant>,
+    ) -> (Flight<V>, Completion<Answer<V>>) {
         let Leader {
             shared,
             policy,
@@ -253,6 +255,9 @@ impl<'a, V: Clone + Send + Sync + 'static, L: FnOnce() -> Load<V>> Leader<'a, V,
         let key = completion.key().to_owned();
         let policy = policy.into_owned();
         let flight = Flight::from_start(shared.clone(), key, keys, policy, load(), start);
+        if let Some(began) = began {
+            flight.read_began_at(began);
+        }
         (flight, completion)
     }
 }

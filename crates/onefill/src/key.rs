@@ -158,7 +158,7 @@ impl KeyBuf {
         Ok(self.as_str())
     }
 
-    pub(crate) fn as_str(&self) -> &str {
+    fn as_str(&self) -> &str {
         match &self.heap {
             Some(s) => s,
             // Only whole `&str`s are ever copied in, so this is valid UTF-8.
