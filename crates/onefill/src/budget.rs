@@ -45,11 +45,6 @@ impl Budget {
                 Some(left.saturating_sub(spent))
             });
     }
-    /// What failures took of it so far.
-    pub(crate) fn spent(&self) -> Duration {
-        self.total.saturating_sub(self.left())
-    }
-
     /// When the last backend call under this budget began, or the read
     /// handed to it by [`began`](Budget::began): what a value read then
     /// lives from (its TTL is read after).

@@ -14,12 +14,13 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::Instrument;
 
+use crate::answer::{Fetched, Outcome};
 use crate::batch::{Batch, KeyAnswer, ManyLoader};
 use crate::builder::CacheBuilder;
 use crate::circuit::CircuitState;
 use crate::coalesce::Joined;
 use crate::error::{BackendError, Error, IntoLoaderError};
-use crate::flight::{Flight, Outcome, Refresh};
+use crate::flight::Flight;
 use crate::freshness;
 use crate::hit::Leader;
 use crate::key::{self, FillKeys, KeyBuf};
@@ -45,19 +46,6 @@ macro_rules! call_span {
             "otel.status_code" = tracing::field::Empty,
         )
     };
-}
-
-/// A value and how the call got it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct Fetched<V> {
-    /// The value.
-    pub value: V,
-    /// How the flight answered.
-    pub outcome: Outcome,
-    /// Whether this call shared a flight another local call had started
-    /// (no backend conversation of its own).
-    pub coalesced: bool,
 }
 
 /// A cache-aside cache whose fills are single-flight across the fleet.
@@ -449,37 +437,48 @@ where
         if user_key.is_empty() || user_key.len() > self.shared.policy.max_key_bytes {
             return Err(loader);
         }
-        let (value, outcome) = match l1.get(user_key, Instant::now()) {
-            Lookup::Fresh(value) => {
-                self.shared.recorder.l1_hit();
-                (value, Outcome::Hit)
-            }
-            // With a soft timeout, a stale value waits for a load first:
-            // the flight's business.
-            Lookup::Stale(_) if self.shared.policy.soft_timeout.is_some() => return Err(loader),
-            Lookup::Stale(value) => {
-                self.shared.recorder.stale_served();
-                let keys = FillKeys::new(&self.shared.namespace, user_key);
-                if !self.shared.refreshing.lock().contains(keys.value()) {
+        let (value, outcome) = match self.l1_answer(l1, user_key, Instant::now()) {
+            Some(FromL1::Fresh(value)) => (value, Outcome::Hit),
+            Some(FromL1::Stale(value, refresh)) => {
+                if let Some(keys) = refresh {
                     let load = erase(key, loader);
                     let policy = self.shared.policy.clone();
-                    Flight::spawn_refresh(
-                        self.shared.clone(),
-                        user_key.to_owned(),
-                        keys,
-                        policy,
-                        load,
-                    );
+                    let flight =
+                        Flight::new(self.shared.clone(), user_key.to_owned(), keys, policy, load);
+                    tokio::spawn(Box::pin(flight.refresh_stale()));
                 }
                 (value, Outcome::Stale)
             }
-            Lookup::Miss => return Err(loader),
+            None => return Err(loader),
         };
         Ok(Fetched {
             value,
             outcome,
             coalesced: false,
         })
+    }
+
+    /// What the L1 answers for `user_key` under the cache's own policy (a
+    /// call with options skips the L1), counted: a fresh value, or a stale
+    /// one to serve while the key is refreshed; `None`, and a flight
+    /// answers. With a soft timeout a stale value waits for a load first,
+    /// which is a flight's business. The one L1 lookup of the loading
+    /// calls, one key or many.
+    fn l1_answer(&self, l1: &Local<V>, user_key: &str, now: Instant) -> Option<FromL1<V>> {
+        match l1.get(user_key, now) {
+            Lookup::Fresh(value) => {
+                self.shared.recorder.l1_hit();
+                Some(FromL1::Fresh(value))
+            }
+            Lookup::Stale(_) if self.shared.policy.soft_timeout.is_some() => None,
+            Lookup::Stale(value) => {
+                self.shared.recorder.stale_served();
+                let keys = FillKeys::new(&self.shared.namespace, user_key);
+                let running = self.shared.refreshing.lock().contains(keys.value());
+                Some(FromL1::Stale(value, (!running).then_some(keys)))
+            }
+            Lookup::Miss => None,
+        }
     }
 
     /// A call past the L1, in its span (`onefill.get_or_load`, see the
@@ -600,26 +599,25 @@ where
     ///
     /// # How it runs
     ///
-    /// Keys fresh in the [`L1`](crate::L1) are answered from it. The others
-    /// are read in one round trip (a pipeline; on a Redis Cluster one per
-    /// master, in parallel), the misses' leases are asked for in one more,
-    /// `loader` runs once for the keys won, and each is filled fenced on its
-    /// own lease token, exactly as a single fill. Every other key is
-    /// answered as [`get_or_load`](Cache::get_or_load) would answer it,
-    /// with the steps shared: the keys other processes are loading are
-    /// waited for together (each subscribed to its fill notification; one
-    /// read of the keys notified, one lease request for the keys due at a
-    /// holder's lease expiry or a safety poll; each key within the wait
-    /// policy's deadline, with its outcome); stale values are served and
-    /// refreshed together in the background; keys whose holder died are
-    /// taken over. So `loader` may run more than once in a call: once for
-    /// the keys won at first (with any keys to load without the lease: the
-    /// backend failed them, or `no_lease` found them held), and once more
-    /// for each group taken over or loaded at the wait deadline together,
-    /// or refreshed in the background. Batches of more than
-    /// [`MAX_PIPELINE`](crate::backend::MAX_PIPELINE) keys are sent in
-    /// chunks of that size (concurrently); `loader` still gets all the
-    /// keys won in one call.
+    /// Keys fresh in the [`L1`](crate::L1) are answered from it. Every
+    /// other key runs the protocol of [`get_or_load`](Cache::get_or_load),
+    /// step for step, with the steps its keys take at the same moment made
+    /// together: their reads in one round trip (a pipeline; on a Redis
+    /// Cluster one per master, in parallel), the misses' lease requests in
+    /// one more, and `loader` once for the keys won (each filled fenced on
+    /// its own lease token, exactly as a single fill) with any keys to load
+    /// without the lease (the backend failed them, or `no_lease` found them
+    /// held). The keys other processes are loading are waited for as a
+    /// single call waits (each subscribed to its fill notification, each
+    /// within the wait policy's deadline, with its outcome); keys woken
+    /// together are re-read, re-asked for and taken over together. Stale
+    /// values are served and refreshed together in the background. So
+    /// `loader` may run more than once in a call: once for the keys won at
+    /// first, and once more for each group taken over or loaded at the
+    /// wait deadline together, or refreshed in the background. Batches of
+    /// more than [`MAX_PIPELINE`](crate::backend::MAX_PIPELINE) keys are
+    /// sent in chunks of that size (concurrently); `loader` still gets all
+    /// the keys won in one call.
     ///
     /// # Concurrent calls on the same key
     ///
@@ -637,9 +635,9 @@ where
     ///
     /// A batch's values are stored with the call's policy: its loader
     /// cannot choose a TTL per value ([`Loaded`](crate::Loaded) is for the
-    /// single-key calls), and [`soft_timeout`](crate::CallOptions::soft_timeout)
-    /// does not apply to a batch's own load (its callers wait for it; a
-    /// stale value the batch read is not served at the soft timeout).
+    /// single-key calls). Everything else, the
+    /// [`soft_timeout`](crate::CallOptions::soft_timeout) included, applies
+    /// to each key as to a single call.
     ///
     /// # Cancellation
     ///
@@ -786,7 +784,7 @@ where
         let mut seen = HashSet::with_capacity(keys.len());
         let mut answers: Vec<(K, Option<KeyAnswer<V>>)> = Vec::with_capacity(keys.len());
         let mut to_run: Vec<(K, String)> = Vec::new();
-        let mut l1_refreshes = Vec::new();
+        let mut stale = Vec::new();
         for key in keys {
             let string = match key::display(key) {
                 Ok(string) => string,
@@ -804,27 +802,15 @@ where
                 continue;
             }
             if let Some(l1) = l1 {
-                let answered = match l1.get(&string, now) {
-                    Lookup::Fresh(value) => {
-                        self.shared.recorder.l1_hit();
-                        Some((value, Outcome::Hit))
-                    }
-                    Lookup::Stale(value) => {
-                        self.shared.recorder.stale_served();
-                        let keys = FillKeys::new(&self.shared.namespace, &string);
-                        if !self.shared.refreshing.lock().contains(keys.value()) {
-                            let flight = Flight::new(
-                                self.shared.clone(),
-                                string.clone(),
-                                keys,
-                                batch.policy.clone(),
-                                batch.load_of(key),
-                            );
-                            l1_refreshes.push((key.clone(), flight, Refresh::Stale));
+                let answered = match self.l1_answer(l1, &string, now) {
+                    Some(FromL1::Fresh(value)) => Some((value, Outcome::Hit)),
+                    Some(FromL1::Stale(value, refresh)) => {
+                        if refresh.is_some() {
+                            stale.push((key.clone(), string.clone()));
                         }
                         Some((value, Outcome::Stale))
                     }
-                    Lookup::Miss => None,
+                    None => None,
                 };
                 if let Some((value, outcome)) = answered {
                     let fetched = Fetched {
@@ -839,23 +825,21 @@ where
             answers.push((key.clone(), None));
             to_run.push((key.clone(), string));
         }
-        // The keys the L1 served stale: refreshed together, in the
-        // background (as the batch refreshes those it reads stale).
-        if !l1_refreshes.is_empty() {
-            tokio::spawn(Box::pin(batch.clone().refresh(l1_refreshes)));
-        }
-        if !to_run.is_empty() {
-            let count = to_run.len();
-            // Detached (see `batch.rs`): a dropped caller cancels nothing.
-            let run = batch.run(to_run).instrument(tracing::Span::current());
-            let ran = match tokio::spawn(run).await {
-                Ok(ran) => ran,
-                Err(_) => (0..count).map(|_| Err(Error::FlightAbandoned)).collect(),
-            };
-            let mut ran = ran.into_iter();
-            for (_, answer) in answers.iter_mut().filter(|(_, a)| a.is_none()) {
-                *answer = Some(ran.next().unwrap_or(Err(Error::FlightAbandoned)));
-            }
+        // The keys past the L1 run their flights in the batch's task (a
+        // dropped caller cancels nothing), which also refreshes the keys
+        // the L1 served stale, together.
+        let mut running = batch.start(to_run, stale).into_iter();
+        for (_, answer) in answers.iter_mut().filter(|(_, a)| a.is_none()) {
+            *answer = Some(match running.next() {
+                Some((awaiter, coalesced)) => {
+                    awaiter.outcome().await.map(|(value, outcome)| Fetched {
+                        value,
+                        outcome,
+                        coalesced,
+                    })
+                }
+                None => Err(Error::FlightAbandoned),
+            });
         }
         Ok(answers
             .into_iter()
@@ -1064,6 +1048,15 @@ where
 }
 
 /// Records how a call ended in its span.
+/// What the L1 answers for a key (see `Cache::l1_answer`).
+enum FromL1<V> {
+    /// A fresh value.
+    Fresh(Option<V>),
+    /// A stale value; the key's backend keys if no refresh of it runs in
+    /// this process yet, so the caller starts one.
+    Stale(Option<V>, Option<FillKeys>),
+}
+
 fn ended<T>(span: &tracing::Span, result: &Result<T, Error>, outcome: impl Fn(&T) -> &'static str) {
     if span.is_disabled() {
         return;

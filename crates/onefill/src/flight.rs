@@ -35,19 +35,22 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
+use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tracing::Instrument;
 
+use crate::answer::{Answer, Outcome};
 use crate::backend::Stored;
 use crate::budget::Budget;
 use crate::coalesce::{Awaiter, Completion};
 use crate::envelope::{self, Kind};
 use crate::error::{BackendError, Error};
 use crate::freshness;
+use crate::group::{step_dropped, Group};
 use crate::key::FillKeys;
 use crate::l1::Ticket;
 use crate::lease::{Acquisition, Lease, LeaseTtl};
-use crate::loader::{self, Done, Load, Loaded, Sharing};
+use crate::loader::{self, Done, Load, Loaded, Place, Sharing};
 use crate::options::{Policy, MAX_TTL};
 use crate::shared::{Read, Shared};
 use crate::stats::Recorder;
@@ -75,44 +78,6 @@ impl Start {
 /// (the outage fallback serves it no longer, fail-safe not past it).
 pub(crate) fn server_expiry(now: Instant, ttl: Duration) -> Instant {
     now.checked_add(ttl).unwrap_or(now + MAX_TTL * 2)
-}
-
-/// What a flight hands every caller on success.
-pub(crate) type Answer<V> = (Option<V>, Outcome);
-
-/// How a call was answered.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum Outcome {
-    /// A fresh value was already stored.
-    Hit,
-    /// A stale value was served: within the grace window (a refresh runs in
-    /// the background), at the soft timeout of a slow load (which goes on
-    /// in the background, see `CallOptions::soft_timeout`), after a failed
-    /// load (fail-safe), or while the backend was failing.
-    Stale,
-    /// This process ran the loader under the lease and stored the result.
-    Loaded,
-    /// Another process loaded; this one waited for its fill.
-    Waited,
-    /// The loader ran without a lease: the wait deadline passed, the
-    /// backend failed, or (with `no_lease`) another process held the lease.
-    /// The result was not stored.
-    Degraded,
-}
-
-impl Outcome {
-    /// The outcome's name in spans: `hit`, `stale`, `loaded`, `waited`,
-    /// `degraded`.
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            Outcome::Hit => "hit",
-            Outcome::Stale => "stale",
-            Outcome::Loaded => "loaded",
-            Outcome::Waited => "waited",
-            Outcome::Degraded => "degraded",
-        }
-    }
 }
 
 /// Why a background refresh runs (for the counters).
@@ -169,22 +134,9 @@ pub(crate) struct Flight<V> {
     /// if its load fails, nothing is written (no fail-safe re-store, no
     /// cached failure over a fresh value).
     refreshing_fresh: bool,
-    /// The first acquire's answer, when a batch made it for this flight
-    /// (see `batch.rs`): the miss path starts from it instead of asking.
-    first_acquired: Option<Box<Result<Acquisition, BackendError>>>,
-}
-
-/// What a batch's re-check of a key it waits for found.
-pub(crate) enum Recheck<V> {
-    /// The key is answered (waited for, or a cached failure).
-    Answered(Result<Answer<V>, Error>),
-    /// The holder is gone and the lease is ours (with any stale value).
-    Won(Lease, Option<Option<V>>),
-    /// Still held: wait on.
-    Held,
-    /// Re-check at once (a fresh value unreadable here: ask once more,
-    /// ignoring freshness).
-    Again,
+    /// The group this flight makes its reads, lease requests and load
+    /// with (a batch's), or `None`: it makes them alone.
+    group: Option<Arc<dyn Group<V>>>,
 }
 
 /// A flight's answer, or where it will be published.
@@ -328,30 +280,38 @@ struct DeferredFill {
 impl<V: Clone + Send + Sync + 'static> Flight<V> {
     /// Runs the flight in a task of its own from `first` (its first read,
     /// already made by the leader), or from the start.
-    pub(crate) fn spawn_from(
-        mut self,
-        first: Option<FirstRead<V>>,
-        completion: Completion<Answer<V>>,
-    ) {
+    pub(crate) fn spawn_from(self, first: Option<FirstRead<V>>, completion: Completion<Answer<V>>) {
         // The leader's call span: the task's spans (lease, wait, load,
         // backend calls) are its children, up to the answer.
         let call = tracing::Span::current();
         // Boxed: the flight's state machine is large, and a box is cheaper
         // to hand to the task than a copy of it (measured with callgrind).
-        tokio::spawn(Box::pin(async move {
-            let to_answer = async {
-                match first {
-                    Some(first) => self.after_first_read(first).await,
-                    None => self.run().await,
-                }
-            };
-            let (answer, refresh) = to_answer.instrument(call.clone()).await;
-            self.remember(&answer);
-            self.keep_in_l1(&answer, refresh.is_some());
-            let callers = completion.complete(answer);
-            self.rec().flight_callers(callers);
-            self.after_answer(refresh, call).await;
-        }));
+        tokio::spawn(Box::pin(self.drive(first, completion, call)));
+    }
+
+    /// The flight's whole life from `first` (or from the start): the
+    /// protocol up to the callers' answer (in `call`, the span of the call
+    /// that started it), its publication, then whatever follows the answer
+    /// (a deferred fill or load, a background refresh). A single call's
+    /// flight runs it in a task of its own; a batch runs its flights'
+    /// side by side in its task.
+    pub(crate) async fn drive(
+        mut self,
+        first: Option<FirstRead<V>>,
+        completion: Completion<Answer<V>>,
+        call: tracing::Span,
+    ) {
+        let to_answer = async {
+            match first {
+                Some(first) => self.after_first_read(first).await,
+                None => self.run().await,
+            }
+        };
+        let (answer, refresh) = to_answer.instrument(call.clone()).await;
+        self.publish(answer, refresh.is_some(), |answer| {
+            ((), completion.complete(answer))
+        });
+        self.after_answer(refresh, call).await;
     }
 
     /// After the first read: a read that answered completes the callers
@@ -367,7 +327,9 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
             self.spawn_from(Some(first), completion);
             return Pending::Running(awaiter);
         };
-        let answer = self.publish(answer, refresh.is_some(), completion);
+        let answer = self.publish(answer, refresh.is_some(), |answer| {
+            completion.complete_shared(answer)
+        });
         if refresh.is_some() {
             let call = tracing::Span::current();
             tokio::spawn(Box::pin(self.after_answer(refresh, call)));
@@ -375,237 +337,14 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         Pending::Ready(answer)
     }
 
-    /// As [`continue_from`](Self::continue_from), but a refresh the answer
-    /// calls for (stale in grace, early refresh) is handed back instead of
-    /// started, so a batch refreshes its keys with one load.
-    pub(crate) fn continue_from_batched(
-        self,
-        first: FirstRead<V>,
-        completion: Completion<Answer<V>>,
-    ) -> (Pending<V>, Option<(Flight<V>, Refresh)>) {
-        match first {
-            FirstRead::Answered(answer, refresh) => {
-                let answer = self.publish(answer, refresh.is_some(), completion);
-                (Pending::Ready(answer), refresh.map(|why| (self, why)))
-            }
-            first => (self.continue_from(first, completion), None),
-        }
-    }
-
-    /// This flight's part of a batch's background refresh begins: the
-    /// key's place in the `refreshing` set (held by the guard; `None` if a
-    /// refresh of the key already runs here) and the window to acquire with.
-    pub(crate) fn start_batch_refresh(
-        &mut self,
-        why: Refresh,
-    ) -> Option<(RefreshingGuard<V>, Duration)> {
-        let key = self.keys.value().to_owned();
-        if !self.shared.refreshing.lock().insert(key.clone()) {
-            return None;
-        }
-        let guard = RefreshingGuard {
-            shared: self.shared.clone(),
-            key,
-        };
-        let window = match why {
-            Refresh::Stale => {
-                self.rec().background_refresh();
-                Duration::ZERO
-            }
-            Refresh::Early(window) => {
-                self.refreshing_fresh = true;
-                window
-            }
-        };
-        Some((guard, window))
-    }
-
-    /// A batch's refresh won this flight's lease and ran the load: fill or
-    /// release as a refresh of its own would (nobody waits for it).
-    pub(crate) async fn finish_batch_refresh(
-        mut self,
-        lease: Lease,
-        stale: Option<Stored>,
-        loaded: Result<Done<V>, Error>,
-    ) {
-        // Counted when it starts for real, as a single refresh.
-        if self.refreshing_fresh {
-            self.rec().early_refresh();
-        }
-        let stale = self.stale_value(stale);
-        let _ = self.store_loaded(lease, loaded, stale).await;
-        self.after_answer(None, tracing::Span::current()).await;
-    }
-
-    /// A batch waits for this key (another process holds its lease) and
-    /// was notified of a change: the plain read's answer, if it answers (a
-    /// fresh value, a fresh cached failure), as `lease_or_wait` reads.
-    pub(crate) fn waited_read(&self, stored: Option<Stored>) -> Option<Result<Answer<V>, Error>> {
-        let stored = stored?;
-        match self.shared.read(&stored, None) {
-            Read::Value {
-                value, fresh_for, ..
-            } if !fresh_for.is_zero() => {
-                self.note_value_ttl(stored.ttl);
-                Some(Ok((value, Outcome::Waited)))
-            }
-            Read::Failure {
-                message,
-                fresh: true,
-            } => {
-                self.rec().negative_hit();
-                Some(Err(Error::CachedFailure(message)))
-            }
-            _ => None,
-        }
-    }
-
-    /// A batch waits for this key: what its re-check (`acquire`) found, as
-    /// `lease_or_wait` reads it. `stale` keeps the stale value seen (for
-    /// the deadline), `holder_ttl` the holder's lease, `unreadable` asks
-    /// for the next acquire to ignore freshness once.
-    pub(crate) fn waited_acquire(
-        &mut self,
-        acquired: Acquisition,
-        stale: &mut Option<Option<V>>,
-        holder_ttl: &mut Duration,
-        unreadable: &mut bool,
-    ) -> Recheck<V> {
-        match acquired {
-            Acquisition::Fresh(stored) => match self.read(&stored) {
-                Read::Value { value, .. } => Recheck::Answered(Ok((value, Outcome::Waited))),
-                Read::Failure { message, .. } => {
-                    self.rec().negative_hit();
-                    Recheck::Answered(Err(Error::CachedFailure(message)))
-                }
-                Read::Unreadable => {
-                    *unreadable = true;
-                    Recheck::Again
-                }
-            },
-            Acquisition::Won {
-                lease,
-                stale: won_stale,
-            } => Recheck::Won(lease, self.stale_value(won_stale).or(stale.take())),
-            Acquisition::Held {
-                stale: held_stale,
-                lease_ttl,
-            } => {
-                self.rec().lease_contended();
-                if let Some(value) = self.stale_value(held_stale) {
-                    *stale = Some(value);
-                }
-                *holder_ttl = lease_ttl;
-                Recheck::Held
-            }
-        }
-    }
-
-    /// The backend failed a batch's read or lease request for this key:
-    /// the answer a flight would degrade to without loading (strict mode's
-    /// error, the outage fallback's value), or `None` if the key must be
-    /// loaded without the lease (the batch loads such keys together).
-    pub(crate) fn degrade_without_load(
-        &mut self,
-        error: BackendError,
-        stale: Option<Option<V>>,
-    ) -> Option<Result<Answer<V>, Error>> {
-        if self.policy.strict {
-            return Some(Err(Error::Backend(error)));
-        }
-        if let Some(value) = stale {
-            self.rec().stale_served();
-            return Some(Ok((value, Outcome::Stale)));
-        }
-        let value = self.shared.fallback.get(self.keys.value())?;
-        self.from_fallback = true;
-        self.rec().stale_served();
-        Some(Ok((value, Outcome::Stale)))
-    }
-
-    /// Answers the callers with `answer` (kept for outages and in the L1
-    /// as any answer of this flight).
-    pub(crate) fn answer(
-        self,
-        answer: Result<Answer<V>, Error>,
-        completion: Completion<Answer<V>>,
-    ) -> Result<Answer<V>, Error> {
-        self.publish(answer, false, completion)
-    }
-
-    /// A batch loaded this key without a lease (the backend failed):
-    /// answered as a degraded load of its own, nothing stored.
-    pub(crate) fn finish_batch_unstored(
-        self,
-        loaded: Result<Done<V>, Error>,
-        completion: Completion<Answer<V>>,
-    ) -> Result<Answer<V>, Error> {
-        self.rec().degraded_load();
-        let answer = loaded.map(|(loaded, _)| {
-            let value = loaded.into_value();
-            // A new value, not the one read before: `ttl + grace`.
-            *self.value_expires.lock() = None;
-            (value, Outcome::Degraded)
-        });
-        self.answer(answer, completion)
-    }
-
-    /// A batch asked for this flight's lease (and did not win it): the
-    /// flight goes on from that answer in a task of its own, as after its
-    /// own first acquire (waits for the holder, serves stale, degrades).
-    pub(crate) fn continue_from_acquire(
-        mut self,
-        acquired: Result<Acquisition, BackendError>,
-        completion: Completion<Answer<V>>,
-    ) -> Awaiter<Answer<V>> {
-        self.first_acquired = Some(Box::new(acquired));
-        let awaiter = completion.awaiter();
-        self.spawn_from(
-            Some(FirstRead::Miss {
-                unreadable: false,
-                stale: None,
-            }),
-            completion,
-        );
-        awaiter
-    }
-
-    /// A batch won this flight's lease and ran the load (`loaded`, shared
-    /// with the batch's other keys): fill or release as after a load of
-    /// its own, answer the callers, then any deferred fill.
-    pub(crate) async fn finish_batch_load(
-        mut self,
-        lease: Lease,
-        stale: Option<Option<V>>,
-        loaded: Result<Done<V>, Error>,
-        completion: Completion<Answer<V>>,
-    ) -> Result<Answer<V>, Error> {
-        let answer = self.store_loaded(lease, loaded, stale).await;
-        let answer = self.publish(answer, false, completion);
-        self.after_answer(None, tracing::Span::current()).await;
-        answer
-    }
-
-    /// A batch loads a key whose first read found a stale value (with a
-    /// soft timeout): not served while the batch loads, so a miss (the
-    /// read did not count it).
-    pub(crate) fn count_stale_miss(&self) {
-        self.rec().miss();
-    }
-
-    /// The key's backend keys.
-    pub(crate) fn keys(&self) -> &FillKeys {
-        &self.keys
-    }
-
-    /// Charges the flight's backend budget with time a batch spent on its
-    /// behalf (failures only, as the budget counts).
+    /// Charges the flight's backend budget with time its leader spent on
+    /// its first read (failures only, as the budget counts).
     pub(crate) fn charge(&self, spent: Duration) {
         self.budget.charge(spent);
     }
 
-    /// The read about to be handed to this flight (a hit's first read, a
-    /// batch's read or acquire) began at `at`.
+    /// The read about to be handed to this flight (its leader's first
+    /// read) began at `at`.
     pub(crate) fn read_began_at(&self, at: Instant) {
         self.budget.began(at);
     }
@@ -619,18 +358,12 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         self.budget.last_began().unwrap_or_else(Instant::now)
     }
 
-    /// Starts the background refresh of a value the L1 served stale (one
-    /// per key per process, one fleet-wide, as for a stale read).
-    pub(crate) fn spawn_refresh(
-        shared: Arc<Shared<V>>,
-        key: String,
-        keys: FillKeys,
-        policy: Policy,
-        load: Load<V>,
-    ) {
-        let flight = Flight::new(shared, key, keys, policy, load);
-        let span = flight.refresh_span(Refresh::Stale, &tracing::Span::current());
-        tokio::spawn(Box::pin(flight.refresh(Refresh::Stale).instrument(span)));
+    /// The background refresh of a value the L1 served stale (one per key
+    /// per process, one fleet-wide, as for a stale read): a root span of
+    /// its own that follows from the current one.
+    pub(crate) fn refresh_stale(self) -> impl Future<Output = ()> + Send {
+        let span = self.refresh_span(Refresh::Stale, &tracing::Span::current());
+        self.refresh(Refresh::Stale).instrument(span)
     }
 
     pub(crate) fn new(
@@ -669,9 +402,15 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
             value_expires: Mutex::new(None),
             stale_grace: Mutex::new(None),
             refreshing_fresh: false,
-            first_acquired: None,
+            group: None,
             policy,
         }
+    }
+
+    /// This flight makes its reads, lease requests and load with `group`.
+    pub(crate) fn in_group(mut self, group: Arc<dyn Group<V>>) -> Self {
+        self.group = Some(group);
+        self
     }
 
     /// After the callers' answer: the deferred fill, then any refresh,
@@ -697,8 +436,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
                 let loaded = loading.await;
                 let answer = self.store_loaded(lease, loaded, stale).await;
                 if answer.is_ok() {
-                    self.remember(&answer);
-                    self.keep_in_l1(&answer, false);
+                    self.keep(&answer, false);
                 }
             };
             finish.instrument(span).await;
@@ -741,20 +479,26 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         span
     }
 
-    /// Hands `answer` to the callers that joined (and returns it to the
-    /// leader, who has it): remembered for outages and kept in the L1
-    /// first (`refreshing`: a refresh follows it).
-    fn publish(
+    /// Publishes the answer: kept for outages and in the L1
+    /// (`refreshing`: a refresh follows it), then handed to the callers by
+    /// `complete` (which says how many they were), and counted. The one
+    /// place an answer is published, whoever drives the flight.
+    fn publish<R>(
         &self,
         answer: Result<Answer<V>, Error>,
         refreshing: bool,
-        completion: Completion<Answer<V>>,
-    ) -> Result<Answer<V>, Error> {
-        self.remember(&answer);
-        self.keep_in_l1(&answer, refreshing);
-        let (answer, callers) = completion.complete_shared(answer);
+        complete: impl FnOnce(Result<Answer<V>, Error>) -> (R, u64),
+    ) -> R {
+        self.keep(&answer, refreshing);
+        let (answered, callers) = complete(answer);
         self.rec().flight_callers(callers);
-        answer
+        answered
+    }
+
+    /// Keeps an answer for outages and in the L1.
+    fn keep(&self, answer: &Result<Answer<V>, Error>, refreshing: bool) {
+        self.remember(answer);
+        self.keep_in_l1(answer, refreshing);
     }
 
     /// Keeps the answer in the L1, with the freshness the backend gave it:
@@ -824,15 +568,12 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
     /// during the read `hit.rs` makes): a hit (or stale in grace, or a
     /// cached failure) answers at once; a miss goes on to the lease.
     async fn first_read(&mut self) -> FirstRead<V> {
-        let left = self.budget.left();
-        let stored = self
-            .call("get", self.shared.get(&self.keys, left, Instant::now()))
-            .await;
+        let stored = self.read_stored().await;
         self.first_read_of(stored)
     }
 
-    /// What the first read's answer means (a batch reads many keys at once
-    /// and hands each flight its own).
+    /// What the first read's answer means (the leader's read, or the
+    /// flight's own).
     pub(crate) fn first_read_of(
         &mut self,
         stored: Result<Option<Stored>, BackendError>,
@@ -926,7 +667,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
             // Anything but a fresh answer goes on to acquire, which decides.
             if std::mem::take(&mut notified) {
                 told = true;
-                match self.call("get", self.shared.backend.get(&self.keys)).await {
+                match self.read_stored().await {
                     Err(e) => {
                         self.finish_wait(waiting, false);
                         return self.degrade(e, stale).await;
@@ -963,10 +704,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
             } else {
                 Duration::ZERO
             };
-            let acquired = match self.first_acquired.take() {
-                Some(acquired) => *acquired,
-                None => self.acquire(lease, window).await,
-            };
+            let acquired = self.acquire(lease, window).await;
             let (held_stale, holder_ttl) = match acquired {
                 Err(e) => {
                     self.finish_wait(waiting, false);
@@ -1102,7 +840,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         // A stale value exists: the callers wait for the load up to the
         // soft timeout, then get the stale value while the load goes on
         // (see `after_answer`).
-        let mut loading = self.start_loader();
+        let mut loading = self.start_loader(Sharing::Own);
         match tokio::time::timeout(soft, &mut loading).await {
             Ok(loaded) => {
                 // A load that failed before the soft timeout stores what a
@@ -1348,27 +1086,45 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
 
     /// Runs this flight's one load.
     async fn run_loader(&mut self, sharing: Sharing) -> Result<Done<V>, Error> {
-        let taken = self.load.lock().take();
-        let Some(load) = taken else {
-            // One flight runs at most one load; reaching here is a bug in
-            // this module, reported as an abandoned flight rather than a panic.
-            return Err(Error::FlightAbandoned);
-        };
-        loader::run(&self.shared, &self.policy, self.keys.value(), load, sharing).await
+        self.start_loader(sharing).await
     }
 
     /// This flight's one load, as a future of its own (owning what it
-    /// needs), so it can outlive the callers' answer.
-    fn start_loader(&mut self) -> Loading<V> {
+    /// needs), so it can outlive the callers' answer: its place in the
+    /// process's loads of the key, then the loader, alone or with the
+    /// flight's group.
+    fn start_loader(&mut self, sharing: Sharing) -> Loading<V> {
         let taken = self.load.lock().take();
         let shared = self.shared.clone();
         let policy = self.policy.clone();
-        let key = self.keys.value().to_owned();
+        let key = self.key.clone();
+        let value_key = self.keys.value().to_owned();
+        let group = self.group.clone();
         Box::pin(async move {
+            // One flight runs at most one load; reaching here without it is
+            // a bug in this module, reported as an abandoned flight rather
+            // than a panic.
             let Some(load) = taken else {
                 return Err(Error::FlightAbandoned);
             };
-            loader::run(&shared, &policy, &key, load, Sharing::Own).await
+            let rec = &shared.recorder;
+            let completion = match loader::place(&shared.loads, rec, &value_key, sharing) {
+                Place::Joined(awaiter) => return awaiter.outcome().await,
+                Place::Leads(completion) => completion,
+            };
+            let loaded = match group {
+                None => {
+                    let times = &shared.load_times;
+                    loader::run_alone(rec, times, &policy, &value_key, load).await
+                }
+                Some(group) => {
+                    let (reply, answer) = oneshot::channel();
+                    group.load(&key, reply);
+                    answer.await.unwrap_or(Err(Error::FlightAbandoned))
+                }
+            };
+            completion.complete(loaded.clone());
+            loaded
         })
     }
 
@@ -1432,9 +1188,32 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         refresh_window: Duration,
     ) -> Result<Acquisition, BackendError> {
         let lease_ttl = lease.ttl(&self.shared.load_times);
+        let (shared, keys) = (&self.shared, &self.keys);
         self.budget
-            .run("acquire", |timeout| {
-                Lease::acquire(&self.shared, &self.keys, lease_ttl, refresh_window, timeout)
+            .run("acquire", |timeout| async move {
+                let Some(group) = &self.group else {
+                    return Lease::acquire(shared, keys, lease_ttl, refresh_window, timeout).await;
+                };
+                let (reply, answer) = oneshot::channel();
+                group.acquire(keys, lease_ttl, refresh_window, timeout, reply);
+                answer.await.unwrap_or_else(|_| Err(step_dropped()))
+            })
+            .await
+    }
+
+    /// Reads the key, alone or with the flight's group.
+    async fn read_stored(&self) -> Result<Option<Stored>, BackendError> {
+        let (shared, keys) = (&self.shared, &self.keys);
+        self.budget
+            .run("get", |timeout| async move {
+                let Some(group) = &self.group else {
+                    let began = Instant::now();
+                    let get = || shared.get(keys, timeout, began);
+                    return shared.call_with(keys, began, timeout, "get", get).await;
+                };
+                let (reply, answer) = oneshot::channel();
+                group.read(keys, timeout, reply);
+                answer.await.unwrap_or_else(|_| Err(step_dropped()))
             })
             .await
     }
@@ -1483,7 +1262,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
 
     /// A usable stale value from an acquire answer. Unreadable bytes were
     /// already counted when the flight first read them, so not again here.
-    pub(crate) fn stale_value(&self, stored: Option<Stored>) -> Option<Option<V>> {
+    fn stale_value(&self, stored: Option<Stored>) -> Option<Option<V>> {
         let stored = stored?;
         let value = self.shared.value_of(&stored, None)?;
         self.note_value_ttl(stored.ttl);

@@ -23,10 +23,11 @@ use std::task::{Context, Poll};
 
 use tokio::time::Instant;
 
+use crate::answer::{Answer, Outcome};
 use crate::backend::Stored;
 use crate::coalesce::Completion;
 use crate::error::Error;
-use crate::flight::{self, Answer, Flight, Outcome, Pending, Start, StoredFreshness};
+use crate::flight::{self, Flight, Pending, Start, StoredFreshness};
 use crate::key::FillKeys;
 use crate::loader::Load;
 use crate::options::PolicyRef;

@@ -6,17 +6,15 @@
 //! per acquisition; it is released by compare-and-delete and extended by
 //! compare-and-`PEXPIRE`, so a process can only ever touch its own lease.
 
-use std::collections::VecDeque;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use parking_lot::Mutex;
-
 use crate::backend::{Acquired, Backend, Stored};
 use crate::error::{BackendError, BackendErrorKind, InvalidOption};
 use crate::key::FillKeys;
+use crate::loader::LoadTimes;
 use crate::shared::Shared;
 use crate::stats::Recorder;
 
@@ -139,43 +137,6 @@ impl LeaseTtl {
     }
 }
 
-/// A window of recent load durations of one cache, for the adaptive lease
-/// TTL and the "TTL shorter than the load" guard rail.
-#[derive(Debug, Default)]
-pub(crate) struct LoadTimes {
-    state: Mutex<Window>,
-}
-
-#[derive(Debug, Default)]
-struct Window {
-    recent: VecDeque<Duration>,
-    /// The p99 of `recent`, computed when a load is recorded (once per
-    /// load) rather than at every acquire: the sort cost about 50,000
-    /// instructions per miss.
-    p99: Option<Duration>,
-}
-
-const LOAD_WINDOW: usize = 128;
-
-impl LoadTimes {
-    pub(crate) fn record(&self, d: Duration) {
-        let mut window = self.state.lock();
-        if window.recent.len() == LOAD_WINDOW {
-            window.recent.pop_front();
-        }
-        window.recent.push_back(d);
-        let mut sorted: Vec<Duration> = window.recent.iter().copied().collect();
-        sorted.sort_unstable();
-        let idx = ((sorted.len() as f64) * 0.99).ceil() as usize;
-        window.p99 = sorted
-            .get(idx.saturating_sub(1).min(sorted.len() - 1))
-            .copied();
-    }
-    pub(crate) fn p99(&self) -> Option<Duration> {
-        self.state.lock().p99
-    }
-}
-
 /// What an acquisition found.
 pub(crate) enum Acquisition {
     /// The value is fresh beyond the refresh window: no lease was taken.
@@ -193,6 +154,36 @@ pub(crate) enum Acquisition {
         /// The holder's lease's remaining TTL.
         lease_ttl: Duration,
     },
+}
+
+impl Acquisition {
+    /// What the backend's answer to a lease request made with `token`
+    /// means: the one place an answer becomes an acquisition, for a single
+    /// flight's request and a batch's alike. A lease won is counted and its
+    /// watchdog started. An error may hide a lease taken with the reply
+    /// lost (a timeout, a dropped connection): nobody would ever release
+    /// it, so the fleet would wait out its whole TTL; the token is released
+    /// in the background (compare-and-delete: harmless if it was not taken).
+    pub(crate) fn of_answer<V: 'static>(
+        shared: &Shared<V>,
+        keys: &FillKeys,
+        token: LeaseToken,
+        lease_ttl: Duration,
+        answer: Result<Acquired, BackendError>,
+    ) -> Result<Acquisition, BackendError> {
+        match answer {
+            Ok(Acquired::Fresh(stored)) => Ok(Acquisition::Fresh(stored)),
+            Ok(Acquired::Held { stale, lease_ttl }) => Ok(Acquisition::Held { stale, lease_ttl }),
+            Ok(Acquired::Won { stale }) => Ok(Acquisition::Won {
+                lease: Lease::won(shared, keys, token, lease_ttl),
+                stale,
+            }),
+            Err(error) => {
+                Lease::release_unanswered(shared, keys, token, &error);
+                Err(error)
+            }
+        }
+    }
 }
 
 /// A lease this process holds: its token, the watchdog that extends it
@@ -262,30 +253,11 @@ impl Lease {
                     .acquire(keys, &token, lease_ttl, refresh_window),
             )
             .await;
-        let acquired = match acquired {
-            Ok(acquired) => acquired,
-            Err(error) => {
-                // The command may have run on the server with its reply lost:
-                // then the lease is ours and nobody would ever release it, so
-                // the fleet would wait out its whole TTL. Release the token,
-                // best effort and off the caller's path (issue 8, fault 6).
-                Lease::release_unanswered(shared, keys, token, &error);
-                return Err(error);
-            }
-        };
-        Ok(match acquired {
-            Acquired::Fresh(stored) => Acquisition::Fresh(stored),
-            Acquired::Held { stale, lease_ttl } => Acquisition::Held { stale, lease_ttl },
-            Acquired::Won { stale } => Acquisition::Won {
-                lease: Lease::won(shared, keys, token, lease_ttl),
-                stale,
-            },
-        })
+        Acquisition::of_answer(shared, keys, token, lease_ttl, acquired)
     }
 
-    /// The lease just won with `token` (by `acquire` or a batch's
-    /// `acquire_many`): counted, and its watchdog started.
-    pub(crate) fn won<V: 'static>(
+    /// The lease just won with `token`: counted, and its watchdog started.
+    fn won<V: 'static>(
         shared: &Shared<V>,
         keys: &FillKeys,
         token: LeaseToken,
@@ -323,7 +295,7 @@ impl Lease {
     /// After an acquire whose answer was lost (a timeout, a dropped
     /// connection): it may have taken the lease with `token`, so the token
     /// is released in the background (compare-and-delete: harmless if not).
-    pub(crate) fn release_unanswered<V: 'static>(
+    fn release_unanswered<V: 'static>(
         shared: &Shared<V>,
         keys: &FillKeys,
         token: LeaseToken,

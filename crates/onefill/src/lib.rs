@@ -151,6 +151,7 @@
 #![warn(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod answer;
 pub mod backend;
 mod backoff;
 mod batch;
@@ -165,6 +166,7 @@ mod error;
 mod fallback;
 mod flight;
 mod freshness;
+mod group;
 mod hit;
 mod key;
 mod l1;
@@ -182,10 +184,11 @@ mod wait;
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use backend::redis;
 
+pub use answer::{Fetched, Outcome};
 pub use backend::memory::MemoryBackend;
 pub use backend::Backend;
 pub use builder::CacheBuilder;
-pub use cache::{Cache, Fetched};
+pub use cache::Cache;
 pub use circuit::{CircuitBreaker, CircuitState};
 #[cfg(feature = "postcard")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postcard")))]
@@ -195,7 +198,6 @@ pub use error::{
     BackendError, BackendErrorKind, BoxError, CodecError, ConfigError, Error, InputError,
     IntoLoaderError, LoaderError,
 };
-pub use flight::Outcome;
 pub use l1::L1;
 pub use lease::{LeaseToken, LeaseTtl};
 pub use loader::Loaded;

@@ -5,17 +5,19 @@
 //! unwinding through the flight, and a loader that never finishes is
 //! aborted at the maximum load time.
 
+use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
+use parking_lot::Mutex;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::coalesce::Joined;
+use crate::coalesce::{Awaiter, Coalescer, Completion, Joined};
 use crate::error::{Error, LoaderError};
 use crate::options::Policy;
-use crate::shared::Shared;
+use crate::stats::Recorder;
 
 /// The caller's loader, type-erased, with the key already captured: `None`
 /// is "nothing there" (the optional variant).
@@ -120,35 +122,42 @@ pub(crate) enum Sharing {
     Own,
 }
 
-/// Runs `load`, or (with [`Sharing::MayJoin`]) shares the load of the key
-/// already under way in this process (a background refresh's, say), so one
-/// process never runs two loads of a key at once for callers it answers
-/// without storing.
-pub(crate) async fn run<V: Clone + Send + Sync + 'static>(
-    shared: &Shared<V>,
-    policy: &Policy,
+/// A flight's place in this process's loads of its key.
+pub(crate) enum Place<V> {
+    /// A load of the key already runs here: its result is this one's.
+    Joined(Awaiter<Done<V>>),
+    /// This flight loads; the completion hands its result to any load of
+    /// the key that joins meanwhile.
+    Leads(Completion<Done<V>>),
+}
+
+/// Takes the flight's place in the process's loads of `key`: with
+/// [`Sharing::MayJoin`], the load of the key already under way here (a
+/// background refresh's, say), so one process never runs two loads of a
+/// key at once for callers it answers without storing; with
+/// [`Sharing::Own`], a load of its own (another still running here is a
+/// duplicate, counted).
+pub(crate) fn place<V: Clone>(
+    loads: &Coalescer<Done<V>>,
+    recorder: &Recorder,
     key: &str,
-    load: Load<V>,
     sharing: Sharing,
-) -> Result<Done<V>, Error> {
-    let completion = match sharing {
+) -> Place<V> {
+    match sharing {
         Sharing::Own => {
-            let (completion, replaced) = shared.loads.lead(key);
+            let (completion, replaced) = loads.lead(key);
             if replaced {
                 // Another load of the key still runs here (its lease was
                 // lost, or it is a degraded load): two loads at once.
-                shared.recorder.duplicate_load(key);
+                recorder.duplicate_load(key);
             }
-            completion
+            Place::Leads(completion)
         }
-        Sharing::MayJoin => match shared.loads.join(key) {
-            Joined::Follower(awaiter) => return awaiter.outcome().await,
-            Joined::Leader(completion) => completion,
+        Sharing::MayJoin => match loads.join(key) {
+            Joined::Follower(awaiter) => Place::Joined(awaiter),
+            Joined::Leader(completion) => Place::Leads(completion),
         },
-    };
-    let loaded = run_alone(shared, policy, key, load).await;
-    completion.complete(loaded.clone());
-    loaded
+    }
 }
 
 /// What a load returns, as far as [`run_alone`] cares: the TTL its loader
@@ -172,8 +181,9 @@ impl<K: Send + 'static, V: Send + 'static> LoadResult for Vec<(K, V)> {}
 ///
 /// Generic in what the load returns: a batch's load (see `batch.rs`) runs
 /// here too, as one load.
-pub(crate) async fn run_alone<V, T: LoadResult>(
-    shared: &Shared<V>,
+pub(crate) async fn run_alone<T: LoadResult>(
+    recorder: &Recorder,
+    load_times: &LoadTimes,
     policy: &Policy,
     key: &str,
     load: Detached<T>,
@@ -196,8 +206,8 @@ pub(crate) async fn run_alone<V, T: LoadResult>(
     };
     let took = started.elapsed();
     span.record("outcome", if result.is_ok() { "ok" } else { "error" });
-    shared.recorder.load_finished(result.is_ok(), took);
-    shared.load_times.record(took);
+    recorder.load_finished(result.is_ok(), took);
+    load_times.record(took);
     let ttl = match &result {
         Ok(loaded) => loaded.chosen_ttl().unwrap_or(policy.ttl),
         Err(_) => Duration::MAX,
@@ -223,4 +233,41 @@ fn panic_message(join: tokio::task::JoinError) -> String {
         .map(|s| (*s).to_owned())
         .or_else(|| payload.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "non-string panic payload".to_owned())
+}
+
+/// A window of recent load durations of one cache, for the adaptive lease
+/// TTL and the "TTL shorter than the load" guard rail.
+#[derive(Debug, Default)]
+pub(crate) struct LoadTimes {
+    state: Mutex<Window>,
+}
+
+#[derive(Debug, Default)]
+struct Window {
+    recent: VecDeque<Duration>,
+    /// The p99 of `recent`, computed when a load is recorded (once per
+    /// load) rather than at every acquire: the sort cost about 50,000
+    /// instructions per miss.
+    p99: Option<Duration>,
+}
+
+const LOAD_WINDOW: usize = 128;
+
+impl LoadTimes {
+    pub(crate) fn record(&self, d: Duration) {
+        let mut window = self.state.lock();
+        if window.recent.len() == LOAD_WINDOW {
+            window.recent.pop_front();
+        }
+        window.recent.push_back(d);
+        let mut sorted: Vec<Duration> = window.recent.iter().copied().collect();
+        sorted.sort_unstable();
+        let idx = ((sorted.len() as f64) * 0.99).ceil() as usize;
+        window.p99 = sorted
+            .get(idx.saturating_sub(1).min(sorted.len() - 1))
+            .copied();
+    }
+    pub(crate) fn p99(&self) -> Option<Duration> {
+        self.state.lock().p99
+    }
 }

@@ -13,6 +13,7 @@ use parking_lot::Mutex;
 use tokio::time::Instant;
 use tracing::Instrument;
 
+use crate::answer::Answer;
 use crate::backend::{Backend, FillKeys, Stored};
 use crate::circuit::Breakers;
 use crate::coalesce::Coalescer;
@@ -21,10 +22,9 @@ use crate::envelope::{self, Kind};
 use crate::error::CodecError;
 use crate::error::{BackendError, BackendErrorKind, Error, InputError};
 use crate::fallback::Fallback;
-use crate::flight::Answer;
 use crate::l1::{Local, L1};
-use crate::lease::LoadTimes;
 use crate::loader::Done;
+use crate::loader::LoadTimes;
 use crate::options::Policy;
 use crate::stats::Recorder;
 

@@ -939,3 +939,88 @@ async fn a_batch_dropped_while_it_waits_still_answers_the_keys_other_callers() {
     assert_eq!(origin.calls(), 1);
     assert_eq!(b.stats().waits, 1);
 }
+
+/// Each key of a batch runs the single call's protocol: a key whose holder
+/// died is taken over, and counted as a takeover, as a single call counts
+/// it.
+#[tokio::test(start_paused = true)]
+async fn a_batch_counts_a_dead_holders_takeover_as_a_single_call_does() {
+    let backend = MemoryBackend::new();
+    let (cache, _) = process(&backend);
+    let origin = Origin::default();
+    backend.put_raw(&lock_of("dead"), b"someone", SECOND);
+    backend.put_raw(&lock_of("dead2"), b"someone", SECOND);
+    let asked = vec!["dead".to_owned(), "dead2".to_owned(), "free".to_owned()];
+    let found = cache
+        .get_or_load_many(&asked, origin.loader(Duration::ZERO, &[]))
+        .await
+        .unwrap();
+    assert_eq!(found.len(), 3);
+    let stats = cache.stats();
+    assert_eq!((stats.lease_takeovers, stats.waits), (2, 2), "{stats:?}");
+
+    // The same, one key at a time.
+    let (single, _) = process(&backend);
+    backend.put_raw(&lock_of("dead3"), b"someone", SECOND);
+    single
+        .get_or_load(&"dead3".to_owned(), |k| async move {
+            Ok::<_, std::io::Error>(format!("v{k}"))
+        })
+        .await
+        .unwrap();
+    assert_eq!(single.stats().lease_takeovers, 1);
+}
+
+/// With a soft timeout, a value the L1 holds stale waits for a fast load
+/// in a batch as in a single call (up to the soft timeout), instead of
+/// being served stale at once.
+#[tokio::test(start_paused = true)]
+async fn with_a_soft_timeout_a_stale_l1_entry_waits_for_a_fast_load_in_a_batch() {
+    let backend = MemoryBackend::new();
+    let cache: Cache<String, String> = Cache::builder()
+        .namespace(NS)
+        .backend(backend.clone())
+        .ttl(SECOND)
+        .grace(Duration::from_secs(60))
+        .soft_timeout(Duration::from_millis(500))
+        .jitter(0.0)
+        .build()
+        .unwrap();
+    let wanted = keys(3);
+    let first = Origin::default();
+    // Loaded, then read once: the read's answer is what the L1 keeps.
+    for _ in 0..3 {
+        cache
+            .get_or_load_many(&wanted, first.loader(Duration::ZERO, &[]))
+            .await
+            .unwrap();
+    }
+    assert_eq!(cache.stats().l1_hits, 3, "the L1 holds the keys");
+    tokio::time::advance(Duration::from_millis(1500)).await;
+
+    let fast = Origin::default();
+    let answers = cache
+        .fetch_many(
+            &wanted,
+            &CallOptions::new(),
+            fast.loader(Duration::from_millis(10), &[]),
+        )
+        .await
+        .unwrap();
+    for k in &wanted {
+        let answer = answers[k].as_ref().unwrap();
+        assert_eq!(answer.outcome, Outcome::Loaded, "{k}: {answers:?}");
+    }
+    assert_eq!(fast.calls(), 1, "the stale keys were loaded together");
+
+    // A single call on a stale key answers the same way.
+    tokio::time::advance(Duration::from_millis(1500)).await;
+    let single = cache
+        .fetch(&"k0".to_owned(), &CallOptions::new(), |k| async move {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            Ok::<_, std::io::Error>(format!("v{k}"))
+        })
+        .await
+        .unwrap();
+    assert_eq!(single.outcome, Outcome::Loaded);
+}
