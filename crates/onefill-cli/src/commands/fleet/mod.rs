@@ -9,10 +9,11 @@
 //! middle of a steady run and the report gets a `fault` section worked out
 //! from the workers' call logs ([`fault`], [`outcome`]).
 //!
-//! The files only look down: `args`, `protocol`, `outcome` and `fault`
-//! import none of the others but `fault`'s kind in `args`; `report`,
-//! `redis_admin` and `worker` build on those; `run` on all of them;
-//! `command` on `run`. Nothing here imports this file or the command line.
+//! The files only look down. At the bottom `protocol`, `outcome` and
+//! `fault` (which reads `outcome`'s codes); then `args` (which names a
+//! fault's kind); then `report` and `redis_admin`; then `worker` and
+//! `run`, which build on all of those; `command` on top, over `run`.
+//! Nothing here imports this file or the command line.
 
 pub mod args;
 pub mod command;

@@ -26,6 +26,7 @@ use super::redis_admin::{admin, check_reachable, delete_counters, CommandCounts}
 use super::report::{FleetReport, WorkerReport};
 use crate::shared::progress::Progress;
 
+/// A started worker process and its pipes.
 struct Worker {
     child: Child,
     stdin: ChildStdin,
