@@ -1,18 +1,12 @@
-//! The command line: the subcommands, and the limits and parsers their flags
-//! share. Each subcommand's own flags live with it (`commands::*::args`).
+//! The command line: the subcommands. Each subcommand's own flags live with
+//! it (`commands::*::args`), the limits and parsers several of them share in
+//! `shared::args`; this file is the top of the tree and nothing imports it
+//! but `main`.
 
 use clap::{Parser, Subcommand};
 
-use crate::commands::demo::DemoArgs;
-use crate::commands::fleet::{FleetArgs, WorkerArgs};
-
-/// Largest `--callers`: every caller is a tokio task, and the naive strategy
-/// runs one origin load per caller.
-pub const MAX_CALLERS: u32 = 100_000;
-/// Largest `--load-ms`: one minute.
-pub const MAX_LOAD_MS: u64 = 60_000;
-/// Longest `--key`, in bytes (the library's default key limit).
-pub const MAX_KEY_BYTES: usize = 1_024;
+use crate::commands::demo::args::DemoArgs;
+use crate::commands::fleet::args::{FleetArgs, WorkerArgs};
 
 /// Single-flight cache fills across a fleet: demos and tools for onefill.
 #[derive(Debug, Parser)]
@@ -60,21 +54,6 @@ pub enum Command {
     Worker(WorkerArgs),
 }
 
-/// A cache key from the command line: not empty, at most
-/// [`MAX_KEY_BYTES`].
-pub fn parse_key(key: &str) -> Result<String, String> {
-    if key.is_empty() {
-        return Err("the key must not be empty".to_owned());
-    }
-    if key.len() > MAX_KEY_BYTES {
-        return Err(format!(
-            "the key is {} bytes long; at most {MAX_KEY_BYTES} bytes are allowed",
-            key.len()
-        ));
-    }
-    Ok(key.to_owned())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -83,5 +62,29 @@ mod tests {
     #[test]
     fn the_command_line_is_well_formed() {
         Cli::command().debug_assert();
+    }
+
+    /// The fleet starts its workers as this binary with the command line of
+    /// `WorkerArgs::command_line`: it must reach the hidden subcommand.
+    #[test]
+    fn the_fleet_s_worker_command_line_is_a_worker() {
+        let Command::Fleet(fleet) =
+            Cli::try_parse_from(["onefill", "fleet", "--redis", "redis://x"])
+                .expect("parses")
+                .command
+        else {
+            panic!("not a fleet")
+        };
+        let json = fleet.run.to_json().expect("encodes");
+        let argv = WorkerArgs::command_line(&json, "ns");
+        let cli =
+            Cli::try_parse_from(std::iter::once("onefill").chain(argv.iter().map(String::as_str)))
+                .expect("the worker's command line parses");
+        let Command::Worker(worker) = cli.command else {
+            panic!("not a worker")
+        };
+        assert_eq!(worker.run(), &fleet.run);
+        assert_eq!(worker.namespace, "ns");
+        assert!(worker.sync);
     }
 }

@@ -6,6 +6,11 @@
 //! steady load, measured), and the hidden `worker` (one fleet process).
 //! A new subcommand is a variant of [`cli::Command`] plus a folder under
 //! `commands/`; what several commands use lives in `shared/`.
+//!
+//! The files form layers that only look down: `main` → `cli` → `commands`
+//! → `shared`. A command's files import their siblings below them and
+//! `shared`, never the file that declares them nor the command line;
+//! `demo --redis` reaches into `fleet` only for its flags and its run.
 
 mod cli;
 mod commands;
@@ -16,7 +21,9 @@ use std::process::ExitCode;
 use clap::Parser;
 
 use crate::cli::{Cli, Command};
-use crate::commands::{demo, fleet};
+use crate::commands::demo::command as demo;
+use crate::commands::fleet::command as fleet;
+use crate::commands::fleet::worker::process as worker;
 use crate::shared::output::{describe, is_broken_pipe};
 
 /// Exit status for arguments that parse but do not make sense together
@@ -34,7 +41,7 @@ fn main() -> ExitCode {
             demo::run(args)
         }
         Command::Fleet(args) => fleet::run_command(args),
-        Command::Worker(args) => return fleet::worker::main(args),
+        Command::Worker(args) => return worker::main(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

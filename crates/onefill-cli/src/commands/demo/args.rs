@@ -2,7 +2,7 @@
 
 use clap::Args;
 
-use crate::cli::{parse_key, MAX_CALLERS, MAX_LOAD_MS};
+use crate::shared::args::{parse_key, MAX_CALLERS, MAX_LOAD_MS};
 
 /// Largest `--instances` (cache instances, i.e. simulated processes).
 pub const MAX_INSTANCES: u32 = 1_024;
@@ -66,22 +66,14 @@ impl DemoArgs {
 
 #[cfg(test)]
 mod tests {
-    use clap::Parser;
-
-    use crate::cli::{Cli, Command};
+    use super::*;
+    use crate::shared::args::parse_flags;
 
     #[test]
     fn instances_may_not_exceed_callers() {
-        let cli = Cli::try_parse_from(["onefill", "demo", "--callers", "3", "--instances", "4"])
-            .expect("parses");
-        let Command::Demo(args) = cli.command else {
-            panic!("demo")
-        };
+        let args: DemoArgs = parse_flags(&["--callers", "3", "--instances", "4"]).expect("parses");
         assert!(args.validate().is_err());
-        let cli = Cli::try_parse_from(["onefill", "demo"]).expect("parses");
-        let Command::Demo(args) = cli.command else {
-            panic!("demo")
-        };
+        let args: DemoArgs = parse_flags(&[]).expect("parses");
         assert_eq!((args.callers, args.instances, args.load_ms), (200, 4, 200));
         assert!(args.validate().is_ok());
     }
@@ -96,8 +88,7 @@ mod tests {
             &["--key", ""],
             &["--callers", "-5"],
         ] {
-            let argv = ["onefill", "demo"].iter().chain(bad.iter());
-            assert!(Cli::try_parse_from(argv).is_err(), "{bad:?} accepted");
+            assert!(parse_flags::<DemoArgs>(bad).is_err(), "{bad:?} accepted");
         }
     }
 }

@@ -2,8 +2,9 @@
 
 use anyhow::Context;
 
-use super::DemoArgs;
-use crate::commands::fleet::{self, FleetStrategy, RunArgs};
+use super::args::DemoArgs;
+use crate::commands::fleet::args::{FleetStrategy, RunArgs};
+use crate::commands::fleet::run::{fresh_namespace, run_fleet};
 use crate::shared::output::{print, print_line};
 use crate::shared::progress::Progress;
 use crate::shared::urls::redact;
@@ -46,7 +47,7 @@ pub fn run(args: &DemoArgs, url: &str) -> anyhow::Result<()> {
             strict: false,
             keep_counters: false,
         };
-        let report = fleet::run(&run, args.instances, &fleet::fresh_namespace())
+        let report = run_fleet(&run, args.instances, &fresh_namespace())
             .with_context(|| format!("strategy {strategy:?}"))?;
         progress.say(format!(
             "  done in {:.0} ms: {} loads, {} Redis commands, {} errors",

@@ -11,8 +11,8 @@ use std::ops::RangeInclusive;
 use clap::Args;
 use serde::{Deserialize, Serialize};
 
-use super::fault::FaultKind;
-use crate::cli::{parse_key, MAX_CALLERS, MAX_LOAD_MS};
+use super::fault::kind::FaultKind;
+use crate::shared::args::{parse_key, MAX_CALLERS, MAX_LOAD_MS};
 
 // The bounds of the numeric run flags, enforced by clap on the command line
 // and by `RunArgs::check` on `--run-json`. (clap bounds `u32` flags with
@@ -256,17 +256,11 @@ impl WorkerArgs {
 
 #[cfg(test)]
 mod tests {
-    use clap::Parser;
-
     use super::*;
-    use crate::cli::{Cli, Command};
+    use crate::shared::args::parse_flags;
 
     fn worker(argv: &[&str]) -> Result<WorkerArgs, clap::Error> {
-        let argv = ["onefill", "worker"].iter().chain(argv);
-        match Cli::try_parse_from(argv)?.command {
-            Command::Worker(args) => Ok(args),
-            other => panic!("not a worker: {other:?}"),
-        }
+        parse_flags(argv)
     }
 
     /// Every field away from its default. A struct literal, so a new field
@@ -293,13 +287,11 @@ mod tests {
     }
 
     fn fleet(argv: &[&str]) -> Result<FleetArgs, clap::Error> {
-        let argv = ["onefill", "fleet", "--redis", "redis://x"]
-            .iter()
-            .chain(argv);
-        match Cli::try_parse_from(argv)?.command {
-            Command::Fleet(args) => Ok(args),
-            other => panic!("not a fleet: {other:?}"),
-        }
+        let argv: Vec<&str> = ["--redis", "redis://x"]
+            .into_iter()
+            .chain(argv.iter().copied())
+            .collect();
+        parse_flags(&argv)
     }
 
     #[test]
@@ -349,12 +341,10 @@ mod tests {
         let run = every_field_set();
         let json = run.to_json().expect("encodes");
         let argv = WorkerArgs::command_line(&json, "ns");
-        let cli =
-            Cli::try_parse_from(std::iter::once("onefill").chain(argv.iter().map(String::as_str)))
-                .expect("the worker's command line parses");
-        let Command::Worker(args) = cli.command else {
-            panic!("not a worker")
-        };
+        let (subcommand, flags) = argv.split_first().expect("not empty");
+        assert_eq!(subcommand, "worker");
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        let args = worker(&flags).expect("the worker's command line parses");
         assert_eq!(args.run(), &run);
         assert_eq!(args.namespace, "ns");
         assert!(args.sync);

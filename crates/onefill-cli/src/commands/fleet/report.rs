@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::args::{FleetStrategy, RunArgs};
-use super::fault_report::FaultReport;
+use super::fault::report::FaultReport;
 
 /// The measured result of one fleet run.
 #[derive(Debug, Clone, Serialize)]

@@ -1,6 +1,6 @@
-//! The `fault` section of a fleet report: what callers saw when one master
-//! of the cluster failed, worked out from the workers' call and load logs
-//! by a pure function ([`analyse`]), apart from any I/O.
+//! What callers saw when one master of the cluster failed, worked out from
+//! the workers' call and load logs by a pure function ([`analyse`]), apart
+//! from any I/O.
 //!
 //! Calls are split in two classes: keys on healthy masters (which should
 //! not notice anything) and the victim's keys (which should be back to
@@ -15,272 +15,17 @@
 
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
-
-use super::fault::{FaultKind, Injected};
+use super::kind::Injected;
+use super::records::{CallRecord, LoadRecord, RunShape};
+use super::report::{AbnormalKinds, AnswerFigures, FaultReport, HealthyFigures, VictimFigures};
+use crate::commands::fleet::outcome::{DEGRADED, ERROR, STALE};
 use crate::shared::percentile::percentile;
 
-/// Added to `ttl + grace` for the age limit of an answer: the longest a
-/// fill may take after its load ends (the default backend timeout).
-pub const AGE_SLACK_MS: u64 = 250;
 /// The victim's outage window ends this long after the promotion: the
 /// recovery a caller may see.
 pub const RECOVERY_MS: f64 = 1_500.0;
-/// The least slow limit, whatever the load time.
-pub const SLOW_FLOOR_MS: f64 = 100.0;
 /// The width of one bucket of the abnormal-call timelines, ms.
 pub const TIMELINE_MS: f64 = 500.0;
-
-/// Outcome codes of the call log (the index is the code).
-pub const OUTCOME_NAMES: [&str; 9] = [
-    "error",
-    "hit",
-    "stale",
-    "loaded",
-    "waited",
-    "degraded",
-    "naive_hit",
-    "naive_load",
-    "other",
-];
-/// Code of a failed call.
-pub const ERROR: u64 = 0;
-const STALE: u64 = 2;
-const DEGRADED: u64 = 5;
-
-/// The call log's code of an answer's outcome name (`other` if unknown).
-pub fn outcome_code(name: &str) -> u64 {
-    OUTCOME_NAMES
-        .iter()
-        .position(|n| *n == name)
-        .unwrap_or(OUTCOME_NAMES.len() - 1) as u64
-}
-
-/// One call, on the parent's clock.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct CallRecord {
-    /// When it started, ms after the parent's "go".
-    pub started_ms: f64,
-    /// Index of its key in the run's keys.
-    pub key: usize,
-    /// [`outcome_code`].
-    pub outcome: u64,
-    /// How long it took, ms.
-    pub latency_ms: f64,
-    /// Age of the value it answered, ms (0 for an error).
-    pub age_ms: u64,
-}
-
-/// One load, on the parent's clock.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct LoadRecord {
-    /// When it started, ms after the parent's "go".
-    pub started_ms: f64,
-    /// Index of its key in the run's keys.
-    pub key: usize,
-}
-
-/// The shape of the run the figures are measured against.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct RunShape {
-    /// Keys of the run.
-    pub keys: usize,
-    /// `--duration-ms`.
-    pub duration_ms: u64,
-    /// `--ttl-ms`.
-    pub ttl_ms: u64,
-    /// `--grace-ms`.
-    pub grace_ms: u64,
-    /// `--load-ms`.
-    pub load_ms: u64,
-}
-
-impl RunShape {
-    /// `ttl + grace + 250 ms`.
-    pub fn age_limit_ms(&self) -> u64 {
-        self.ttl_ms + self.grace_ms + AGE_SLACK_MS
-    }
-
-    /// `max(100 ms, 2 × load)`, the floor of the slow limit.
-    pub fn slow_limit_ms(&self) -> f64 {
-        SLOW_FLOOR_MS.max(2.0 * self.load_ms as f64)
-    }
-
-    /// The loads one key needs over `ms` of steady demand: one per
-    /// `ttl + load`.
-    fn ideal_loads(&self, keys: usize, ms: f64) -> f64 {
-        keys as f64 * ms / (self.ttl_ms + self.load_ms) as f64
-    }
-}
-
-/// What the callers of one class of keys saw.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct AnswerFigures {
-    /// Keys in the class.
-    pub keys: usize,
-    /// Calls on them.
-    pub calls: u64,
-    /// Calls that failed.
-    pub errors: u64,
-    /// Stale answers.
-    pub stale: u64,
-    /// Degraded answers (a load without the lease, not stored).
-    pub degraded: u64,
-    /// Answers older than the age limit.
-    pub over_age_limit: u64,
-    /// Calls slower than the slow limit.
-    pub slow: u64,
-    /// Abnormal calls (any of the above).
-    pub abnormal: u64,
-    /// When the first abnormal call started, ms after "go".
-    pub first_abnormal_ms: Option<f64>,
-    /// When the last abnormal call ended, ms after "go".
-    pub last_abnormal_end_ms: Option<f64>,
-    /// Abnormal calls by start time, in buckets of 500 ms from "go".
-    pub abnormal_timeline: Vec<u64>,
-    /// The oldest answer, ms.
-    pub max_age_ms: u64,
-    /// 99th percentile of the latency, ms.
-    pub p99_ms: f64,
-    /// Slowest call, ms.
-    pub max_ms: f64,
-}
-
-/// Abnormal calls by kind.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct AbnormalKinds {
-    /// Abnormal calls.
-    pub calls: u64,
-    /// Failed.
-    pub errors: u64,
-    /// Answered stale.
-    pub stale: u64,
-    /// Answered degraded.
-    pub degraded: u64,
-    /// Answered a value older than the age limit.
-    pub over_age_limit: u64,
-    /// Slower than the slow limit.
-    pub slow: u64,
-}
-
-/// The keys on healthy masters.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct HealthyFigures {
-    /// What their callers saw.
-    #[serde(flatten)]
-    pub answers: AnswerFigures,
-    /// Their loads (counted by the workers).
-    pub loads: u64,
-    /// `keys × duration / (ttl + load)`.
-    pub ideal_loads: f64,
-}
-
-/// The victim's keys.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct VictimFigures {
-    /// What their callers saw.
-    #[serde(flatten)]
-    pub answers: AnswerFigures,
-    /// End of the last abnormal call that started after the promotion,
-    /// minus the promotion time (0 if there is none; `None` without a
-    /// promotion).
-    pub recovered_after_promotion_ms: Option<f64>,
-    /// The abnormal calls that started after the promotion, by kind (a
-    /// call may count under several): what the recovery time is made of.
-    pub abnormal_after_promotion: AbnormalKinds,
-    /// Their loads (counted by the workers).
-    pub loads: u64,
-    /// Loads that started outside the outage window.
-    pub loads_outside_outage: u64,
-    /// `keys × (duration − window) / (ttl + load)`.
-    pub ideal_loads_outside_outage: f64,
-    /// Loads that started inside the outage window.
-    pub loads_inside_outage: u64,
-}
-
-/// The `fault` section of a fleet report.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct FaultReport {
-    /// The fault.
-    pub kind: FaultKind,
-    /// `ip:port` of the victim master.
-    pub victim_address: String,
-    /// Its process id (kill and hang).
-    pub victim_pid: Option<u32>,
-    /// The keys it served.
-    pub victim_keys: Vec<String>,
-    /// `ip:port` of the node serving its slots after the promotion.
-    pub promoted_to: Option<String>,
-    /// When the fault was injected, ms after "go".
-    pub fault_at_ms: f64,
-    /// When a healthy master first saw the victim's slots served by another
-    /// node, ms after "go" (`None`: not within the run).
-    pub promoted_at_ms: Option<f64>,
-    /// `ttl + grace + 250 ms`: an older answer is abnormal.
-    pub age_limit_ms: u64,
-    /// `max(100 ms, 2 × load, the healthy keys' p99)`: a slower call is
-    /// abnormal.
-    pub slow_limit_ms: f64,
-    /// The outage window `[fault_at, promoted_at + 1500 ms]` (to the end of
-    /// the run without a promotion), ms after "go".
-    pub outage_window_ms: [f64; 2],
-    /// The keys on healthy masters.
-    pub healthy: HealthyFigures,
-    /// The victim's keys.
-    pub victim: VictimFigures,
-}
-
-impl FaultReport {
-    /// A few lines for the text report.
-    pub fn to_text(&self) -> String {
-        let opt = |v: Option<f64>| v.map_or("never".to_owned(), |v| format!("{v:.0} ms"));
-        let class = |name: &str, a: &AnswerFigures| {
-            format!(
-                "  {name}: {} keys, {} calls, {} errors, {} stale, {} degraded, {} over {} ms old \
-                 (oldest {} ms), {} slower than {:.0} ms, p99 {:.1} ms, max {:.1} ms",
-                a.keys,
-                a.calls,
-                a.errors,
-                a.stale,
-                a.degraded,
-                a.over_age_limit,
-                self.age_limit_ms,
-                a.max_age_ms,
-                a.slow,
-                self.slow_limit_ms,
-                a.p99_ms,
-                a.max_ms
-            )
-        };
-        [
-            format!(
-                "fault {:?} of {} at {:.0} ms; its slots served by {} at {}",
-                self.kind,
-                self.victim_address,
-                self.fault_at_ms,
-                self.promoted_to.as_deref().unwrap_or("nobody"),
-                opt(self.promoted_at_ms)
-            ),
-            class("healthy keys", &self.healthy.answers),
-            format!(
-                "    loads {} (ideal {:.1})",
-                self.healthy.loads, self.healthy.ideal_loads
-            ),
-            class("victim keys", &self.victim.answers),
-            format!(
-                "    recovered {} after the promotion; loads outside [{:.0}, {:.0}] ms {} \
-                 (ideal {:.1}), inside {}",
-                opt(self.victim.recovered_after_promotion_ms),
-                self.outage_window_ms[0],
-                self.outage_window_ms[1],
-                self.victim.loads_outside_outage,
-                self.victim.ideal_loads_outside_outage,
-                self.victim.loads_inside_outage
-            ),
-        ]
-        .join("\n")
-    }
-}
 
 /// Works the `fault` section out of the injector's observation and the
 /// merged call and load logs (on the parent's clock). `key_names` are the
@@ -425,6 +170,7 @@ pub fn analyse(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::commands::fleet::fault::kind::FaultKind;
 
     const HIT: u64 = 1;
     const LOADED: u64 = 3;
@@ -472,14 +218,6 @@ mod tests {
         (0..100)
             .flat_map(|i| (0..4).map(move |k| call(i as f64 * 100.0, k, HIT, 1.0, 500)))
             .collect()
-    }
-
-    #[test]
-    fn outcome_codes_round_trip() {
-        for (code, name) in OUTCOME_NAMES.iter().enumerate() {
-            assert_eq!(outcome_code(name), code as u64);
-        }
-        assert_eq!(outcome_code("nonsense"), 8);
     }
 
     #[test]
@@ -614,16 +352,5 @@ mod tests {
             text.contains("recovered 0 ms after the promotion"),
             "{text}"
         );
-    }
-
-    #[test]
-    fn the_age_limit_and_slow_limit_follow_the_run() {
-        let s = RunShape {
-            grace_ms: 5_000,
-            load_ms: 200,
-            ..shape()
-        };
-        assert_eq!(s.age_limit_ms(), 6_250);
-        assert_eq!(s.slow_limit_ms(), 400.0);
     }
 }

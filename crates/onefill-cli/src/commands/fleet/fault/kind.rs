@@ -1,0 +1,61 @@
+//! What `--fault` does, when, and what the injector saw doing it: the
+//! vocabulary the flags, the injector and the report share.
+
+use serde::{Deserialize, Serialize};
+
+/// What `--fault` does to the cluster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FaultKind {
+    /// `CLUSTER FAILOVER` sent to a replica of the victim: the replica
+    /// becomes the master and the victim its replica (and they stay so
+    /// after the run).
+    Failover,
+    /// SIGKILL of the victim's redis-server process (which must run on this
+    /// machine, on a loopback address): the node stays dead after the run.
+    Kill,
+    /// SIGSTOP of the victim's process (same machine), a host that hangs
+    /// with its connections open; SIGCONT when the run ends (always, even
+    /// if the fleet fails), after which it rejoins as a replica.
+    Hang,
+}
+
+impl FaultKind {
+    /// The kill(1) signal that injects it (none for a failover).
+    pub fn signal(self) -> Option<&'static str> {
+        match self {
+            FaultKind::Failover => None,
+            FaultKind::Kill => Some("-KILL"),
+            FaultKind::Hang => Some("-STOP"),
+        }
+    }
+}
+
+/// When and what to inject.
+#[derive(Debug, Clone, Copy)]
+pub struct FaultPlan {
+    /// The fault.
+    pub kind: FaultKind,
+    /// Milliseconds after the parent's "go".
+    pub at_ms: u64,
+}
+
+/// What the injector did and saw.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Injected {
+    /// The fault.
+    pub kind: FaultKind,
+    /// `ip:port` of the victim master.
+    pub victim: String,
+    /// The victim's process id (kill and hang).
+    pub victim_pid: Option<u32>,
+    /// Indices (into the run's keys) of the keys the victim served.
+    pub victim_keys: Vec<usize>,
+    /// When the fault was injected, ms after "go".
+    pub fault_at_ms: f64,
+    /// When a healthy master first saw every victim slot served by another
+    /// node, ms after "go"; `None` if not within the run.
+    pub promoted_at_ms: Option<f64>,
+    /// `ip:port` of the node serving the victim's slots then.
+    pub promoted_to: Option<String>,
+}

@@ -1,0 +1,175 @@
+//! The `fault` section of a fleet report: what the callers of the healthy
+//! keys and of the victim's keys saw, and its few lines of text.
+
+use serde::{Deserialize, Serialize};
+
+use super::kind::FaultKind;
+
+/// What the callers of one class of keys saw.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct AnswerFigures {
+    /// Keys in the class.
+    pub keys: usize,
+    /// Calls on them.
+    pub calls: u64,
+    /// Calls that failed.
+    pub errors: u64,
+    /// Stale answers.
+    pub stale: u64,
+    /// Degraded answers (a load without the lease, not stored).
+    pub degraded: u64,
+    /// Answers older than the age limit.
+    pub over_age_limit: u64,
+    /// Calls slower than the slow limit.
+    pub slow: u64,
+    /// Abnormal calls (any of the above).
+    pub abnormal: u64,
+    /// When the first abnormal call started, ms after "go".
+    pub first_abnormal_ms: Option<f64>,
+    /// When the last abnormal call ended, ms after "go".
+    pub last_abnormal_end_ms: Option<f64>,
+    /// Abnormal calls by start time, in buckets of 500 ms from "go".
+    pub abnormal_timeline: Vec<u64>,
+    /// The oldest answer, ms.
+    pub max_age_ms: u64,
+    /// 99th percentile of the latency, ms.
+    pub p99_ms: f64,
+    /// Slowest call, ms.
+    pub max_ms: f64,
+}
+
+/// Abnormal calls by kind.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct AbnormalKinds {
+    /// Abnormal calls.
+    pub calls: u64,
+    /// Failed.
+    pub errors: u64,
+    /// Answered stale.
+    pub stale: u64,
+    /// Answered degraded.
+    pub degraded: u64,
+    /// Answered a value older than the age limit.
+    pub over_age_limit: u64,
+    /// Slower than the slow limit.
+    pub slow: u64,
+}
+
+/// The keys on healthy masters.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct HealthyFigures {
+    /// What their callers saw.
+    #[serde(flatten)]
+    pub answers: AnswerFigures,
+    /// Their loads (counted by the workers).
+    pub loads: u64,
+    /// `keys × duration / (ttl + load)`.
+    pub ideal_loads: f64,
+}
+
+/// The victim's keys.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct VictimFigures {
+    /// What their callers saw.
+    #[serde(flatten)]
+    pub answers: AnswerFigures,
+    /// End of the last abnormal call that started after the promotion,
+    /// minus the promotion time (0 if there is none; `None` without a
+    /// promotion).
+    pub recovered_after_promotion_ms: Option<f64>,
+    /// The abnormal calls that started after the promotion, by kind (a
+    /// call may count under several): what the recovery time is made of.
+    pub abnormal_after_promotion: AbnormalKinds,
+    /// Their loads (counted by the workers).
+    pub loads: u64,
+    /// Loads that started outside the outage window.
+    pub loads_outside_outage: u64,
+    /// `keys × (duration − window) / (ttl + load)`.
+    pub ideal_loads_outside_outage: f64,
+    /// Loads that started inside the outage window.
+    pub loads_inside_outage: u64,
+}
+
+/// The `fault` section of a fleet report.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FaultReport {
+    /// The fault.
+    pub kind: FaultKind,
+    /// `ip:port` of the victim master.
+    pub victim_address: String,
+    /// Its process id (kill and hang).
+    pub victim_pid: Option<u32>,
+    /// The keys it served.
+    pub victim_keys: Vec<String>,
+    /// `ip:port` of the node serving its slots after the promotion.
+    pub promoted_to: Option<String>,
+    /// When the fault was injected, ms after "go".
+    pub fault_at_ms: f64,
+    /// When a healthy master first saw the victim's slots served by another
+    /// node, ms after "go" (`None`: not within the run).
+    pub promoted_at_ms: Option<f64>,
+    /// `ttl + grace + 250 ms`: an older answer is abnormal.
+    pub age_limit_ms: u64,
+    /// `max(100 ms, 2 × load, the healthy keys' p99)`: a slower call is
+    /// abnormal.
+    pub slow_limit_ms: f64,
+    /// The outage window `[fault_at, promoted_at + 1500 ms]` (to the end of
+    /// the run without a promotion), ms after "go".
+    pub outage_window_ms: [f64; 2],
+    /// The keys on healthy masters.
+    pub healthy: HealthyFigures,
+    /// The victim's keys.
+    pub victim: VictimFigures,
+}
+
+impl FaultReport {
+    /// A few lines for the text report.
+    pub fn to_text(&self) -> String {
+        let opt = |v: Option<f64>| v.map_or("never".to_owned(), |v| format!("{v:.0} ms"));
+        let class = |name: &str, a: &AnswerFigures| {
+            format!(
+                "  {name}: {} keys, {} calls, {} errors, {} stale, {} degraded, {} over {} ms old \
+                 (oldest {} ms), {} slower than {:.0} ms, p99 {:.1} ms, max {:.1} ms",
+                a.keys,
+                a.calls,
+                a.errors,
+                a.stale,
+                a.degraded,
+                a.over_age_limit,
+                self.age_limit_ms,
+                a.max_age_ms,
+                a.slow,
+                self.slow_limit_ms,
+                a.p99_ms,
+                a.max_ms
+            )
+        };
+        [
+            format!(
+                "fault {:?} of {} at {:.0} ms; its slots served by {} at {}",
+                self.kind,
+                self.victim_address,
+                self.fault_at_ms,
+                self.promoted_to.as_deref().unwrap_or("nobody"),
+                opt(self.promoted_at_ms)
+            ),
+            class("healthy keys", &self.healthy.answers),
+            format!(
+                "    loads {} (ideal {:.1})",
+                self.healthy.loads, self.healthy.ideal_loads
+            ),
+            class("victim keys", &self.victim.answers),
+            format!(
+                "    recovered {} after the promotion; loads outside [{:.0}, {:.0}] ms {} \
+                 (ideal {:.1}), inside {}",
+                opt(self.victim.recovered_after_promotion_ms),
+                self.outage_window_ms[0],
+                self.outage_window_ms[1],
+                self.victim.loads_outside_outage,
+                self.victim.ideal_loads_outside_outage,
+                self.victim.loads_inside_outage
+            ),
+        ]
+        .join("\n")
+    }
+}

@@ -1,0 +1,83 @@
+//! One worker's calls summed up into its report: outcomes, errors,
+//! latency percentiles and, with `--detail`, the call log.
+
+use std::time::Duration;
+
+use super::sampler::Sample;
+use crate::commands::fleet::outcome::{outcome_code, ERROR};
+use crate::commands::fleet::report::WorkerReport;
+use crate::shared::percentile::percentile;
+
+/// One call as a caller saw it.
+pub struct Call {
+    pub started: Duration,
+    pub key_index: usize,
+    pub latency: Duration,
+    pub outcome: Result<&'static str, String>,
+    /// Age of the answered value (0 for an error or a value without a
+    /// load time).
+    pub age_ms: u64,
+}
+
+/// The most entries a worker keeps in each of its detail logs.
+pub const MAX_LOG: usize = 2_000_000;
+
+/// The report of `calls`, without the parts only the callers know.
+pub fn summarize(
+    calls: Vec<Call>,
+    local_loads: u64,
+    stats: Option<onefill::Stats>,
+    samples: Vec<Sample>,
+    detail: bool,
+) -> WorkerReport {
+    let mut report = WorkerReport {
+        pid: std::process::id(),
+        calls: calls.len() as u64,
+        local_loads,
+        stats,
+        samples,
+        ..Default::default()
+    };
+    let first_answer = calls
+        .iter()
+        .filter(|c| c.outcome.is_ok())
+        .map(|c| c.started + c.latency)
+        .min();
+    let mut latencies: Vec<Duration> = Vec::with_capacity(calls.len());
+    for call in &calls {
+        latencies.push(call.latency);
+        if detail && report.call_log.len() < MAX_LOG {
+            report.call_log.push([
+                call.started.as_millis() as u64,
+                call.key_index as u64,
+                match &call.outcome {
+                    Ok(name) => outcome_code(name),
+                    Err(_) => ERROR,
+                },
+                call.latency.as_micros() as u64,
+                call.age_ms,
+            ]);
+        }
+        match &call.outcome {
+            Ok(name) => {
+                *report.outcomes.entry((*name).to_owned()).or_default() += 1;
+                let slow = matches!(*name, "loaded" | "waited" | "degraded" | "naive_load");
+                if slow && first_answer.is_some_and(|first| call.started > first) {
+                    report.slow_after_first += 1;
+                }
+            }
+            Err(message) => {
+                report.errors += 1;
+                if report.error_messages.len() < 5 {
+                    report.error_messages.push(message.clone());
+                }
+            }
+        }
+    }
+    latencies.sort_unstable();
+    let ms = |d: Option<Duration>| d.map_or(0.0, |d| d.as_secs_f64() * 1000.0);
+    report.p50_ms = ms(percentile(&latencies, 50.0));
+    report.p99_ms = ms(percentile(&latencies, 99.0));
+    report.max_ms = ms(latencies.last().copied());
+    report
+}
