@@ -1,4 +1,4 @@
-//! The hit path against its anchors (issue 9), in one run.
+//! The hit path against its anchors (moka, a raw `GET`), in one run.
 //!
 //! ```sh
 //! cargo bench -p onefill --bench hit_path                      # everything (about 2 min once built)
@@ -17,7 +17,7 @@
 //!   - `onefill_l1_hit`: the embedded backend with `.l1(L1::new(10_000))`
 //!     (target: at most 1.5 × moka's time);
 //!   - `onefill_embedded_hit`: the embedded backend as a cache is built by
-//!     default, which has an L1 since issue 9 (at most 2 × moka's time);
+//!     default, with its L1 (at most 2 × moka's time);
 //!   - `redis_raw_get`: a raw `GET` of the stored bytes on a redis-rs
 //!     `ConnectionManager`, the Redis hit's anchor;
 //!   - `redis_raw_get_pttl`: the same connection, a pipelined `GET` +

@@ -1,5 +1,5 @@
 //! How long another process's L1 keeps serving a value after a write
-//! (issue 9's target: p99 ≤ 5 ms on loopback).
+//! (target: p99 ≤ 5 ms on loopback).
 //!
 //! ```sh
 //! cargo bench -p onefill --bench invalidation     # 2,000 samples of each variant

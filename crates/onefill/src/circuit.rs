@@ -359,7 +359,7 @@ mod tests {
         assert!(b.admit().is_some());
     }
 
-    /// Regression (issue 8, fault 1a): a probe whose caller dropped its
+    /// Regression: a probe whose caller dropped its
     /// future left the breaker half-open for good.
     #[tokio::test(start_paused = true)]
     async fn a_dropped_probe_frees_the_probe_slot() {
@@ -373,7 +373,7 @@ mod tests {
         assert_eq!(b.state(), CircuitState::Closed);
     }
 
-    /// Regression (review of issue 8): a call admitted while the circuit was
+    /// Regression: a call admitted while the circuit was
     /// closed that failed late, during the probe, freed the probe slot and
     /// let a second probe in.
     #[tokio::test(start_paused = true)]
@@ -390,7 +390,8 @@ mod tests {
         assert_eq!(b.state(), CircuitState::Closed);
     }
 
-    /// Issue 11: a failing shard opens its own circuit only.
+    /// A failing shard (a cluster master) opens its own circuit only, so
+    /// one master's outage does not degrade the keys of the healthy ones.
     #[tokio::test(start_paused = true)]
     async fn shards_fail_apart() {
         let breakers = Breakers::new(CircuitBreaker::new(2, Duration::from_secs(1)));
@@ -405,7 +406,7 @@ mod tests {
         assert_eq!(breakers.state(), CircuitState::Closed);
     }
 
-    /// Review of issue 11: after a failover, the dead master's breaker is
+    /// After a failover, the dead master's breaker is
     /// never called again; it must not keep the cache's state open.
     #[tokio::test(start_paused = true)]
     async fn a_shard_nobody_calls_any_more_does_not_count() {

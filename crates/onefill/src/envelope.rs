@@ -33,7 +33,7 @@
 //! Byte 3 was reserved (always 0) in the first release of version 1, and
 //! readers ignored it; it now records the fresh TTL the value was written
 //! with (after jitter, without grace), so readers size the early-refresh
-//! window from the value's own TTL (which a loader may choose, issue 10)
+//! window from the value's own TTL (which a loader may choose with `Loaded`)
 //! rather than their cache's. Code `b` in 1..=255 stands for at least
 //! `2^((b-1)/8)` ms (a lower bound within 9 %, up to about 40 days); 0 is
 //! "not recorded" (bytes from before, a `set`), and readers then use their
@@ -209,7 +209,7 @@ pub(crate) fn millis_u64(d: Duration) -> u64 {
 mod tests {
     use super::*;
 
-    /// Review of issue 9, item 4: a load under a millisecond was stored as
+    /// Regression: a load under a millisecond was stored as
     /// delta 0 ("not measured"), which turned early refresh off.
     #[test]
     fn a_sub_millisecond_load_is_a_measured_load() {

@@ -267,7 +267,7 @@ mod tests {
         assert_eq!(fb.get("19999"), Some(Some(19999)));
     }
 
-    /// Regression (issue 8, fault 8): a flight that started before an
+    /// Regression: a flight that started before an
     /// `invalidate` recorded its value after it.
     #[tokio::test(start_paused = true)]
     async fn an_older_flight_cannot_undo_a_newer_write() {
@@ -279,7 +279,7 @@ mod tests {
         assert_eq!(fb.get("k"), Some(Some(3)), "newer reads are recorded");
     }
 
-    /// Regression (review of issue 8): a tombstone evicted by the capacity
+    /// Regression: a tombstone evicted by the capacity
     /// let the older flight it guarded against record its value.
     #[tokio::test(start_paused = true)]
     async fn an_evicted_tombstone_still_keeps_older_values_out() {

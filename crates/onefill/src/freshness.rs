@@ -10,7 +10,7 @@ use std::time::Duration;
 /// The TTL to write: `ttl` shortened by up to `jitter·ttl`, plus the grace
 /// window. Jitter spreads the expiry of keys filled together so they do not
 /// expire together; it only shortens, so `ttl` stays what it promises: no
-/// value is served (fresh) older than that (issue 9).
+/// value is served (fresh) older than that.
 pub(crate) fn written_ttl(ttl: Duration, jitter: f64, grace: Duration) -> Duration {
     let spread = if jitter > 0.0 {
         1.0 - jitter * rand::random::<f64>()
@@ -104,7 +104,7 @@ mod tests {
         );
     }
 
-    /// Issue 9, item 4: one refresh per expiry, started shortly before it,
+    /// One refresh per expiry, started shortly before it,
     /// whatever the call rate: not before `1.2 × beta × delta` (+ round
     /// trips) of fresh time is left, always once it is.
     #[test]
@@ -124,7 +124,7 @@ mod tests {
         assert!(early_refresh(Duration::MAX, Duration::MAX, 100.0, NO_CAP).is_some());
     }
 
-    /// Review of issue 9, item 4: with a window as long as the TTL, every
+    /// Regression: with a window as long as the TTL, every
     /// fill was due as soon as it landed, and a hot key reloaded back to
     /// back (29 loads in 3 s at ttl 1 s, beta 100).
     #[test]

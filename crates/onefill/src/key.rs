@@ -149,8 +149,8 @@ impl KeyBuf {
         buf
     }
 
-    /// The key's string form, unless its `Display` failed (review of the
-    /// hit path, finding 2: a truncated form could be another key's).
+    /// The key's string form, unless its `Display` failed: a truncated
+    /// form could be another key's, so two keys would share an entry.
     pub(crate) fn checked(&self) -> Result<&str, InputError> {
         if self.failed {
             return Err(InputError::KeyDisplay);
@@ -218,7 +218,7 @@ mod tests {
         key
     }
 
-    /// Regression (issue 8, fault 5): a key beginning with `}` made an empty
+    /// Regression: a key beginning with `}` made an empty
     /// tag, so its value and lease landed in different slots.
     #[test]
     fn hostile_keys_keep_one_tag_for_all_their_keys() {

@@ -265,7 +265,7 @@ impl<V: Clone> Local<V> {
         match self.store.get(key) {
             // Never past the hard expiry: without grace a value's last
             // millisecond reads as fresh (`Shared::read`), so `refresh_at`
-            // may lie just beyond it (review of issue 9).
+            // may lie just beyond it, and the L1 must not outlive the server's copy.
             Some(entry) if now < entry.refresh_at && now < entry.expires_at => {
                 Lookup::Fresh(entry.value)
             }
@@ -534,7 +534,7 @@ mod tests {
         assert!(matches!(l1.get("k", at(200)), Lookup::Miss));
     }
 
-    /// Regression (review of issue 9): with grace 0 a value read in its
+    /// Regression: with grace 0 a value read in its
     /// last millisecond got a freshness 1 ms past its hard expiry, and the
     /// L1 answered it as a hit after the backend had dropped it.
     #[tokio::test(start_paused = true)]

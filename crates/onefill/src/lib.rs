@@ -180,6 +180,36 @@ mod stats;
 pub mod testing;
 mod wait;
 
+/// The guide: markdown pages under `docs/guide/`, rendered by rustdoc
+/// (their examples run as doctests). Doc-only: nothing to import.
+#[doc = include_str!("../docs/guide/README.md")]
+pub mod _guide {
+    #[doc = include_str!("../docs/guide/getting_started.md")]
+    pub mod getting_started {}
+    #[doc = include_str!("../docs/guide/loaders.md")]
+    pub mod loaders {}
+    #[doc = include_str!("../docs/guide/freshness.md")]
+    pub mod freshness {}
+    #[doc = include_str!("../docs/guide/waiting.md")]
+    pub mod waiting {}
+    #[doc = include_str!("../docs/guide/l1.md")]
+    pub mod l1 {}
+    #[cfg(feature = "redis")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+    #[doc = include_str!("../docs/guide/redis.md")]
+    pub mod redis {}
+    #[doc = include_str!("../docs/guide/batches.md")]
+    pub mod batches {}
+    #[doc = include_str!("../docs/guide/resilience.md")]
+    pub mod resilience {}
+    #[doc = include_str!("../docs/guide/observability.md")]
+    pub mod observability {}
+    #[doc = include_str!("../docs/guide/backends.md")]
+    pub mod backends {}
+    #[doc = include_str!("../docs/guide/operating.md")]
+    pub mod operating {}
+}
+
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use backend::redis;

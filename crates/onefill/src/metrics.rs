@@ -60,7 +60,7 @@
 //! where the lease was taken over, and as a lost lease (and, if its load
 //! finished, a fenced fill) on the holder that stalled.
 //!
-//! Until issue 10 the names were `onefill_<Stats field>` (`onefill_hits`,
+//! Earlier versions named them `onefill_<Stats field>` (`onefill_hits`,
 //! `onefill_loads_ok`…) with histograms `onefill_load_seconds` and
 //! `onefill_wait_seconds`.
 

@@ -239,7 +239,7 @@ impl RedisBackend {
         // methods bound their commands by it themselves, but a cache's hit
         // calls `read` directly, bounded by the cache's own timeout alone
         // (a second timer per hit cost about a tenth of a Redis hit's
-        // instructions: issue 9, callgrind). A reply that comes after its
+        // instructions, measured with callgrind). A reply that comes after its
         // caller gave up is read and dropped, as before.
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(options.connection_timeout))
@@ -530,10 +530,9 @@ impl RedisBackend {
 
     /// [`Backend::get`] as a cache calls it, directly (see `Shared::get`),
     /// within `limit` (the cache's own timeout): bounded by the response
-    /// timeout too where that is shorter (review of the hit path, finding
-    /// 1), so a hit waits no longer for a reply than any other command;
-    /// with the defaults the cache's timeout is the shorter, and a hit has
-    /// one timer.
+    /// timeout too where that is shorter, so a hit waits no longer for a
+    /// reply than any other command; with the defaults the cache's timeout
+    /// is the shorter, and a hit has one timer.
     ///
     /// `now` is when the call began (one clock read serves the caller's
     /// timer and this read's plan).

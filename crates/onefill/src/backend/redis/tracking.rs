@@ -133,7 +133,8 @@ async fn track_node(client: Client, tracking: Tracking, confirm: Arc<dyn Confirm
                         tokio::pin!(ping);
                         // Pushes are handled while the `PING` is out: a slow
                         // answer must not hold back an invalidation already
-                        // received (review of issue 9).
+                        // received, or the L1 would serve a changed value
+                        // for as long as the `PING` takes.
                         let answered = loop {
                             tokio::select! {
                                 biased;
