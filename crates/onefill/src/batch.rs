@@ -327,8 +327,11 @@ where
         let timeout = reads.iter().map(|(_, t, _)| *t).min().unwrap_or_default();
         let keys: Vec<FillKeys> = reads.iter().map(|(k, _, _)| k.clone()).collect();
         let answers = per_chunk(shared, &keys, |chunk: Vec<FillKeys>| async move {
-            let read = as_one(shared.backend.get_many(&chunk));
-            shared.call(&chunk[0], timeout, "get_many", read).await
+            let read = as_one(shared.calls.backend.get_many(&chunk));
+            shared
+                .calls
+                .call(&chunk[0], timeout, "get_many", read)
+                .await
         })
         .await;
         for ((_, _, reply), answer) in reads.into_iter().zip(answers) {
@@ -349,15 +352,17 @@ where
             let timeout = steps.iter().map(|s| s.timeout).min().unwrap_or_default();
             let requests: Vec<LeaseRequest> = steps.iter().map(|s| s.request.clone()).collect();
             let answers = per_chunk(shared, &requests, |chunk: Vec<LeaseRequest>| async move {
-                let acquire = as_one(shared.backend.acquire_many(&chunk, lease_ttl));
+                let acquire = as_one(shared.calls.backend.acquire_many(&chunk, lease_ttl));
                 shared
+                    .calls
                     .call(&chunk[0].keys, timeout, "acquire_many", acquire)
                     .await
             })
             .await;
             for (step, answer) in steps.into_iter().zip(answers) {
                 let LeaseRequest { keys, token, .. } = step.request;
-                let acquisition = Acquisition::of_answer(shared, &keys, token, lease_ttl, answer);
+                let acquisition =
+                    Acquisition::of_answer(&shared.calls, &keys, token, lease_ttl, answer);
                 let _ = step.reply.send(acquisition);
             }
         });
@@ -377,7 +382,8 @@ where
         let loader = self.loader.clone();
         let load: loader::Detached<Vec<(K, V)>> = Box::new(move || loader(keys));
         let (rec, times) = (&shared.recorder, &shared.load_times);
-        let found = loader::run_alone(rec, times, &self.policy, &label, load)
+        let max = self.policy.max_load_time;
+        let found = loader::run_alone(rec, times, max, self.policy.ttl, &label, load)
             .await
             .map(|(found, took)| {
                 let mut first: HashMap<String, V> = HashMap::new();
@@ -431,7 +437,7 @@ where
 {
     let mut by_shard: HashMap<u64, Vec<usize>> = HashMap::new();
     for (i, item) in items.iter().enumerate() {
-        let shard = shared.backend.shard(item.fill_keys());
+        let shard = shared.calls.backend.shard(item.fill_keys());
         by_shard.entry(shard).or_default().push(i);
     }
     let chunks: Vec<Vec<usize>> = by_shard

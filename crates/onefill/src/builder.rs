@@ -5,6 +5,7 @@
 use std::fmt;
 use std::marker::PhantomData;
 use std::sync::Arc;
+use std::time::Duration;
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -12,12 +13,15 @@ use serde::Serialize;
 use crate::backend::memory::MemoryBackend;
 use crate::backend::{Backend, ChangeListener};
 use crate::cache::Cache;
+use crate::circuit::CircuitBreaker;
 use crate::codec::{Codec, JsonCodec};
 use crate::error::ConfigError;
 use crate::key;
 use crate::l1::L1;
-use crate::options::Policy;
+use crate::lease::LeaseTtl;
+use crate::options::{with_options, Policy};
 use crate::shared::Shared;
+use crate::wait::WaitPolicy;
 
 /// Builds a [`Cache`]. Every option has a default; [`build`](CacheBuilder::build)
 /// validates them all.
@@ -145,6 +149,47 @@ impl<K, V> CacheBuilder<K, V> {
 /// The L1 a cache on the embedded backend has unless told otherwise.
 const EMBEDDED_L1_ENTRIES: usize = 10_000;
 
+/// The builder's setter of every option of the table in `options.rs`, per
+/// call and cache-wide alike (the table's defaults and checks are the
+/// policy's business).
+macro_rules! builder_setters {
+    (
+        per_call { $( $pf:ident : $pty:ty = $pdefault:expr, check($pcheck:expr) {
+            $( $(#[$pdoc:meta])* fn $psetter:ident ( $( $parg:ident : $parg_ty:ty ),* ) = $pvalue:expr ; )+
+        } )* }
+        cache_wide { $( $cf:ident : $cty:ty = $cdefault:expr, check($ccheck:expr) {
+            $( $(#[$cdoc:meta])* fn $csetter:ident ( $( $carg:ident : $carg_ty:ty ),* ) = $cvalue:expr ; )+
+        } )* }
+    ) => {
+        impl<K, V> CacheBuilder<K, V> {
+            $( $(
+                $(#[$pdoc])*
+                pub fn $psetter(mut self, $( $parg: $parg_ty ),* ) -> Self {
+                    self.policy.$pf = $pvalue;
+                    self
+                }
+            )+ )*
+            $( $(
+                $(#[$cdoc])*
+                pub fn $csetter(mut self, $( $carg: $carg_ty ),* ) -> Self {
+                    self.policy.$cf = $cvalue;
+                    self
+                }
+            )+ )*
+        }
+    };
+}
+
+with_options!(builder_setters);
+
+impl<K, V> Cache<K, V> {
+    /// A builder with the defaults (namespace `onefill`, the embedded
+    /// [`MemoryBackend`](crate::MemoryBackend), JSON, TTL 60 s, see [`CacheBuilder`]).
+    pub fn builder() -> CacheBuilder<K, V> {
+        CacheBuilder::new()
+    }
+}
+
 impl<K, V> CacheBuilder<K, V>
 where
     V: Serialize + DeserializeOwned + Clone + Send + Sync + 'static,
@@ -174,12 +219,13 @@ where
         let mut shared = Shared::new(self.namespace, backend, codec, self.policy, l1.as_ref());
         #[cfg(feature = "redis")]
         {
-            shared.redis = self.redis;
+            shared.calls.redis = self.redis;
         }
         let shared = Arc::new(shared);
         if let (Some(local), Some(l1)) = (&shared.l1, &l1) {
             let listener: Arc<dyn ChangeListener> = local.clone();
             shared
+                .calls
                 .backend
                 .track_changes(
                     local.prefix(),

@@ -16,7 +16,6 @@ use tracing::Instrument;
 
 use crate::answer::{Fetched, Outcome};
 use crate::batch::{Batch, KeyAnswer, ManyLoader};
-use crate::builder::CacheBuilder;
 use crate::circuit::CircuitState;
 use crate::coalesce::Joined;
 use crate::error::{BackendError, Error, IntoLoaderError};
@@ -109,7 +108,7 @@ impl<K, V> fmt::Debug for Cache<K, V> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Cache")
             .field("namespace", &self.shared.namespace)
-            .field("backend", &self.shared.backend)
+            .field("backend", &self.shared.calls.backend)
             .field("policy", &self.shared.policy)
             .finish()
     }
@@ -120,12 +119,6 @@ where
     K: Display + Clone + Send + Sync + 'static,
     V: Clone + Send + Sync + 'static,
 {
-    /// A builder with the defaults (namespace `onefill`, the embedded
-    /// [`MemoryBackend`](crate::MemoryBackend), JSON, TTL 60 s, see [`CacheBuilder`]).
-    pub fn builder() -> CacheBuilder<K, V> {
-        CacheBuilder::new()
-    }
-
     /// Returns the cached value, or runs `loader` to produce and store it,
     /// once across every process sharing the backend.
     ///
@@ -150,7 +143,7 @@ where
     ///
     /// # With an L1
     ///
-    /// With [`CacheBuilder::l1`], a fresh value this process read before is
+    /// With [`CacheBuilder::l1`](crate::CacheBuilder::l1), a fresh value this process read before is
     /// answered from memory (no backend call, no flight) while the backend
     /// vouches for it; see [`L1`](crate::L1). Calls with non-default
     /// [`CallOptions`] always go through the flight.
@@ -888,6 +881,7 @@ where
         fut: impl Future<Output = Result<T, BackendError>>,
     ) -> Result<T, Error> {
         self.shared
+            .calls
             .call(keys, self.shared.policy.backend_timeout, op, fut)
             .await
             .map_err(Error::Backend)
@@ -919,7 +913,11 @@ where
             let keys = self.keys(key)?;
             let within = self.shared.policy.backend_timeout;
             let stored = self
-                .call(&keys, "get", self.shared.get(&keys, within, Instant::now()))
+                .call(
+                    &keys,
+                    "get",
+                    self.shared.calls.get(&keys, within, Instant::now()),
+                )
                 .await?;
             Ok(stored
                 .and_then(|s| self.shared.value_of(&s, Some(keys.value())))
@@ -995,8 +993,12 @@ where
             .shared
             .encode(&key, &policy, &value, Duration::ZERO, Some(fresh))?;
         let writing = Writing::start(&self.shared, &key, &keys);
-        self.call(&keys, "set", self.shared.backend.set(&keys, &bytes, ttl))
-            .await?;
+        self.call(
+            &keys,
+            "set",
+            self.shared.calls.backend.set(&keys, &bytes, ttl),
+        )
+        .await?;
         writing.landed(&value, ttl);
         Ok(())
     }
@@ -1020,8 +1022,12 @@ where
             // Done, failed or dropped mid-way: what this process remembers
             // of the key goes, and older flights cannot put it back.
             let _writing = Writing::start(&self.shared, &key, &keys);
-            self.call(&keys, "invalidate", self.shared.backend.invalidate(&keys))
-                .await
+            self.call(
+                &keys,
+                "invalidate",
+                self.shared.calls.backend.invalidate(&keys),
+            )
+            .await
         };
         let invalidated = invalidated.instrument(span.clone()).await;
         ended(&span, &invalidated, |_| "ok");
@@ -1038,7 +1044,7 @@ where
     /// open). A Redis Cluster has one breaker per master; other backends
     /// have one.
     pub fn circuit_state(&self) -> CircuitState {
-        self.shared.breakers.state()
+        self.shared.calls.breakers.state()
     }
 
     /// This cache's namespace.

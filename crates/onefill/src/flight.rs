@@ -451,7 +451,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
             span.follows_from(&call);
             let _ = fill
                 .lease
-                .fill(&self.shared, timeout, &fill.bytes, fill.ttl)
+                .fill(&self.shared.calls, timeout, &fill.bytes, fill.ttl)
                 .instrument(span)
                 .await;
         }
@@ -757,12 +757,12 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
                     self.rec().stale_served();
                     return Ok((value, Outcome::Stale));
                 }
-                let subscribe = self.shared.backend.subscribe(&self.keys);
+                let subscribe = self.shared.calls.backend.subscribe(&self.keys);
                 let subscription = self.call("subscribe", subscribe).await.ok();
-                waiting = Some(Wait::start(&self.shared, &self.policy.wait, subscription));
+                waiting = Some(Wait::start(self.rec(), &self.policy.wait, subscription));
                 continue;
             };
-            match wait.until_recheck(&self.shared, holder_ttl).await {
+            match wait.until_recheck(self.rec(), holder_ttl).await {
                 Next::Notified => notified = true,
                 Next::Recheck => {}
                 Next::Deadline => {
@@ -782,7 +782,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
 
     fn finish_wait(&self, waiting: Option<Wait>, timed_out: bool) {
         if let Some(wait) = waiting {
-            wait.finish(&self.shared, timed_out);
+            wait.finish(self.rec(), timed_out);
         }
     }
 
@@ -908,7 +908,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
             Err(error) => {
                 let _ = self
                     .budget
-                    .run("release", |t| lease.release(&self.shared, t, None))
+                    .run("release", |t| lease.release(&self.shared.calls, t, None))
                     .await;
                 return Err(error);
             }
@@ -928,7 +928,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         } else {
             let filled = self
                 .budget
-                .run("fill", |t| lease.fill(&self.shared, t, &bytes, ttl))
+                .run("fill", |t| lease.fill(&self.shared.calls, t, &bytes, ttl))
                 .await;
             if let Ok(true) = filled {
                 // From when the fill began (it set the key's TTL on the
@@ -1018,7 +1018,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
             if let Some(lease) = lease {
                 let _ = self
                     .budget
-                    .run("release", |t| lease.release(&self.shared, t, None))
+                    .run("release", |t| lease.release(&self.shared.calls, t, None))
                     .await;
             }
             return Err(error);
@@ -1050,7 +1050,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
                 let entry = throttled.as_ref().map(|(b, t)| (b.as_slice(), *t));
                 let _ = self
                     .budget
-                    .run("release", |t| lease.release(&self.shared, t, entry))
+                    .run("release", |t| lease.release(&self.shared.calls, t, entry))
                     .await;
             }
             tracing::warn!(key = self.keys.value(), %error, "loader failed; serving the stale value (fail-safe)");
@@ -1078,7 +1078,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
             let entry = negative.as_ref().map(|(b, t)| (b.as_slice(), *t));
             let _ = self
                 .budget
-                .run("release", |t| lease.release(&self.shared, t, entry))
+                .run("release", |t| lease.release(&self.shared.calls, t, entry))
                 .await;
         }
         Err(error)
@@ -1115,7 +1115,8 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
             let loaded = match group {
                 None => {
                     let times = &shared.load_times;
-                    loader::run_alone(rec, times, &policy, &value_key, load).await
+                    let (max, ttl) = (policy.max_load_time, policy.ttl);
+                    loader::run_alone(rec, times, max, ttl, &value_key, load).await
                 }
                 Some(group) => {
                     let (reply, answer) = oneshot::channel();
@@ -1192,7 +1193,8 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         self.budget
             .run("acquire", |timeout| async move {
                 let Some(group) = &self.group else {
-                    return Lease::acquire(shared, keys, lease_ttl, refresh_window, timeout).await;
+                    return Lease::acquire(&shared.calls, keys, lease_ttl, refresh_window, timeout)
+                        .await;
                 };
                 let (reply, answer) = oneshot::channel();
                 group.acquire(keys, lease_ttl, refresh_window, timeout, reply);
@@ -1208,8 +1210,11 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
             .run("get", |timeout| async move {
                 let Some(group) = &self.group else {
                     let began = Instant::now();
-                    let get = || shared.get(keys, timeout, began);
-                    return shared.call_with(keys, began, timeout, "get", get).await;
+                    let get = || shared.calls.get(keys, timeout, began);
+                    return shared
+                        .calls
+                        .call_with(keys, began, timeout, "get", get)
+                        .await;
                 };
                 let (reply, answer) = oneshot::channel();
                 group.read(keys, timeout, reply);
@@ -1224,7 +1229,9 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         fut: impl Future<Output = Result<T, BackendError>>,
     ) -> Result<T, BackendError> {
         self.budget
-            .run(op, |timeout| self.shared.call(&self.keys, timeout, op, fut))
+            .run(op, |timeout| {
+                self.shared.calls.call(&self.keys, timeout, op, fut)
+            })
             .await
     }
 

@@ -126,8 +126,8 @@ impl<'a, V: Clone + Send + Sync + 'static, L: FnOnce() -> Load<V>> Leader<'a, V,
             let got = match &guard.armed {
                 Some(leader) => {
                     let keys = &leader.keys;
-                    let get = shared.call_with(keys, began, timeout, "get", || {
-                        shared.get(keys, timeout, began)
+                    let get = shared.calls.call_with(keys, began, timeout, "get", || {
+                        shared.calls.get(keys, timeout, began)
                     });
                     CatchUnwind(std::pin::pin!(get)).await
                 }

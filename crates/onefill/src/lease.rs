@@ -12,10 +12,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::backend::{Acquired, Backend, Stored};
+use crate::calls::Calls;
 use crate::error::{BackendError, BackendErrorKind, InvalidOption};
 use crate::key::FillKeys;
 use crate::loader::LoadTimes;
-use crate::shared::Shared;
 use crate::stats::Recorder;
 
 /// A random 128-bit lease token, fresh for every acquisition.
@@ -164,8 +164,8 @@ impl Acquisition {
     /// lost (a timeout, a dropped connection): nobody would ever release
     /// it, so the fleet would wait out its whole TTL; the token is released
     /// in the background (compare-and-delete: harmless if it was not taken).
-    pub(crate) fn of_answer<V: 'static>(
-        shared: &Shared<V>,
+    pub(crate) fn of_answer(
+        calls: &Calls,
         keys: &FillKeys,
         token: LeaseToken,
         lease_ttl: Duration,
@@ -175,11 +175,11 @@ impl Acquisition {
             Ok(Acquired::Fresh(stored)) => Ok(Acquisition::Fresh(stored)),
             Ok(Acquired::Held { stale, lease_ttl }) => Ok(Acquisition::Held { stale, lease_ttl }),
             Ok(Acquired::Won { stale }) => Ok(Acquisition::Won {
-                lease: Lease::won(shared, keys, token, lease_ttl),
+                lease: Lease::won(calls, keys, token, lease_ttl),
                 stale,
             }),
             Err(error) => {
-                Lease::release_unanswered(shared, keys, token, &error);
+                Lease::release_unanswered(calls, keys, token, &error);
                 Err(error)
             }
         }
@@ -235,59 +235,54 @@ impl Lease {
     /// Asks for the lease of `keys` with a fresh token (`SET lock token NX
     /// PX lease_ttl` unless the value is fresh beyond `refresh_window`). If
     /// won, the watchdog starts extending it at once.
-    pub(crate) async fn acquire<V: 'static>(
-        shared: &Shared<V>,
+    pub(crate) async fn acquire(
+        calls: &Calls,
         keys: &FillKeys,
         lease_ttl: Duration,
         refresh_window: Duration,
         timeout: Duration,
     ) -> Result<Acquisition, BackendError> {
         let token = LeaseToken::random();
-        let acquired = shared
+        let acquired = calls
             .call(
                 keys,
                 timeout,
                 "acquire",
-                shared
+                calls
                     .backend
                     .acquire(keys, &token, lease_ttl, refresh_window),
             )
             .await;
-        Acquisition::of_answer(shared, keys, token, lease_ttl, acquired)
+        Acquisition::of_answer(calls, keys, token, lease_ttl, acquired)
     }
 
     /// The lease just won with `token`: counted, and its watchdog started.
-    fn won<V: 'static>(
-        shared: &Shared<V>,
-        keys: &FillKeys,
-        token: LeaseToken,
-        lease_ttl: Duration,
-    ) -> Lease {
-        shared.recorder.lease_acquired();
+    fn won(calls: &Calls, keys: &FillKeys, token: LeaseToken, lease_ttl: Duration) -> Lease {
+        calls.recorder.lease_acquired();
         let lost = Arc::new(AtomicBool::new(false));
         // Renewals get the full backend timeout each, whatever the
         // caller's flight had left for this acquire.
         let watchdog = Watchdog::start(
-            shared.backend.clone(),
+            calls.backend.clone(),
             keys.clone(),
             token.clone(),
             lease_ttl,
-            shared.policy.backend_timeout,
-            shared.recorder.clone(),
+            calls.timeout,
+            calls.recorder.clone(),
             lost.clone(),
         );
         Lease {
             held: Some(Held {
-                backend: shared.backend.clone(),
+                backend: calls.backend.clone(),
                 keys: keys.clone(),
                 token,
-                timeout: shared.policy.backend_timeout,
+                timeout: calls.timeout,
             }),
             watchdog: Some(watchdog),
             lost,
             _held_for: HoldTimer {
                 won: tokio::time::Instant::now(),
-                recorder: shared.recorder.clone(),
+                recorder: calls.recorder.clone(),
             },
         }
     }
@@ -295,21 +290,16 @@ impl Lease {
     /// After an acquire whose answer was lost (a timeout, a dropped
     /// connection): it may have taken the lease with `token`, so the token
     /// is released in the background (compare-and-delete: harmless if not).
-    fn release_unanswered<V: 'static>(
-        shared: &Shared<V>,
-        keys: &FillKeys,
-        token: LeaseToken,
-        error: &BackendError,
-    ) {
+    fn release_unanswered(calls: &Calls, keys: &FillKeys, token: LeaseToken, error: &BackendError) {
         if matches!(
             error.kind(),
             BackendErrorKind::Timeout | BackendErrorKind::Connection
         ) {
             release_in_background(Held {
-                backend: shared.backend.clone(),
+                backend: calls.backend.clone(),
                 keys: keys.clone(),
                 token,
-                timeout: shared.policy.backend_timeout,
+                timeout: calls.timeout,
             });
         }
     }
@@ -322,35 +312,35 @@ impl Lease {
     /// Stores `bytes` if the lease still holds our token (the fenced fill)
     /// and ends the lease. `Ok(false)`: the lease was lost (expired or
     /// invalidated) and nothing was written; counted as a lost lease.
-    pub(crate) async fn fill<V: 'static>(
+    pub(crate) async fn fill(
         self,
-        shared: &Shared<V>,
+        calls: &Calls,
         timeout: Duration,
         bytes: &[u8],
         ttl: Duration,
     ) -> Result<bool, BackendError> {
-        self.end(shared, timeout, Ending::Fill { bytes, ttl }).await
+        self.end(calls, timeout, Ending::Fill { bytes, ttl }).await
     }
 
     /// Releases the lease by compare-and-delete, optionally leaving a short
     /// entry behind (a cached failure, or a fail-safe value). `Ok(false)`:
     /// the lease was lost; counted as a lost lease, as by the fill.
-    pub(crate) async fn release<V: 'static>(
+    pub(crate) async fn release(
         self,
-        shared: &Shared<V>,
+        calls: &Calls,
         timeout: Duration,
         entry: Option<(&[u8], Duration)>,
     ) -> Result<bool, BackendError> {
-        self.end(shared, timeout, Ending::Release { entry }).await
+        self.end(calls, timeout, Ending::Release { entry }).await
     }
 
     /// Runs the token-checked step that ends the lease, then disarms the
     /// drop guard: done, or unknown whether it landed (an unended lease
     /// expires by itself). Dropped before the step answers, the guard still
     /// releases.
-    async fn end<V: 'static>(
+    async fn end(
         mut self,
-        shared: &Shared<V>,
+        calls: &Calls,
         timeout: Duration,
         ending: Ending<'_>,
     ) -> Result<bool, BackendError> {
@@ -369,15 +359,15 @@ impl Lease {
                 held.backend.release(&held.keys, &held.token, entry),
             ),
         };
-        let ended = shared.call(&held.keys, timeout, op, step).await;
+        let ended = calls.call(&held.keys, timeout, op, step).await;
         if filling && matches!(ended, Ok(false)) {
-            shared.recorder.fill_fenced();
+            calls.recorder.fill_fenced();
         }
         // Not ours any more, whether we fill or release (the load failed):
         // expired or revoked under the load, so another process may have
         // loaded too. Counted once per lease, with the watchdog.
         if matches!(ended, Ok(false)) && !self.lost.swap(true, Ordering::SeqCst) {
-            shared.recorder.lease_lost(held.keys.value());
+            calls.recorder.lease_lost(held.keys.value());
         }
         // Ended: disarm the guard. On an error the result is unknown: the
         // step may not have run (a timeout before it reached the server, an

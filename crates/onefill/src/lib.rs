@@ -158,6 +158,7 @@ mod batch;
 mod budget;
 mod builder;
 mod cache;
+mod calls;
 mod circuit;
 mod coalesce;
 mod codec;

@@ -16,7 +16,6 @@ use tracing::Instrument;
 
 use crate::coalesce::{Awaiter, Coalescer, Completion, Joined};
 use crate::error::{Error, LoaderError};
-use crate::options::Policy;
 use crate::stats::Recorder;
 
 /// The caller's loader, type-erased, with the key already captured: `None`
@@ -176,15 +175,18 @@ impl<V: Send + 'static> LoadResult for Loaded<Option<V>> {
 
 impl<K: Send + 'static, V: Send + 'static> LoadResult for Vec<(K, V)> {}
 
-/// Runs `load` detached, bounded by the policy's maximum load time, and
-/// records how long it took (for the adaptive lease TTL and the counters).
+/// Runs `load` detached, bounded by `max_load_time`, and records how long
+/// it took (for the adaptive lease TTL and the counters); warns if it took
+/// longer than the TTL its value will have (`ttl`, unless the loader chose
+/// one).
 ///
-/// Generic in what the load returns: a batch's load (see `batch.rs`) runs
-/// here too, as one load.
+/// Generic in what the load returns: a batch's load of many keys runs here
+/// too, as one load.
 pub(crate) async fn run_alone<T: LoadResult>(
     recorder: &Recorder,
     load_times: &LoadTimes,
-    policy: &Policy,
+    max_load_time: Duration,
+    ttl: Duration,
     key: &str,
     load: Detached<T>,
 ) -> Result<(T, Duration), Error> {
@@ -194,7 +196,7 @@ pub(crate) async fn run_alone<T: LoadResult>(
     let span = tracing::info_span!("onefill.load", key, outcome = tracing::field::Empty);
     let load_span = span.clone();
     let mut task = tokio::spawn(async move { load().await }.instrument(load_span));
-    let max = policy.max_load_time;
+    let max = max_load_time;
     let result = match tokio::time::timeout(max, &mut task).await {
         Ok(Ok(Ok(value))) => Ok(value),
         Ok(Ok(Err(error))) => Err(Error::Loader(error)),
@@ -209,7 +211,7 @@ pub(crate) async fn run_alone<T: LoadResult>(
     recorder.load_finished(result.is_ok(), took);
     load_times.record(took);
     let ttl = match &result {
-        Ok(loaded) => loaded.chosen_ttl().unwrap_or(policy.ttl),
+        Ok(loaded) => loaded.chosen_ttl().unwrap_or(ttl),
         Err(_) => Duration::MAX,
     };
     if took > ttl {

@@ -3,14 +3,14 @@
 //! Every knob of the protocol is declared **once**, in the `options!` table
 //! below: its type, its default, how it is checked and its setters. The
 //! table generates the resolved [`Policy`], the per-call [`CallOptions`],
-//! the [`CacheBuilder`] setters and the merge of a call's overrides, so
+//! the [`CacheBuilder`](crate::CacheBuilder) setters and the merge of a
+//! call's overrides, so
 //! adding an option is one edit and nothing a user may tune is a hidden
 //! constant.
 
 use std::fmt;
 use std::time::Duration;
 
-use crate::builder::CacheBuilder;
 use crate::circuit::CircuitBreaker;
 use crate::error::InvalidOption;
 use crate::lease::LeaseTtl;
@@ -118,163 +118,155 @@ macro_rules! options {
             )+ )*
         }
 
-        options!(@builder
-            $( $pf { $( $(#[$pdoc])* fn $psetter ( $( $parg : $parg_ty ),* ) = $pvalue ; )+ } )*
-            $( $cf { $( $(#[$cdoc])* fn $csetter ( $( $carg : $carg_ty ),* ) = $cvalue ; )+ } )*
-        );
-    };
-    // Every option has its setters on the builder, per-call ones and
-    // cache-wide ones alike.
-    (@builder $( $f:ident {
-        $( $(#[$doc:meta])* fn $setter:ident ( $( $arg:ident : $arg_ty:ty ),* ) = $value:expr ; )+
-    } )*) => {
-        impl<K, V> CacheBuilder<K, V> {
-            $( $(
-                $(#[$doc])*
-                pub fn $setter(mut self, $( $arg: $arg_ty ),* ) -> Self {
-                    self.policy.$f = $value;
-                    self
-                }
-            )+ )*
-        }
     };
 }
 
-options! {
-    per_call {
-        ttl: Duration = Duration::from_secs(60), check(within(MS, MAX_TTL)) {
-            /// How long a value stays fresh (1 ms to 1 year).
-            fn ttl(ttl: Duration) = ttl;
+/// The table of options, handed to `$callback` (a macro of the same
+/// grammar as `options!`): `options!` makes the policy and the call options
+/// of it here, and the builder makes its setters of it (see `builder.rs`),
+/// so each option is still declared once.
+macro_rules! with_options {
+    ($callback:ident) => {
+        $callback! {
+            per_call {
+                ttl: Duration = Duration::from_secs(60), check(within(MS, MAX_TTL)) {
+                    /// How long a value stays fresh (1 ms to 1 year).
+                    fn ttl(ttl: Duration) = ttl;
+                }
+                grace: Duration = Duration::ZERO, check(within(Duration::ZERO, MAX_TTL)) {
+                    /// How long after `ttl` a value is still served (stale) while one
+                    /// background refresh runs fleet-wide; also the window in which
+                    /// fail-safe can serve it when the loader fails.
+                    fn grace(grace: Duration) = grace;
+                }
+                jitter: f64 = 0.1, check(within(0.0, 0.5)) {
+                    /// The fraction by which every TTL written may be shortened, at
+                    /// random (0 to 0.5): keys filled together do not expire
+                    /// together, and no hit is older than `ttl`.
+                    fn jitter(fraction: f64) = fraction;
+                }
+                early_refresh_beta: f64 = 1.0, check(within(0.0, 100.0)) {
+                    /// How far ahead of its expiry a value is refreshed, in units of
+                    /// its last load time: with `beta` 1.0 (the default) the first
+                    /// call that finds a value with at most 1.2 load times (+ 5 ms
+                    /// for the round trips; at most half the TTL) of freshness left
+                    /// refreshes it in the background, once fleet-wide, so it is
+                    /// stored again shortly before it would have expired; larger
+                    /// refreshes earlier, 0 turns it off (0 to 100). Applies to
+                    /// values stored without a grace window (the cache's, or the one
+                    /// a loader chose with [`Loaded::grace`](crate::Loaded::grace)):
+                    /// with one, the first stale read already refreshes in the
+                    /// background without making anyone wait.
+                    fn early_refresh_beta(beta: f64) = beta;
+                }
+                lease_ttl: Option<LeaseTtl> = Some(LeaseTtl::default()), check(optional(|_, lease: &LeaseTtl| lease.validate())) {
+                    /// The lease TTL policy (and the lease on, if it was off).
+                    fn lease_ttl(lease: LeaseTtl) = Some(lease);
+                    /// No waiting for another process's load (in-process coalescing
+                    /// stays): for loaders cheap enough that a few duplicate loads
+                    /// across processes are fine. The result is stored only if the
+                    /// key's lease was free, taken on the way so that the write is
+                    /// fenced on its token like every fill (a `set`, an `invalidate`
+                    /// or a newer holder keeps an older load out); while another
+                    /// process holds it, the result answers this process's callers
+                    /// ([`Outcome::Degraded`](crate::Outcome::Degraded)) and that
+                    /// holder fills.
+                    fn no_lease() = None;
+                }
+                max_load_time: Duration = Duration::from_secs(30), check(within(MS, Duration::from_secs(24 * 3600))) {
+                    /// The longest a loader may run; then it is aborted and its lease
+                    /// released.
+                    fn max_load_time(max: Duration) = max;
+                }
+                soft_timeout: Option<Duration> = None, check(optional(within(MS, Duration::from_secs(24 * 3600)))) {
+                    /// How long callers wait for a load when a stale value exists (a
+                    /// value in its grace window): past it, they get the stale value
+                    /// ([`Outcome::Stale`](crate::Outcome::Stale)) and the load
+                    /// finishes in the background, still under the lease (the
+                    /// watchdog keeps extending it), then fills and notifies as
+                    /// usual; `max_load_time` stays its hard bound. With it set, a
+                    /// stale read no longer answers at once: it takes the lease and
+                    /// loads, so a fast origin gives a fresh value (another
+                    /// process's load still answers stale at once). A load that
+                    /// fails before the soft timeout still answers the stale value,
+                    /// and stores what a failed background refresh would (a
+                    /// fail-safe re-store, a cached failure, or nothing). With no
+                    /// stale value, callers wait for the load as always. Off by
+                    /// default (1 ms to 24 h). A stale value that expires on the
+                    /// server (past `ttl + grace`) before the soft timeout is not
+                    /// served: the callers wait for the load, as with none.
+                    fn soft_timeout(timeout: Duration) = Some(timeout);
+                    /// Stale values in the grace window answer at once while one
+                    /// refresh runs (the default).
+                    fn no_soft_timeout() = None;
+                }
+                wait: WaitPolicy = WaitPolicy::default(), check(|_, wait: &WaitPolicy| wait.validate()) {
+                    /// How losers of the lease race wait for another process's load.
+                    fn wait(wait: WaitPolicy) = wait;
+                }
+                negative_ttl: Option<Duration> = None, check(optional(within(MS, MAX_TTL))) {
+                    /// Remember loader failures for this long, so a failing origin is
+                    /// not called by every successive winner.
+                    fn negative_ttl(ttl: Duration) = Some(ttl);
+                    /// Do not remember loader failures (the default).
+                    fn no_negative_caching() = None;
+                }
+                fail_safe: bool = true, check(any) {
+                    /// Serve the stale value when the loader fails (default on).
+                    fn fail_safe(on: bool) = on;
+                }
+                strict: bool = false, check(any) {
+                    /// Surface backend errors to callers instead of degrading.
+                    fn strict(on: bool) = on;
+                }
+            }
+            cache_wide {
+                backend_timeout: Duration = Duration::from_millis(250), check(within(MS, Duration::from_secs(60))) {
+                    /// The backend time one flight may lose to failures before its
+                    /// callers are answered: every call on their path (get, acquire,
+                    /// subscribe, re-checks, fill) is bounded by what is left, and a
+                    /// call that fails is charged what it took, so a hung backend
+                    /// costs a caller this timeout plus its load, never a chain of
+                    /// timeouts (calls that answer are not charged). 250 ms
+                    /// by default: a few hundred times a healthy Redis round trip
+                    /// (sub-millisecond on a LAN), yet short enough that a hung
+                    /// server costs callers less than a typical origin load would
+                    /// (see `docs/decisions/0005-backend-timeout.md`).
+                    fn backend_timeout(timeout: Duration) = timeout;
+                }
+                fail_safe_throttle: Duration = Duration::from_secs(5), check(within(MS, MAX_TTL)) {
+                    /// After a fail-safe answer, the stale value is stored as fresh
+                    /// for this long, so the failing origin is not retried at once,
+                    /// followed by its own grace window (the one it was stored
+                    /// with, which a loader may have chosen).
+                    fn fail_safe_throttle(throttle: Duration) = throttle;
+                }
+                max_value_bytes: usize = 8 * 1024 * 1024, check(within(1, 512 * 1024 * 1024)) {
+                    /// The largest encoded value accepted (bytes).
+                    fn max_value_bytes(max: usize) = max;
+                }
+                max_key_bytes: usize = 1024, check(within(1, 64 * 1024)) {
+                    /// The longest key accepted (bytes of its string form).
+                    fn max_key_bytes(max: usize) = max;
+                }
+                circuit_breaker: CircuitBreaker = CircuitBreaker::default(), check(|_, b: &CircuitBreaker| b.validate()) {
+                    /// The circuit breaker in front of the backend.
+                    fn circuit_breaker(breaker: CircuitBreaker) = breaker;
+                }
+                outage_fallback_capacity: usize = 10_000, check(any) {
+                    /// How many keys' last values this process keeps to answer during
+                    /// a backend outage (each no longer than the server would have
+                    /// kept it: the TTL it reported when the value was read or
+                    /// written); 0 turns it off. Healthy reads never use it.
+                    fn outage_fallback_capacity(keys: usize) = keys;
+                }
+            }
         }
-        grace: Duration = Duration::ZERO, check(within(Duration::ZERO, MAX_TTL)) {
-            /// How long after `ttl` a value is still served (stale) while one
-            /// background refresh runs fleet-wide; also the window in which
-            /// fail-safe can serve it when the loader fails.
-            fn grace(grace: Duration) = grace;
-        }
-        jitter: f64 = 0.1, check(within(0.0, 0.5)) {
-            /// The fraction by which every TTL written may be shortened, at
-            /// random (0 to 0.5): keys filled together do not expire
-            /// together, and no hit is older than `ttl`.
-            fn jitter(fraction: f64) = fraction;
-        }
-        early_refresh_beta: f64 = 1.0, check(within(0.0, 100.0)) {
-            /// How far ahead of its expiry a value is refreshed, in units of
-            /// its last load time: with `beta` 1.0 (the default) the first
-            /// call that finds a value with at most 1.2 load times (+ 5 ms
-            /// for the round trips; at most half the TTL) of freshness left
-            /// refreshes it in the background, once fleet-wide, so it is
-            /// stored again shortly before it would have expired; larger
-            /// refreshes earlier, 0 turns it off (0 to 100). Applies to
-            /// values stored without a grace window (the cache's, or the one
-            /// a loader chose with [`Loaded::grace`](crate::Loaded::grace)):
-            /// with one, the first stale read already refreshes in the
-            /// background without making anyone wait.
-            fn early_refresh_beta(beta: f64) = beta;
-        }
-        lease_ttl: Option<LeaseTtl> = Some(LeaseTtl::default()), check(optional(|_, lease: &LeaseTtl| lease.validate())) {
-            /// The lease TTL policy (and the lease on, if it was off).
-            fn lease_ttl(lease: LeaseTtl) = Some(lease);
-            /// No waiting for another process's load (in-process coalescing
-            /// stays): for loaders cheap enough that a few duplicate loads
-            /// across processes are fine. The result is stored only if the
-            /// key's lease was free, taken on the way so that the write is
-            /// fenced on its token like every fill (a `set`, an `invalidate`
-            /// or a newer holder keeps an older load out); while another
-            /// process holds it, the result answers this process's callers
-            /// ([`Outcome::Degraded`](crate::Outcome::Degraded)) and that
-            /// holder fills.
-            fn no_lease() = None;
-        }
-        max_load_time: Duration = Duration::from_secs(30), check(within(MS, Duration::from_secs(24 * 3600))) {
-            /// The longest a loader may run; then it is aborted and its lease
-            /// released.
-            fn max_load_time(max: Duration) = max;
-        }
-        soft_timeout: Option<Duration> = None, check(optional(within(MS, Duration::from_secs(24 * 3600)))) {
-            /// How long callers wait for a load when a stale value exists (a
-            /// value in its grace window): past it, they get the stale value
-            /// ([`Outcome::Stale`](crate::Outcome::Stale)) and the load
-            /// finishes in the background, still under the lease (the
-            /// watchdog keeps extending it), then fills and notifies as
-            /// usual; `max_load_time` stays its hard bound. With it set, a
-            /// stale read no longer answers at once: it takes the lease and
-            /// loads, so a fast origin gives a fresh value (another
-            /// process's load still answers stale at once). A load that
-            /// fails before the soft timeout still answers the stale value,
-            /// and stores what a failed background refresh would (a
-            /// fail-safe re-store, a cached failure, or nothing). With no
-            /// stale value, callers wait for the load as always. Off by
-            /// default (1 ms to 24 h). A stale value that expires on the
-            /// server (past `ttl + grace`) before the soft timeout is not
-            /// served: the callers wait for the load, as with none.
-            fn soft_timeout(timeout: Duration) = Some(timeout);
-            /// Stale values in the grace window answer at once while one
-            /// refresh runs (the default).
-            fn no_soft_timeout() = None;
-        }
-        wait: WaitPolicy = WaitPolicy::default(), check(|_, wait: &WaitPolicy| wait.validate()) {
-            /// How losers of the lease race wait for another process's load.
-            fn wait(wait: WaitPolicy) = wait;
-        }
-        negative_ttl: Option<Duration> = None, check(optional(within(MS, MAX_TTL))) {
-            /// Remember loader failures for this long, so a failing origin is
-            /// not called by every successive winner.
-            fn negative_ttl(ttl: Duration) = Some(ttl);
-            /// Do not remember loader failures (the default).
-            fn no_negative_caching() = None;
-        }
-        fail_safe: bool = true, check(any) {
-            /// Serve the stale value when the loader fails (default on).
-            fn fail_safe(on: bool) = on;
-        }
-        strict: bool = false, check(any) {
-            /// Surface backend errors to callers instead of degrading.
-            fn strict(on: bool) = on;
-        }
-    }
-    cache_wide {
-        backend_timeout: Duration = Duration::from_millis(250), check(within(MS, Duration::from_secs(60))) {
-            /// The backend time one flight may lose to failures before its
-            /// callers are answered: every call on their path (get, acquire,
-            /// subscribe, re-checks, fill) is bounded by what is left, and a
-            /// call that fails is charged what it took, so a hung backend
-            /// costs a caller this timeout plus its load, never a chain of
-            /// timeouts (calls that answer are not charged). 250 ms
-            /// by default: a few hundred times a healthy Redis round trip
-            /// (sub-millisecond on a LAN), yet short enough that a hung
-            /// server costs callers less than a typical origin load would
-            /// (see `docs/decisions/0005-backend-timeout.md`).
-            fn backend_timeout(timeout: Duration) = timeout;
-        }
-        fail_safe_throttle: Duration = Duration::from_secs(5), check(within(MS, MAX_TTL)) {
-            /// After a fail-safe answer, the stale value is stored as fresh
-            /// for this long, so the failing origin is not retried at once,
-            /// followed by its own grace window (the one it was stored
-            /// with, which a loader may have chosen).
-            fn fail_safe_throttle(throttle: Duration) = throttle;
-        }
-        max_value_bytes: usize = 8 * 1024 * 1024, check(within(1, 512 * 1024 * 1024)) {
-            /// The largest encoded value accepted (bytes).
-            fn max_value_bytes(max: usize) = max;
-        }
-        max_key_bytes: usize = 1024, check(within(1, 64 * 1024)) {
-            /// The longest key accepted (bytes of its string form).
-            fn max_key_bytes(max: usize) = max;
-        }
-        circuit_breaker: CircuitBreaker = CircuitBreaker::default(), check(|_, b: &CircuitBreaker| b.validate()) {
-            /// The circuit breaker in front of the backend.
-            fn circuit_breaker(breaker: CircuitBreaker) = breaker;
-        }
-        outage_fallback_capacity: usize = 10_000, check(any) {
-            /// How many keys' last values this process keeps to answer during
-            /// a backend outage (each no longer than the server would have
-            /// kept it: the TTL it reported when the value was read or
-            /// written); 0 turns it off. Healthy reads never use it.
-            fn outage_fallback_capacity(keys: usize) = keys;
-        }
-    }
+    };
 }
+pub(crate) use with_options;
+
+with_options!(options);
 
 /// The policy of one call: the cache's own, borrowed, when the call sets no
 /// options (most calls), else the call's, boxed. A `Cow` would hold a whole

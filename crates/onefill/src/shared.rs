@@ -1,26 +1,25 @@
-//! The state one cache shares between its handles and its flights, and the
-//! two things every flight does with it: call the backend (bounded by the
-//! backend timeout, through the circuit breaker, counted) and turn stored
-//! envelopes into values and back with the cache's codec.
+//! The state one cache shares between its handles and its flights: its
+//! way to the backend, its coalescers, L1 and outage fallback, and what
+//! every flight does with stored bytes (turn envelopes into values and back
+//! with the cache's codec).
 
 use std::collections::HashSet;
-use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
 use tokio::time::Instant;
-use tracing::Instrument;
 
 use crate::answer::Answer;
 use crate::backend::{Backend, FillKeys, Stored};
+use crate::calls::Calls;
 use crate::circuit::Breakers;
 use crate::coalesce::Coalescer;
 use crate::codec::Codec;
 use crate::envelope::{self, Kind};
 use crate::error::CodecError;
-use crate::error::{BackendError, BackendErrorKind, Error, InputError};
+use crate::error::{Error, InputError};
 use crate::fallback::Fallback;
 use crate::l1::{Local, L1};
 use crate::loader::Done;
@@ -31,11 +30,8 @@ use crate::stats::Recorder;
 /// Shared state of one cache: everything a flight needs.
 pub(crate) struct Shared<V> {
     pub namespace: String,
-    pub backend: Arc<dyn Backend>,
-    /// `backend`, when it is a `RedisBackend`: called directly for `get`
-    /// (see [`Shared::get`]).
-    #[cfg(feature = "redis")]
-    pub redis: Option<crate::redis::RedisBackend>,
+    /// The way to the backend (with the same recorder as below).
+    pub calls: Calls,
     pub codec: Arc<dyn Codec<V>>,
     /// The cache-wide defaults (a call's overrides make its own copy).
     pub policy: Policy,
@@ -53,8 +49,6 @@ pub(crate) struct Shared<V> {
     pub epoch: AtomicU64,
     /// Keys with a background refresh under way in this process.
     pub refreshing: Mutex<HashSet<String>>,
-    /// One circuit breaker per shard of the backend.
-    pub breakers: Breakers,
     pub fallback: Fallback<V>,
     /// The in-process L1, if configured.
     pub l1: Option<Arc<Local<V>>>,
@@ -92,15 +86,19 @@ impl<V: Clone + 'static> Shared<V> {
         let recorder = Recorder::new(&namespace);
         Shared {
             l1: l1.map(|l1| Arc::new(Local::new(l1, &namespace, recorder.clone()))),
-            recorder,
-            breakers: Breakers::new(policy.circuit_breaker),
+            calls: Calls {
+                backend,
+                #[cfg(feature = "redis")]
+                redis: None,
+                breakers: Breakers::new(policy.circuit_breaker),
+                recorder: recorder.clone(),
+                timeout: policy.backend_timeout,
+            },
             fallback: Fallback::new(policy.outage_fallback_capacity),
             namespace,
-            backend,
-            #[cfg(feature = "redis")]
-            redis: None,
             codec,
             policy,
+            recorder,
             load_times: LoadTimes::default(),
             flights: Coalescer::default(),
             loads: Coalescer::default(),
@@ -124,103 +122,7 @@ impl<V: Clone + 'static> Shared<V> {
     }
 }
 
-impl<V: 'static> Shared<V> {
-    /// The backend's `get` of `keys`, the one call of a hit past the L1. On
-    /// a `RedisBackend` it is called directly, not through the trait: an
-    /// `async_trait` method boxes its future, which cost a Redis hit an
-    /// allocation and a copy of that future (issue 9, callgrind).
-    /// `limit` is the timeout the call is made within, `began` when it
-    /// began.
-    pub(crate) async fn get(
-        &self,
-        keys: &FillKeys,
-        limit: Duration,
-        began: Instant,
-    ) -> Result<Option<Stored>, BackendError> {
-        #[cfg(feature = "redis")]
-        if let Some(redis) = &self.redis {
-            return redis.read_within(keys, limit, began).await;
-        }
-        let _ = (limit, began);
-        self.backend.get(keys).await
-    }
-
-    /// Calls the backend about `keys` through the circuit breaker of their
-    /// shard, bounded by `timeout` (the driver's own timeouts are not
-    /// trusted to fire), with counters and a span.
-    pub(crate) async fn call<T>(
-        &self,
-        keys: &FillKeys,
-        timeout: Duration,
-        op: &'static str,
-        fut: impl Future<Output = Result<T, BackendError>>,
-    ) -> Result<T, BackendError> {
-        self.call_with(keys, Instant::now(), timeout, op, move || fut)
-            .await
-    }
-
-    /// [`call`](Shared::call) with the backend's future made when the
-    /// breaker admits the call: the future is then held once in the call's
-    /// state (an async fn keeps its arguments for its whole life), which a
-    /// hit moves through every layer of its own future. `began`: now, read
-    /// once by a caller that needs it too (each read of the clock counts
-    /// on a hit).
-    pub(crate) async fn call_with<T, F>(
-        &self,
-        keys: &FillKeys,
-        began: Instant,
-        timeout: Duration,
-        op: &'static str,
-        make: impl FnOnce() -> F,
-    ) -> Result<T, BackendError>
-    where
-        F: Future<Output = Result<T, BackendError>>,
-    {
-        let breaker = self.breakers.of(self.backend.shard(keys));
-        let Some(permit) = breaker.admit() else {
-            self.recorder.circuit_rejected();
-            return Err(BackendError::new(
-                BackendErrorKind::CircuitOpen,
-                "circuit breaker open",
-            ));
-        };
-        let span = tracing::debug_span!("onefill.backend", op);
-        // Without a subscriber for the span, the call is not wrapped:
-        // entering and leaving a disabled span on every poll and drop cost
-        // about 400 instructions of a Redis hit (callgrind).
-        let answered = if span.is_disabled() {
-            timeout_from(began, timeout, make()).await
-        } else {
-            timeout_from(began, timeout, make().instrument(span)).await
-        };
-        let result = match answered {
-            Ok(result) => result,
-            Err(_) => Err(BackendError::new(
-                BackendErrorKind::Timeout,
-                format!("{op} did not answer within {timeout:?}"),
-            )),
-        };
-        match &result {
-            Ok(_) => permit.succeeded(),
-            Err(e) => {
-                self.recorder.backend_error(op, e);
-                // A non-transient error (a script error, OOM, NOAUTH) is an
-                // answer: the server is up, so the breaker closes (and a
-                // half-open probe ends) rather than waiting for a success.
-                if !e.is_transient() {
-                    permit.succeeded();
-                } else if e.is_timeout() && timeout < self.policy.backend_timeout {
-                    // Cut short by the flight's budget, not a full timeout:
-                    // no evidence against the backend (the permit is dropped
-                    // unreported; a probe's slot is freed).
-                } else if permit.failed() {
-                    self.recorder.circuit_opened();
-                }
-            }
-        }
-        result
-    }
-
+impl<V: Clone + 'static> Shared<V> {
     /// Decodes stored bytes; `count_as` names the key when an unreadable
     /// value should be counted (once per flight, not at every re-read).
     pub(crate) fn read(&self, stored: &Stored, count_as: Option<&str>) -> Read<V> {
@@ -384,16 +286,6 @@ impl<V: Clone + 'static> Drop for Writing<'_, V> {
             let until = Instant::now() + self.shared.policy.longest_flight();
             self.shared.fallback.forget(self.keys.value(), until, epoch);
         }
-    }
-}
-
-/// `fut` bounded by `timeout` from `began` (no second read of the clock);
-/// a deadline past what an `Instant` holds is no deadline, as with
-/// `tokio::time::timeout`.
-fn timeout_from<F: Future>(began: Instant, timeout: Duration, fut: F) -> tokio::time::Timeout<F> {
-    match began.checked_add(timeout) {
-        Some(deadline) => tokio::time::timeout_at(deadline, fut),
-        None => tokio::time::timeout(timeout, fut),
     }
 }
 

@@ -16,8 +16,7 @@ use tokio::time::Instant;
 use crate::backend::FillSubscription;
 use crate::backoff::{jittered, Backoff};
 use crate::error::{Error, InvalidOption};
-use crate::shared::Shared;
-use crate::stats::Waiting;
+use crate::stats::{Recorder, Waiting};
 use tracing::Instrument;
 
 /// What a waiter does when its deadline passes without a fill.
@@ -214,13 +213,13 @@ impl Wait {
     /// Starts waiting, with the key's fill subscription if one could be
     /// made (made *before* the caller re-checks, so a fill landing in
     /// between is not missed); without one, the wait polls alone.
-    pub(crate) fn start<V>(
-        shared: &Shared<V>,
+    pub(crate) fn start(
+        recorder: &Recorder,
         policy: &WaitPolicy,
         subscription: Option<Box<dyn FillSubscription>>,
     ) -> Wait {
-        shared.recorder.wait_started();
-        let waiting = shared.recorder.waiting();
+        recorder.wait_started();
+        let waiting = recorder.waiting();
         let started = Instant::now();
         Wait {
             subscription,
@@ -247,9 +246,9 @@ impl Wait {
     /// only the safety net ([`WaitPolicy::safety_poll`]) and for one
     /// without a subscription the fast backoff. Returns [`Next::Deadline`]
     /// once the deadline has passed.
-    pub(crate) async fn until_recheck<V>(
+    pub(crate) async fn until_recheck(
         &mut self,
-        shared: &Shared<V>,
+        recorder: &Recorder,
         holder_ttl: Duration,
     ) -> Next {
         let now = Instant::now();
@@ -276,7 +275,7 @@ impl Wait {
             }
         };
         let notified = nap.instrument(self.span.clone()).await;
-        shared.recorder.wait_poll(notified);
+        recorder.wait_poll(notified);
         // Recorded in the span once, at the end (an OpenTelemetry span
         // keeps every value recorded, not the last).
         if notified {
@@ -292,14 +291,12 @@ impl Wait {
     }
 
     /// Ends the wait (counted, with its duration).
-    pub(crate) fn finish<V>(self, shared: &Shared<V>, timed_out: bool) {
+    pub(crate) fn finish(self, recorder: &Recorder, timed_out: bool) {
         self.span
             .record("notified", self.notified)
             .record("polls", self.polls)
             .record("timed_out", timed_out);
-        shared
-            .recorder
-            .wait_finished(self.started.elapsed(), timed_out);
+        recorder.wait_finished(self.started.elapsed(), timed_out);
     }
 }
 

@@ -1,0 +1,139 @@
+//! Every call to the backend: bounded by a timeout from when it began,
+//! through the circuit breaker of its shard, counted, in a span. The layer
+//! every protocol step calls the backend through; it knows nothing of
+//! values, leases or flights.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use crate::backend::{Backend, FillKeys, Stored};
+use crate::circuit::Breakers;
+use crate::error::{BackendError, BackendErrorKind};
+use crate::stats::Recorder;
+
+/// A cache's way to the backend.
+pub(crate) struct Calls {
+    pub backend: Arc<dyn Backend>,
+    /// `backend`, when it is a `RedisBackend`: called directly for `get`
+    /// (see [`Calls::get`]).
+    #[cfg(feature = "redis")]
+    pub redis: Option<crate::redis::RedisBackend>,
+    /// One circuit breaker per shard of the backend.
+    pub breakers: Breakers,
+    pub recorder: Recorder,
+    /// The cache's backend timeout: a call cut shorter than that (by its
+    /// flight's budget) is no evidence against the backend.
+    pub timeout: Duration,
+}
+
+impl Calls {
+    /// The backend's `get` of `keys`, the one call of a hit past the L1. On
+    /// a `RedisBackend` it is called directly, not through the trait: an
+    /// `async_trait` method boxes its future, which cost a Redis hit an
+    /// allocation and a copy of that future (measured with callgrind).
+    /// `limit` is the timeout the call is made within, `began` when it
+    /// began.
+    pub(crate) async fn get(
+        &self,
+        keys: &FillKeys,
+        limit: Duration,
+        began: Instant,
+    ) -> Result<Option<Stored>, BackendError> {
+        #[cfg(feature = "redis")]
+        if let Some(redis) = &self.redis {
+            return redis.read_within(keys, limit, began).await;
+        }
+        let _ = (limit, began);
+        self.backend.get(keys).await
+    }
+
+    /// Calls the backend about `keys` through the circuit breaker of their
+    /// shard, bounded by `timeout` (the driver's own timeouts are not
+    /// trusted to fire), with counters and a span.
+    pub(crate) async fn call<T>(
+        &self,
+        keys: &FillKeys,
+        timeout: Duration,
+        op: &'static str,
+        fut: impl Future<Output = Result<T, BackendError>>,
+    ) -> Result<T, BackendError> {
+        self.call_with(keys, Instant::now(), timeout, op, move || fut)
+            .await
+    }
+
+    /// [`call`](Shared::call) with the backend's future made when the
+    /// breaker admits the call: the future is then held once in the call's
+    /// state (an async fn keeps its arguments for its whole life), which a
+    /// hit moves through every layer of its own future. `began`: now, read
+    /// once by a caller that needs it too (each read of the clock counts
+    /// on a hit).
+    pub(crate) async fn call_with<T, F>(
+        &self,
+        keys: &FillKeys,
+        began: Instant,
+        timeout: Duration,
+        op: &'static str,
+        make: impl FnOnce() -> F,
+    ) -> Result<T, BackendError>
+    where
+        F: Future<Output = Result<T, BackendError>>,
+    {
+        let breaker = self.breakers.of(self.backend.shard(keys));
+        let Some(permit) = breaker.admit() else {
+            self.recorder.circuit_rejected();
+            return Err(BackendError::new(
+                BackendErrorKind::CircuitOpen,
+                "circuit breaker open",
+            ));
+        };
+        let span = tracing::debug_span!("onefill.backend", op);
+        // Without a subscriber for the span, the call is not wrapped:
+        // entering and leaving a disabled span on every poll and drop cost
+        // about 400 instructions of a Redis hit (callgrind).
+        let answered = if span.is_disabled() {
+            timeout_from(began, timeout, make()).await
+        } else {
+            timeout_from(began, timeout, make().instrument(span)).await
+        };
+        let result = match answered {
+            Ok(result) => result,
+            Err(_) => Err(BackendError::new(
+                BackendErrorKind::Timeout,
+                format!("{op} did not answer within {timeout:?}"),
+            )),
+        };
+        match &result {
+            Ok(_) => permit.succeeded(),
+            Err(e) => {
+                self.recorder.backend_error(op, e);
+                // A non-transient error (a script error, OOM, NOAUTH) is an
+                // answer: the server is up, so the breaker closes (and a
+                // half-open probe ends) rather than waiting for a success.
+                if !e.is_transient() {
+                    permit.succeeded();
+                } else if e.is_timeout() && timeout < self.timeout {
+                    // Cut short by the flight's budget, not a full timeout:
+                    // no evidence against the backend (the permit is dropped
+                    // unreported; a probe's slot is freed).
+                } else if permit.failed() {
+                    self.recorder.circuit_opened();
+                }
+            }
+        }
+        result
+    }
+}
+
+/// `fut` bounded by `timeout` from `began` (no second read of the clock);
+/// a deadline past what an `Instant` holds is no deadline, as with
+/// `tokio::time::timeout`.
+fn timeout_from<F: Future>(began: Instant, timeout: Duration, fut: F) -> tokio::time::Timeout<F> {
+    match began.checked_add(timeout) {
+        Some(deadline) => tokio::time::timeout_at(deadline, fut),
+        None => tokio::time::timeout(timeout, fut),
+    }
+}
