@@ -1,0 +1,243 @@
+//! The miss path: take the lease and load, or wait for whoever holds it
+//! (woken by its fill, re-checking at its lease's expiry), up to the wait
+//! deadline and its outcome; and what a backend failure degrades to.
+
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+use crate::answer::{Answer, Outcome};
+use crate::error::{BackendError, Error};
+use crate::group::step_dropped;
+use crate::lease::{Acquisition, Lease, LeaseTtl};
+use crate::shared::Read;
+use crate::wait::{AtDeadline, Next, Wait};
+
+use super::Flight;
+
+impl<V: Clone + Send + Sync + 'static> Flight<V> {
+    /// The miss path: take the lease and load, or wait for whoever has it.
+    pub(super) async fn lease_or_wait(
+        &mut self,
+        lease: LeaseTtl,
+        mut unreadable: bool,
+        mut stale: Option<Option<V>>,
+    ) -> Result<Answer<V>, Error> {
+        let mut waiting: Option<Wait> = None;
+        let mut notified = false;
+        // When the holder's lease runs out, as the last re-check saw it, and
+        // whether a notification (a fill, a release, an invalidation) came
+        // since: a lease won after that moment with no notice was taken
+        // over from a holder that died or stalled.
+        let mut holder_expires: Option<Instant> = None;
+        let mut told = false;
+        loop {
+            // Notified: the fill has most likely landed, and a plain read
+            // (`GET` + `PTTL`, as a hit) is cheaper than the acquire script.
+            // Anything but a fresh answer goes on to acquire, which decides.
+            if std::mem::take(&mut notified) {
+                told = true;
+                match self.read_stored().await {
+                    Err(e) => {
+                        self.finish_wait(waiting, false);
+                        return self.degrade(e, stale).await;
+                    }
+                    Ok(Some(stored)) => match self.shared.read(&stored, None) {
+                        Read::Value {
+                            value, fresh_for, ..
+                        } if !fresh_for.is_zero() => {
+                            self.note_value_ttl(stored.ttl);
+                            self.finish_wait(waiting, false);
+                            return Ok((value, Outcome::Waited));
+                        }
+                        Read::Failure {
+                            message,
+                            fresh: true,
+                        } => {
+                            self.finish_wait(waiting, false);
+                            self.rec().negative_hit();
+                            return Err(Error::CachedFailure(message));
+                        }
+                        _ => {}
+                    },
+                    Ok(None) => {}
+                }
+            }
+            // A value that is fresh on the server but unreadable here (another
+            // type or version) must not block the lease: ask for it regardless,
+            // once. Only once: if someone else holds the lease, they are
+            // replacing it, and their fill must count as fresh again, or this
+            // flight would win the lease they just freed and load a second
+            // time (issue 8, fault 2).
+            let window = if std::mem::take(&mut unreadable) {
+                Duration::MAX
+            } else {
+                Duration::ZERO
+            };
+            let acquired = self.acquire(lease, window).await;
+            let (held_stale, holder_ttl) = match acquired {
+                Err(e) => {
+                    self.finish_wait(waiting, false);
+                    return self.degrade(e, stale).await;
+                }
+                Ok(Acquisition::Fresh(stored)) => match self.read(&stored) {
+                    Read::Value { value, .. } => {
+                        let outcome = if waiting.is_some() {
+                            Outcome::Waited
+                        } else {
+                            Outcome::Hit
+                        };
+                        self.finish_wait(waiting, false);
+                        return Ok((value, outcome));
+                    }
+                    Read::Failure { message, .. } => {
+                        self.finish_wait(waiting, false);
+                        self.rec().negative_hit();
+                        return Err(Error::CachedFailure(message));
+                    }
+                    Read::Unreadable => {
+                        unreadable = true;
+                        continue;
+                    }
+                },
+                Ok(Acquisition::Won {
+                    lease,
+                    stale: won_stale,
+                }) => {
+                    if !told && holder_expires.is_some_and(|at| Instant::now() >= at) {
+                        self.rec().lease_takeover();
+                    }
+                    self.finish_wait(waiting, false);
+                    let stale = self.stale_value(won_stale).or(stale);
+                    return self.load_leased(lease, stale).await;
+                }
+                Ok(Acquisition::Held { stale, lease_ttl }) => (stale, lease_ttl),
+            };
+            holder_expires = Some(Instant::now() + holder_ttl);
+            told = false;
+            self.rec().lease_contended();
+            if let Some(value) = self.stale_value(held_stale) {
+                stale = Some(value);
+            }
+            let Some(wait) = waiting.as_mut() else {
+                // First contention: serve stale if there is one (the holder is
+                // refreshing it), else subscribe and re-check at once, so a
+                // fill between this acquire and the subscription is not lost.
+                if let Some(value) = stale.take() {
+                    self.rec().stale_served();
+                    return Ok((value, Outcome::Stale));
+                }
+                let subscribe = self.shared.calls.backend.subscribe(&self.keys);
+                let subscription = self.call("subscribe", subscribe).await.ok();
+                waiting = Some(Wait::start(self.rec(), &self.policy.wait, subscription));
+                continue;
+            };
+            match wait.until_recheck(self.rec(), holder_ttl).await {
+                Next::Notified => notified = true,
+                Next::Recheck => {}
+                Next::Deadline => {
+                    self.finish_wait(waiting, true);
+                    return match self.policy.wait.at_deadline(stale) {
+                        AtDeadline::Serve(value) => {
+                            self.rec().stale_served();
+                            Ok((value, Outcome::Stale))
+                        }
+                        AtDeadline::Load => self.load_unstored().await,
+                        AtDeadline::Fail(error) => Err(error),
+                    };
+                }
+            }
+        }
+    }
+
+    pub(super) fn finish_wait(&self, waiting: Option<Wait>, timed_out: bool) {
+        if let Some(wait) = waiting {
+            wait.finish(self.rec(), timed_out);
+        }
+    }
+
+    /// The backend failed: strict mode surfaces it; otherwise serve stale,
+    /// else load without the lease (the coalescer keeps it to one per
+    /// process).
+    pub(super) async fn degrade(
+        &mut self,
+        error: BackendError,
+        stale: Option<Option<V>>,
+    ) -> Result<Answer<V>, Error> {
+        if self.policy.strict {
+            return Err(Error::Backend(error));
+        }
+        if let Some(value) = stale {
+            self.rec().stale_served();
+            return Ok((value, Outcome::Stale));
+        }
+        if let Some(value) = self.shared.fallback.get(self.keys.value()) {
+            self.from_fallback = true;
+            self.rec().stale_served();
+            return Ok((value, Outcome::Stale));
+        }
+        self.load_unstored().await
+    }
+
+    /// The `no_lease` policy: load without waiting for anyone, but store
+    /// only under a lease taken on the way if it was free, so the write is
+    /// fenced on our token like every fill (a `set`, an `invalidate` or a
+    /// newer holder fences it out). If another process holds the lease, the
+    /// result is not stored: that holder's fill will be (issue 8, fault 4).
+    pub(super) async fn load_without_waiting(
+        &mut self,
+        unreadable: bool,
+        known_stale: Option<Option<V>>,
+    ) -> Result<Answer<V>, Error> {
+        let window = if unreadable {
+            Duration::MAX
+        } else {
+            Duration::ZERO
+        };
+        match self.acquire(LeaseTtl::default(), window).await {
+            Ok(Acquisition::Won { lease, stale }) => {
+                let stale = self.stale_value(stale).or(known_stale);
+                self.load_leased(lease, stale).await
+            }
+            // Another process is refreshing the stale value read first
+            // (with a soft timeout): it answers, as in `lease_or_wait`.
+            Ok(Acquisition::Held { .. }) if known_stale.is_some() => {
+                self.rec().stale_served();
+                let value = known_stale.unwrap_or_default();
+                Ok((value, Outcome::Stale))
+            }
+            Ok(Acquisition::Fresh(stored)) => match self.read(&stored) {
+                Read::Value { value, .. } => Ok((value, Outcome::Hit)),
+                Read::Failure { message, .. } => {
+                    self.rec().negative_hit();
+                    Err(Error::CachedFailure(message))
+                }
+                Read::Unreadable => self.load_unstored().await,
+            },
+            Ok(Acquisition::Held { .. }) => self.load_unstored().await,
+            Err(e) => self.degrade(e, None).await,
+        }
+    }
+
+    /// Asks for the lease, with a TTL sized from recent load times.
+    pub(super) async fn acquire(
+        &self,
+        lease: LeaseTtl,
+        refresh_window: Duration,
+    ) -> Result<Acquisition, BackendError> {
+        let lease_ttl = lease.ttl(&self.shared.load_times);
+        let (shared, keys) = (&self.shared, &self.keys);
+        self.budget
+            .run("acquire", |timeout| async move {
+                let Some(group) = &self.group else {
+                    return Lease::acquire(&shared.calls, keys, lease_ttl, refresh_window, timeout)
+                        .await;
+                };
+                let (reply, answer) = oneshot::channel();
+                group.acquire(keys, lease_ttl, refresh_window, timeout, reply);
+                answer.await.unwrap_or_else(|_| Err(step_dropped()))
+            })
+            .await
+    }
+}
