@@ -266,7 +266,7 @@ async fn gap_once(a: &StrCache, b: &StrCache) -> Gap {
     let b_cache = b.clone();
     let b_task = tokio::spawn(async move {
         let fetched = b_cache
-            .fetch(&key, &CallOptions::new(), warm_loader)
+            .fetch(&key, warm_loader)
             .await
             .expect("B gets the value");
         (Instant::now(), fetched.outcome)

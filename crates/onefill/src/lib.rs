@@ -219,7 +219,7 @@ pub use answer::{Fetched, Outcome};
 pub use backend::memory::MemoryBackend;
 pub use backend::Backend;
 pub use builder::CacheBuilder;
-pub use cache::Cache;
+pub use cache::{Cache, WithOptions};
 pub use circuit::{CircuitBreaker, CircuitState};
 #[cfg(feature = "postcard")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postcard")))]

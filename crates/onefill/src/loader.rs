@@ -33,8 +33,8 @@ pub(crate) type Done<V> = (Loaded<Option<V>>, Duration);
 /// "adaptive caching"): a short TTL for a draft, a long one for a
 /// published page. What the loader leaves unset is the call's policy.
 ///
-/// Returned by the loaders of [`Cache::fetch_loaded`](crate::Cache::fetch_loaded)
-/// and [`Cache::fetch_loaded_optional`](crate::Cache::fetch_loaded_optional).
+/// Any loader may return one instead of the plain value (a plain value
+/// converts into one with the call's freshness, through `From`).
 /// The chosen TTL is written (shortened by the policy's jitter, as every
 /// TTL), recorded in the stored value so every process sizes the value's
 /// early refresh from it, and bounds the L1 entry; the chosen grace is the
@@ -106,6 +106,14 @@ impl<V> Loaded<V> {
             ttl: self.ttl,
             grace: self.grace,
         }
+    }
+}
+
+/// A plain value, with the call's freshness: what lets a loader return
+/// `V` or `Loaded<V>` alike (as `Option<T>` is `From<T>`).
+impl<V> From<V> for Loaded<V> {
+    fn from(value: V) -> Self {
+        Loaded::new(value)
     }
 }
 

@@ -8,7 +8,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use metrics_exporter_prometheus::PrometheusHandle;
-use onefill::{Cache, CallOptions, Error as CacheError, Outcome};
+use onefill::{Cache, Error as CacheError, Outcome};
 use serde_json::json;
 
 use crate::origin::{Item, ItemUpdate, Origin};
@@ -48,9 +48,7 @@ async fn get_item(State(app): State<App>, Path(id): Path<i64>) -> Response {
     // handle, cheap to clone), not a borrow of the request's state.
     let origin = app.origin.clone();
     let fetched = cache
-        .fetch_optional(&id, &CallOptions::new(), move |id| async move {
-            origin.read_item(id).await
-        })
+        .fetch_optional(&id, move |id| async move { origin.read_item(id).await })
         .await;
     match fetched {
         Ok(fetched) => item_response(id, fetched.value, outcome_name(fetched.outcome)),

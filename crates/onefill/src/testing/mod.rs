@@ -323,7 +323,7 @@ pub async fn herd(
         let options = options.clone();
         tasks.push(tokio::spawn(async move {
             barrier.wait().await;
-            cache.fetch(&key, &options, loader).await
+            cache.with_options(&options).fetch(&key, loader).await
         }));
     }
     let mut out = Vec::with_capacity(n);

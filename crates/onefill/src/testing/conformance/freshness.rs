@@ -32,9 +32,8 @@ scenarios! { $ __onefill_conformance_freshness;
         let first = pods[0]
             .fetch(
                 &key,
-                &CallOptions::new(),
                 origin.loader(Duration::from_millis(100)),
-            )
+)
             .await
             .unwrap();
         assert_eq!(first.outcome, Outcome::Loaded);
@@ -120,11 +119,10 @@ scenarios! { $ __onefill_conformance_freshness;
                 // The refreshed value is fresh again past the old expiry.
                 tokio::time::sleep(Duration::from_millis(1200)).await;
                 let f = pods[2]
-                    .fetch(
+                    .with_options(&CallOptions::new().early_refresh_beta(0.0)).fetch(
                         &key,
-                        &CallOptions::new().early_refresh_beta(0.0),
                         origin.loader(Duration::ZERO),
-                    )
+)
                     .await
                     .unwrap();
                 assert_eq!((f.outcome, f.value.as_str()), (Outcome::Hit, "k-v2"));
@@ -220,7 +218,7 @@ scenarios! { $ __onefill_conformance_freshness;
         let calls = Arc::new(AtomicUsize::new(0));
         tokio::time::sleep(Duration::from_millis(1200)).await;
         let f = c
-            .fetch(&key, &CallOptions::new(), failing_loader(&calls))
+            .fetch(&key, failing_loader(&calls))
             .await
             .unwrap();
         assert_eq!((f.outcome, f.value.as_str()), (Outcome::Stale, "k-v1"));
@@ -230,7 +228,7 @@ scenarios! { $ __onefill_conformance_freshness;
         let start = Instant::now();
         loop {
             let f = c
-                .fetch(&key, &CallOptions::new(), failing_loader(&calls))
+                .fetch(&key, failing_loader(&calls))
                 .await
                 .unwrap();
             assert_eq!(f.value, "k-v1");
@@ -245,7 +243,7 @@ scenarios! { $ __onefill_conformance_freshness;
         }
         for _ in 0..5 {
             let f = c
-                .fetch(&key, &CallOptions::new(), failing_loader(&calls))
+                .fetch(&key, failing_loader(&calls))
                 .await
                 .unwrap();
             assert_eq!(f.value, "k-v1");
@@ -253,7 +251,7 @@ scenarios! { $ __onefill_conformance_freshness;
         assert_eq!(calls.load(Ordering::SeqCst), 1, "throttled");
         tokio::time::sleep(Duration::from_millis(2200)).await;
         let f = c
-            .fetch(&key, &CallOptions::new(), failing_loader(&calls))
+            .fetch(&key, failing_loader(&calls))
             .await
             .unwrap();
         assert_eq!((f.outcome, f.value.as_str()), (Outcome::Stale, "k-v1"));

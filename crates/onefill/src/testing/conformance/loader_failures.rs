@@ -11,7 +11,7 @@ use tokio::time::Instant;
 use super::{fetch_now, start_slow_load};
 use crate::backend::FillKeys;
 use crate::testing::{cache, cache_with, lease_held, unique_ns, Harness, Origin, OriginError};
-use crate::{CallOptions, Error, Outcome};
+use crate::{Error, Outcome};
 
 scenarios! { $ __onefill_conformance_loader_failures;
 
@@ -91,7 +91,7 @@ scenarios! { $ __onefill_conformance_loader_failures;
         let follower = {
             let c = c.clone();
             let loader = origin.loader(Duration::from_millis(300));
-            tokio::spawn(async move { c.fetch(&"k".to_string(), &CallOptions::new(), loader).await })
+            tokio::spawn(async move { c.fetch(&"k".to_string(), loader).await })
         };
         tokio::time::sleep(Duration::from_millis(20)).await;
         leader.abort();

@@ -24,7 +24,7 @@
 use std::time::Duration;
 
 use super::{eventually, Origin};
-use crate::{Cache, CacheBuilder, CallOptions, Error, Fetched};
+use crate::{Cache, CacheBuilder, Error, Fetched};
 
 /// Declares a theme's scenarios: emits each as a public function, their
 /// names as `NAMES`, and a hidden exported macro, `$suite!($make, $attr)`,
@@ -161,7 +161,7 @@ async fn start_slow_load(
     let task = {
         let c = c.clone();
         let loader = origin.loader(took);
-        tokio::spawn(async move { c.fetch(&"k".to_string(), &CallOptions::new(), loader).await })
+        tokio::spawn(async move { c.fetch(&"k".to_string(), loader).await })
     };
     eventually(Duration::from_secs(5), || origin.count() > before).await;
     task
@@ -170,13 +170,9 @@ async fn start_slow_load(
 /// One call for `key` with the default options and an instant loader of
 /// `origin`, which must answer.
 async fn fetch_now(c: &Cache<String, String>, key: &str, origin: &Origin) -> Fetched<String> {
-    c.fetch(
-        &key.to_owned(),
-        &CallOptions::new(),
-        origin.loader(Duration::ZERO),
-    )
-    .await
-    .expect("an answer")
+    c.fetch(&key.to_owned(), origin.loader(Duration::ZERO))
+        .await
+        .expect("an answer")
 }
 
 async fn pods_with(

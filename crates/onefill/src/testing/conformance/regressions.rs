@@ -132,7 +132,7 @@ scenarios! { $ __onefill_conformance_regressions;
         assert_eq!(fetch_now(&c, "k", &origin).await.outcome, Outcome::Loaded);
         tokio::time::sleep(Duration::from_millis(400)).await;
         let slow = origin.loader(Duration::from_millis(800));
-        let stale = c.fetch(&k, &CallOptions::new(), slow).await.expect("stale");
+        let stale = c.fetch(&k, slow).await.expect("stale");
         assert_eq!(stale.outcome, Outcome::Stale, "a background refresh starts");
         tokio::time::sleep(Duration::from_millis(400)).await;
         let expired = fetch_now(&c, "k", &origin).await;

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
 use onefill::backend::FillKeys;
-use onefill::{Cache, CallOptions, Outcome};
+use onefill::{Cache, Outcome};
 
 use super::connections::Raw;
 use super::load_counter::{Count, LoadCounter};
@@ -110,7 +110,7 @@ pub async fn steady_or_herd(
             let answer = tokio::time::timeout(patience, async {
                 match cache {
                     Some(cache) => cache
-                        .fetch(&key, &CallOptions::new(), loader)
+                        .fetch(&key, loader)
                         .await
                         .map(|f| (outcome_name(f.outcome), f.value))
                         .map_err(|e| e.to_string()),
