@@ -91,8 +91,8 @@ impl<F: Future> Future for CatchUnwind<'_, F> {
 
 /// A first read that panicked (the codec or the backend): as when the whole
 /// flight ran in a task of its own, every caller gets `FlightAbandoned`,
-/// and the panic stays here (review of issue 9: it reached the caller, and
-/// the guard ran the read again in a task, which panicked again).
+/// and the panic stays here (not passed on to the caller, and not run again
+/// by the guard in a task, where it would only panic again).
 fn abandoned<T>() -> Result<T, Error> {
     tracing::error!("a flight's first read panicked (the codec or the backend)");
     Err(Error::FlightAbandoned)

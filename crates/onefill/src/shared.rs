@@ -185,7 +185,7 @@ impl<V: Clone + 'static> Shared<V> {
     /// `policy`, written with the fresh TTL `written_ttl` (recorded if
     /// known). The encoding is decoded once before anything is stored: a
     /// value that does not read back would be a miss, and a reload, at every
-    /// read (issue 10).
+    /// read.
     ///
     /// # Errors
     ///
@@ -313,7 +313,7 @@ mod tests {
         }
     }
 
-    /// Regression (issue 11's fleet runs): with grace 0, a value whose
+    /// Regression (seen in fleet runs): with grace 0, a value whose
     /// `PTTL` had rounded down to 0 ms was read as stale: served as
     /// `Stale` and refreshed in the background, 5 times in 10 s of a steady
     /// run on healthy keys.

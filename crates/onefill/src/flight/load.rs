@@ -59,8 +59,8 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
                 // failed background refresh of the stale value stores (the
                 // same `store_loaded`: fail-safe re-store, cached failure or
                 // release), and the callers still get the stale value, as
-                // they would have at once without a soft timeout (review of
-                // issue 10, finding 3).
+                // they would have at once without a soft timeout: a soft
+                // timeout only ever shortens a caller's wait.
                 let load_failed = loaded.is_err();
                 let answer = self.store_loaded(lease, loaded, stale).await;
                 match answer {
@@ -73,7 +73,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
             }
             // The stale value expired on the server during the wait (past
             // `ttl + grace`): it is not served past that, as fail-safe does
-            // not serve it (review of issue 10, finding 10). The callers
+            // not serve it. The callers
             // wait for the load as with no stale value (`max_load_time`
             // bounds it), and its failure follows the usual rules.
             Err(_) if !self.value_still_lives() => {
@@ -184,9 +184,9 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
     ) -> Result<Answer<V>, Error> {
         if self.refreshing_fresh {
             // An early refresh failed: the value is still fresh and stays as
-            // it is, for its remaining TTL (review of issue 9: a cached
-            // failure or a fail-safe re-store replaced it, shortening or
-            // stretching its life). Nobody waits for this answer.
+            // it is, for its remaining TTL (a cached failure or a fail-safe
+            // re-store would replace it, shortening or stretching its
+            // life). Nobody waits for this answer.
             if let Some(lease) = lease {
                 let _ = self
                     .budget

@@ -69,7 +69,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
             // once. Only once: if someone else holds the lease, they are
             // replacing it, and their fill must count as fresh again, or this
             // flight would win the lease they just freed and load a second
-            // time (issue 8, fault 2).
+            // time.
             let window = if std::mem::take(&mut unreadable) {
                 Duration::MAX
             } else {
@@ -184,7 +184,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
     /// only under a lease taken on the way if it was free, so the write is
     /// fenced on our token like every fill (a `set`, an `invalidate` or a
     /// newer holder fences it out). If another process holds the lease, the
-    /// result is not stored: that holder's fill will be (issue 8, fault 4).
+    /// result is not stored: that holder's fill will be.
     pub(super) async fn load_without_waiting(
         &mut self,
         unreadable: bool,

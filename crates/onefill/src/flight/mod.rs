@@ -123,7 +123,7 @@ pub(crate) struct Flight<V> {
     value_expires: Mutex<Option<Instant>>,
     /// The grace window of the stale value last read (from its envelope: a
     /// loader may have chosen it): a fail-safe re-store keeps it, not the
-    /// cache's (review of issue 10, finding 8).
+    /// cache's, so the grace it was stored with still follows the throttle.
     stale_grace: Mutex<Option<Duration>>,
     /// A fill put off until after the callers were answered, because the
     /// budget was spent by then.
@@ -246,9 +246,9 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
 
     /// When the read being noted began: the deadlines of what it found
     /// count from then, so they are the server's or sooner, never later
-    /// (its TTL was read after; review of issue 9's second pass: counted
-    /// from after the reply, an L1 entry or the outage fallback outlived
-    /// the server's copy by the reply's latency).
+    /// (its TTL was read after: counted from the reply, an L1 entry or the
+    /// outage fallback would outlive the server's copy by the reply's
+    /// latency).
     fn read_began(&self) -> Instant {
         self.budget.last_began().unwrap_or_else(Instant::now)
     }

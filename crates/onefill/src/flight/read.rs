@@ -36,8 +36,8 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
             FirstRead::Miss { unreadable, stale } => {
                 // A stale value read (with a soft timeout) was not counted
                 // by the read: answered stale, it counts as a stale answer
-                // only; anything else, as a miss (review of issue 10,
-                // finding 7).
+                // only; anything else, as a miss (counted once, by how it
+                // ended).
                 let stale_read = stale.is_some();
                 let answer = match self.policy.lease_ttl {
                     Some(lease) => self.lease_or_wait(lease, unreadable, stale).await,

@@ -86,8 +86,8 @@ impl StoredFreshness {
 /// refreshes in the background, so early refresh would only add loads.
 /// The grace is the value's own (from its envelope: a loader may have
 /// chosen it), not the reader's policy's: a value stored without one has
-/// no stale window on the server, whatever the cache says (review of
-/// issue 10, finding 6). The one place this is decided,
+/// no stale window on the server, whatever the cache says. The one place
+/// this is decided,
 /// for reads and for the L1's refresh point.
 pub(crate) fn early_refresh(
     policy: &Policy,
