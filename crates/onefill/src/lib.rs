@@ -231,7 +231,7 @@ pub use error::{
 };
 pub use l1::L1;
 pub use lease::{LeaseToken, LeaseTtl};
-pub use loader::Loaded;
+pub use loader::{BatchLoader, Loaded, Loader};
 pub use options::{CallOptions, MAX_TTL};
 pub use stats::Stats;
 pub use wait::{OnWaitTimeout, WaitPolicy};

@@ -15,7 +15,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::coalesce::{Awaiter, Coalescer, Completion, Joined};
-use crate::error::{Error, LoaderError};
+use crate::error::{Error, IntoLoaderError, LoaderError};
 use crate::stats::Recorder;
 
 /// The caller's loader, type-erased, with the key already captured: `None`
@@ -115,6 +115,60 @@ impl<V> From<V> for Loaded<V> {
     fn from(value: V) -> Self {
         Loaded::new(value)
     }
+}
+
+/// A loader of one key: any `FnOnce(K) -> impl Future<Output = Result<T,
+/// E>>` that is `Send + 'static`, where `T` is the value or a [`Loaded`]
+/// one and `E` any error a loader may return ([`IntoLoaderError`]: your
+/// own error type, `anyhow::Error`, a boxed error…).
+///
+/// Implemented for every such closure or function; it only names the
+/// bound, so each loading call states it once.
+pub trait Loader<K, T>: FnOnce(K) -> <Self as Loader<K, T>>::Future + Send + 'static {
+    /// What the loader returns.
+    type Future: Future<Output = Result<T, Self::Error>> + Send + 'static;
+    /// The loader's error.
+    type Error: IntoLoaderError;
+}
+
+impl<K, T, F, Fut, E> Loader<K, T> for F
+where
+    F: FnOnce(K) -> Fut + Send + 'static,
+    Fut: Future<Output = Result<T, E>> + Send + 'static,
+    E: IntoLoaderError,
+{
+    type Future = Fut;
+    type Error = E;
+}
+
+/// A loader of many keys: any `Fn(Vec<K>) -> impl Future<Output =
+/// Result<I, E>>` that is `Send + Sync + 'static`, where `I` is any
+/// `IntoIterator` of `(key, value)` pairs (a `HashMap<K, V>`, a `Vec<(K,
+/// V)>`…) and `E` any error a loader may return ([`IntoLoaderError`]).
+///
+/// Implemented for every such closure or function; it only names the
+/// bound, so each batch call states it once.
+pub trait BatchLoader<K, V>:
+    Fn(Vec<K>) -> <Self as BatchLoader<K, V>>::Future + Send + Sync + 'static
+{
+    /// What the loader returns.
+    type Future: Future<Output = Result<Self::Found, Self::Error>> + Send + 'static;
+    /// The pairs it found.
+    type Found: IntoIterator<Item = (K, V)>;
+    /// The loader's error.
+    type Error: IntoLoaderError;
+}
+
+impl<K, V, F, Fut, I, E> BatchLoader<K, V> for F
+where
+    F: Fn(Vec<K>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<I, E>> + Send + 'static,
+    I: IntoIterator<Item = (K, V)>,
+    E: IntoLoaderError,
+{
+    type Future = Fut;
+    type Found = I;
+    type Error = E;
 }
 
 /// Whether a load may share one already under way in this process.

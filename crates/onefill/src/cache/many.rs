@@ -2,7 +2,6 @@
 //! (see `batch.rs`) for the others, in the call's span.
 
 use std::collections::HashSet;
-use std::future::Future;
 use std::sync::Arc;
 
 use tokio::time::Instant;
@@ -12,6 +11,7 @@ use crate::answer::{Fetched, Outcome};
 use crate::batch::{Batch, KeyAnswer, ManyLoader};
 use crate::error::{Error, IntoLoaderError};
 use crate::key;
+use crate::loader::BatchLoader;
 use crate::options::CallOptions;
 
 use super::one::FromL1;
@@ -134,14 +134,11 @@ where
 }
 
 /// The caller's batch loader, type-erased for the batch.
-pub(super) fn erase_many<K, V, F, Fut, I, E>(loader: F) -> ManyLoader<K, V>
+pub(super) fn erase_many<K, V, F>(loader: F) -> ManyLoader<K, V>
 where
     K: Send + 'static,
     V: Send + 'static,
-    F: Fn(Vec<K>) -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = Result<I, E>> + Send + 'static,
-    I: IntoIterator<Item = (K, V)>,
-    E: IntoLoaderError,
+    F: BatchLoader<K, V>,
 {
     Arc::new(move |keys| {
         let loading = loader(keys);

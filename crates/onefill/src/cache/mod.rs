@@ -21,11 +21,11 @@ use tracing::Instrument;
 
 use crate::answer::Fetched;
 use crate::circuit::CircuitState;
-use crate::error::{BackendError, Error, IntoLoaderError};
+use crate::error::{BackendError, Error};
 use crate::freshness;
 use crate::key::{self, FillKeys, KeyBuf};
 use crate::l1::Lookup;
-use crate::loader::Loaded;
+use crate::loader::{BatchLoader, Loaded, Loader};
 use crate::options::{CallOptions, Policy, PolicyRef};
 use crate::shared::{Shared, Writing};
 use crate::stats::Stats;
@@ -208,13 +208,11 @@ where
     ///
     /// Never because of the loader (a panicking loader becomes
     /// [`Error::LoaderPanicked`]). Must be called within a tokio runtime.
-    pub async fn get_or_load<Q, F, Fut, T, E>(&self, key: &Q, loader: F) -> Result<V, Error>
+    pub async fn get_or_load<Q, F, T>(&self, key: &Q, loader: F) -> Result<V, Error>
     where
         K: Borrow<Q>,
         Q: Display + ToOwned<Owned = K> + ?Sized,
-        F: FnOnce(K) -> Fut + Send + 'static,
-        Fut: Future<Output = Result<T, E>> + Send + 'static,
-        E: IntoLoaderError,
+        F: Loader<K, T>,
         T: Into<Loaded<V>>,
     {
         self.load_value(key, &NO_OPTIONS, loader)
@@ -241,13 +239,11 @@ where
     /// # Errors
     ///
     /// As [`get_or_load`](Cache::get_or_load).
-    pub async fn fetch<Q, F, Fut, T, E>(&self, key: &Q, loader: F) -> Result<Fetched<V>, Error>
+    pub async fn fetch<Q, F, T>(&self, key: &Q, loader: F) -> Result<Fetched<V>, Error>
     where
         K: Borrow<Q>,
         Q: Display + ToOwned<Owned = K> + ?Sized,
-        F: FnOnce(K) -> Fut + Send + 'static,
-        Fut: Future<Output = Result<T, E>> + Send + 'static,
-        E: IntoLoaderError,
+        F: Loader<K, T>,
         T: Into<Loaded<V>>,
     {
         self.load_value(key, &NO_OPTIONS, loader).await
@@ -272,7 +268,7 @@ where
     ///
     /// As [`get_or_load`](Cache::get_or_load), except that a cached absence
     /// is `Ok(None)`.
-    pub async fn get_or_load_optional<Q, F, Fut, T, E>(
+    pub async fn get_or_load_optional<Q, F, T>(
         &self,
         key: &Q,
         loader: F,
@@ -280,9 +276,7 @@ where
     where
         K: Borrow<Q>,
         Q: Display + ToOwned<Owned = K> + ?Sized,
-        F: FnOnce(K) -> Fut + Send + 'static,
-        Fut: Future<Output = Result<T, E>> + Send + 'static,
-        E: IntoLoaderError,
+        F: Loader<K, T>,
         T: Into<Loaded<Option<V>>>,
     {
         self.load_one(key, &NO_OPTIONS, loader)
@@ -296,7 +290,7 @@ where
     /// # Errors
     ///
     /// As [`get_or_load_optional`](Cache::get_or_load_optional).
-    pub async fn fetch_optional<Q, F, Fut, T, E>(
+    pub async fn fetch_optional<Q, F, T>(
         &self,
         key: &Q,
         loader: F,
@@ -304,9 +298,7 @@ where
     where
         K: Borrow<Q>,
         Q: Display + ToOwned<Owned = K> + ?Sized,
-        F: FnOnce(K) -> Fut + Send + 'static,
-        Fut: Future<Output = Result<T, E>> + Send + 'static,
-        E: IntoLoaderError,
+        F: Loader<K, T>,
         T: Into<Loaded<Option<V>>>,
     {
         self.load_one(key, &NO_OPTIONS, loader).await
@@ -416,17 +408,10 @@ where
     /// Never because of the loader (a panic becomes
     /// [`Error::LoaderPanicked`] for the keys it was loading). Must be
     /// called within a tokio runtime.
-    pub async fn get_or_load_many<F, Fut, I, E>(
-        &self,
-        keys: &[K],
-        loader: F,
-    ) -> Result<HashMap<K, V>, Error>
+    pub async fn get_or_load_many<F>(&self, keys: &[K], loader: F) -> Result<HashMap<K, V>, Error>
     where
         K: Hash + Eq,
-        F: Fn(Vec<K>) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<I, E>> + Send + 'static,
-        I: IntoIterator<Item = (K, V)>,
-        E: IntoLoaderError,
+        F: BatchLoader<K, V>,
     {
         self.many_values(keys, &NO_OPTIONS, loader).await
     }
@@ -463,17 +448,14 @@ where
     /// [`with_options`](Cache::with_options): [`Error::InvalidInput`]);
     /// every key's own error is in its answer, as
     /// [`get_or_load_many`](Cache::get_or_load_many) lists them.
-    pub async fn fetch_many<F, Fut, I, E>(
+    pub async fn fetch_many<F>(
         &self,
         keys: &[K],
         loader: F,
     ) -> Result<HashMap<K, Result<Fetched<Option<V>>, Error>>, Error>
     where
         K: Hash + Eq,
-        F: Fn(Vec<K>) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<I, E>> + Send + 'static,
-        I: IntoIterator<Item = (K, V)>,
-        E: IntoLoaderError,
+        F: BatchLoader<K, V>,
     {
         self.many_answers(keys, &NO_OPTIONS, loader).await
     }
@@ -620,7 +602,7 @@ where
     /// A single-key call whose loader finds a value (or a [`Loaded`] one):
     /// [`load_one`](Cache::load_one), a cached absence being
     /// [`Error::NotFound`].
-    async fn load_value<Q, F, Fut, T, E>(
+    async fn load_value<Q, F, T>(
         &self,
         key: &Q,
         options: &CallOptions,
@@ -629,9 +611,7 @@ where
     where
         K: Borrow<Q>,
         Q: Display + ToOwned<Owned = K> + ?Sized,
-        F: FnOnce(K) -> Fut + Send + 'static,
-        Fut: Future<Output = Result<T, E>> + Send + 'static,
-        E: IntoLoaderError,
+        F: Loader<K, T>,
         T: Into<Loaded<V>>,
     {
         let found = move |key| async move { loader(key).await.map(|t| t.into().map(Some)) };
@@ -647,7 +627,7 @@ where
     }
 
     /// A batch call's values: the keys found, or the first key's error.
-    async fn many_values<F, Fut, I, E>(
+    async fn many_values<F>(
         &self,
         keys: &[K],
         options: &CallOptions,
@@ -655,10 +635,7 @@ where
     ) -> Result<HashMap<K, V>, Error>
     where
         K: Hash + Eq,
-        F: Fn(Vec<K>) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<I, E>> + Send + 'static,
-        I: IntoIterator<Item = (K, V)>,
-        E: IntoLoaderError,
+        F: BatchLoader<K, V>,
     {
         for key in keys {
             self.validated(key)?;
@@ -676,7 +653,7 @@ where
     }
 
     /// A batch call's answers, each key's own.
-    async fn many_answers<F, Fut, I, E>(
+    async fn many_answers<F>(
         &self,
         keys: &[K],
         options: &CallOptions,
@@ -684,10 +661,7 @@ where
     ) -> Result<HashMap<K, Result<Fetched<Option<V>>, Error>>, Error>
     where
         K: Hash + Eq,
-        F: Fn(Vec<K>) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<I, E>> + Send + 'static,
-        I: IntoIterator<Item = (K, V)>,
-        E: IntoLoaderError,
+        F: BatchLoader<K, V>,
     {
         let answers = self
             .load_many(keys, options, many::erase_many(loader))

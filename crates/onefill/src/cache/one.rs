@@ -4,7 +4,6 @@
 
 use std::borrow::Borrow;
 use std::fmt::Display;
-use std::future::Future;
 
 use tokio::time::Instant;
 use tracing::Instrument;
@@ -16,7 +15,7 @@ use crate::flight::Flight;
 use crate::hit::Leader;
 use crate::key::{self, FillKeys, KeyBuf};
 use crate::l1::{Local, Lookup};
-use crate::loader::{Load, Loaded};
+use crate::loader::{Load, Loaded, Loader};
 use crate::options::CallOptions;
 
 use super::{ended, Cache, NO_OPTIONS};
@@ -28,7 +27,7 @@ where
 {
     /// The primitive of every single-key loading call: the L1 if it can
     /// answer, else the key's flight (joined, or led from this task).
-    pub(super) async fn load_one<Q, F, Fut, T, E>(
+    pub(super) async fn load_one<Q, F, T>(
         &self,
         key: &Q,
         options: &CallOptions,
@@ -37,10 +36,8 @@ where
     where
         K: Borrow<Q>,
         Q: Display + ToOwned<Owned = K> + ?Sized,
-        F: FnOnce(K) -> Fut + Send + 'static,
-        Fut: Future<Output = Result<T, E>> + Send + 'static,
+        F: Loader<K, T>,
         T: Into<Loaded<Option<V>>>,
-        E: IntoLoaderError,
     {
         let loader = match &self.shared.l1 {
             Some(l1) => match self.answer_from_l1(l1, key, options, loader) {
@@ -59,7 +56,7 @@ where
     /// The L1 hit path: a lookup and a clone, no task, no channel, no
     /// allocation (for keys up to 128 bytes). `Err(loader)`: not in the L1
     /// (or not servable from it); the flight answers.
-    fn answer_from_l1<Q, F, Fut, T, E>(
+    fn answer_from_l1<Q, F, T>(
         &self,
         l1: &Local<V>,
         key: &Q,
@@ -69,10 +66,8 @@ where
     where
         K: Borrow<Q>,
         Q: Display + ToOwned<Owned = K> + ?Sized,
-        F: FnOnce(K) -> Fut + Send + 'static,
-        Fut: Future<Output = Result<T, E>> + Send + 'static,
+        F: Loader<K, T>,
         T: Into<Loaded<Option<V>>>,
-        E: IntoLoaderError,
     {
         // Call options are checked (and bad ones refused) by the flight.
         if *options != NO_OPTIONS {
@@ -220,14 +215,12 @@ pub(super) enum FromL1<V> {
 }
 
 /// The caller's loader, type-erased for the flight.
-pub(super) fn erase<Q, K, V, F, Fut, T, E>(key: &Q, loader: F) -> Load<V>
+pub(super) fn erase<Q, K, V, F, T>(key: &Q, loader: F) -> Load<V>
 where
     Q: ToOwned<Owned = K> + ?Sized,
     K: Send + 'static,
-    F: FnOnce(K) -> Fut + Send + 'static,
-    Fut: Future<Output = Result<T, E>> + Send + 'static,
+    F: Loader<K, T>,
     T: Into<Loaded<Option<V>>>,
-    E: IntoLoaderError,
 {
     let owned = key.to_owned();
     Box::new(move || {
@@ -235,7 +228,7 @@ where
             loader(owned)
                 .await
                 .map(Into::into)
-                .map_err(E::into_loader_error)
+                .map_err(IntoLoaderError::into_loader_error)
         })
     })
 }

@@ -3,12 +3,11 @@
 use std::borrow::Borrow;
 use std::collections::HashMap;
 use std::fmt::{self, Display};
-use std::future::Future;
 use std::hash::Hash;
 
 use crate::answer::Fetched;
-use crate::error::{Error, IntoLoaderError};
-use crate::loader::Loaded;
+use crate::error::Error;
+use crate::loader::{BatchLoader, Loaded, Loader};
 use crate::options::CallOptions;
 
 use super::Cache;
@@ -60,13 +59,11 @@ where
     /// # Errors
     ///
     /// As [`Cache::get_or_load`].
-    pub async fn get_or_load<Q, F, Fut, T, E>(&self, key: &Q, loader: F) -> Result<V, Error>
+    pub async fn get_or_load<Q, F, T>(&self, key: &Q, loader: F) -> Result<V, Error>
     where
         K: Borrow<Q>,
         Q: Display + ToOwned<Owned = K> + ?Sized,
-        F: FnOnce(K) -> Fut + Send + 'static,
-        Fut: Future<Output = Result<T, E>> + Send + 'static,
-        E: IntoLoaderError,
+        F: Loader<K, T>,
         T: Into<Loaded<V>>,
     {
         let fetched = self.cache.load_value(key, self.options, loader).await;
@@ -78,13 +75,11 @@ where
     /// # Errors
     ///
     /// As [`Cache::get_or_load`].
-    pub async fn fetch<Q, F, Fut, T, E>(&self, key: &Q, loader: F) -> Result<Fetched<V>, Error>
+    pub async fn fetch<Q, F, T>(&self, key: &Q, loader: F) -> Result<Fetched<V>, Error>
     where
         K: Borrow<Q>,
         Q: Display + ToOwned<Owned = K> + ?Sized,
-        F: FnOnce(K) -> Fut + Send + 'static,
-        Fut: Future<Output = Result<T, E>> + Send + 'static,
-        E: IntoLoaderError,
+        F: Loader<K, T>,
         T: Into<Loaded<V>>,
     {
         self.cache.load_value(key, self.options, loader).await
@@ -95,7 +90,7 @@ where
     /// # Errors
     ///
     /// As [`Cache::get_or_load_optional`].
-    pub async fn get_or_load_optional<Q, F, Fut, T, E>(
+    pub async fn get_or_load_optional<Q, F, T>(
         &self,
         key: &Q,
         loader: F,
@@ -103,9 +98,7 @@ where
     where
         K: Borrow<Q>,
         Q: Display + ToOwned<Owned = K> + ?Sized,
-        F: FnOnce(K) -> Fut + Send + 'static,
-        Fut: Future<Output = Result<T, E>> + Send + 'static,
-        E: IntoLoaderError,
+        F: Loader<K, T>,
         T: Into<Loaded<Option<V>>>,
     {
         let fetched = self.cache.load_one(key, self.options, loader).await;
@@ -117,7 +110,7 @@ where
     /// # Errors
     ///
     /// As [`Cache::get_or_load_optional`].
-    pub async fn fetch_optional<Q, F, Fut, T, E>(
+    pub async fn fetch_optional<Q, F, T>(
         &self,
         key: &Q,
         loader: F,
@@ -125,9 +118,7 @@ where
     where
         K: Borrow<Q>,
         Q: Display + ToOwned<Owned = K> + ?Sized,
-        F: FnOnce(K) -> Fut + Send + 'static,
-        Fut: Future<Output = Result<T, E>> + Send + 'static,
-        E: IntoLoaderError,
+        F: Loader<K, T>,
         T: Into<Loaded<Option<V>>>,
     {
         self.cache.load_one(key, self.options, loader).await
@@ -138,17 +129,10 @@ where
     /// # Errors
     ///
     /// As [`Cache::get_or_load_many`].
-    pub async fn get_or_load_many<F, Fut, I, E>(
-        &self,
-        keys: &[K],
-        loader: F,
-    ) -> Result<HashMap<K, V>, Error>
+    pub async fn get_or_load_many<F>(&self, keys: &[K], loader: F) -> Result<HashMap<K, V>, Error>
     where
         K: Hash + Eq,
-        F: Fn(Vec<K>) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<I, E>> + Send + 'static,
-        I: IntoIterator<Item = (K, V)>,
-        E: IntoLoaderError,
+        F: BatchLoader<K, V>,
     {
         self.cache.many_values(keys, self.options, loader).await
     }
@@ -158,17 +142,14 @@ where
     /// # Errors
     ///
     /// As [`Cache::fetch_many`]: invalid options fail the call as a whole.
-    pub async fn fetch_many<F, Fut, I, E>(
+    pub async fn fetch_many<F>(
         &self,
         keys: &[K],
         loader: F,
     ) -> Result<HashMap<K, Result<Fetched<Option<V>>, Error>>, Error>
     where
         K: Hash + Eq,
-        F: Fn(Vec<K>) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<I, E>> + Send + 'static,
-        I: IntoIterator<Item = (K, V)>,
-        E: IntoLoaderError,
+        F: BatchLoader<K, V>,
     {
         self.cache.many_answers(keys, self.options, loader).await
     }
