@@ -19,6 +19,12 @@ use std::time::Duration;
 
 use crate::error::BackendError;
 
+mod contention;
+mod stripe;
+
+use contention::Contention;
+use stripe::{stripe, STRIPES};
+
 macro_rules! counters {
     ($( $(#[$doc:meta])* $name:ident => $metric:literal $( { $lk:literal => $lv:literal } )? ),* $(,)?) => {
         /// A snapshot of a cache's counters since it was built.
@@ -201,26 +207,10 @@ struct Striped {
     stripes: [Stripe; STRIPES],
 }
 
-const STRIPES: usize = 8;
-
 /// One stripe, on cache lines of its own.
 #[derive(Debug, Default)]
 #[repr(align(128))]
 struct Stripe(Counters);
-
-/// The calling thread's stripe (threads are dealt stripes in turn).
-fn stripe() -> usize {
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    thread_local! {
-        static STRIPE: usize = NEXT.fetch_add(1, Relaxed) as usize % STRIPES;
-    }
-    STRIPE.with(|s| *s)
-}
-
-/// A count on cache lines of its own.
-#[derive(Debug, Default)]
-#[repr(align(128))]
-struct Padded(AtomicU64);
 
 impl Default for Striped {
     fn default() -> Self {
@@ -252,67 +242,6 @@ pub(crate) struct Recorder {
     metrics: Arc<Handles>,
     namespace: Arc<str>,
     contention: Arc<Contention>,
-}
-
-/// The "contention approaches the request rate" guard rail: flights and
-/// waits in the current 10 s window, counted since the window's first wait
-/// (the window moves on when a wait sees it changed: a flight, on every
-/// hit, only adds one to its thread's stripe, with no clock read).
-#[derive(Debug)]
-struct Contention {
-    epoch: std::time::Instant,
-    window: AtomicU64,
-    flights: [Padded; STRIPES],
-    waits: AtomicU64,
-    warned_window: AtomicU64,
-}
-
-const CONTENTION_WINDOW: Duration = Duration::from_secs(10);
-const CONTENTION_MIN_FLIGHTS: u64 = 20;
-
-impl Contention {
-    fn new() -> Self {
-        Contention {
-            epoch: std::time::Instant::now(),
-            window: AtomicU64::new(0),
-            flights: std::array::from_fn(|_| Padded::default()),
-            waits: AtomicU64::new(0),
-            warned_window: AtomicU64::new(u64::MAX),
-        }
-    }
-
-    /// Moves to the current window, resetting the counts when it changed.
-    fn roll(&self) -> u64 {
-        let now = (self.epoch.elapsed().as_millis() / CONTENTION_WINDOW.as_millis()) as u64;
-        let seen = self.window.load(Relaxed);
-        if now != seen
-            && self
-                .window
-                .compare_exchange(seen, now, Relaxed, Relaxed)
-                .is_ok()
-        {
-            for flights in &self.flights {
-                flights.0.store(0, Relaxed);
-            }
-            self.waits.store(0, Relaxed);
-        }
-        now
-    }
-
-    fn flight(&self) {
-        self.flights[stripe()].0.fetch_add(1, Relaxed);
-    }
-
-    /// Records a wait; true the first time in a window that waits reach
-    /// half of the flights.
-    fn wait(&self) -> bool {
-        let window = self.roll();
-        let waits = self.waits.fetch_add(1, Relaxed) + 1;
-        let flights: u64 = self.flights.iter().map(|f| f.0.load(Relaxed)).sum();
-        flights >= CONTENTION_MIN_FLIGHTS
-            && waits * 2 >= flights
-            && self.warned_window.swap(window, Relaxed) != window
-    }
 }
 
 macro_rules! bump {
