@@ -13,10 +13,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use onefill::testing::OriginError;
+use onefill::backend::{Acquired, Backend, FillKeys};
+use onefill::testing::{failing_loader, OriginError};
 use onefill::{
-    BackendErrorKind, Cache, CallOptions, CircuitBreaker, CircuitState, Error, LeaseTtl,
-    MemoryBackend, Outcome, WaitPolicy,
+    BackendErrorKind, Cache, CallOptions, CircuitBreaker, CircuitState, Error, LeaseToken,
+    LeaseTtl, MemoryBackend, Outcome, WaitPolicy,
 };
 use support::{
     a_load_under_way, assert_the_fallback_forgot, breaker, counting_loader, fetch_now, key, keys,
@@ -361,12 +362,86 @@ async fn options_at_their_limits() {
         .await
         .unwrap_err();
     assert!(err.is_invalid_input(), "{err}");
-    // The later setter wins; no_negative_caching overrides a cache-wide TTL.
+}
+
+/// Per-call options, the later setter winning: `no_lease` after
+/// `lease_ttl` does not wait for a lease another process holds (it loads
+/// at once), and `no_negative_caching` overrides the cache-wide negative
+/// TTL (a failed load is not remembered: the next call loads again). The
+/// same calls without those options wait for the holder, and remember the
+/// failure, so each half can fail.
+#[tokio::test(start_paused = true)]
+async fn call_options_the_later_setter_wins() {
+    let wire = Switched::default();
+    let deadline = Duration::from_millis(500);
+    let c = pod(&wire, |b| {
+        b.negative_ttl(Duration::from_secs(60))
+            .wait(WaitPolicy::default().deadline(deadline))
+    });
     let opts = CallOptions::new()
         .lease_ttl(LeaseTtl::default())
         .no_lease()
         .no_negative_caching();
-    assert_ne!(opts, CallOptions::new());
+    let held = |name: &str| {
+        let store = wire.store().clone();
+        let keys = FillKeys::new(NS, name);
+        async move {
+            let taken = store
+                .acquire(
+                    &keys,
+                    &LeaseToken::random(),
+                    Duration::from_secs(60),
+                    Duration::ZERO,
+                )
+                .await
+                .unwrap();
+            assert!(matches!(taken, Acquired::Won { .. }), "{taken:?}");
+        }
+    };
+    // How long a failing call takes on a key whose lease another process
+    // holds, and how many loads two failing calls on a free key run.
+    let run = |name: &'static str, options: CallOptions| {
+        let c = c.clone();
+        let held = held(name);
+        async move {
+            held.await;
+            let calls = Arc::new(AtomicUsize::new(0));
+            let started = Instant::now();
+            let key = name.to_string();
+            let _ = c
+                .get_or_load_with(&key, &options, failing_loader(&calls))
+                .await;
+            let waited = started.elapsed();
+            let free = format!("{name}-free");
+            let calls = Arc::new(AtomicUsize::new(0));
+            for _ in 0..2 {
+                let err = c
+                    .get_or_load_with(&free, &options, failing_loader(&calls))
+                    .await
+                    .unwrap_err();
+                assert!(err.is_loader(), "{err:?}");
+            }
+            (waited, calls.load(Ordering::SeqCst))
+        }
+    };
+    let (waited, loads) = run("with", opts).await;
+    assert!(
+        waited < deadline,
+        "no_lease waited for the lease: {waited:?}"
+    );
+    assert_eq!(
+        loads, 2,
+        "no_negative_caching: the failure is not remembered"
+    );
+    let (waited, loads) = run("without", CallOptions::new()).await;
+    assert!(
+        waited >= deadline,
+        "a leased call waits for the holder: {waited:?}"
+    );
+    assert_eq!(
+        loads, 1,
+        "the cache-wide negative TTL remembers the failure"
+    );
 }
 
 // ---------------------------------------------------------------------------

@@ -14,7 +14,10 @@ use batch_support::{Counting, Origin};
 use onefill::backend::{Acquired, Backend, FillKeys, LeaseRequest};
 use onefill::redis::RedisBackend;
 use onefill::{Cache, CallOptions, LeaseToken, Outcome};
-use onefill_testkit::{RedisCluster, RedisServer};
+use onefill_testkit::{time_limit, RedisCluster, RedisServer};
+
+/// Cluster tests take seconds each (a 3-master cluster forms in a few); past this they hang.
+const LIMIT: Duration = Duration::from_secs(120);
 
 fn unique_ns(name: &str) -> String {
     format!("{name}-{}", &LeaseToken::random().as_str()[..8])
@@ -95,6 +98,7 @@ async fn four_processes(processes: &[(Cache<String, String>, Counting<RedisBacke
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn four_processes_load_100_cold_keys_once_fleet_wide_standalone() {
+    let _limit = time_limit(LIMIT);
     let server = RedisServer::start();
     let ns = unique_ns("batch");
     let mut processes = Vec::new();
@@ -132,6 +136,7 @@ async fn four_processes_load_100_cold_keys_once_fleet_wide_standalone() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn four_processes_load_100_cold_keys_once_fleet_wide_on_a_cluster() {
+    let _limit = time_limit(LIMIT);
     let cluster = RedisCluster::start(3);
     let urls = cluster.urls();
     let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
@@ -158,6 +163,7 @@ async fn four_processes_load_100_cold_keys_once_fleet_wide_on_a_cluster() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_batch_steps_answer_each_key_and_survive_a_script_flush() {
+    let _limit = time_limit(LIMIT);
     let server = RedisServer::start();
     let backend = RedisBackend::connect(&server.url()).await.unwrap();
     let ns = unique_ns("steps");
@@ -212,6 +218,7 @@ fn node_id(node: &RedisServer) -> String {
 /// nothing is loaded twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_follows_a_migrating_then_moved_slot() {
+    let _limit = time_limit(LIMIT);
     let cluster = RedisCluster::start(3);
     let urls = cluster.urls();
     let urls: Vec<&str> = urls.iter().map(String::as_str).collect();

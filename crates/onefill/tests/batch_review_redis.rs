@@ -10,7 +10,10 @@ use batch_support::Origin;
 use onefill::backend::FillKeys;
 use onefill::redis::RedisBackend;
 use onefill::{Cache, CallOptions, LeaseToken, Outcome};
-use onefill_testkit::RedisServer;
+use onefill_testkit::{time_limit, RedisServer};
+
+/// A test on private servers takes seconds; past this it hangs.
+const LIMIT: Duration = Duration::from_secs(60);
 
 fn unique_ns(name: &str) -> String {
     format!("{name}-{}", &LeaseToken::random().as_str()[..8])
@@ -48,6 +51,7 @@ fn leases_left(server: &RedisServer, ns: &str, wanted: &[String]) -> Vec<String>
 /// runs again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_server_bounds_the_batch_and_leaves_no_lease() {
+    let _limit = time_limit(LIMIT);
     let server = RedisServer::start();
     let ns = unique_ns("review");
     let cache = cache(&server, &ns).await;
@@ -83,6 +87,7 @@ async fn a_frozen_server_bounds_the_batch_and_leaves_no_lease() {
 /// TTL, no later.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_frozen_during_the_load_bounds_the_fills_and_the_leases_expire() {
+    let _limit = time_limit(LIMIT);
     let server = Arc::new(RedisServer::start());
     let ns = unique_ns("review");
     let cache = cache(&server, &ns).await;

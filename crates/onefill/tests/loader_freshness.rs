@@ -293,6 +293,8 @@ async fn set_with_takes_the_same_options() {
 #[cfg(feature = "redis")]
 #[tokio::test]
 async fn on_redis_the_chosen_ttl_is_the_keys_ttl() {
+    // Seconds of work on a private server; past this it hangs.
+    let _limit = onefill_testkit::time_limit(Duration::from_secs(60));
     use onefill::redis::RedisBackend;
     use onefill::L1;
     use onefill_testkit::RedisServer;

@@ -284,6 +284,8 @@ async fn a_stalled_holder_is_taken_over_and_its_fill_fenced() {
 #[cfg(feature = "redis")]
 #[tokio::test]
 async fn a_stalled_holder_is_taken_over_and_its_fill_fenced_on_redis() {
+    // Seconds of work on a private server; past this it hangs.
+    let _limit = onefill_testkit::time_limit(Duration::from_secs(60));
     use onefill::redis::RedisBackend;
     let server = onefill_testkit::RedisServer::start();
     let a = RedisBackend::connect(&server.url()).await.unwrap();

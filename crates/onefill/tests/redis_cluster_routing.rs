@@ -10,7 +10,10 @@ use std::time::Duration;
 use onefill::backend::{Backend, FillKeys};
 use onefill::redis::RedisBackend;
 use onefill::{Cache, CallOptions, CircuitState, Outcome};
-use onefill_testkit::{RedisCluster, RedisServer};
+use onefill_testkit::{time_limit, RedisCluster, RedisServer};
+
+/// Cluster tests take seconds each (a 3-master cluster forms in a few); past this they hang.
+const LIMIT: Duration = Duration::from_secs(120);
 
 fn unique_ns(name: &str) -> String {
     format!("{name}-{}", &onefill::LeaseToken::random().as_str()[..8])
@@ -70,6 +73,7 @@ async fn fetch(cache: &Cache<String, String>, key: &str) -> Result<Outcome, onef
 /// sees neither: both are followed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_migrating_slot_is_followed_and_never_reaches_a_strict_caller() {
+    let _limit = time_limit(LIMIT);
     let cluster = RedisCluster::start(3);
     let ns = unique_ns("migrate");
     let cache = Cache::<String, String>::builder()
@@ -151,6 +155,7 @@ impl Drop for Resume<'_> {
 /// were served degraded too. Now each master has its own breaker.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hung_master_degrades_only_its_own_keys() {
+    let _limit = time_limit(LIMIT);
     let cluster = RedisCluster::start(3);
     let ns = unique_ns("hung");
     let cache = Cache::<String, String>::builder()
@@ -236,6 +241,7 @@ async fn a_hung_master_degrades_only_its_own_keys() {
 /// channel's unsubscription to end.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_channel_subscribed_again_right_after_its_unsubscription_hears_its_fills() {
+    let _limit = time_limit(LIMIT);
     let cluster = RedisCluster::start(3);
     let backend = connect(&cluster).await;
     let keys = FillKeys::new(&unique_ns("deaf"), "k");
@@ -279,6 +285,7 @@ async fn a_channel_subscribed_again_right_after_its_unsubscription_hears_its_fil
 /// slot map was refreshed every 100–400 ms from then on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_given_up_at_once_does_not_count_against_a_healthy_master() {
+    let _limit = time_limit(LIMIT);
     let cluster = RedisCluster::start(3);
     let backend = connect(&cluster).await;
     let keys = FillKeys::new(&unique_ns("cancel"), "k");
@@ -314,6 +321,7 @@ async fn a_call_given_up_at_once_does_not_count_against_a_healthy_master() {
 /// called again and `circuit_state()` stayed open for good.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_circuit_state_forgets_a_master_whose_slots_moved() {
+    let _limit = time_limit(LIMIT);
     let cluster = RedisCluster::start(3);
     let ns = unique_ns("orphan");
     let cache = Cache::<String, String>::builder()
@@ -368,6 +376,7 @@ async fn the_circuit_state_forgets_a_master_whose_slots_moved() {
 /// masters with a NULL endpoint, meaning "the node you asked".
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unknown_endpoints_mean_the_node_that_answered() {
+    let _limit = time_limit(LIMIT);
     let cluster = RedisCluster::start(3);
     for node in cluster.nodes() {
         node.command(&[

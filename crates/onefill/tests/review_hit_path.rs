@@ -20,9 +20,12 @@ use onefill::{
     BackendError, BackendErrorKind, Cache, CacheBuilder, CallOptions, CircuitBreaker, Codec,
     CodecError, Error, Fetched, LeaseToken, MemoryBackend, Outcome, L1,
 };
-use onefill_testkit::RedisServer;
+use onefill_testkit::{time_limit, RedisServer};
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
+
+/// A test on private servers takes seconds; past this it hangs.
+const LIMIT: Duration = Duration::from_secs(60);
 
 const NS: &str = "review";
 
@@ -902,6 +905,7 @@ fn fast(response: Duration) -> RedisOptions {
 /// times out on a paused server within about the response timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_backend_method_times_out_on_a_paused_server() {
+    let _limit = time_limit(LIMIT);
     let server = RedisServer::start();
     let backend = RedisBackend::connect_with(&server.url(), fast(Duration::from_millis(200)))
         .await
@@ -973,6 +977,7 @@ async fn every_backend_method_times_out_on_a_paused_server() {
 /// through `shared_backend` (the trait's `get`) too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cache_hit_on_a_paused_server_is_bounded_by_the_backend_timeout() {
+    let _limit = time_limit(LIMIT);
     let server = RedisServer::start();
     let redis = RedisBackend::connect_with(&server.url(), fast(Duration::from_secs(1)))
         .await
@@ -1021,6 +1026,7 @@ async fn a_cache_hit_on_a_paused_server_is_bounded_by_the_backend_timeout() {
 /// is shorter than the cache's (`RedisBackend::read_within`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cache_hit_is_bounded_by_the_redis_response_timeout_too() {
+    let _limit = time_limit(LIMIT);
     let server = RedisServer::start();
     let redis = RedisBackend::connect_with(&server.url(), fast(Duration::from_millis(200)))
         .await

@@ -311,38 +311,55 @@ async fn a_fast_failure_with_a_stale_value_still_answers_stale() {
     }
 }
 
-/// `soft_timeout` at or over `max_load_time`: the soft timeout can never
-/// fire, so a slow origin gives `LoadTimedOut` (fail-safe off) where a
-/// stale value was there to serve; the builder accepts it silently.
+/// `soft_timeout` at or over `max_load_time` could never fire (a slow
+/// origin would give `LoadTimedOut` where a stale value was there to
+/// serve), so it is refused, not capped: by the builder, naming both
+/// options, and per call as invalid input before anything runs (no load,
+/// nothing stored, no lease taken). Just under the bound is accepted.
 #[tokio::test(start_paused = true)]
-async fn soft_timeout_over_max_load_time_is_refused_or_capped() {
+async fn soft_timeout_at_or_over_max_load_time_is_refused() {
     let backend = MemoryBackend::new();
-    let built = soft(&backend)
-        .fail_safe(false)
-        .soft_timeout(ms(5000))
+    for soft_ms in [2000, 5000] {
+        let built = soft(&backend)
+            .fail_safe(false)
+            .soft_timeout(ms(soft_ms))
+            .max_load_time(ms(2000))
+            .build();
+        let Err(refused) = built else {
+            panic!("soft_timeout {soft_ms} ms with max_load_time 2000 ms was accepted");
+        };
+        let text = refused.to_string();
+        assert!(
+            text.contains("soft_timeout") && text.contains("max_load_time"),
+            "{text}"
+        );
+    }
+    assert!(soft(&backend)
+        .soft_timeout(ms(1999))
         .max_load_time(ms(2000))
-        .build();
-    let Err(refused) = built else {
-        panic!("soft_timeout over max_load_time was accepted");
-    };
-    assert!(refused.to_string().contains("soft_timeout"), "{refused}");
+        .build()
+        .is_ok());
     // Per call too.
     let c = soft(&backend).build().unwrap();
     let loads = Arc::new(AtomicUsize::new(0));
-    let options = CallOptions::new()
-        .soft_timeout(ms(5000))
-        .max_load_time(ms(2000));
-    let err = c
-        .fetch("k", &options, move |k| {
-            let loads = loads.clone();
-            async move {
-                loads.fetch_add(1, Ordering::SeqCst);
+    for soft_ms in [2000, 5000] {
+        let options = CallOptions::new()
+            .soft_timeout(ms(soft_ms))
+            .max_load_time(ms(2000));
+        let counted = loads.clone();
+        let err = c
+            .fetch("k", &options, move |k| async move {
+                counted.fetch_add(1, Ordering::SeqCst);
                 Ok::<_, io::Error>(k)
-            }
-        })
-        .await
-        .unwrap_err();
-    assert!(err.is_invalid_input(), "{err:?}");
+            })
+            .await
+            .unwrap_err();
+        assert!(err.is_invalid_input(), "{err:?}");
+        assert!(err.to_string().contains("soft_timeout"), "{err}");
+    }
+    assert_eq!(loads.load(Ordering::SeqCst), 0, "refused before loading");
+    assert!(stored(&backend).await.is_none(), "nothing stored");
+    assert!(!lease_held(&backend).await, "no lease taken");
 }
 
 /// Soft timeout with `no_lease`: the background load still fills under
@@ -759,6 +776,8 @@ async fn invalidate_during_the_background_load_with_l1() {
 #[cfg(feature = "redis")]
 #[tokio::test]
 async fn on_redis_the_background_load_keeps_its_lease_and_fills() {
+    // Seconds of work on a private server; past this it hangs.
+    let _limit = onefill_testkit::time_limit(Duration::from_secs(60));
     use onefill::redis::RedisBackend;
     use onefill_testkit::RedisServer;
 
@@ -935,6 +954,8 @@ async fn the_soft_timeout_does_not_serve_a_value_past_its_grace() {
 #[cfg(feature = "redis")]
 #[tokio::test]
 async fn on_redis_a_background_failure_is_fail_safe() {
+    // Seconds of work on a private server; past this it hangs.
+    let _limit = onefill_testkit::time_limit(Duration::from_secs(60));
     use onefill::redis::RedisBackend;
     use onefill_testkit::RedisServer;
 

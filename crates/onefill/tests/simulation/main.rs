@@ -184,9 +184,15 @@
 //! injector or the policy: release by bare `DEL` (whatever the token), a
 //! fill not fenced on the token, an `acquire` without the re-check (it
 //! never answers `Fresh`), and a waiter without a deadline (an hour,
-//! checked against the scenario's deadline). One test per variant asserts it is caught within 400 seeds
-//! and prints how many it took (at the time of writing 12, 6, 3 and
-//! about 40; the last moves by a seed or two between runs).
+//! checked against the scenario's deadline). One test per variant asserts it
+//! is caught within 400 seeds by the invariant it breaks, and prints how
+//! many seeds it took: the bare `DEL` by invariant 1 (a duplicate load
+//! whose first lease another token deleted), 11 seeds at the time of
+//! writing; the unfenced fill by invariant 4 (a fill from before a write
+//! landing after it), 6; the missing re-check by invariant 1 (a lease won
+//! over a fresh value), 1; the waiter without a deadline by invariant 2
+//! (a caller answered past its bound), about 40 (it moves by a seed or two
+//! between runs).
 //!
 //! Issue 8's faults 1–10, each reintroduced in `src/` by hand (one at a
 //! time), were caught in 3,000 seeds by: 1 (a dropped half-open probe
@@ -221,7 +227,7 @@ mod variants;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 
-use checker::{check, Tally};
+use checker::{check, Invariant, Tally, Violation};
 use events::Rec;
 use run::{quiet_loader_panics, simulate};
 use scenario::Scenario;
@@ -229,7 +235,7 @@ use variants::Variant;
 
 /// One run of a seed: its violations, its tally, and its log if it failed.
 struct Outcome1 {
-    violations: Vec<String>,
+    violations: Vec<Violation>,
     tally: Tally,
     log: Vec<Rec>,
 }
@@ -258,9 +264,14 @@ fn run_seed(seed: u64, variant: Variant) -> Outcome1 {
 }
 
 /// Runs `count` seeds from `first` on two threads; stops at the first
-/// failure if `stop`. Returns the failures (seed, first violation) and the
-/// tally.
-fn run_seeds(first: u64, count: u64, variant: Variant, stop: bool) -> (Vec<(u64, String)>, Tally) {
+/// seed that breaks `stop_at`, if given. Returns the failures (seed, its
+/// violations) and the tally.
+fn run_seeds(
+    first: u64,
+    count: u64,
+    variant: Variant,
+    stop_at: Option<Invariant>,
+) -> (Vec<(u64, Vec<Violation>)>, Tally) {
     let next = AtomicU64::new(first);
     let end = first + count;
     let failures = Mutex::new(Vec::new());
@@ -278,17 +289,18 @@ fn run_seeds(first: u64, count: u64, variant: Variant, stop: bool) -> (Vec<(u64,
                 }
                 let out = run_seed(seed, variant);
                 tally.lock().unwrap().add(&out.tally);
-                if let Some(first) = out.violations.first() {
-                    failures.lock().unwrap().push((seed, first.clone()));
-                    if stop {
-                        stopped.store(true, Ordering::SeqCst);
-                    }
+                if out.violations.is_empty() {
+                    continue;
                 }
+                if stop_at.is_some_and(|i| out.violations.iter().any(|v| v.invariant == i)) {
+                    stopped.store(true, Ordering::SeqCst);
+                }
+                failures.lock().unwrap().push((seed, out.violations));
             });
         }
     });
     let mut failures = failures.into_inner().unwrap();
-    failures.sort();
+    failures.sort_by_key(|(seed, _)| *seed);
     (failures, tally.into_inner().unwrap())
 }
 
@@ -304,7 +316,7 @@ fn simulation() {
     let first = env_u64("ONEFILL_SIM_FIRST_SEED", 0);
     let count = env_u64("ONEFILL_SIM_SEEDS", 10_000);
     let started = std::time::Instant::now();
-    let (failures, tally) = run_seeds(first, count, Variant::Correct, false);
+    let (failures, tally) = run_seeds(first, count, Variant::Correct, None);
     println!(
         "{count} seeds in {:.1?}: {} loads, {} without a lease; overlapping loads explained by \
          lease expiry {}, revocation by set/invalidate {} (of these two, {} counted by their \
@@ -325,9 +337,10 @@ fn simulation() {
         tally.failed_ends,
         tally.rejected,
     );
-    for (seed, violation) in failures.iter().take(20) {
+    for (seed, violations) in failures.iter().take(20) {
         println!(
-            "seed {seed} failed: {violation}\n  replay: {}",
+            "seed {seed} failed: {}\n  replay: {}",
+            violations[0],
             Variant::Correct.replay_command(*seed)
         );
     }
@@ -336,7 +349,7 @@ fn simulation() {
         "{} of {count} seeds failed; first: seed {}: {}; replay: {}",
         failures.len(),
         failures[0].0,
-        failures[0].1,
+        failures[0].1[0],
         Variant::Correct.replay_command(failures[0].0)
     );
 }
@@ -369,35 +382,57 @@ fn replay() {
     println!("seed {seed} passed {repeat} runs");
 }
 
-/// A broken variant must be caught within a few hundred seeds.
-fn caught(variant: Variant) {
+/// A broken variant must be caught within a few hundred seeds, by the
+/// invariant it breaks: a checker that flagged it only through a side
+/// effect elsewhere (the stats, say) would pass while blind to the break
+/// itself.
+fn caught(variant: Variant, by: Invariant) {
     let limit = 400;
-    let (failures, _) = run_seeds(0, limit, variant, true);
-    let Some((seed, violation)) = failures.first() else {
-        panic!("{variant:?} was not caught in {limit} seeds");
+    let (failures, _) = run_seeds(0, limit, variant, Some(by));
+    let hit = failures
+        .iter()
+        .find(|(_, violations)| violations.iter().any(|v| v.invariant == by));
+    let Some((seed, violations)) = hit else {
+        let seen: Vec<String> = failures
+            .iter()
+            .take(5)
+            .map(|(seed, v)| format!("seed {seed}: {}", v[0]))
+            .collect();
+        panic!(
+            "{variant:?} was not caught by {by:?} in {limit} seeds; {} seeds failed otherwise: {seen:#?}",
+            failures.len()
+        );
     };
+    let violation = violations.iter().find(|v| v.invariant == by).unwrap();
     println!(
         "{variant:?} caught at seed {seed} ({} seeds): {violation}",
         seed + 1
     );
 }
 
+/// Another token's `DEL` ends a running load's lease, so a second leased
+/// load starts beside it with nothing to explain it.
 #[test]
 fn catches_release_by_bare_del() {
-    caught(Variant::BareDelRelease);
+    caught(Variant::BareDelRelease, Invariant::OneLoader);
 }
 
+/// A fill that ignores the token lands after a write that revoked its
+/// lease.
 #[test]
 fn catches_unfenced_fill() {
-    caught(Variant::UnfencedFill);
+    caught(Variant::UnfencedFill, Invariant::WritesFinal);
 }
 
+/// Without the re-check, a lease is won over a fresh value: a duplicate
+/// load.
 #[test]
 fn catches_acquire_without_recheck() {
-    caught(Variant::NoRecheck);
+    caught(Variant::NoRecheck, Invariant::OneLoader);
 }
 
+/// A waiter without a deadline outlives its caller's bound.
 #[test]
 fn catches_waiter_without_deadline() {
-    caught(Variant::WaiterNoDeadline);
+    caught(Variant::WaiterNoDeadline, Invariant::BoundedCallers);
 }
