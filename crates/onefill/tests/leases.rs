@@ -19,121 +19,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use onefill::testing::{lease_held, BoxFuture, OriginError};
-use onefill::{CallOptions, CircuitState, Error, Outcome};
-use parking_lot::Mutex;
+use onefill::testing::{lease_held, OriginError};
+use onefill::{CallOptions, Error, Outcome};
 use support::{
-    a_far_waiter_of_a_long_load, counting_loader, fetch_loading, fetch_now, fixed_lease, key, keys,
-    pod, spawn_fetch, two_pods, Switched,
+    counting_loader, fetch_now, fixed_lease, key, keys, pod, spawn_fetch, switched, two_pods,
+    Switches,
 };
 use tokio::time::Instant;
-
-/// A loader reading a mutable origin at the start of the load, answering
-/// what it read after `took`.
-fn reading(
-    origin: &Arc<Mutex<String>>,
-    loads: &Arc<AtomicUsize>,
-    took: Duration,
-) -> impl FnOnce(String) -> BoxFuture<Result<String, OriginError>> + Send + 'static {
-    let origin = origin.clone();
-    let loads = loads.clone();
-    move |_key| {
-        Box::pin(async move {
-            loads.fetch_add(1, Ordering::SeqCst);
-            let read = origin.lock().clone();
-            tokio::time::sleep(took).await;
-            Ok(read)
-        })
-    }
-}
-
-// ---------------------------------------------------------------------------
-// Budget (flight.rs)
-// ---------------------------------------------------------------------------
-
-/// A healthy backend 90 ms away (under half the 200 ms timeout, every call
-/// answered well within it). The first call loads under the lease. Its
-/// fill used to run with the 20 ms left of the flight's budget (less than
-/// even the one-way trip) instead of being deferred, and time out: the
-/// lease stayed behind, nothing was stored, and another process (right
-/// next to the server) waited out the orphaned lease. (This process hid
-/// it: its next flight degraded on the spent budget and served the outage
-/// fallback on a healthy backend.) The budget now charges failed calls
-/// only: the value is stored, and the other process hits it.
-#[tokio::test(start_paused = true)]
-async fn budget_a_backend_under_half_the_timeout_still_stores_what_it_loads() {
-    let [(wire, c), (_, other)] = two_pods(|b| b);
-    wire.delay(90);
-    let loads = Arc::new(AtomicUsize::new(0));
-    let first = fetch_loading(&c, "k", &loads, Duration::from_millis(100)).await;
-    assert_eq!(first.outcome, Outcome::Loaded);
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let start = Instant::now();
-    let second = fetch_loading(&other, "k", &loads, Duration::from_millis(100)).await;
-    assert_eq!(
-        (
-            second.outcome,
-            loads.load(Ordering::SeqCst),
-            wire.store().get_raw(keys().value()).is_some()
-        ),
-        (Outcome::Hit, 1, true),
-        "the loaded value was stored; the other process waited {:?} (stats of the loader's \
-         process: {:?})",
-        start.elapsed(),
-        c.stats()
-    );
-}
-
-/// The other side of the same budget: a waiter 70 ms away. get (70) and
-/// acquire (70) used to leave 60 ms, the subscribe was cut at 60 ms, the
-/// budget was spent and the first re-check "not attempted": the waiter
-/// degraded at once and loaded a second time, although the holder filled
-/// within 2 s. Calls that answer are no longer charged: the waiter waits,
-/// and there is one load fleet-wide.
-#[tokio::test(start_paused = true)]
-async fn budget_a_waiter_at_a_third_of_the_timeout_waits_instead_of_loading() {
-    let (waited, held, loads) = a_far_waiter_of_a_long_load(70).await;
-    assert_eq!(held.outcome, Outcome::Loaded);
-    assert_eq!(
-        (waited.outcome, loads),
-        (Outcome::Waited, 1),
-        "one load fleet-wide"
-    );
-}
-
-/// Timeouts the budget imposed (a step cut short because an earlier step
-/// used part of the budget) used to be fed to the circuit breaker as
-/// failures: a backend answering every call in 120 ms (timeout 200 ms) was
-/// declared dead after five misses, and every caller then loaded without
-/// the lease. Answered calls are no longer charged, and a call the budget
-/// cut short that times out is no evidence against the backend: the
-/// breaker stays closed.
-#[tokio::test(start_paused = true)]
-async fn budget_cut_timeouts_do_not_open_the_breaker_on_a_healthy_backend() {
-    let wire = Switched::default();
-    wire.delay(120);
-    let c = pod(&wire, |b| b);
-    let loads = Arc::new(AtomicUsize::new(0));
-    // Ten keys at once (a page of a feed): ten gets succeed, then ten
-    // acquires used to be cut at 80 ms: ten consecutive "failures".
-    let mut tasks = Vec::new();
-    for i in 0..10 {
-        let c = c.clone();
-        let loader = counting_loader(&loads, Duration::ZERO);
-        tasks.push(tokio::spawn(async move {
-            c.fetch(&format!("k{i}"), &CallOptions::new(), loader).await
-        }));
-    }
-    for t in tasks {
-        t.await.unwrap().unwrap();
-    }
-    assert_eq!(
-        c.circuit_state(),
-        CircuitState::Closed,
-        "every call was answered in 120 ms < 200 ms (stats: {:?})",
-        c.stats()
-    );
-}
 
 /// The watchdog's extend used to be bounded by what was left of the
 /// *flight's* budget at the acquire (here 80 ms), not by the backend
@@ -144,7 +36,7 @@ async fn budget_cut_timeouts_do_not_open_the_breaker_on_a_healthy_backend() {
 /// lives through the load, and the third process waits for it.
 #[tokio::test(start_paused = true)]
 async fn lease_the_watchdog_extends_within_the_backend_timeout() {
-    let server = Switched::default();
+    let server = switched();
     let w_wire = server.peer();
     w_wire.delay(40);
     let c_wire = server.peer();
@@ -227,7 +119,7 @@ async fn lease_a_fill_whose_request_was_lost_releases_its_lease() {
 /// the value, and the lease is filled, not orphaned.
 #[tokio::test(start_paused = true)]
 async fn a_dropped_leader_neither_cancels_the_load_nor_orphans_the_lease() {
-    let wire = Switched::default();
+    let wire = switched();
     let c = pod(&wire, |b| b);
     let loads = Arc::new(AtomicUsize::new(0));
     let gave_up = tokio::time::timeout(
@@ -252,7 +144,7 @@ async fn a_dropped_leader_neither_cancels_the_load_nor_orphans_the_lease() {
 /// caller that joined it: the flight starts over in a task of its own.
 #[tokio::test(start_paused = true)]
 async fn a_leader_dropped_during_its_first_read_does_not_strand_its_followers() {
-    let wire = Switched::default();
+    let wire = switched();
     let c = pod(&wire, |b| b);
     let loads = Arc::new(AtomicUsize::new(0));
     wire.delay(50);
@@ -273,7 +165,7 @@ async fn a_leader_dropped_during_its_first_read_does_not_strand_its_followers() 
 /// every caller gets LoaderPanicked, and the next call loads at once.
 #[tokio::test(start_paused = true)]
 async fn a_panicking_loader_releases_the_lease_for_everyone() {
-    let wire = Switched::default();
+    let wire = switched();
     let c = pod(&wire, |b| b);
     let mut tasks = Vec::new();
     for _ in 0..5 {
@@ -302,60 +194,71 @@ async fn a_panicking_loader_releases_the_lease_for_everyone() {
     assert_eq!(f.outcome, Outcome::Loaded);
 }
 
-// ---------------------------------------------------------------------------
-// Shared loads (loader.rs): one load per key per process
-// ---------------------------------------------------------------------------
+/// A lease lost under a failing load is counted.
+mod lost_lease_counted {
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::time::Duration;
 
-/// A background refresh R (lease L1) starts loading and reads the origin.
-/// Another process changes the origin and invalidates the key (deleting
-/// L1, so R's fill is fenced out). A later call here misses and wins a
-/// *new* lease L2; its load used to join R's in-process load from before
-/// the invalidate, so the pre-invalidation value was filled under L2,
-/// fenced on a token it legitimately held: the fencing that stops "a slow,
-/// late loader from writing data older than an invalidation" was bypassed.
-/// A flight holding a lease it just won now runs its own load (only
-/// unstored loads share one): the call answers the new value, and it is
-/// the one stored.
-#[tokio::test(start_paused = true)]
-async fn loads_a_remote_invalidate_is_not_undone_by_a_shared_older_load() {
-    let [(_, a), (_, b)] =
-        two_pods(|b| b.ttl(Duration::from_secs(1)).grace(Duration::from_secs(10)));
-    let origin = Arc::new(Mutex::new("old".to_string()));
-    let loads = Arc::new(AtomicUsize::new(0));
-    let v = a
-        .get_or_load(&key(), reading(&origin, &loads, Duration::ZERO))
-        .await
-        .unwrap();
-    assert_eq!(v, "old");
-    tokio::time::sleep(Duration::from_millis(1100)).await;
-    // Stale: served at once, refresh R starts loading (2 s) and reads "old".
-    let stale = a
-        .fetch(
-            &key(),
-            &CallOptions::new(),
-            reading(&origin, &loads, Duration::from_secs(2)),
-        )
-        .await
-        .unwrap();
-    assert_eq!(stale.outcome, Outcome::Stale);
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    assert_eq!(loads.load(Ordering::SeqCst), 2, "the refresh is loading");
-    // Another process writes the origin, then invalidates.
-    *origin.lock() = "new".to_string();
-    b.invalidate(&key()).await.unwrap();
-    let after = a
-        .fetch(
-            &key(),
-            &CallOptions::new(),
-            reading(&origin, &loads, Duration::ZERO),
-        )
-        .await
-        .unwrap();
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let stored = b.get(&key()).await.unwrap();
-    assert_eq!(
-        (after.value.as_str(), stored.as_deref()),
-        ("new", Some("new")),
-        "a load started before the invalidate neither answers after it nor is stored"
-    );
+    use onefill::{Cache, CacheBuilder, Error, MemoryBackend};
+    use tokio::task::JoinHandle;
+
+    /// A cache (a process) on `backend`, without jitter nor early refresh,
+    /// adjusted by `f`.
+    fn pod(
+        backend: &MemoryBackend,
+        f: impl FnOnce(CacheBuilder<String, String>) -> CacheBuilder<String, String>,
+    ) -> Cache<String, String> {
+        f(Cache::builder()
+            .namespace("findings")
+            .backend(backend.clone())
+            .jitter(0.0)
+            .early_refresh_beta(0.0))
+        .build()
+        .unwrap()
+    }
+
+    /// A loader's boxed future.
+    type Loaded = Pin<Box<dyn Future<Output = Result<String, std::io::Error>> + Send>>;
+
+    /// A loader that answers after `took` ms: a value, or an error with that
+    /// message.
+    fn slow(
+        took: u64,
+        answer: Result<&'static str, &'static str>,
+    ) -> impl FnOnce(String) -> Loaded {
+        move |_| {
+            Box::pin(async move {
+                tokio::time::sleep(Duration::from_millis(took)).await;
+                answer.map(str::to_owned).map_err(std::io::Error::other)
+            })
+        }
+    }
+
+    /// `get_or_load` in a task of its own.
+    fn spawn_get_or_load(
+        c: &Cache<String, String>,
+        key: &str,
+        loader: impl FnOnce(String) -> Loaded + Send + 'static,
+    ) -> JoinHandle<Result<String, Error>> {
+        let (c, key) = (c.clone(), key.to_owned());
+        tokio::spawn(async move { c.get_or_load(&key, loader).await })
+    }
+
+    /// A lease lost under a load that then fails is counted too: the holder
+    /// learns it when its release answers that the lease is not its own any
+    /// more, and another process may have loaded meanwhile (a duplicate load).
+    /// Only a fill or a renewal answering so was counted (simulation seed 72).
+    #[tokio::test(start_paused = true)]
+    async fn a_lease_lost_under_a_failing_load_is_counted() {
+        let backend = MemoryBackend::new();
+        let (a, b) = (pod(&backend, |b| b), pod(&backend, |b| b));
+        let key = "k".to_string();
+        let failing = spawn_get_or_load(&a, &key, slow(300, Err("db down")));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        // Another process revokes the lease mid-load (before any renewal).
+        b.invalidate(&key).await.unwrap();
+        assert!(failing.await.unwrap().is_err());
+        assert_eq!(a.stats().lease_lost, 1, "the lost lease was counted");
+    }
 }
