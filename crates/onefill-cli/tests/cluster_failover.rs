@@ -1,4 +1,4 @@
-//! Issue 11: a Redis Cluster failover is invisible to the callers of keys
+//! A Redis Cluster failover is invisible to the callers of keys
 //! on healthy masters, and the victim's keys are back to normal soon after
 //! its replica is promoted.
 //!
@@ -42,7 +42,7 @@ const FLEET_PATIENCE: Duration = Duration::from_secs(180);
 /// A scenario: a 3 + 3 cluster forming (seconds), then the fleet.
 const LIMIT: Duration = Duration::from_secs(240);
 
-/// Runs the issue's scenario with `--fault fault` on a fresh 3 + 3 cluster
+/// Runs the failover scenario with `--fault fault` on a fresh 3 + 3 cluster
 /// and checks the report.
 /// One scenario at a time: each keeps both cores of a CI machine busy
 /// (6 servers, 4 workers at 200 calls/s), and run together they would
@@ -109,7 +109,7 @@ fn failover_scenario(fault: &str, strict: bool) {
             .unwrap_or_else(|| panic!("{field} in {v}"))
     };
 
-    // The run was what the issue asks, and the victim was a real master
+    // The run was the scenario above, and the victim was a real master
     // with keys on it.
     assert!(n(&report, "calls") >= 4 * 1_500, "{}", report["calls"]);
     assert_eq!(f["kind"], fault);

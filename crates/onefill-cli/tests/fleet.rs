@@ -83,7 +83,7 @@ fn four_processes_one_load_and_commands_grow_with_processes_not_callers() {
     );
 }
 
-/// Issue 9, item 5: with every option at its default, a cold herd of 4
+/// With every option at its default, a cold herd of 4
 /// processes × 50 callers costs at most 60 Redis commands and a 6 s load
 /// across 4 processes at most 120 (counted as `INFO commandstats` counts
 /// them, commands run inside scripts included, with the fleet's own `SADD`
@@ -354,7 +354,7 @@ fn hot_key_under_steady_load_serves_stale_while_refreshing() {
     }
 }
 
-/// Issue 9, item 4: the same hot key with grace 0 and every other option at
+/// The same hot key with grace 0 and every other option at
 /// its default. XFetch's earliest of ~800 draws per TTL came about 0.5 s
 /// before expiry: 16 loads. Early refresh now starts a load time before
 /// expiry, once fleet-wide: at most 11 loads (one per TTL, the first at

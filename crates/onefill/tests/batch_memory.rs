@@ -954,7 +954,7 @@ mod hung_masters_and_races {
     use onefill::testing::{Fault, FaultyBackend, Op};
     use onefill::{Cache, CallOptions, MemoryBackend, Outcome};
 
-    const NS: &str = "review";
+    const NS: &str = "masters";
 
     /// Two shards (as two masters of a cluster): keys containing `bad` live on
     /// shard 1, which hangs when told to ([`hang_bad`]). Every command takes a

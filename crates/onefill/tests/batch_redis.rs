@@ -60,7 +60,7 @@ async fn process(
     (cache, counting)
 }
 
-/// The test: 4 processes × the same 100 cold keys, at once.
+/// The batch's herd: 4 processes × the same 100 cold keys, at once.
 async fn four_processes(processes: &[(Cache<String, String>, Counting<RedisBackend>)]) -> Origin {
     let origin = Origin::default();
     let wanted = keys(100);
@@ -361,7 +361,7 @@ mod frozen_server {
     async fn a_frozen_server_bounds_the_batch_and_leaves_no_lease() {
         let _limit = time_limit(LIMIT);
         let server = RedisServer::start();
-        let ns = unique_ns("review");
+        let ns = unique_ns("frozen");
         let cache = cache(&server, &ns).await;
         let origin = Origin::default();
         let wanted = keys(50);
@@ -397,7 +397,7 @@ mod frozen_server {
     async fn a_server_frozen_during_the_load_bounds_the_fills_and_the_leases_expire() {
         let _limit = time_limit(LIMIT);
         let server = Arc::new(RedisServer::start());
-        let ns = unique_ns("review");
+        let ns = unique_ns("frozen");
         let cache = cache(&server, &ns).await;
         let wanted = keys(20);
         let freezer = server.clone();

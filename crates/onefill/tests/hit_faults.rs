@@ -1,10 +1,14 @@
-//! Hostile review of the hit-path rewrite (commit 8955972: `hit.rs`, the
-//! sharded coalescer, the Redis command connection without a driver
-//! response timeout). Memory backend behind a gate in paused time for the
-//! in-process races; private redis-servers (SIGSTOP) for the Redis ones.
-//! The two findings (a hit not bounded by the Redis response timeout; a
-//! key whose `Display` fails truncated instead of refused) are fixed: their
-//! tests are regression tests now. Every other test is an attack that held.
+//! The hit path under faults and races: `set` and `invalidate` racing a
+//! hit's read, callers dropped mid-read, panics and backend errors on the
+//! first read, early refresh and counters from the hit path, a value's
+//! deadlines counted from when its read began, the Redis command
+//! connection's response timeout (a paused server), and keys whose
+//! `Display` fails. Memory backend behind a gate ([`FaultyBackend`]) in
+//! paused time for the in-process races; private redis-servers (SIGSTOP)
+//! for the Redis ones. Tests whose case once broke the library say what
+//! used to happen.
+//!
+//! [`FaultyBackend`]: onefill::testing::FaultyBackend
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -24,7 +28,7 @@ use tokio::time::Instant;
 /// A test on private servers takes seconds; past this it hangs.
 const LIMIT: Duration = Duration::from_secs(60);
 
-const NS: &str = "review";
+const NS: &str = "hit";
 
 /// Reads run on the store, then wait at the gate (when closed) before they
 /// answer: a read that saw the old value while a write goes on.
@@ -585,8 +589,8 @@ async fn counters_of_a_coalesced_hit() {
 // A value's deadlines in this process (its L1 entry, the outage fallback's
 // copy) count from when the read began, not from its reply: the TTL is read
 // after the request reached the server, so a deadline counted from the
-// reply outlives the server's copy by the reply's latency (review of the
-// second pass: the hit, a restarted flight and a batch each did). And a
+// reply outlives the server's copy by the reply's latency (the hit, a
+// restarted flight and a batch each did so once). And a
 // half-open probe frees its slot however its read ends (the backend's
 // future is made after the breaker admits the call).
 
@@ -935,7 +939,7 @@ async fn a_cache_hit_on_a_paused_server_is_bounded_by_the_backend_timeout() {
     server.resume();
 }
 
-/// Finding 1. A cache whose backend timeout is longer than the Redis
+/// Regression: a cache whose backend timeout is longer than the Redis
 /// response timeout (here 3 s vs 200 ms: a user who wants the budget for a
 /// far, slow but healthy server, and a driver that gives up on a single
 /// hung reply quickly). Before the change a hit on a hung server failed
@@ -997,7 +1001,7 @@ impl std::fmt::Display for Failing {
     }
 }
 
-/// Finding 2. `fetch_in_flight` now formats the key with `KeyBuf`, which
+/// Regression: `fetch_in_flight` now formats the key with `KeyBuf`, which
 /// keeps what a failing `Display` wrote before its error ("user:") where
 /// `to_string` (before the change, and still in `set`/`invalidate`)
 /// panicked. Two distinct keys then share one cache entry: the second
@@ -1049,7 +1053,7 @@ async fn a_key_whose_display_fails_is_refused_by_every_call() {
     );
 }
 
-/// Regression (issue 9, the hit's future): every layer of a call moves its
+/// Regression (the hit's future): every layer of a call moves its
 /// inner future at least once, and an async fn keeps its arguments for its
 /// whole life, so a large argument held by value is paid for at every
 /// layer. A `get_or_load` future was 3,360 bytes (the leader, with the

@@ -162,7 +162,7 @@ mod on_a_store {
     // Keys (key.rs) and options (options.rs)
     // ---------------------------------------------------------------------------
 
-    /// Held in the review: hostile keys round-trip and never collide with
+    /// A guard: hostile keys round-trip and never collide with
     /// their escapes.
     #[tokio::test(start_paused = true)]
     async fn hostile_keys_round_trip_without_collisions() {
@@ -202,7 +202,7 @@ mod on_a_store {
         assert!(c.get(&too_long).await.unwrap_err().is_invalid_input());
     }
 
-    /// Held in the review: options at their limits build and answer; just
+    /// A guard: options at their limits build and answer; just
     /// past them they are refused with the setter's name.
     #[tokio::test(start_paused = true)]
     async fn options_at_their_limits() {

@@ -247,7 +247,7 @@ async fn a_hung_server_stops_the_l1_within_the_bound() {
     until_l1_serves(&b, "k", &loads).await;
 }
 
-/// Regression (review of issue 9): two caches of one namespace in one
+/// Regression: two caches of one namespace in one
 /// process, on one backend: after `a.invalidate(k)` returned, `b` answered
 /// the old value from its L1 until the tracking push arrived (5 times in
 /// 50). The backend now tells its own process's L1s of its writes before

@@ -1,17 +1,15 @@
-//! Regression tests from an adversarial review of issues 7 and 8 (the
-//! review's hostile tests, one per attack): here those on a flight's
-//! backend budget, its lease and its load; those on writes, the outage
-//! fallback, `no_lease`, the breaker, keys and options are in
-//! `adversarial_writes.rs`. A test whose attack once broke the library
-//! says what used to happen; the attacks that held stay as guards. Memory
-//! backend behind switches (`support::Switched`), in paused time.
+//! A flight's lease: the watchdog extends it within the backend timeout, a
+//! fill whose request was lost releases it, a dropped leader neither
+//! cancels its load nor orphans its lease, a panicking loader releases it,
+//! and a lease lost under a failing load is counted. Memory backend behind
+//! switches (`support::Switched`), in paused time. A test whose case once
+//! broke the library says what used to happen.
 //!
-//! Two of the review's attacks are not here: they are accepted
-//! limitations, documented where they live. A lease whose flight is
-//! dropped by runtime shutdown cannot be released (nothing can be sent): it
-//! expires within its TTL (the lease guard's docs). And `CodecError` is
-//! transparent over the codec's error, which `get_ref` gives back, rather
-//! than a link of the source chain.
+//! Two limits are accepted, and documented where they live: a lease whose
+//! flight is dropped by runtime shutdown cannot be released (nothing can be
+//! sent), so it expires within its TTL (the lease guard's docs); and
+//! `CodecError` is transparent over the codec's error, which `get_ref`
+//! gives back, rather than a link of the source chain.
 
 mod support;
 
@@ -89,7 +87,7 @@ async fn lease_the_watchdog_extends_within_the_backend_timeout() {
 // Lease (lease.rs)
 // ---------------------------------------------------------------------------
 
-/// Fault 6's twin on the fill side: the fill request was lost (a timeout,
+/// The lost `acquire` reply's twin on the fill side: the fill request was lost (a timeout,
 /// it never ran). `Lease::end` used to disarm the drop guard on any error,
 /// so the token was never released and the next process waited out the
 /// whole lease TTL (here up to its 10 s wait deadline) and degraded. A fill
@@ -114,7 +112,7 @@ async fn lease_a_fill_whose_request_was_lost_releases_its_lease() {
     );
 }
 
-/// Held in the review: a caller's timeout around get_or_load (the
+/// A guard: a caller's timeout around get_or_load (the
 /// leader's) cancels neither the load nor the fill; a follower still gets
 /// the value, and the lease is filled, not orphaned.
 #[tokio::test(start_paused = true)]
@@ -139,7 +137,7 @@ async fn a_dropped_leader_neither_cancels_the_load_nor_orphans_the_lease() {
     );
 }
 
-/// Issue 9: the leader's first read runs in the caller's own task (a hit
+/// The leader's first read runs in the caller's own task (a hit
 /// needs no task). A leader dropped during that read must not strand the
 /// caller that joined it: the flight starts over in a task of its own.
 #[tokio::test(start_paused = true)]
@@ -161,7 +159,7 @@ async fn a_leader_dropped_during_its_first_read_does_not_strand_its_followers() 
     assert!(!lease_held(wire.store(), &keys()).await);
 }
 
-/// Held in the review: a loader that panics under the lease releases it,
+/// A guard: a loader that panics under the lease releases it,
 /// every caller gets LoaderPanicked, and the next call loads at once.
 #[tokio::test(start_paused = true)]
 async fn a_panicking_loader_releases_the_lease_for_everyone() {
@@ -210,7 +208,7 @@ mod lost_lease_counted {
         f: impl FnOnce(CacheBuilder<String, String>) -> CacheBuilder<String, String>,
     ) -> Cache<String, String> {
         f(Cache::builder()
-            .namespace("findings")
+            .namespace("regress")
             .backend(backend.clone())
             .jitter(0.0)
             .early_refresh_beta(0.0))

@@ -1,4 +1,4 @@
-//! Loaders return the error types users write (issue 10): `anyhow::Result`,
+//! Loaders return the error types users write: `anyhow::Result`,
 //! `Result<V, Box<dyn Error + Send + Sync>>`, `io::Result` and their own
 //! enum, with no adapter, in every loading entry point; every caller gets
 //! the loader's own error back typed, and the source chain shows it.
@@ -217,7 +217,7 @@ mod through_caches {
 
     use onefill::{Cache, MemoryBackend};
 
-    const NS: &str = "review";
+    const NS: &str = "errors";
 
     fn ms(n: u64) -> Duration {
         Duration::from_millis(n)
@@ -334,7 +334,7 @@ mod through_caches {
         assert_eq!(loads.load(Ordering::SeqCst), 1);
     }
 
-    /// The workaround (and the shape of a fix) for finding 1: anyhow's
+    /// The workaround (and the shape of a fix) for anyhow losing the type: anyhow's
     /// relocating conversion makes the box downcastable to the original type.
     #[tokio::test(start_paused = true)]
     async fn anyhow_relocated_into_a_box_comes_back_typed() {

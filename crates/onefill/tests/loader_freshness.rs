@@ -1,4 +1,4 @@
-//! Loader-chosen freshness (issue 10, FusionCache's "adaptive caching"):
+//! Loader-chosen freshness (FusionCache's "adaptive caching"):
 //! the loader sets the TTL and grace of what it returns ([`Loaded`]); the
 //! value is written, refreshed early and kept in the L1 by that TTL;
 //! values out of range are an error with nothing stored; `set_with` takes
@@ -388,7 +388,7 @@ mod edges {
     use onefill::backend::FillKeys;
     use onefill::{Cache, CallOptions, Error, Fetched, Loaded, MemoryBackend, Outcome};
 
-    const NS: &str = "review";
+    const NS: &str = "edges";
 
     fn ms(n: u64) -> Duration {
         Duration::from_millis(n)
@@ -623,7 +623,7 @@ mod edges {
         );
     }
 
-    /// Finding 6's fix, the other way round: a cache without grace (early
+    /// The other way round: a cache without grace (early
     /// refresh on) whose loader gives a value its own grace window: that value
     /// is not refreshed early (its first stale read refreshes it, at no wait).
     #[tokio::test(start_paused = true)]

@@ -1,11 +1,10 @@
 //! Backend outages on the memory backend, in paused time: the backend is
 //! wrapped (`support::Switched`) so a test can make it hang (like a
 //! SIGSTOPped Redis), refuse (like a dead one), answer slowly, reject
-//! commands, or lose a reply. The regression tests of issue 8's faults that
-//! need such a switch are here, named after their case (the others are in
-//! the conformance suite's `regressions` theme; those of the adversarial
-//! review of the fixes are in `adversarial_flights.rs` and
-//! `adversarial_writes.rs`). The same behaviour is proven on real Redis by
+//! commands, or lose a reply: the breaker, lost replies, the outage
+//! fallback, and a flight's backend budget. The regressions that need no
+//! such switch are in the conformance suite's `regressions` theme, so every
+//! backend runs them. The same behaviour is proven on real Redis by
 //! `redis_backend.rs` (a killed, restarted and paused server) and by the
 //! CLI's fleet tests (`crates/onefill-cli/tests/fleet.rs`: SIGSTOP and
 //! restart of Redis under load, with real processes).
@@ -217,7 +216,7 @@ fn breaker_pod(backend: &Switched) -> Cache<String, String> {
     pod(backend, breaker(1, Duration::from_secs(1)))
 }
 
-/// Fault 1a: the half-open probe's caller dropped its future (its own
+/// Regression: the half-open probe's caller dropped its future (its own
 /// timeout around `get`): the breaker stayed half-open and rejected every
 /// call for good. Now the next call probes, and a healthy backend is used.
 #[tokio::test(start_paused = true)]
@@ -231,7 +230,7 @@ async fn a_dropped_probe_does_not_leave_the_breaker_half_open() {
     assert_used_again(&backend, &c).await;
 }
 
-/// Fault 1b: the probe met a non-transient error (OOM, NOAUTH, CROSSSLOT):
+/// Regression: the probe met a non-transient error (OOM, NOAUTH, CROSSSLOT):
 /// neither a success nor a failure, so the breaker stayed half-open. An
 /// error the server answered proves it up: the probe ends, the circuit
 /// closes.
@@ -245,7 +244,7 @@ async fn a_probe_meeting_a_command_error_ends_the_half_open_state() {
     assert_used_again(&backend, &c).await;
 }
 
-/// Fault 6: `acquire` ran on the server and its reply was lost; the flight
+/// Regression: `acquire` ran on the server and its reply was lost; the flight
 /// degraded without releasing the token it sent, so another process waited
 /// the lease's whole TTL and a second load ran after it. Now the token is
 /// released in the background: the other process wins at once, no wait.
@@ -265,7 +264,7 @@ async fn an_acquire_whose_reply_is_lost_releases_its_lease() {
     assert!(start.elapsed() < Duration::from_secs(1));
 }
 
-/// Fault 7: a value served from the outage fallback was recorded again,
+/// Regression: a value served from the outage fallback was recorded again,
 /// renewing its `ttl + grace`; with ttl 1 s a value seen 29.5 s earlier was
 /// still served. Now the bound counts from when it was loaded or read.
 #[tokio::test(start_paused = true)]
@@ -298,7 +297,7 @@ async fn the_fallback_never_serves_a_value_older_than_ttl_plus_grace() {
     );
 }
 
-/// Fault 8: a flight that started before `invalidate` recorded its value
+/// Regression: a flight that started before `invalidate` recorded its value
 /// in the outage fallback after it; a later outage served the invalidated
 /// value.
 #[tokio::test(start_paused = true)]
@@ -314,7 +313,7 @@ async fn invalidate_keeps_its_value_out_of_the_fallback() {
     assert_the_fallback_forgot(&backend, &c, &loads, "the invalidated value is not served").await;
 }
 
-/// Fault 11: a backend that hangs in the middle of a flight used to cost a
+/// Regression: a backend that hangs in the middle of a flight used to cost a
 /// caller one timeout per step: here the subscription of a waiter (200 ms),
 /// then its re-check (200 ms more). A flight now loses at most one backend
 /// timeout to failures before answering: the re-check is not attempted,
@@ -331,7 +330,7 @@ async fn a_backend_hanging_mid_flight_costs_a_caller_one_timeout() {
     assert!(took <= Duration::from_millis(201), "{took:?} > one timeout");
 }
 
-/// The other side of fault 11's budget: a healthy but distant backend
+/// The other side of the flight's budget (one backend timeout at most): a healthy but distant backend
 /// (40 ms a call, 200 ms budget) must not run a long wait out of budget.
 /// Calls that answer are not charged, so the waiter waits out another
 /// process's 2 s load: one load, not a degraded second one.
@@ -388,7 +387,7 @@ mod fallback_and_breaker {
         assert_ne!(f.value, "k-v1", "the invalidated value is not served");
     }
 
-    /// Fault 7 again, through a healthy read: a Hit used to be recorded for a
+    /// Regression again, through a healthy read: a Hit used to be recorded for a
     /// full `ttl + grace` from the read, although the server said the value
     /// had 100 ms left. With ttl 1 s, a value loaded 1.5 s earlier (expired on
     /// the server 0.5 s ago) was served in the next outage. The fallback now
@@ -412,7 +411,7 @@ mod fallback_and_breaker {
     // Circuit breaker permit (circuit.rs)
     // ---------------------------------------------------------------------------
 
-    /// Held in the review: set/invalidate/get probes dropped by the caller's
+    /// A guard: set/invalidate/get probes dropped by the caller's
     /// timeout never leave the breaker half-open; a healthy backend is used
     /// again.
     #[tokio::test(start_paused = true)]

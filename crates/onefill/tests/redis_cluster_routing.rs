@@ -1,4 +1,4 @@
-//! Issue 11 on a private 3-master cluster, inside one process: routing
+//! Redis Cluster on a private 3-master cluster, inside one process: routing
 //! (a slot that migrates answers `ASK`, then `MOVED`; neither reaches a
 //! strict caller) and failure per shard (a hung master degrades its own
 //! keys only; the keys of the healthy masters keep their normal service).
@@ -114,8 +114,8 @@ async fn a_migrating_slot_is_followed_and_never_reaches_a_strict_caller() {
     assert!(moved.contains("OK"), "MIGRATE: {moved}");
 
     // Migrating: the source answers ASK for the value, which is followed,
-    // on the connection the backend already has to the target (review of
-    // issue 11: each ASK opened a connection of its own).
+    // on the connection the backend already has to the target (each ASK
+    // used to open a connection of its own).
     let connections_before = info_field(target, "stats", "total_connections_received");
     for _ in 0..50 {
         assert_eq!(cache.get(&key).await.unwrap().as_deref(), Some("v1"));
@@ -150,7 +150,7 @@ impl Drop for Resume<'_> {
     }
 }
 
-/// Regression (issue 11): one circuit breaker per process covered every
+/// Regression: one circuit breaker per process covered every
 /// key, so a hung master opened it and the keys of the two healthy masters
 /// were served degraded too. Now each master has its own breaker.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -234,7 +234,7 @@ async fn a_hung_master_degrades_only_its_own_keys() {
     assert!(back, "the victim's keys are served normally again");
 }
 
-/// Review of issue 11: an unsubscription and the next subscription of the
+/// Regression: an unsubscription and the next subscription of the
 /// same channel ran in tasks of their own, and the `SUNSUBSCRIBE` could
 /// reach the server last: the channel was deaf while its subscriber state
 /// said subscribed (5 in 1,500 rounds). A subscription now waits for the
@@ -280,7 +280,7 @@ async fn a_channel_subscribed_again_right_after_its_unsubscription_hears_its_fil
     }
 }
 
-/// Review of issue 11: a call its caller gave up on at once (a healthy
+/// Regression: a call its caller gave up on at once (a healthy
 /// master had no time to answer) marked the master failing, and the
 /// slot map was refreshed every 100–400 ms from then on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -317,7 +317,7 @@ async fn a_call_given_up_at_once_does_not_count_against_a_healthy_master() {
     backend.get(&keys).await.unwrap();
 }
 
-/// Review of issue 11: after a failover, the old master's breaker was never
+/// Regression: after a failover, the old master's breaker was never
 /// called again and `circuit_state()` stayed open for good.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_circuit_state_forgets_a_master_whose_slots_moved() {
@@ -371,7 +371,7 @@ async fn the_circuit_state_forgets_a_master_whose_slots_moved() {
     assert_eq!(cache.circuit_state(), CircuitState::Closed);
 }
 
-/// Review of issue 11: with `cluster-preferred-endpoint-type
+/// Regression: with `cluster-preferred-endpoint-type
 /// unknown-endpoint` (nodes behind a load balancer), `CLUSTER SLOTS` names
 /// masters with a NULL endpoint, meaning "the node you asked".
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,5 +1,5 @@
-//! Values that don't round-trip are an error, not a silent reload loop
-//! (issue 10): a value whose encoding does not decode back (`f64::NAN` in
+//! Values that don't round-trip are an error, not a silent reload loop:
+//! a value whose encoding does not decode back (`f64::NAN` in
 //! JSON becomes `null`) or does not encode (a map with non-string keys) is
 //! refused at fill time and at `set`, with `Error::Encode` naming the key,
 //! for every coalesced caller; nothing is stored, the lease is released.
@@ -125,7 +125,7 @@ async fn values_that_round_trip_are_stored() {
     assert_eq!(loads.load(Ordering::SeqCst), 1);
 }
 
-/// Review of issue 10: a value over the size limit was decoded (the round
+/// Regression: a value over the size limit was decoded (the round
 /// trip check) before it was refused by size: a full decode of a value
 /// that cannot be stored. Now refused first, without a decode.
 #[tokio::test(start_paused = true)]
@@ -180,7 +180,7 @@ mod limits_and_codecs {
     use onefill::backend::{Backend, FillKeys};
     use onefill::{Cache, CallOptions, Error, Fetched, MemoryBackend};
 
-    const NS: &str = "review";
+    const NS: &str = "codecs";
 
     fn ms(n: u64) -> Duration {
         Duration::from_millis(n)
@@ -279,7 +279,7 @@ mod limits_and_codecs {
     /// A custom codec whose `encode` panics (a buggy `Serialize` impl, say):
     /// the fill and `set` fail with `Error::Encode`, as for a decode that
     /// panics, instead of abandoning the flight (`FlightAbandoned`) and
-    /// unwinding through `set`'s caller. Regression test of the review.
+    /// unwinding through `set`'s caller. A regression test.
     #[tokio::test(start_paused = true)]
     async fn a_codec_whose_encode_panics() {
         struct Panics;

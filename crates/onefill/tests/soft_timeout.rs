@@ -1,4 +1,4 @@
-//! The soft loader timeout (issue 10): with a stale value, callers wait for
+//! The soft loader timeout: with a stale value, callers wait for
 //! the load up to `soft_timeout`, then get the stale value while the load
 //! finishes in the background, under the lease (the watchdog extends it),
 //! and fills; `max_load_time` stays the hard bound; with no stale value,
@@ -318,7 +318,7 @@ mod background_loads {
     use onefill::backend::{Backend, FillKeys};
     use onefill::{Cache, CallOptions, Error, Fetched, LeaseTtl, MemoryBackend, Outcome};
 
-    const NS: &str = "review";
+    const NS: &str = "soft";
 
     fn ms(n: u64) -> Duration {
         Duration::from_millis(n)
@@ -752,7 +752,7 @@ mod background_loads {
         assert_eq!(loads.load(Ordering::SeqCst), 2);
     }
 
-    /// Finding 3's fix, each failure rule: a load failing before the soft
+    /// Each failure rule: a load failing before the soft
     /// timeout answers the stale value (counted once as a stale answer, not a
     /// miss) and stores what a failed background refresh stores: fail-safe
     /// re-stores the stale value (the next call a hit on it), negative caching
@@ -813,7 +813,7 @@ mod background_loads {
         }
     }
 
-    /// Finding 10's fix with a failing load: the stale value expired during
+    /// With a failing load: the stale value expired during
     /// the wait, so it is neither served at the soft timeout nor by fail-safe
     /// after the failure; the caller gets the loader's error and no lease is
     /// left.

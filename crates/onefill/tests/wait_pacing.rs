@@ -1,4 +1,4 @@
-//! How often a waiter re-checks (issue 9, item 5: fewer Redis commands per
+//! How often a waiter re-checks (fewer Redis commands per
 //! herd), on the memory backend in paused time, so every interval is
 //! exact: a subscribed waiter re-checks at the notification, at the
 //! holder's lease expiry and at the slow safety-net poll, never at the

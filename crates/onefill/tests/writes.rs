@@ -1,11 +1,11 @@
-//! Regression tests from an adversarial review of issues 7 and 8 (the
-//! review's hostile tests, one per attack): here those on `set` and
-//! `invalidate`, the outage fallback, `no_lease`, the circuit breaker, keys
-//! and options, and a stress test on real threads; those on a flight's
-//! budget, lease and load are in `adversarial_flights.rs`. A test whose
-//! attack once broke the library says what used to happen; the attacks
-//! that held stay as guards. Memory backend behind switches
-//! (`support::Switched`), in paused time but for the stress test.
+//! Writes (`set`, `invalidate`) against loads, replies lost or late, and
+//! other processes: a write whose caller gave up still detaches older
+//! flights and forgets the outage fallback, `no_lease` loads are fenced by
+//! writes, a remote invalidate is not undone by an older shared load, and a
+//! stress test on real threads. Memory backend behind switches
+//! (`support::Switched`), in paused time but for the stress test. A test
+//! whose case once broke the library says what used to happen; the others
+//! guard what held.
 
 mod support;
 
@@ -104,7 +104,7 @@ async fn writes_a_set_with_an_unknown_result_does_not_leave_the_replaced_value_i
     );
 }
 
-/// Held in the review: a plain failed invalidate (a timeout, not a
+/// A guard: a plain failed invalidate (a timeout, not a
 /// cancellation) forgets the fallback.
 #[tokio::test(start_paused = true)]
 async fn a_timed_out_invalidate_forgets_the_fallback() {
@@ -117,7 +117,7 @@ async fn a_timed_out_invalidate_forgets_the_fallback() {
 // no_lease (flight.rs load_without_waiting)
 // ---------------------------------------------------------------------------
 
-/// Held in the review: no_lease with a remote holder answers Degraded and
+/// A guard: no_lease with a remote holder answers Degraded and
 /// stores nothing; the holder's fill is what lands.
 #[tokio::test(start_paused = true)]
 async fn no_lease_never_overwrites_the_holders_fill() {
@@ -136,7 +136,7 @@ async fn no_lease_never_overwrites_the_holders_fill() {
     assert_eq!(b.get(&key()).await.unwrap().as_deref(), Some("k-v1"));
 }
 
-/// Held in the review: no_lease racing an invalidate from another process
+/// A guard: no_lease racing an invalidate from another process
 /// does not store its older result.
 #[tokio::test(start_paused = true)]
 async fn no_lease_is_fenced_by_an_invalidate() {
@@ -172,7 +172,7 @@ impl Drop for StopOnDrop {
     }
 }
 
-/// Held in the review (stress): with other tasks hammering the key (loads,
+/// A guard (stress): with other tasks hammering the key (loads,
 /// early refreshes, invalidates), a `set` of version N is never followed,
 /// in this process, by an answer older than N.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -233,7 +233,7 @@ async fn stress_no_answer_older_than_a_returned_set() {
     }
 }
 
-/// Review of issue 9, item 4: an early refresh whose load failed replaced
+/// Regression: an early refresh whose load failed replaced
 /// the value it refreshed, which was still fresh: with negative caching, by
 /// a cached failure (callers got `CachedFailure` for a value fresh for
 /// seconds more); with fail-safe, by a re-store for the throttle period,
@@ -399,7 +399,7 @@ mod invalidation_and_loads {
         f: impl FnOnce(CacheBuilder<String, String>) -> CacheBuilder<String, String>,
     ) -> Cache<String, String> {
         f(Cache::builder()
-            .namespace("findings")
+            .namespace("regress")
             .backend(backend.clone())
             .jitter(0.0)
             .early_refresh_beta(0.0))

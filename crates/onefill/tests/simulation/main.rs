@@ -1,4 +1,4 @@
-//! A deterministic simulation of a small fleet (issue 8).
+//! A deterministic simulation of a small fleet.
 //!
 //! Each seed builds a scenario: 2 to 4 [`Cache`](onefill::Cache)s (simulated processes)
 //! on one shared [`MemoryBackend`](onefill::MemoryBackend), each behind its own seeded fault injector,
@@ -44,15 +44,15 @@
 //! The checker replays the log into a model of each key's lease (who holds
 //! it, until when, how it ended: filled or released by its holder, expired,
 //! revoked by `set`/`invalidate`, or deleted by another token) and checks
-//! the invariants of `DESIGN.md`, each as stated there unless said here:
+//! these invariants:
 //!
 //! 1. **One loader at a time, every duplicate explained and counted.** When
 //!    a load of a key starts while another runs anywhere in the fleet, the
 //!    running load's lease must have *expired* under it (its holder could
 //!    not extend it), or have been *revoked* by a `set`/`invalidate`
-//!    (documented: that load still answers its callers but is fenced out;
-//!    the issue lists only expiry, outage and degrade, but a revocation is
-//!    the same loss of the lease, caused on purpose), or one of the two is a
+//!    (documented: that load still answers its callers but is fenced out; a
+//!    revocation is the same loss of the lease as an expiry, caused on
+//!    purpose), or one of the two is a
 //!    *degraded* load (no lease). Two leased loads whose first lease was
 //!    deleted by another token are a violation. Two loads at once in one
 //!    process are explained alike: a flight holding a lease it just won
@@ -92,7 +92,7 @@
 //!    under test.
 //! 3. **Leases end with their loads.** Checked as: a lease is extended only
 //!    while a load of its key runs in its holder's process, so it outlives
-//!    its holder's load by at most its TTL. (The issue says "flight"; a
+//!    its holder's load by at most its TTL. (Its load, not its flight: a
 //!    flight's end cannot be observed from outside, its load's can, and a
 //!    flight ends no earlier than its load.) A lease won by a command whose
 //!    reply was lost is released, best effort, within one backend timeout;
@@ -112,8 +112,8 @@
 //!    surfaces up to one timeout after the call, and the probe may take one
 //!    more); after the healthy tail, one call per live instance reaches the
 //!    backend, answers, and leaves the circuit closed.
-//! 6. **Stats add up.** The issue's "every call counted exactly once as hit,
-//!    stale, loaded, waited or degraded" cannot hold as stated: [`Stats`](onefill::Stats)
+//! 6. **Stats add up.** "Every call counted exactly once as hit, stale,
+//!    loaded, waited or degraded" cannot hold: [`Stats`](onefill::Stats)
 //!    counts flights and loads, not calls (a coalesced call is only
 //!    `coalesced`; no counter counts `Loaded` or `Waited` answers; a
 //!    background refresh's fail-safe counts a stale answer nobody got).
@@ -148,8 +148,8 @@
 //!
 //! # Found so far
 //!
-//! Three library bugs, each fixed with a deterministic regression test in
-//! `tests/simulation_findings.rs`: `set`/`invalidate` did not detach the
+//! Three library bugs, each fixed with a deterministic regression test
+//! (in `tests/writes.rs` and `tests/leases.rs`): `set`/`invalidate` did not detach the
 //! in-process load (seed 161; these seed numbers predate the scenario's
 //! dropped `get`/`set`/`invalidate`, other-type writes and `no_lease`); a
 //! flight filled, under its new lease, a shared load from before an
@@ -194,14 +194,16 @@
 //! (a caller answered past its bound), about 40 (it moves by a seed or two
 //! between runs).
 //!
-//! Issue 8's faults 1–10, each reintroduced in `src/` by hand (one at a
-//! time), were caught in 3,000 seeds by: 1 (a dropped half-open probe
-//! keeping its slot) the breaker check, 5; 2 (an unreadable value asking
-//! for the lease regardless, again) a duplicate of a fresh value, 1; 3 and
-//! 8 stale reads after a write, 4; 4 (plain `SET` without a lease) the
-//! unfenced-write check, 4; 6 the lost-reply release, 3; 7 the value's
-//! life, 7; 9 two loads at once in one process, 1; 10 the stats, 6. Fault
-//! 5 (cluster slots) needs a cluster: not here.
+//! Ten library bugs fixed earlier (the conformance suite's `regressions`
+//! and `tests/outage_memory.rs` keep their cases), each reintroduced in
+//! `src/` by hand one at a time, were caught in 3,000 seeds (the first
+//! failing seed in brackets): a dropped half-open probe keeping its slot by
+//! the breaker check (5); an unreadable value asking for the lease
+//! regardless, again, as a duplicate of a fresh value (1); two kinds of
+//! stale read after a write (4 each); a plain `SET` without a lease by the
+//! unfenced-write check (4); a lost `acquire` reply's lease not released
+//! (3); a value outliving its life (7); two loads at once in one process
+//! (1); the stats (6). A tenth, cluster slots, needs a cluster: not here.
 //!
 //! # Where things are
 //!
