@@ -1,14 +1,21 @@
 //! End-to-end tests of the `onefill` binary.
 
 use std::process::{Command, Output};
+use std::time::Duration;
 
+use onefill_testkit::{output_within, time_limit};
 use serde_json::Value;
 
+/// A run of the binary here takes well under a second (the demo: a few).
+const PATIENCE: Duration = Duration::from_secs(60);
+/// A test runs the binary a few times; past this it hangs.
+const LIMIT: Duration = Duration::from_secs(120);
+
 fn onefill(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_onefill"))
-        .args(args)
-        .output()
-        .expect("the onefill binary runs")
+    output_within(
+        Command::new(env!("CARGO_BIN_EXE_onefill")).args(args),
+        PATIENCE,
+    )
 }
 
 fn text(bytes: &[u8]) -> String {
@@ -47,6 +54,7 @@ fn loads(report: &Value, name: &str) -> u64 {
 
 #[test]
 fn demo_json_shows_one_load_for_onefill() {
+    let _limit = time_limit(LIMIT);
     let report = demo_json(&["--callers", "40", "--instances", "4", "--load-ms", "50"]);
     assert_eq!(report["callers"], 40);
     assert_eq!(report["instances"], 4);
@@ -87,6 +95,7 @@ fn demo_json_shows_one_load_for_onefill() {
 
 #[test]
 fn demo_json_shows_the_unsafe_release_lesson() {
+    let _limit = time_limit(LIMIT);
     let report = demo_json(&[
         "--callers",
         "4",
@@ -115,6 +124,7 @@ fn demo_json_shows_the_unsafe_release_lesson() {
 
 #[test]
 fn demo_prints_tables_on_stdout_and_progress_on_stderr() {
+    let _limit = time_limit(LIMIT);
     let out = onefill(&[
         "demo",
         "--callers",
@@ -159,6 +169,7 @@ fn demo_prints_tables_on_stdout_and_progress_on_stderr() {
 
 #[test]
 fn bad_flags_fail_with_a_message() {
+    let _limit = time_limit(LIMIT);
     for args in [
         &["demo", "--callers", "0"][..],
         &["demo", "--instances", "0"],
@@ -183,6 +194,7 @@ fn bad_flags_fail_with_a_message() {
 
 #[test]
 fn help_documents_every_flag() {
+    let _limit = time_limit(LIMIT);
     let top = onefill(&["--help"]);
     assert!(top.status.success());
     assert!(text(&top.stdout).contains("demo"));
@@ -207,6 +219,7 @@ fn help_documents_every_flag() {
 /// report is written ends the command quietly (no panic, success).
 #[test]
 fn a_closed_stdout_ends_the_demo_quietly() {
+    let _limit = time_limit(LIMIT);
     for args in [&["demo", "--json"][..], &["demo"]] {
         let mut child = Command::new(env!("CARGO_BIN_EXE_onefill"))
             .args(args)
@@ -230,6 +243,7 @@ fn a_closed_stdout_ends_the_demo_quietly() {
 /// made-up repository.
 #[test]
 fn the_crates_are_ready_to_publish_and_install() {
+    let _limit = time_limit(LIMIT);
     let cli = include_str!("../Cargo.toml");
     let lib = include_str!("../../onefill/Cargo.toml");
     let workspace = include_str!("../../../Cargo.toml");
@@ -250,5 +264,16 @@ fn the_crates_are_ready_to_publish_and_install() {
         "{cli}"
     );
     assert!(!workspace.contains("example.invalid"), "{workspace}");
-    assert_eq!(env!("CARGO_PKG_NAME"), "onefill-cli");
+    // The package users install is `onefill-cli`, and the command it
+    // installs names itself and the release it comes from.
+    assert!(cli.contains("name = \"onefill-cli\""), "{cli}");
+    let version = workspace
+        .lines()
+        .skip_while(|l| l.trim() != "[workspace.package]")
+        .find_map(|l| l.strip_prefix("version = "))
+        .map(|v| v.trim_matches('"'))
+        .expect("the workspace's version");
+    let out = onefill(&["--version"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout).trim(), format!("onefill {version}"));
 }

@@ -1,4 +1,4 @@
-//! Issue 11: a Redis Cluster failover is invisible to the callers of keys
+//! A Redis Cluster failover is invisible to the callers of keys
 //! on healthy masters, and the victim's keys are back to normal soon after
 //! its replica is promoted.
 //!
@@ -23,13 +23,12 @@
 //!   so did the victim's keys outside the outage window
 //!   `[fault, promotion + 1.5 s]`.
 
-use std::io::Read;
-use std::process::{Command, Output, Stdio};
+use std::process::Command;
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use onefill::backend::FillKeys;
-use onefill_testkit::RedisCluster;
+use onefill_testkit::{output_within, time_limit, RedisCluster};
 use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_onefill");
@@ -40,47 +39,10 @@ const RECOVERY_MS: f64 = 1_500.0;
 /// A 10 s run takes about 11 s; one that has not ended after this is hung
 /// (and fails the test rather than hanging it).
 const FLEET_PATIENCE: Duration = Duration::from_secs(180);
+/// A scenario: a 3 + 3 cluster forming (seconds), then the fleet.
+const LIMIT: Duration = Duration::from_secs(240);
 
-/// Runs `cmd` to the end like `Command::output`, but kills it (and fails)
-/// if it has not ended within `patience`.
-fn output_within(mut cmd: Command, patience: Duration) -> Output {
-    let mut child = cmd
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start onefill fleet");
-    let drain = |mut pipe: Box<dyn Read + Send>| {
-        std::thread::spawn(move || {
-            let mut bytes = Vec::new();
-            let _ = pipe.read_to_end(&mut bytes);
-            bytes
-        })
-    };
-    let stdout = drain(Box::new(child.stdout.take().expect("stdout")));
-    let stderr = drain(Box::new(child.stderr.take().expect("stderr")));
-    let deadline = Instant::now() + patience;
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("wait for onefill fleet") {
-            break status;
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!(
-                "onefill fleet did not end within {patience:?}:\n{}",
-                String::from_utf8_lossy(&stderr.join().unwrap_or_default())
-            );
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    Output {
-        status,
-        stdout: stdout.join().expect("stdout"),
-        stderr: stderr.join().expect("stderr"),
-    }
-}
-
-/// Runs the issue's scenario with `--fault fault` on a fresh 3 + 3 cluster
+/// Runs the failover scenario with `--fault fault` on a fresh 3 + 3 cluster
 /// and checks the report.
 /// One scenario at a time: each keeps both cores of a CI machine busy
 /// (6 servers, 4 workers at 200 calls/s), and run together they would
@@ -93,6 +55,8 @@ static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 /// for routing (`MOVED`, `CLUSTERDOWN`) or on a healthy master.
 fn failover_scenario(fault: &str, strict: bool) {
     let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    // Bounded from here: the wait for the scenarios before it is not its own.
+    let _limit = time_limit(LIMIT);
     let cluster = RedisCluster::start_with_replicas(3, 1);
     let mut cmd = Command::new(BIN);
     cmd.args(["fleet", "--json", "--cluster"]);
@@ -118,7 +82,7 @@ fn failover_scenario(fault: &str, strict: bool) {
     if strict {
         cmd.arg("--strict");
     }
-    let out = output_within(cmd, FLEET_PATIENCE);
+    let out = output_within(&mut cmd, FLEET_PATIENCE);
     let stderr = String::from_utf8_lossy(&out.stderr);
     eprintln!("{stderr}");
     assert!(
@@ -145,7 +109,7 @@ fn failover_scenario(fault: &str, strict: bool) {
             .unwrap_or_else(|| panic!("{field} in {v}"))
     };
 
-    // The run was what the issue asks, and the victim was a real master
+    // The run was the scenario above, and the victim was a real master
     // with keys on it.
     assert!(n(&report, "calls") >= 4 * 1_500, "{}", report["calls"]);
     assert_eq!(f["kind"], fault);
@@ -297,12 +261,14 @@ fn a_hung_master_is_replaced_without_errors() {
 /// after the end.
 #[test]
 fn fault_flags_are_checked() {
+    let _limit = time_limit(LIMIT);
     let bad = |extra: &[&str]| {
-        let out = Command::new(BIN)
-            .args(["fleet", "--quiet", "--redis", "redis://127.0.0.1:1"])
-            .args(extra)
-            .output()
-            .expect("run onefill fleet");
+        let out = output_within(
+            Command::new(BIN)
+                .args(["fleet", "--quiet", "--redis", "redis://127.0.0.1:1"])
+                .args(extra),
+            FLEET_PATIENCE,
+        );
         assert!(!out.status.success(), "{extra:?} accepted");
         String::from_utf8_lossy(&out.stderr).into_owned()
     };

@@ -7,10 +7,15 @@ use std::process::{Child, Command, Stdio};
 use std::thread;
 use std::time::Duration;
 
-use onefill_testkit::{RedisCluster, RedisServer};
+use onefill_testkit::{output_within, time_limit, RedisCluster, RedisServer};
 use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_onefill");
+
+/// The longest fleet here runs 10 s (a 6 s load: less), plus start-up.
+const PATIENCE: Duration = Duration::from_secs(60);
+/// A test runs one or two fleets; past this it hangs.
+const LIMIT: Duration = Duration::from_secs(120);
 
 fn fleet(urls: &[String], extra: &[&str]) -> Value {
     let mut cmd = Command::new(BIN);
@@ -18,7 +23,7 @@ fn fleet(urls: &[String], extra: &[&str]) -> Value {
     for u in urls {
         cmd.args(["--redis", u]);
     }
-    let out = cmd.args(extra).output().expect("run onefill fleet");
+    let out = output_within(cmd.args(extra), PATIENCE);
     assert!(
         out.status.success(),
         "fleet failed: {}\n{}",
@@ -47,6 +52,7 @@ fn outcome(w: &Value, name: &str) -> u64 {
 /// commands within a small constant per process.
 #[test]
 fn four_processes_one_load_and_commands_grow_with_processes_not_callers() {
+    let _limit = time_limit(LIMIT);
     let server = RedisServer::start();
     let small = fleet(
         &[server.url()],
@@ -77,7 +83,7 @@ fn four_processes_one_load_and_commands_grow_with_processes_not_callers() {
     );
 }
 
-/// Issue 9, item 5: with every option at its default, a cold herd of 4
+/// With every option at its default, a cold herd of 4
 /// processes × 50 callers costs at most 60 Redis commands and a 6 s load
 /// across 4 processes at most 120 (counted as `INFO commandstats` counts
 /// them, commands run inside scripts included, with the fleet's own `SADD`
@@ -90,6 +96,7 @@ fn four_processes_one_load_and_commands_grow_with_processes_not_callers() {
 /// and a `SCRIPT LOAD` per process that meets it.
 #[test]
 fn a_cold_herd_and_a_six_second_load_cost_few_redis_commands() {
+    let _limit = time_limit(LIMIT);
     let server = RedisServer::start();
     // Loads the acquire, fill and extend scripts (one extension at 1 s).
     let warm = fleet(
@@ -131,6 +138,7 @@ fn a_cold_herd_and_a_six_second_load_cost_few_redis_commands() {
 /// the watchdog holding the lease; nobody timed out.
 #[test]
 fn six_second_loader_across_processes_is_one_load() {
+    let _limit = time_limit(LIMIT);
     let server = RedisServer::start();
     let r = fleet(
         &[server.url()],
@@ -154,6 +162,7 @@ fn six_second_loader_across_processes_is_one_load() {
 /// by a notification, not by a fourth poll.
 #[test]
 fn waiters_in_other_processes_are_woken_by_the_fill_notification() {
+    let _limit = time_limit(LIMIT);
     let server = RedisServer::start();
     let r = fleet(
         &[server.url()],
@@ -177,6 +186,7 @@ fn waiters_in_other_processes_are_woken_by_the_fill_notification() {
 /// answered, none by a timeout.
 #[test]
 fn killing_the_lease_holder_mid_load_hands_over_to_another_process() {
+    let _limit = time_limit(LIMIT);
     let server = RedisServer::start();
     let ns = "killtest";
     let mut children: Vec<Child> = (0..4)
@@ -270,6 +280,7 @@ fn killing_the_lease_holder_mid_load_hands_over_to_another_process() {
 /// load per key.
 #[test]
 fn cluster_herd_one_load_per_key() {
+    let _limit = time_limit(LIMIT);
     let cluster = RedisCluster::start(3);
     let keys: Vec<String> = (0..12).map(|i| format!("k{i}")).collect();
     let r = fleet(
@@ -326,6 +337,7 @@ fn steady(url: &str, extra: &[&str]) -> std::thread::JoinHandle<Value> {
 /// caller's answer included a load or a wait.
 #[test]
 fn hot_key_under_steady_load_serves_stale_while_refreshing() {
+    let _limit = time_limit(LIMIT);
     let server = RedisServer::start();
     let r = steady(&server.url(), &["--grace-ms", "5000"])
         .join()
@@ -342,7 +354,7 @@ fn hot_key_under_steady_load_serves_stale_while_refreshing() {
     }
 }
 
-/// Issue 9, item 4: the same hot key with grace 0 and every other option at
+/// The same hot key with grace 0 and every other option at
 /// its default. XFetch's earliest of ~800 draws per TTL came about 0.5 s
 /// before expiry: 16 loads. Early refresh now starts a load time before
 /// expiry, once fleet-wide: at most 11 loads (one per TTL, the first at
@@ -350,6 +362,7 @@ fn hot_key_under_steady_load_serves_stale_while_refreshing() {
 /// age runs from the end of the load, a few ms before its fill).
 #[test]
 fn a_hot_key_without_grace_refreshes_once_per_expiry() {
+    let _limit = time_limit(LIMIT);
     let server = RedisServer::start();
     let r = steady(&server.url(), &["--detail"]).join().unwrap();
     assert_eq!(n(&r, "errors"), 0, "{r}");
@@ -388,22 +401,27 @@ fn pause_for_3_s_at_3_s(server: &RedisServer, run: thread::JoinHandle<Value>) ->
     let r = run.join().unwrap();
     assert_eq!(n(&r, "errors"), 0, "{r}");
     let max = r["max_ms"].as_f64().unwrap();
+    eprintln!("slowest caller: {max} ms");
     (r, max)
 }
 
 /// SIGSTOP the server for 3 s under that load (grace 5 s, backend timeout
-/// 300 ms): no caller errors, no caller waits past the backend timeout plus
-/// one load (plus scheduling slack), few loads during the outage, and
-/// leases in use again after it.
+/// 300 ms): no caller errors, few loads during the outage, and leases in
+/// use again after it. A caller spends at most one backend timeout before
+/// it is answered (the stale value, here): measured about 300 ms. The bound
+/// is two timeouts (600 ms), which a caller whose path chained a second
+/// timeout would reach, leaving about 300 ms for scheduling on a loaded
+/// machine.
 #[test]
 fn a_paused_redis_under_load_hangs_nobody() {
+    let _limit = time_limit(LIMIT);
     let server = RedisServer::start();
     let run = steady(
         &server.url(),
         &["--grace-ms", "5000", "--backend-timeout-ms", "300"],
     );
     let (r, max) = pause_for_3_s_at_3_s(&server, run);
-    assert!(max <= 300.0 + 100.0 + 600.0, "worst caller {max} ms");
+    assert!(max < 2.0 * 300.0, "worst caller {max} ms");
     assert!(n(&r, "loads") <= 12 + 4, "loads {}", n(&r, "loads"));
     for w in workers(&r) {
         assert!(n(w, "local_loads") <= 12, "{w}");
@@ -415,24 +433,28 @@ fn a_paused_redis_under_load_hangs_nobody() {
     assert!(after >= 1, "leases used again after the outage");
 }
 
-/// Issue 8, fault 11: the same SIGSTOP with every option at its default
-/// (no grace): a caller's path used to chain timeouts (get, acquire,
-/// fill, …) and the slowest caller took 2.6 s with a 1 s timeout. A flight
-/// now spends at most one backend timeout before answering: the slowest
-/// caller takes one timeout plus its load (measured: about 0.35 s with the
-/// 250 ms default), asserted here against the issue's 1.2 s bound.
+/// The same SIGSTOP with every option at its default (no grace, backend
+/// timeout 250 ms, loader 100 ms). A caller's path could chain timeouts
+/// (get, acquire, fill, …), one per backend call; a flight spends at most
+/// one backend timeout before answering, so the slowest caller takes one
+/// timeout plus its load: measured about 350 ms. The bound is two timeouts
+/// plus the load (600 ms): a path that chains a second timeout reaches it,
+/// and one timeout plus the load passes with 250 ms left for scheduling on
+/// a loaded machine.
 #[test]
 fn a_paused_redis_with_the_defaults_costs_a_caller_one_timeout() {
+    let _limit = time_limit(LIMIT);
     let server = RedisServer::start();
     let run = steady(&server.url(), &[]);
     let (_, max) = pause_for_3_s_at_3_s(&server, run);
-    assert!(max <= 1200.0, "worst caller {max} ms");
+    assert!(max < 2.0 * 250.0 + 100.0, "worst caller {max} ms");
 }
 
 /// Kill the server and start it again on the same port under load: the
 /// processes recover by themselves (reconnect, scripts reloaded).
 #[test]
 fn a_restarted_redis_is_picked_up_without_restarting_the_application() {
+    let _limit = time_limit(LIMIT);
     let server = RedisServer::start();
     let run = steady(
         &server.url(),
@@ -473,6 +495,7 @@ fn keys_and_ttls(server: &RedisServer) -> Vec<(String, i64)> {
 /// TTL either way. The commands counted are the run's (the difference).
 #[test]
 fn a_fleet_resets_no_statistics_and_leaves_no_key_without_a_ttl() {
+    let _limit = time_limit(LIMIT);
     let server = RedisServer::start();
     server.command(&["ECHO", "the user's own command"]);
     let run = fleet(
@@ -516,16 +539,17 @@ fn a_fleet_resets_no_statistics_and_leaves_no_key_without_a_ttl() {
 /// without its password, and starts no worker.
 #[test]
 fn an_unreachable_server_is_one_clear_line_without_the_password() {
+    let _limit = time_limit(LIMIT);
     let dead = {
         let server = RedisServer::start();
         let url = server.url().replace("redis://", "redis://someone:sekrit@");
         server.kill();
         url
     };
-    let out = Command::new(BIN)
-        .args(["fleet", "--quiet", "--processes", "3", "--redis", &dead])
-        .output()
-        .expect("run onefill fleet");
+    let out = output_within(
+        Command::new(BIN).args(["fleet", "--quiet", "--processes", "3", "--redis", &dead]),
+        PATIENCE,
+    );
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
@@ -543,17 +567,17 @@ fn an_unreachable_server_is_one_clear_line_without_the_password() {
 /// one line, each cause once.
 #[test]
 fn a_worker_that_cannot_connect_says_why_on_its_ready_line() {
+    let _limit = time_limit(LIMIT);
     let dead = {
         let server = RedisServer::start();
         let url = server.url();
         server.kill();
         url
     };
-    let out = Command::new(BIN)
-        .args(["worker", "--sync", "--namespace", "w", "--redis", &dead])
-        .stdin(Stdio::null())
-        .output()
-        .expect("run onefill worker");
+    let out = output_within(
+        Command::new(BIN).args(["worker", "--sync", "--namespace", "w", "--redis", &dead]),
+        PATIENCE,
+    );
     assert!(!out.status.success());
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(stdout.lines().count(), 1, "{stdout}");

@@ -20,14 +20,22 @@
 //!
 //! This is test support: failures (a server that never comes up, an I/O
 //! error talking to it) panic with a message that includes the server log.
+//!
+//! Every test that starts servers or processes bounds itself with
+//! [`time_limit`], so a hang fails fast and names the test; a child process
+//! run with [`output_within`] is killed if it does not end in time.
 
 #![warn(missing_docs)]
 
 mod cluster;
+mod limit;
+mod process;
 mod resp;
 mod server;
 
 pub use cluster::RedisCluster;
+pub use limit::{time_limit, TimeLimit};
+pub use process::output_within;
 pub use resp::Reply;
 pub use server::RedisServer;
 
@@ -40,8 +48,47 @@ mod tests {
     use super::resp::raw_command;
     use super::*;
 
+    /// Generous for a server or two on a loaded machine (each starts in
+    /// milliseconds); a cluster gets more.
+    const LIMIT: Duration = Duration::from_secs(60);
+    const CLUSTER_LIMIT: Duration = Duration::from_secs(120);
+
+    #[test]
+    fn a_server_that_exits_at_start_fails_fast_with_its_log() {
+        let _limit = time_limit(LIMIT);
+        // A bad directive makes redis-server exit before it answers PING,
+        // as a port taken by someone else does. The start runs on its own
+        // thread, so a start that hangs fails this test instead of hanging
+        // it.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let started = std::panic::catch_unwind(|| {
+                RedisServer::start_with(&["--no-such-directive", "yes"])
+            });
+            let _ = tx.send(started.map(|_| ()).map_err(|panic| {
+                panic
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_default()
+            }));
+        });
+        let started = rx
+            .recv_timeout(Duration::from_secs(15))
+            .expect("a server that exits at start must fail within seconds, not hang");
+        let message = started.expect_err("a bad directive must not start a server");
+        assert!(
+            message.contains("exited with") && message.contains("before answering PING"),
+            "{message}"
+        );
+        // The server's own complaint, from its log, is in the message.
+        assert!(message.contains("no-such-directive"), "{message}");
+        assert!(message.contains("Bad directive"), "{message}");
+    }
+
     #[test]
     fn ping_set_get_and_restart_on_the_same_port() {
+        let _limit = time_limit(LIMIT);
         let server = RedisServer::start();
         assert_eq!(server.command(&["PING"]), "PONG");
         assert_eq!(server.command(&["SET", "k", "v", "PX", "60000"]), "OK");
@@ -68,6 +115,7 @@ mod tests {
 
     #[test]
     fn pause_makes_the_server_unresponsive_until_resumed() {
+        let _limit = time_limit(LIMIT);
         let server = RedisServer::start();
         server.pause();
         let err = raw_command(server.addr(), &[b"PING"], Duration::from_millis(200));
@@ -78,6 +126,7 @@ mod tests {
 
     #[test]
     fn extra_arguments_are_passed() {
+        let _limit = time_limit(LIMIT);
         let server = RedisServer::start_with(&["--requirepass", "s3cret"]);
         assert!(server.command(&["GET", "k"]).starts_with("-NOAUTH"));
         assert_eq!(server.command(&["AUTH", "s3cret"]), "OK");
@@ -86,6 +135,7 @@ mod tests {
 
     #[test]
     fn drop_kills_the_server() {
+        let _limit = time_limit(LIMIT);
         let server = RedisServer::start();
         let addr = server.addr();
         drop(server);
@@ -94,6 +144,7 @@ mod tests {
 
     #[test]
     fn a_three_master_cluster_forms() {
+        let _limit = time_limit(CLUSTER_LIMIT);
         let cluster = RedisCluster::start(3);
         assert_eq!(cluster.nodes().len(), 3);
         assert_eq!(cluster.urls().len(), 3);
@@ -120,6 +171,7 @@ mod tests {
 
     #[test]
     fn a_replicated_cluster_forms_and_a_replica_takes_over() {
+        let _limit = time_limit(CLUSTER_LIMIT);
         let cluster = RedisCluster::start_with_replicas(3, 1);
         assert_eq!(cluster.nodes().len(), 6);
         let master = cluster.node_for_key("ns:{k}");

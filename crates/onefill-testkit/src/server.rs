@@ -128,7 +128,10 @@ impl RedisServer {
     /// persistence); [`restart`](Self::restart) starts it again on the same
     /// port. Does nothing if it is not running.
     pub fn kill(&self) {
-        if let Some(mut child) = self.child().take() {
+        // Taken out of the lock first, so the lock is not held while the
+        // process is reaped.
+        let child = self.forget_child();
+        if let Some(mut child) = child {
             let _ = child.kill();
             let _ = child.wait();
         }
@@ -188,6 +191,16 @@ impl RedisServer {
         self.child.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Takes the child out (no longer ours to kill when a time limit
+    /// ends the test binary).
+    fn forget_child(&self) -> Option<Child> {
+        let child = self.child().take();
+        if let Some(c) = &child {
+            crate::limit::untrack(c.id());
+        }
+        child
+    }
+
     fn log_path(&self) -> PathBuf {
         self.dir.path().join("redis.log")
     }
@@ -241,16 +254,22 @@ impl RedisServer {
         let child = cmd
             .spawn()
             .map_err(|e| format!("cannot spawn redis-server (is it on PATH?): {e}"))?;
+        crate::limit::track(child.id());
         *self.child() = Some(child);
 
         let deadline = Instant::now() + READY_TIMEOUT;
         loop {
-            if let Some(status) = self
+            // The guard must be gone before the branch below locks the
+            // child again: kept in an `if let` scrutinee it would live to the
+            // end of the block (edition 2021), and a server that exits before
+            // answering (a port someone else took, a bad directive) would
+            // deadlock the test instead of failing it.
+            let exited = self
                 .child()
                 .as_mut()
-                .and_then(|c| c.try_wait().ok().flatten())
-            {
-                self.child().take();
+                .and_then(|c| c.try_wait().ok().flatten());
+            if let Some(status) = exited {
+                self.forget_child();
                 return Err(format!(
                     "redis-server on port {} exited with {status} before answering PING\n--- log ---\n{}",
                     self.port,

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use batch_support::{Counting, Origin};
+use batch_support::{count_calls, Counting, Counts, Origin};
 use onefill::backend::{FillKeys, MAX_PIPELINE};
 use onefill::{Cache, CallOptions, Error, InputError, MemoryBackend, OnWaitTimeout, Outcome};
 
@@ -19,7 +19,7 @@ const NS: &str = "batch";
 const SECOND: Duration = Duration::from_secs(1);
 
 fn process(backend: &MemoryBackend) -> (Cache<String, String>, Counting<MemoryBackend>) {
-    let counting = Counting::new(backend.clone());
+    let counting = count_calls(backend.clone());
     let cache = Cache::builder()
         .namespace(NS)
         .backend(counting.clone())
@@ -320,7 +320,7 @@ async fn four_processes_load_the_same_cold_keys_once_fleet_wide() {
             .await
             .unwrap();
         assert_eq!(found.len(), 100);
-        assert!(counting.round_trips() <= 1, "{:?}", counting.calls);
+        assert!(counting.round_trips() <= 1, "{:?}", counting.faults());
     }
     assert!(origin.calls() <= 4);
 }
@@ -368,9 +368,9 @@ async fn keys_another_process_is_loading_are_waited_for() {
         b_counting.of("acquire") + b_counting.of("get"),
         0,
         "{:?}",
-        b_counting.calls
+        b_counting.faults()
     );
-    assert_eq!(b_counting.of("get_many"), 2, "{:?}", b_counting.calls);
+    assert_eq!(b_counting.of("get_many"), 2, "{:?}", b_counting.faults());
     assert_eq!(b.stats().waits, 1);
     assert_eq!(b.stats().wait_notified, 1);
 }
@@ -460,8 +460,8 @@ async fn at_the_wait_deadline_the_keys_are_loaded_together_unstored_by_default()
 
 #[tokio::test(start_paused = true)]
 async fn a_backend_that_hangs_during_the_wait_degrades_the_keys_within_bounds() {
-    use support::{Switched, HANG_FROM_THIRD};
-    let backend = Switched::default();
+    use support::{switched, Switches, HANG_FROM_THIRD};
+    let backend = switched();
     let cache: Cache<String, String> = Cache::builder()
         .namespace(NS)
         .backend(backend.clone())
@@ -475,7 +475,7 @@ async fn a_backend_that_hangs_during_the_wait_degrades_the_keys_within_bounds() 
         .put_raw(&lock_of("held"), b"someone", Duration::from_secs(60));
     // The read and the lease request answer; the subscription and every
     // re-check hang.
-    backend.set(HANG_FROM_THIRD);
+    backend.set_mode(HANG_FROM_THIRD);
     let started = tokio::time::Instant::now();
     let answers = cache
         .fetch_many(
@@ -692,8 +692,8 @@ async fn stale_keys_are_served_at_once_and_refreshed_together_in_the_background(
 
 #[tokio::test(start_paused = true)]
 async fn when_the_backend_fails_the_keys_are_loaded_together_unstored() {
-    use support::{Switched, HANG, REFUSE};
-    let backend = Switched::default();
+    use support::{switched, Switches, HANG, REFUSE};
+    let backend = switched();
     let cache: Cache<String, String> = Cache::builder()
         .namespace(NS)
         .backend(backend.clone())
@@ -709,7 +709,7 @@ async fn when_the_backend_fails_the_keys_are_loaded_together_unstored() {
         .unwrap();
 
     for (mode, new) in [(REFUSE, 5..10), (HANG, 10..15)] {
-        backend.set(mode);
+        backend.set_mode(mode);
         let calls = origin.calls();
         let asked: Vec<String> = wanted[..5]
             .iter()
@@ -731,18 +731,22 @@ async fn when_the_backend_fails_the_keys_are_loaded_together_unstored() {
         // The five never read: loaded without a lease, in one call.
         for k in &wanted[new] {
             let a = answers[k].as_ref().unwrap();
-            assert_eq!(a.outcome, Outcome::Degraded, "{mode}");
+            assert_eq!(a.outcome, Outcome::Degraded, "{mode:?}");
         }
-        assert_eq!(origin.calls(), calls + 1, "one loader call in mode {mode}");
+        assert_eq!(
+            origin.calls(),
+            calls + 1,
+            "one loader call in mode {mode:?}"
+        );
     }
-    backend.set(support::HEALTHY);
+    backend.set_mode(support::HEALTHY);
     assert!(wanted[5..].iter().all(|k| backend
         .store()
         .get_raw(FillKeys::new(NS, k).value())
         .is_none()));
 
     // Strict mode: the backend's error, for each key.
-    backend.set(REFUSE);
+    backend.set_mode(REFUSE);
     let strict = CallOptions::new().strict(true);
     let answers = cache
         .fetch_many(&wanted, &strict, origin.loader(SECOND, &[]))
@@ -861,7 +865,7 @@ async fn keys_with_braces_newlines_and_unicode_are_batched_like_any_other() {
 #[tokio::test(start_paused = true)]
 async fn stale_keys_in_the_l1_are_served_without_a_round_trip_and_refreshed_together() {
     let backend = MemoryBackend::new();
-    let counting = Counting::new(backend.clone());
+    let counting = count_calls(backend.clone());
     let build = |b: Counting<MemoryBackend>| -> Cache<String, String> {
         Cache::builder()
             .namespace(NS)
@@ -872,10 +876,7 @@ async fn stale_keys_in_the_l1_are_served_without_a_round_trip_and_refreshed_toge
             .build()
             .unwrap()
     };
-    let (writer, reader) = (
-        build(Counting::new(backend.clone())),
-        build(counting.clone()),
-    );
+    let (writer, reader) = (build(count_calls(backend.clone())), build(counting.clone()));
     let wanted = keys(5);
     let first = Origin::default();
     writer
@@ -938,6 +939,458 @@ async fn a_batch_dropped_while_it_waits_still_answers_the_keys_other_callers() {
     assert!(loading.await.unwrap().is_ok());
     assert_eq!(origin.calls(), 1);
     assert_eq!(b.stats().waits, 1);
+}
+
+/// Batches against a master that hangs (as two masters of a cluster), keys
+/// returned twice, a dropped batch, absent keys with the L1, batches racing
+/// single calls, and the soft timeout.
+mod hung_masters_and_races {
+
+    use std::time::Duration;
+
+    use crate::batch_support::Origin;
+
+    use onefill::backend::FillKeys;
+    use onefill::testing::{Fault, FaultyBackend, Op};
+    use onefill::{Cache, CallOptions, MemoryBackend, Outcome};
+
+    const NS: &str = "masters";
+
+    /// Two shards (as two masters of a cluster): keys containing `bad` live on
+    /// shard 1, which hangs when told to ([`hang_bad`]). Every command takes a
+    /// millisecond (a round trip), as on a real server.
+    fn two_masters() -> FaultyBackend<MemoryBackend> {
+        let backend = FaultyBackend::new(MemoryBackend::new())
+            .with_shards(|keys| u64::from(keys.value().contains("bad")));
+        backend.faults().set_latency(Duration::from_millis(1));
+        backend
+    }
+
+    /// Shard 1 hangs on every call.
+    fn hang_bad(backend: &FaultyBackend<MemoryBackend>) {
+        backend.faults().set_for_keys("bad", Op::ALL, Fault::Hang);
+    }
+
+    /// Shard 1 answers reads but hangs on lease requests.
+    fn hang_bad_acquire(backend: &FaultyBackend<MemoryBackend>) {
+        backend
+            .faults()
+            .set_for_keys("bad", [Op::Acquire, Op::AcquireMany], Fault::Hang);
+    }
+
+    fn value_of(key: &str) -> String {
+        FillKeys::new(NS, key).value().to_owned()
+    }
+
+    /// One master hangs: the batch's keys on the other master must still be
+    /// leased, loaded once and stored, as a single call stores them. The
+    /// failing master's read timeout must not be charged to the healthy
+    /// master's keys.
+    #[tokio::test(start_paused = true)]
+    async fn a_hung_master_does_not_stop_the_keys_of_a_healthy_one_being_stored() {
+        let backend = two_masters();
+        let cache: Cache<String, String> = Cache::builder()
+            .namespace(NS)
+            .backend(backend.clone())
+            .backend_timeout(Duration::from_millis(100))
+            .no_l1()
+            .build()
+            .unwrap();
+        let origin = Origin::default();
+        hang_bad(&backend);
+
+        // A single call on the healthy master, for reference: loaded, stored.
+        let single = cache
+            .fetch(
+                &"good0".to_owned(),
+                &CallOptions::new(),
+                |k: String| async move { Ok::<_, std::io::Error>(format!("v{k}")) },
+            )
+            .await
+            .unwrap();
+        assert_eq!(single.outcome, Outcome::Loaded);
+        assert!(backend.inner().get_raw(&value_of("good0")).is_some());
+
+        let wanted: Vec<String> = ["good1", "good2", "bad1"].map(String::from).to_vec();
+        let answers = cache
+            .fetch_many(
+                &wanted,
+                &CallOptions::new(),
+                origin.loader(Duration::ZERO, &[]),
+            )
+            .await
+            .unwrap();
+        for good in ["good1", "good2"] {
+            let answer = answers[good].as_ref().unwrap();
+            assert_eq!(
+                (answer.value.as_deref(), answer.outcome),
+                (Some(format!("v{good}").as_str()), Outcome::Loaded),
+                "{good}: {answers:?}"
+            );
+            assert!(
+                backend.inner().get_raw(&value_of(good)).is_some(),
+                "{good} stored"
+            );
+        }
+        // The hung master's key: loaded without the lease (degraded).
+        let bad = answers["bad1"].as_ref().unwrap();
+        assert_eq!(bad.outcome, Outcome::Degraded);
+    }
+
+    fn lock_of(key: &str) -> String {
+        FillKeys::new(NS, key).lock().to_owned()
+    }
+
+    /// One master hangs on the lease request (its read answered): the keys
+    /// won on the healthy master must still be filled (their own budget is
+    /// whole), and no lease is left behind.
+    #[tokio::test(start_paused = true)]
+    async fn a_master_hanging_on_the_lease_request_does_not_stop_the_fills_of_the_others() {
+        let backend = two_masters();
+        let cache: Cache<String, String> = Cache::builder()
+            .namespace(NS)
+            .backend(backend.clone())
+            .backend_timeout(Duration::from_millis(100))
+            .no_l1()
+            .build()
+            .unwrap();
+        let origin = Origin::default();
+        hang_bad_acquire(&backend);
+
+        let wanted: Vec<String> = ["good1", "good2", "bad1"].map(String::from).to_vec();
+        let answers = cache
+            .fetch_many(
+                &wanted,
+                &CallOptions::new(),
+                origin.loader(Duration::ZERO, &[]),
+            )
+            .await
+            .unwrap();
+        for good in ["good1", "good2"] {
+            let answer = answers[good].as_ref().unwrap();
+            assert_eq!(answer.outcome, Outcome::Loaded, "{good}: {answers:?}");
+            assert!(
+                backend.inner().get_raw(&value_of(good)).is_some(),
+                "{good} stored: {answers:?}"
+            );
+            assert!(
+                backend.inner().get_raw(&lock_of(good)).is_none(),
+                "{good}: no lease left"
+            );
+        }
+        assert_eq!(origin.calls(), 1, "one load");
+    }
+
+    /// Stale keys served by a batch are refreshed in the background; a hung
+    /// master in the same batch must not stop the healthy master's refresh
+    /// from being stored (nor leave its lease behind).
+    #[tokio::test(start_paused = true)]
+    async fn a_hung_master_does_not_stop_the_refresh_of_stale_keys_on_a_healthy_one() {
+        let backend = two_masters();
+        let cache: Cache<String, String> = Cache::builder()
+            .namespace(NS)
+            .backend(backend.clone())
+            .backend_timeout(Duration::from_millis(100))
+            .ttl(Duration::from_secs(10))
+            .grace(Duration::from_secs(60))
+            .jitter(0.0)
+            .no_l1()
+            .build()
+            .unwrap();
+        let wanted: Vec<String> = ["good1", "bad1"].map(String::from).to_vec();
+        let first = Origin::default();
+        cache
+            .get_or_load_many(&wanted, first.loader(Duration::ZERO, &[]))
+            .await
+            .unwrap();
+        tokio::time::advance(Duration::from_secs(11)).await;
+        hang_bad(&backend);
+
+        let refresh = Origin::default();
+        let answers = cache
+            .fetch_many(
+                &wanted,
+                &CallOptions::new(),
+                refresh.loader(Duration::from_secs(1), &[]),
+            )
+            .await
+            .unwrap();
+        let good = answers["good1"].as_ref().unwrap();
+        assert_eq!(good.outcome, Outcome::Stale, "{answers:?}");
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert_eq!(refresh.loads_per_key().get("good1"), Some(&1), "refreshed");
+        let (_, ttl) = backend.inner().get_raw(&value_of("good1")).unwrap();
+        assert!(
+            ttl > Duration::from_secs(60),
+            "the refreshed value is stored (ttl + grace left: {ttl:?})"
+        );
+        assert!(
+            backend.inner().get_raw(&lock_of("good1")).is_none(),
+            "no lease left"
+        );
+    }
+
+    /// A loader returning a key twice (a join yielding two rows for one id):
+    /// the batch's first load and a single key's load (a takeover, a
+    /// refresh) must keep the same pair, the first, whichever path loads it.
+    #[tokio::test(start_paused = true)]
+    async fn a_key_returned_twice_keeps_its_first_pair_on_every_path() {
+        let backend = MemoryBackend::new();
+        let cache: Cache<String, String> = Cache::builder()
+            .namespace(NS)
+            .backend(backend.clone())
+            .ttl(Duration::from_secs(10))
+            .grace(Duration::from_secs(60))
+            .jitter(0.0)
+            .no_l1()
+            .build()
+            .unwrap();
+        let twice = |keys: Vec<String>| async move {
+            let mut rows = Vec::new();
+            for k in keys {
+                rows.push((k.clone(), format!("first {k}")));
+                rows.push((k.clone(), format!("second {k}")));
+            }
+            Ok::<_, std::io::Error>(rows)
+        };
+        let wanted = vec!["a".to_owned(), "b".to_owned()];
+        let found = cache.get_or_load_many(&wanted, twice).await.unwrap();
+        assert_eq!(found["a"], "first a", "the batch load");
+
+        // The stale value's background refresh of one key alone: the single
+        // key's load of the batch loader.
+        tokio::time::advance(Duration::from_secs(11)).await;
+        let _ = cache
+            .get_or_load_many(&["a".to_owned()], twice)
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let found = cache.get_or_load_many(&wanted, twice).await.unwrap();
+        assert_eq!(found["a"], "first a", "the refresh");
+    }
+
+    /// Strict mode, one master hung: its keys fail with the backend's error
+    /// (nothing loaded for them), the healthy master's keys are loaded and
+    /// stored, and the call is bounded by the backend timeout (plus the load).
+    #[tokio::test(start_paused = true)]
+    async fn strict_mode_fails_only_the_hung_masters_keys_within_the_backend_timeout() {
+        let backend = two_masters();
+        let cache: Cache<String, String> = Cache::builder()
+            .namespace(NS)
+            .backend(backend.clone())
+            .backend_timeout(Duration::from_millis(100))
+            .strict(true)
+            .no_l1()
+            .build()
+            .unwrap();
+        let origin = Origin::default();
+        hang_bad(&backend);
+        let started = tokio::time::Instant::now();
+        let wanted: Vec<String> = ["good1", "bad1"].map(String::from).to_vec();
+        let answers = cache
+            .fetch_many(
+                &wanted,
+                &CallOptions::new(),
+                origin.loader(Duration::ZERO, &[]),
+            )
+            .await
+            .unwrap();
+        assert!(
+            matches!(answers["bad1"], Err(onefill::Error::Backend(_))),
+            "{answers:?}"
+        );
+        let good = answers["good1"].as_ref().unwrap();
+        assert_eq!(good.outcome, Outcome::Loaded, "{answers:?}");
+        assert!(backend.inner().get_raw(&value_of("good1")).is_some());
+        assert_eq!(origin.loaded.lock().clone(), vec!["good1".to_owned()]);
+        assert!(
+            started.elapsed() < Duration::from_millis(500),
+            "{:?}",
+            started.elapsed()
+        );
+        // And get_or_load_many answers the hung master's error.
+        let all = cache
+            .get_or_load_many(&wanted, origin.loader(Duration::ZERO, &[]))
+            .await;
+        assert!(matches!(all, Err(onefill::Error::Backend(_))), "{all:?}");
+    }
+
+    /// A batch dropped while its read hangs: a single call on the same key
+    /// joins the batch's flight and is answered (the batch's task goes on);
+    /// nothing is left leased.
+    #[tokio::test(start_paused = true)]
+    async fn a_batch_dropped_during_a_hung_read_still_answers_a_single_caller() {
+        let backend = two_masters();
+        let cache: Cache<String, String> = Cache::builder()
+            .namespace(NS)
+            .backend(backend.clone())
+            .backend_timeout(Duration::from_millis(100))
+            .no_l1()
+            .build()
+            .unwrap();
+        let origin = Origin::default();
+        hang_bad(&backend);
+        let batch = {
+            let cache = cache.clone();
+            let loader = origin.loader(Duration::ZERO, &[]);
+            tokio::spawn(async move { cache.get_or_load_many(&["bad1".to_owned()], loader).await })
+        };
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        batch.abort();
+        let single = cache
+            .fetch(
+                &"bad1".to_owned(),
+                &CallOptions::new(),
+                |k: String| async move { Ok::<_, std::io::Error>(format!("single {k}")) },
+            )
+            .await
+            .unwrap();
+        assert!(single.coalesced, "joined the dropped batch's flight");
+        assert_eq!(single.value, "vbad1");
+        assert_eq!(origin.calls(), 1);
+        backend.faults().clear();
+        assert!(backend.inner().get_raw(&lock_of("bad1")).is_none());
+    }
+
+    /// A key the loader does not return is absent for `negative_ttl`, not
+    /// `ttl`, in the backend and in the L1 of the process that loaded it and
+    /// of another that read it.
+    #[tokio::test(start_paused = true)]
+    async fn an_absent_key_is_asked_again_after_the_negative_ttl_with_the_l1_on() {
+        let backend = MemoryBackend::new();
+        let build = || -> Cache<String, String> {
+            Cache::builder()
+                .namespace(NS)
+                .backend(backend.clone())
+                .ttl(Duration::from_secs(60))
+                .negative_ttl(Duration::from_secs(5))
+                .jitter(0.0)
+                .l1(onefill::L1::new(100))
+                .build()
+                .unwrap()
+        };
+        let (cache, other) = (build(), build());
+        let origin = Origin::default();
+        let wanted = vec!["here".to_owned(), "gone".to_owned()];
+        let found = cache
+            .get_or_load_many(&wanted, origin.loader(Duration::ZERO, &["gone"]))
+            .await
+            .unwrap();
+        assert!(!found.contains_key("gone"));
+        let read = other
+            .fetch_many(
+                &wanted,
+                &CallOptions::new(),
+                origin.loader(Duration::ZERO, &["gone"]),
+            )
+            .await
+            .unwrap();
+        assert_eq!(read["gone"].as_ref().unwrap().outcome, Outcome::Hit);
+        assert_eq!(origin.calls(), 1);
+
+        tokio::time::advance(Duration::from_secs(6)).await;
+        for process in [&cache, &other] {
+            let again = process
+                .fetch_many(
+                    &wanted,
+                    &CallOptions::new(),
+                    origin.loader(Duration::ZERO, &[]),
+                )
+                .await
+                .unwrap();
+            assert_eq!(
+                again["gone"].as_ref().unwrap().value.as_deref(),
+                Some("vgone"),
+                "absence expired after negative_ttl: {again:?}"
+            );
+            assert_eq!(again["here"].as_ref().unwrap().outcome, Outcome::Hit);
+        }
+        assert_eq!(
+            origin.loads_per_key().get("gone"),
+            Some(&2),
+            "loaded again once"
+        );
+        assert_eq!(origin.loads_per_key().get("here"), Some(&1));
+    }
+
+    /// Batches (keys in both orders) and single calls racing on overlapping
+    /// keys on a multi-threaded runtime: one process never loads a key twice.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn batches_and_single_calls_racing_on_overlapping_keys_load_each_key_once() {
+        for round in 0..30 {
+            let cache: Cache<String, String> = Cache::builder()
+                .namespace(NS)
+                .backend(MemoryBackend::new())
+                .build()
+                .unwrap();
+            let origin = Origin::default();
+            let forward: Vec<String> = (0..8).map(|i| format!("k{i}")).collect();
+            let backward: Vec<String> = forward.iter().rev().cloned().collect();
+            let mut calls = Vec::new();
+            for wanted in [forward.clone(), backward, forward[2..6].to_vec()] {
+                let cache = cache.clone();
+                let loader = origin.loader(Duration::from_millis(2), &[]);
+                calls.push(tokio::spawn(async move {
+                    let found = cache.get_or_load_many(&wanted, loader).await.unwrap();
+                    assert_eq!(found.len(), wanted.len());
+                }));
+            }
+            for key in forward.iter().step_by(2) {
+                let cache = cache.clone();
+                let key = key.clone();
+                let origin = origin.clone();
+                calls.push(tokio::spawn(async move {
+                    let loaded = cache
+                        .get_or_load(&key, move |k: String| async move {
+                            origin.loaded.lock().push(k.clone());
+                            tokio::time::sleep(Duration::from_millis(2)).await;
+                            Ok::<_, std::io::Error>(format!("v{k}"))
+                        })
+                        .await
+                        .unwrap();
+                    assert_eq!(loaded, format!("v{key}"));
+                }));
+            }
+            for call in calls {
+                call.await.unwrap();
+            }
+            let per_key = origin.loads_per_key();
+            assert!(
+                per_key.values().all(|n| *n == 1) && per_key.len() == 8,
+                "round {round}: {per_key:?}"
+            );
+        }
+    }
+
+    /// `soft_timeout` does not apply to a batch's own load (documented): a
+    /// cold batch slower than the soft timeout waits for its load and stores
+    /// every key.
+    #[tokio::test(start_paused = true)]
+    async fn a_soft_timeout_does_not_cut_a_batchs_own_load() {
+        let backend = MemoryBackend::new();
+        let cache: Cache<String, String> = Cache::builder()
+            .namespace(NS)
+            .backend(backend.clone())
+            .no_l1()
+            .build()
+            .unwrap();
+        let origin = Origin::default();
+        let wanted = vec!["a".to_owned(), "b".to_owned()];
+        let answers = cache
+            .fetch_many(
+                &wanted,
+                &CallOptions::new().soft_timeout(Duration::from_millis(10)),
+                origin.loader(Duration::from_secs(1), &[]),
+            )
+            .await
+            .unwrap();
+        for k in &wanted {
+            let answer = answers[k].as_ref().unwrap();
+            assert_eq!(answer.outcome, Outcome::Loaded, "{answers:?}");
+            assert!(backend.get_raw(&value_of(k)).is_some());
+        }
+        assert_eq!(origin.calls(), 1);
+    }
 }
 
 /// Each key of a batch runs the single call's protocol: a key whose holder

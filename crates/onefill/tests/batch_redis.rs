@@ -10,11 +10,14 @@ mod batch_support;
 use std::collections::HashMap;
 use std::time::Duration;
 
-use batch_support::{Counting, Origin};
+use batch_support::{count_calls, Counting, Counts, Origin};
 use onefill::backend::{Acquired, Backend, FillKeys, LeaseRequest};
 use onefill::redis::RedisBackend;
 use onefill::{Cache, CallOptions, LeaseToken, Outcome};
-use onefill_testkit::{RedisCluster, RedisServer};
+use onefill_testkit::{time_limit, RedisCluster, RedisServer};
+
+/// Cluster tests take seconds each (a 3-master cluster forms in a few); past this they hang.
+const LIMIT: Duration = Duration::from_secs(120);
 
 fn unique_ns(name: &str) -> String {
     format!("{name}-{}", &LeaseToken::random().as_str()[..8])
@@ -47,7 +50,7 @@ async fn process(
     backend: RedisBackend,
     ns: &str,
 ) -> (Cache<String, String>, Counting<RedisBackend>) {
-    let counting = Counting::new(backend);
+    let counting = count_calls(backend);
     let cache = Cache::builder()
         .namespace(ns)
         .backend(counting.clone())
@@ -57,7 +60,7 @@ async fn process(
     (cache, counting)
 }
 
-/// The test: 4 processes × the same 100 cold keys, at once.
+/// The batch's herd: 4 processes × the same 100 cold keys, at once.
 async fn four_processes(processes: &[(Cache<String, String>, Counting<RedisBackend>)]) -> Origin {
     let origin = Origin::default();
     let wanted = keys(100);
@@ -80,14 +83,14 @@ async fn four_processes(processes: &[(Cache<String, String>, Counting<RedisBacke
     assert!(per_key.values().all(|n| *n == 1), "{per_key:?}");
     assert!(origin.calls() <= 4, "{} loader calls", origin.calls());
     for (i, (_, counting)) in processes.iter().enumerate() {
-        eprintln!("cold, process {i}: {:?}", counting.calls.lock());
+        eprintln!("cold, process {i}: {:?}", counting.faults());
         // Read, lease requests and the wait's re-checks all batched: no
         // key went through a single-key read or lease request.
         assert_eq!(
             counting.of("get") + counting.of("acquire"),
             0,
             "{:?}",
-            counting.calls.lock()
+            counting.faults()
         );
     }
     origin
@@ -95,6 +98,7 @@ async fn four_processes(processes: &[(Cache<String, String>, Counting<RedisBacke
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn four_processes_load_100_cold_keys_once_fleet_wide_standalone() {
+    let _limit = time_limit(LIMIT);
     let server = RedisServer::start();
     let ns = unique_ns("batch");
     let mut processes = Vec::new();
@@ -120,7 +124,7 @@ async fn four_processes_load_100_cold_keys_once_fleet_wide_standalone() {
         assert!(answers
             .values()
             .all(|a| a.as_ref().unwrap().outcome == Outcome::Hit));
-        assert_eq!(counting.round_trips(), 1, "{:?}", counting.calls.lock());
+        assert_eq!(counting.round_trips(), 1, "{:?}", counting.faults());
         assert_eq!(counting.of("get_many"), 1);
     }
     let after = commandstats(&server);
@@ -132,6 +136,7 @@ async fn four_processes_load_100_cold_keys_once_fleet_wide_standalone() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn four_processes_load_100_cold_keys_once_fleet_wide_on_a_cluster() {
+    let _limit = time_limit(LIMIT);
     let cluster = RedisCluster::start(3);
     let urls = cluster.urls();
     let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
@@ -151,13 +156,14 @@ async fn four_processes_load_100_cold_keys_once_fleet_wide_on_a_cluster() {
             .await
             .unwrap();
         assert_eq!(found.len(), 100);
-        assert!(counting.round_trips() <= 3, "{:?}", counting.calls.lock());
+        assert!(counting.round_trips() <= 3, "{:?}", counting.faults());
     }
     assert!(origin.calls() <= 4);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_batch_steps_answer_each_key_and_survive_a_script_flush() {
+    let _limit = time_limit(LIMIT);
     let server = RedisServer::start();
     let backend = RedisBackend::connect(&server.url()).await.unwrap();
     let ns = unique_ns("steps");
@@ -212,6 +218,7 @@ fn node_id(node: &RedisServer) -> String {
 /// nothing is loaded twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_follows_a_migrating_then_moved_slot() {
+    let _limit = time_limit(LIMIT);
     let cluster = RedisCluster::start(3);
     let urls = cluster.urls();
     let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
@@ -299,4 +306,138 @@ async fn a_batch_follows_a_migrating_then_moved_slot() {
     );
     assert_eq!(origin.loads_per_key().get("k0"), Some(&2));
     assert_eq!(cache.stats().backend_errors, 0, "{:?}", cache.stats());
+}
+
+/// A batch against a SIGSTOPped server: bounded by the backend timeout, and
+/// no lease left behind.
+mod frozen_server {
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use crate::batch_support::Origin;
+    use onefill::backend::FillKeys;
+    use onefill::redis::RedisBackend;
+    use onefill::{Cache, CallOptions, LeaseToken, Outcome};
+    use onefill_testkit::{time_limit, RedisServer};
+
+    /// A test on private servers takes seconds; past this it hangs.
+    const LIMIT: Duration = Duration::from_secs(60);
+
+    fn unique_ns(name: &str) -> String {
+        format!("{name}-{}", &LeaseToken::random().as_str()[..8])
+    }
+
+    fn keys(n: usize) -> Vec<String> {
+        (0..n).map(|i| format!("k{i}")).collect()
+    }
+
+    async fn cache(server: &RedisServer, ns: &str) -> Cache<String, String> {
+        let backend = RedisBackend::connect(&server.url()).await.unwrap();
+        Cache::builder()
+            .namespace(ns)
+            .backend(backend)
+            .backend_timeout(Duration::from_millis(200))
+            .ttl(Duration::from_secs(60))
+            .no_l1()
+            .build()
+            .unwrap()
+    }
+
+    fn leases_left(server: &RedisServer, ns: &str, wanted: &[String]) -> Vec<String> {
+        wanted
+            .iter()
+            .filter(|k| {
+                let lock = FillKeys::new(ns, k).lock().to_owned();
+                server.command(&["EXISTS", &lock]).trim() == "1"
+            })
+            .cloned()
+            .collect()
+    }
+
+    /// Frozen before the batch: every key is loaded degraded (unstored) within
+    /// a bound of the backend timeout, and nothing is leased once the server
+    /// runs again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_frozen_server_bounds_the_batch_and_leaves_no_lease() {
+        let _limit = time_limit(LIMIT);
+        let server = RedisServer::start();
+        let ns = unique_ns("frozen");
+        let cache = cache(&server, &ns).await;
+        let origin = Origin::default();
+        let wanted = keys(50);
+        server.pause();
+        let started = Instant::now();
+        let answers = cache
+            .fetch_many(
+                &wanted,
+                &CallOptions::new(),
+                origin.loader(Duration::ZERO, &[]),
+            )
+            .await
+            .unwrap();
+        let took = started.elapsed();
+        server.resume();
+        assert!(
+            answers
+                .values()
+                .all(|a| a.as_ref().unwrap().outcome == Outcome::Degraded),
+            "{answers:?}"
+        );
+        assert_eq!(origin.calls(), 1, "one load for every key");
+        assert!(took < Duration::from_secs(2), "{took:?}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(leases_left(&server, &ns, &wanted), Vec::<String>::new());
+    }
+
+    /// Frozen while the loader runs (after the leases were won): the fills
+    /// time out, the batch answers the loaded values within a bound, and once
+    /// the server runs again the leases are released or expire with their
+    /// TTL, no later.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_server_frozen_during_the_load_bounds_the_fills_and_the_leases_expire() {
+        let _limit = time_limit(LIMIT);
+        let server = Arc::new(RedisServer::start());
+        let ns = unique_ns("frozen");
+        let cache = cache(&server, &ns).await;
+        let wanted = keys(20);
+        let freezer = server.clone();
+        let started = Instant::now();
+        let answers = cache
+            .fetch_many(&wanted, &CallOptions::new(), move |keys: Vec<String>| {
+                let freezer = freezer.clone();
+                async move {
+                    freezer.pause();
+                    Ok::<_, std::io::Error>(
+                        keys.into_iter()
+                            .map(|k| {
+                                let v = format!("v{k}");
+                                (k, v)
+                            })
+                            .collect::<Vec<_>>(),
+                    )
+                }
+            })
+            .await
+            .unwrap();
+        let took = started.elapsed();
+        server.resume();
+        for k in &wanted {
+            let answer = answers[k].as_ref().unwrap();
+            assert_eq!(answer.value.as_deref(), Some(format!("v{k}").as_str()));
+        }
+        assert!(took < Duration::from_secs(3), "{took:?}");
+        // The releases that timed out are not retried: what is left once the
+        // server has answered the queued commands expires with its TTL.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let left = leases_left(&server, &ns, &wanted);
+        eprintln!("leases left a second after the resume: {}", left.len());
+        for k in &left {
+            let lock = FillKeys::new(&ns, k).lock().to_owned();
+            let pttl: i64 = server.command(&["PTTL", &lock]).trim().parse().unwrap();
+            assert!(
+                pttl > 0 && pttl <= 60_000,
+                "a lease left has its TTL ({pttl} ms)"
+            );
+        }
+    }
 }

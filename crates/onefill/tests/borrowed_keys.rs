@@ -1,4 +1,4 @@
-//! Borrowed lookups (issue 10): a `Cache<String, _>` takes `"42"` as
+//! Borrowed lookups: a `Cache<String, _>` takes `"42"` as
 //! `HashMap::get` would (`K: Borrow<Q>`), in every keyed call; the loader
 //! still receives the owned key; `&key` with the cache's own `K` still
 //! works; and an L1 hit through a borrowed key allocates nothing.

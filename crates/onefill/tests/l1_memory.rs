@@ -271,7 +271,7 @@ impl onefill::Codec<String> for PanickyCodec {
     }
 }
 
-/// Regression (review of issue 9): the leader's first read runs in the
+/// Regression: the leader's first read runs in the
 /// caller's task, so a panicking decode unwound into the caller of
 /// `get_or_load`, and the leader's guard ran the read again in a task,
 /// which panicked again. Now the caller gets `FlightAbandoned`, as when
@@ -295,7 +295,7 @@ async fn a_panicking_decode_in_the_first_read_does_not_reach_the_caller() {
     );
 }
 
-/// Regression (review of issue 9): with no grace, a value read in its last
+/// Regression: with no grace, a value read in its last
 /// millisecond was answered from the L1 as a hit after the store had
 /// dropped it.
 #[tokio::test(start_paused = true)]

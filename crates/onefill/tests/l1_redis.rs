@@ -12,7 +12,10 @@ use std::time::Duration;
 use onefill::backend::FillKeys;
 use onefill::redis::RedisBackend;
 use onefill::{Cache, CallOptions, Outcome, L1};
-use onefill_testkit::{RedisCluster, RedisServer};
+use onefill_testkit::{time_limit, RedisCluster, RedisServer};
+
+/// Cluster tests take seconds each (a 3-master cluster forms in a few); past this they hang.
+const LIMIT: Duration = Duration::from_secs(120);
 
 fn unique_ns(name: &str) -> String {
     static NEXT: AtomicUsize = AtomicUsize::new(0);
@@ -127,6 +130,7 @@ async fn coherence<'s>(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn standalone_every_write_reaches_the_other_l1() {
+    let _limit = time_limit(LIMIT);
     let server = RedisServer::start();
     let ns = unique_ns("standalone");
     let a = cache(&ns, RedisBackend::connect(&server.url()).await.unwrap());
@@ -136,6 +140,7 @@ async fn standalone_every_write_reaches_the_other_l1() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_every_write_reaches_the_other_l1() {
+    let _limit = time_limit(LIMIT);
     let cluster = RedisCluster::start(3);
     let urls = cluster.urls();
     let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
@@ -165,6 +170,7 @@ async fn cluster_every_write_reaches_the_other_l1() {
 /// it was emptied, so the old value is never served again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_tracking_connection_empties_the_l1_before_it_serves_again() {
+    let _limit = time_limit(LIMIT);
     let server = RedisServer::start();
     let ns = unique_ns("lost");
     let b = cache(&ns, RedisBackend::connect(&server.url()).await.unwrap());
@@ -224,6 +230,7 @@ async fn a_lost_tracking_connection_empties_the_l1_before_it_serves_again() {
 /// the backend's outage handling), and serves again once it answers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hung_server_stops_the_l1_within_the_bound() {
+    let _limit = time_limit(LIMIT);
     let server = RedisServer::start();
     let ns = unique_ns("hung");
     let b = cache(&ns, RedisBackend::connect(&server.url()).await.unwrap());
@@ -240,13 +247,14 @@ async fn a_hung_server_stops_the_l1_within_the_bound() {
     until_l1_serves(&b, "k", &loads).await;
 }
 
-/// Regression (review of issue 9): two caches of one namespace in one
+/// Regression: two caches of one namespace in one
 /// process, on one backend: after `a.invalidate(k)` returned, `b` answered
 /// the old value from its L1 until the tracking push arrived (5 times in
 /// 50). The backend now tells its own process's L1s of its writes before
 /// they return.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_cache_of_the_same_process_reads_its_writes() {
+    let _limit = time_limit(LIMIT);
     let server = RedisServer::start();
     let ns = unique_ns("sameproc");
     let backend = RedisBackend::connect(&server.url()).await.unwrap();

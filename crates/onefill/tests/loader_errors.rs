@@ -1,4 +1,4 @@
-//! Loaders return the error types users write (issue 10): `anyhow::Result`,
+//! Loaders return the error types users write: `anyhow::Result`,
 //! `Result<V, Box<dyn Error + Send + Sync>>`, `io::Result` and their own
 //! enum, with no adapter, in every loading entry point; every caller gets
 //! the loader's own error back typed, and the source chain shows it.
@@ -204,4 +204,148 @@ async fn message_errors_work_too() {
         .await
         .unwrap_err();
     assert_eq!(err.to_string(), "loader failed: row 9 gone");
+}
+
+/// A loader's error through the cache: typed, in the source chain, through
+/// nested caches and coalesced callers, and anyhow's context kept.
+mod through_caches {
+    use std::error::Error as _;
+    use std::io;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use onefill::{Cache, MemoryBackend};
+
+    const NS: &str = "errors";
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("no row {0}")]
+    struct NoRow(u32);
+
+    fn errors_cache() -> Cache<u32, String> {
+        Cache::builder()
+            .namespace(NS)
+            .backend(MemoryBackend::new())
+            .build()
+            .unwrap()
+    }
+
+    // ---------------------------------------------------------------------
+    // Loader errors
+    // ---------------------------------------------------------------------
+
+    /// The most common `anyhow` loader: `?` (or `bail!`) on a typed error, no
+    /// `.context(..)`. The README and `Error::loader_error` promise the typed
+    /// error back "also from inside an `anyhow::Error`".
+    #[tokio::test(start_paused = true)]
+    async fn anyhow_without_context_comes_back_typed() {
+        let c = errors_cache();
+        let err = c
+            .get_or_load(&1, |k| async move {
+                let row: Result<String, NoRow> = Err(NoRow(k));
+                let row = row?; // into anyhow::Error, no context
+                anyhow::Ok(row)
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(err.to_string(), "loader failed: no row 1");
+        assert_eq!(err.loader_error::<NoRow>().map(|e| e.0), Some(1));
+    }
+
+    /// A caller that hands `onefill::Error` up a generic error path (`?` into
+    /// `anyhow`, a `Box<dyn Error>`, a web framework) walks `source()` to find
+    /// the cause; the loader's own error must be in that chain, not only its
+    /// Display.
+    #[tokio::test(start_paused = true)]
+    async fn the_loaders_error_is_in_the_source_chain() {
+        let c = errors_cache();
+        let err = c
+            .get_or_load(&2, |_| async {
+                Err::<String, _>(io::Error::other("db down"))
+            })
+            .await
+            .unwrap_err();
+        let mut next = err.source();
+        let mut found = false;
+        while let Some(e) = next {
+            found |= e.is::<io::Error>();
+            next = e.source();
+        }
+        assert!(found, "no io::Error in the chain of {err:?}");
+        // The same through anyhow, as a handler would see it.
+        let any = anyhow::Error::from(err);
+        assert!(any.chain().any(|e| e.is::<io::Error>()));
+    }
+
+    /// A loader that uses another cache (a layered lookup) returns
+    /// `onefill::Error`; the outer caller's `loader_error` should find the
+    /// inner loader's error.
+    #[tokio::test(start_paused = true)]
+    async fn nested_caches_keep_the_inner_error_type() {
+        let inner = errors_cache();
+        let outer: Cache<u32, String> = Cache::builder()
+            .namespace("outer")
+            .backend(MemoryBackend::new())
+            .build()
+            .unwrap();
+        let err = outer
+            .get_or_load(&3, move |k| async move {
+                inner
+                    .get_or_load(&k, |k| async move { Err::<String, _>(NoRow(k)) })
+                    .await
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(err.loader_error::<NoRow>().map(|e| e.0), Some(3));
+    }
+
+    /// Nested `anyhow` contexts and a coalesced caller: found (works).
+    #[tokio::test(start_paused = true)]
+    async fn nested_anyhow_contexts_through_coalesced_callers() {
+        use anyhow::Context as _;
+        let c = errors_cache();
+        let loads = Arc::new(AtomicUsize::new(0));
+        let mut tasks = Vec::new();
+        for _ in 0..3 {
+            let (c, loads) = (c.clone(), loads.clone());
+            tasks.push(tokio::spawn(async move {
+                c.get_or_load(&4, move |k| async move {
+                    loads.fetch_add(1, Ordering::SeqCst);
+                    tokio::time::sleep(ms(10)).await;
+                    Err::<String, _>(NoRow(k))
+                        .context("inner")
+                        .context("middle")
+                        .context("outer")
+                })
+                .await
+                .unwrap_err()
+            }));
+        }
+        for t in tasks {
+            let err = t.await.unwrap();
+            assert_eq!(err.loader_error::<NoRow>().map(|e| e.0), Some(4));
+            assert_eq!(err.to_string(), "loader failed: outer");
+        }
+        assert_eq!(loads.load(Ordering::SeqCst), 1);
+    }
+
+    /// The workaround (and the shape of a fix) for anyhow losing the type: anyhow's
+    /// relocating conversion makes the box downcastable to the original type.
+    #[tokio::test(start_paused = true)]
+    async fn anyhow_relocated_into_a_box_comes_back_typed() {
+        let c = errors_cache();
+        let err = c
+            .get_or_load(&5, |k| async move {
+                let row: anyhow::Result<String> = Err(NoRow(k).into());
+                row.map_err(|e| e.reallocate_into_boxed_dyn_error_without_backtrace())
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(err.loader_error::<NoRow>().map(|e| e.0), Some(5));
+    }
 }

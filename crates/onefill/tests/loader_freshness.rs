@@ -1,9 +1,11 @@
-//! Loader-chosen freshness (issue 10, FusionCache's "adaptive caching"):
+//! Loader-chosen freshness (FusionCache's "adaptive caching"):
 //! the loader sets the TTL and grace of what it returns ([`Loaded`]); the
 //! value is written, refreshed early and kept in the L1 by that TTL;
 //! values out of range are an error with nothing stored; `set_with` takes
 //! the same options. Paused time on the embedded backend, each test with
 //! and without the L1.
+
+mod support;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -293,6 +295,8 @@ async fn set_with_takes_the_same_options() {
 #[cfg(feature = "redis")]
 #[tokio::test]
 async fn on_redis_the_chosen_ttl_is_the_keys_ttl() {
+    // Seconds of work on a private server; past this it hangs.
+    let _limit = onefill_testkit::time_limit(Duration::from_secs(60));
     use onefill::redis::RedisBackend;
     use onefill::L1;
     use onefill_testkit::RedisServer;
@@ -367,5 +371,293 @@ async fn on_redis_the_chosen_ttl_is_the_keys_ttl() {
         let opts = CallOptions::new().ttl(secs(2)).grace(secs(3));
         c.set_with("set", "v".to_owned(), &opts).await.unwrap();
         assert!((4_000..=5_000).contains(&pttl("set")), "{}", pttl("set"));
+    }
+}
+
+/// Edges of loader-chosen freshness: TTLs at their limits, a computed TTL
+/// of zero, grace against early refresh and fail-safe, and a damaged
+/// freshness byte in the envelope.
+mod edges {
+    use crate::support::loaders::{load, Then};
+
+    use std::io;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use onefill::backend::FillKeys;
+    use onefill::{Cache, CallOptions, Error, Fetched, Loaded, MemoryBackend, Outcome};
+
+    const NS: &str = "edges";
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    async fn fetch(
+        c: &Cache<String, String>,
+        loads: &Arc<AtomicUsize>,
+        took: Duration,
+        then: Then,
+    ) -> Result<Fetched<String>, Error> {
+        c.fetch("k", &CallOptions::new(), load(loads, took, then))
+            .await
+    }
+
+    async fn lease_held(backend: &MemoryBackend) -> bool {
+        onefill::testing::lease_held(backend, &FillKeys::new(NS, "k")).await
+    }
+
+    // ---------------------------------------------------------------------
+    // Loader-chosen freshness and envelope byte 3
+    // ---------------------------------------------------------------------
+
+    fn fresh_cache(backend: &MemoryBackend, grace: Duration) -> Cache<String, String> {
+        Cache::builder()
+            .namespace(NS)
+            .backend(backend.clone())
+            .ttl(Duration::from_secs(60))
+            .grace(grace)
+            .jitter(0.0)
+            .no_l1()
+            .build()
+            .unwrap()
+    }
+
+    /// TTL 0 and over MAX_TTL: clamped (answered, the lease free);
+    /// a TTL under the grace and the largest TTL with the largest grace: stored.
+    #[tokio::test(start_paused = true)]
+    async fn chosen_ttl_edges() {
+        let backend = MemoryBackend::new();
+        let c = fresh_cache(&backend, Duration::from_secs(10));
+        for ttl in [Duration::ZERO, onefill::MAX_TTL + ms(1), Duration::MAX] {
+            let f = c
+                .fetch_loaded("k", &CallOptions::new(), move |_| async move {
+                    Ok::<_, io::Error>(Loaded::new("x".to_owned()).ttl(ttl))
+                })
+                .await
+                .unwrap();
+            assert_eq!(f.value, "x", "{ttl:?}");
+            assert!(!lease_held(&backend).await);
+            c.invalidate("k").await.unwrap();
+        }
+        let f = c
+            .fetch_loaded("k", &CallOptions::new(), |_| async {
+                Ok::<_, io::Error>(
+                    Loaded::new("max".to_owned())
+                        .ttl(onefill::MAX_TTL)
+                        .grace(onefill::MAX_TTL),
+                )
+            })
+            .await
+            .unwrap();
+        assert_eq!(f.outcome, Outcome::Loaded);
+        assert_eq!(c.get("k").await.unwrap().as_deref(), Some("max"));
+        c.invalidate("k").await.unwrap();
+        // A 1 ms TTL under a 10 s grace: stale almost at once, served in grace.
+        c.fetch_loaded("k", &CallOptions::new(), |_| async {
+            Ok::<_, io::Error>(Loaded::new("short".to_owned()).ttl(ms(1)))
+        })
+        .await
+        .unwrap();
+        tokio::time::advance(ms(5)).await;
+        let loads = Arc::new(AtomicUsize::new(0));
+        let f = fetch(&c, &loads, ms(0), Then::Value).await.unwrap();
+        assert_eq!((f.outcome, f.value.as_str()), (Outcome::Stale, "short"));
+    }
+
+    /// Every byte-3 value, with every kind of grace and delta, read by caches
+    /// with early refresh on (grace 0) and off: never a panic, never an error,
+    /// the stored value answered.
+    #[tokio::test(start_paused = true)]
+    async fn garbage_byte_3_never_breaks_a_read() {
+        let backend = MemoryBackend::new();
+        let early = Cache::<String, String>::builder()
+            .namespace(NS)
+            .backend(backend.clone())
+            .ttl(ms(1000))
+            .early_refresh_beta(100.0)
+            .no_l1()
+            .build()
+            .unwrap();
+        let graced = fresh_cache(&backend, ms(500));
+        let with_l1 = Cache::<String, String>::builder()
+            .namespace(NS)
+            .backend(backend.clone())
+            .ttl(ms(1000))
+            .early_refresh_beta(100.0)
+            .build()
+            .unwrap();
+        let key = FillKeys::new(NS, "k");
+        for code in 0..=255u8 {
+            for (grace, delta) in [
+                (0u64, 0u32),
+                (0, 1),
+                (0, u32::MAX),
+                (500, 7),
+                (u64::MAX, u32::MAX),
+            ] {
+                let mut bytes = vec![0xF1, 1, 0, code];
+                bytes.extend_from_slice(&grace.to_be_bytes());
+                bytes.extend_from_slice(&delta.to_be_bytes());
+                bytes.extend_from_slice(b"\"g\"");
+                for c in [&early, &graced, &with_l1] {
+                    backend.put_raw(key.value(), &bytes, ms(800));
+                    let loads = Arc::new(AtomicUsize::new(0));
+                    let f = fetch(c, &loads, ms(0), Then::Value).await;
+                    assert!(f.is_ok(), "code {code} grace {grace} delta {delta}: {f:?}");
+                    tokio::task::yield_now().await;
+                }
+            }
+        }
+    }
+
+    // ---------------------------------------------------------------------
+    // Borrowed keys
+    // ---------------------------------------------------------------------
+
+    // ---------------------------------------------------------------------
+    // More: chosen grace vs early refresh, invalidate during a background
+    // load, soft timeout on a private Redis
+    // ---------------------------------------------------------------------
+
+    /// A cache with a grace window (so early refresh is off for it) whose
+    /// loader chooses `grace(0)` for a value: that value has no grace window
+    /// on the server, so at expiry every caller waits for a load, unless early
+    /// refresh (sized from the value, as decision 0007 puts it: "early refresh
+    /// and the grace window answer the same question") refreshes it ahead.
+    /// The gate reads the reader's policy's grace, not the value's.
+    #[tokio::test(start_paused = true)]
+    async fn a_value_chosen_without_grace_is_refreshed_early() {
+        let backend = MemoryBackend::new();
+        let c = fresh_cache(&backend, Duration::from_secs(10));
+        let loads = Arc::new(AtomicUsize::new(0));
+        let no_grace = |loads: &Arc<AtomicUsize>| {
+            let loads = loads.clone();
+            move |_: String| async move {
+                let n = loads.fetch_add(1, Ordering::SeqCst) + 1;
+                tokio::time::sleep(ms(100)).await;
+                Ok::<_, io::Error>(
+                    Loaded::new(format!("v{n}"))
+                        .ttl(ms(1000))
+                        .grace(Duration::ZERO),
+                )
+            }
+        };
+        c.fetch_loaded("k", &CallOptions::new(), no_grace(&loads))
+            .await
+            .unwrap();
+        // 1.2 × 100 ms + 5 ms before expiry: due for early refresh.
+        tokio::time::advance(ms(950)).await;
+        let f = c
+            .fetch_loaded("k", &CallOptions::new(), no_grace(&loads))
+            .await
+            .unwrap();
+        assert_eq!(f.outcome, Outcome::Hit);
+        tokio::time::sleep(ms(150)).await;
+        assert_eq!(loads.load(Ordering::SeqCst), 2, "refreshed ahead of expiry");
+        let f = c
+            .fetch_loaded("k", &CallOptions::new(), no_grace(&loads))
+            .await
+            .unwrap();
+        assert_eq!((f.outcome, f.value.as_str()), (Outcome::Hit, "v2"));
+    }
+
+    /// A loader gives its value a long grace (60 s) on a cache without one.
+    /// The value goes stale; its refresh fails; fail-safe re-stores it fresh
+    /// for the throttle (1 s) plus the *cache's* grace (0), so the value the
+    /// loader promised a minute of grace is gone from the server 1 s later,
+    /// and the next caller, with no stale value left, gets the origin's error.
+    #[tokio::test(start_paused = true)]
+    async fn fail_safe_keeps_the_values_own_grace() {
+        let backend = MemoryBackend::new();
+        let c = Cache::<String, String>::builder()
+            .namespace(NS)
+            .backend(backend.clone())
+            .ttl(ms(1000))
+            .jitter(0.0)
+            .early_refresh_beta(0.0)
+            .fail_safe_throttle(ms(1000))
+            .no_l1()
+            .build()
+            .unwrap();
+        c.fetch_loaded("k", &CallOptions::new(), |_| async {
+            Ok::<_, io::Error>(Loaded::new("v1".to_owned()).grace(Duration::from_secs(60)))
+        })
+        .await
+        .unwrap();
+        tokio::time::advance(ms(1500)).await; // stale, in its own grace
+        let loads = Arc::new(AtomicUsize::new(0));
+        let f = fetch(&c, &loads, ms(10), Then::Fail).await.unwrap();
+        assert_eq!((f.outcome, f.value.as_str()), (Outcome::Stale, "v1"));
+        tokio::time::sleep(ms(50)).await; // the refresh failed: fail-safe
+        tokio::time::advance(ms(2000)).await; // past the throttle, in the grace
+        let f = fetch(&c, &loads, ms(10), Then::Fail).await;
+        assert!(
+            matches!(&f, Ok(f) if f.value == "v1"),
+            "within the value's 60 s grace: {f:?}"
+        );
+    }
+
+    /// The natural adaptive TTL: "until the row's own expiry", computed as
+    /// `expires_at.saturating_duration_since(now)`, which is zero for a row
+    /// whose expiry just passed. The load succeeded, yet every caller gets
+    /// `InvalidInput` and the value is thrown away; in a background refresh
+    /// the same rejection is silent (no log, no counter) and the key never
+    /// refreshes.
+    #[tokio::test(start_paused = true)]
+    async fn a_computed_ttl_of_zero_still_answers_the_value() {
+        let backend = MemoryBackend::new();
+        let c = fresh_cache(&backend, Duration::ZERO);
+        let expires_at = tokio::time::Instant::now();
+        tokio::time::advance(ms(5)).await;
+        let r = c
+            .fetch_loaded("k", &CallOptions::new(), move |_| async move {
+                let ttl = expires_at.saturating_duration_since(tokio::time::Instant::now());
+                Ok::<_, io::Error>(Loaded::new("row".to_owned()).ttl(ttl))
+            })
+            .await;
+        assert!(
+            matches!(&r, Ok(f) if f.value == "row"),
+            "the load succeeded: {r:?}"
+        );
+    }
+
+    /// The other way round: a cache without grace (early
+    /// refresh on) whose loader gives a value its own grace window: that value
+    /// is not refreshed early (its first stale read refreshes it, at no wait).
+    #[tokio::test(start_paused = true)]
+    async fn a_value_chosen_with_grace_is_not_refreshed_early() {
+        let backend = MemoryBackend::new();
+        let c = fresh_cache(&backend, Duration::ZERO);
+        let loads = Arc::new(AtomicUsize::new(0));
+        let with_grace = |loads: &Arc<AtomicUsize>| {
+            let loads = loads.clone();
+            move |_: String| async move {
+                let n = loads.fetch_add(1, Ordering::SeqCst) + 1;
+                tokio::time::sleep(ms(100)).await;
+                Ok::<_, io::Error>(
+                    Loaded::new(format!("v{n}"))
+                        .ttl(ms(1000))
+                        .grace(Duration::from_secs(10)),
+                )
+            }
+        };
+        c.fetch_loaded("k", &CallOptions::new(), with_grace(&loads))
+            .await
+            .unwrap();
+        tokio::time::advance(ms(950)).await;
+        let f = c
+            .fetch_loaded("k", &CallOptions::new(), with_grace(&loads))
+            .await
+            .unwrap();
+        assert_eq!(f.outcome, Outcome::Hit);
+        tokio::time::sleep(ms(150)).await;
+        assert_eq!(loads.load(Ordering::SeqCst), 1, "no early refresh");
+        let f = c
+            .fetch_loaded("k", &CallOptions::new(), with_grace(&loads))
+            .await
+            .unwrap();
+        assert_eq!((f.outcome, f.value.as_str()), (Outcome::Stale, "v1"));
     }
 }

@@ -6,17 +6,13 @@
 //! paused time, then the stalled holder again on a private `redis-server`.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
-use onefill::backend::{Acquired, Backend, FillKeys, FillSubscription, Stored};
-use onefill::{
-    BackendError, BackendErrorKind, Cache, CallOptions, LeaseToken, LeaseTtl, MemoryBackend,
-    Outcome, WaitPolicy, L1,
-};
+use onefill::backend::Backend;
+use onefill::testing::{Fault, FaultyBackend, Op};
+use onefill::{Cache, CallOptions, LeaseTtl, MemoryBackend, Outcome, WaitPolicy, L1};
 use parking_lot::Mutex;
 use tracing::span::{Attributes, Id, Record};
 use tracing::Subscriber;
@@ -25,80 +21,6 @@ use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::Layer;
 
 const NS: &str = "obs";
-
-/// A backend whose lease renewals fail while `renewals_fail` is set (a
-/// holder cut off from the store, or stalled): the lease then runs out
-/// under its load. Everything else reaches the wrapped store.
-#[derive(Debug, Clone)]
-struct Stalling {
-    inner: Arc<dyn Backend>,
-    renewals_fail: Arc<AtomicBool>,
-}
-
-impl Stalling {
-    fn new(inner: Arc<dyn Backend>) -> Self {
-        Stalling {
-            inner,
-            renewals_fail: Arc::new(AtomicBool::new(true)),
-        }
-    }
-}
-
-#[async_trait]
-impl Backend for Stalling {
-    async fn get(&self, keys: &FillKeys) -> Result<Option<Stored>, BackendError> {
-        self.inner.get(keys).await
-    }
-    async fn acquire(
-        &self,
-        keys: &FillKeys,
-        token: &LeaseToken,
-        ttl: Duration,
-        window: Duration,
-    ) -> Result<Acquired, BackendError> {
-        self.inner.acquire(keys, token, ttl, window).await
-    }
-    async fn fill(
-        &self,
-        keys: &FillKeys,
-        token: &LeaseToken,
-        bytes: &[u8],
-        ttl: Duration,
-    ) -> Result<bool, BackendError> {
-        self.inner.fill(keys, token, bytes, ttl).await
-    }
-    async fn release(
-        &self,
-        keys: &FillKeys,
-        token: &LeaseToken,
-        entry: Option<(&[u8], Duration)>,
-    ) -> Result<bool, BackendError> {
-        self.inner.release(keys, token, entry).await
-    }
-    async fn extend(
-        &self,
-        keys: &FillKeys,
-        token: &LeaseToken,
-        ttl: Duration,
-    ) -> Result<bool, BackendError> {
-        if self.renewals_fail.load(Ordering::SeqCst) {
-            return Err(BackendError::new(
-                BackendErrorKind::Connection,
-                "renewal cut off",
-            ));
-        }
-        self.inner.extend(keys, token, ttl).await
-    }
-    async fn set(&self, keys: &FillKeys, bytes: &[u8], ttl: Duration) -> Result<(), BackendError> {
-        self.inner.set(keys, bytes, ttl).await
-    }
-    async fn invalidate(&self, keys: &FillKeys) -> Result<(), BackendError> {
-        self.inner.invalidate(keys).await
-    }
-    async fn subscribe(&self, keys: &FillKeys) -> Result<Box<dyn FillSubscription>, BackendError> {
-        self.inner.subscribe(keys).await
-    }
-}
 
 /// A process's cache: a fixed lease TTL, no jitter, no early refresh, no L1.
 fn pod(backend: Arc<dyn Backend>, lease: Duration) -> Cache<String, String> {
@@ -199,7 +121,11 @@ async fn slow(value: &'static str, ms: u64) -> Result<String, std::io::Error> {
 /// Each side counts its part, in `stats()` and in `metrics` alike.
 async fn stalled_holder_is_taken_over(store: Arc<dyn Backend>, b_store: Arc<dyn Backend>) {
     let lease = Duration::from_secs(1);
-    let (a, a_metrics) = pod_with_recorder(Arc::new(Stalling::new(store)), lease);
+    // Its lease renewals fail (a holder cut off from the store, or stalled):
+    // the lease runs out under its load.
+    let stalling = FaultyBackend::shared(store);
+    stalling.faults().set([Op::Extend], Fault::Refuse);
+    let (a, a_metrics) = pod_with_recorder(Arc::new(stalling), lease);
     let (b, b_metrics) = pod_with_recorder(b_store, lease);
     let k = "k".to_owned();
 
@@ -284,6 +210,8 @@ async fn a_stalled_holder_is_taken_over_and_its_fill_fenced() {
 #[cfg(feature = "redis")]
 #[tokio::test]
 async fn a_stalled_holder_is_taken_over_and_its_fill_fenced_on_redis() {
+    // Seconds of work on a private server; past this it hangs.
+    let _limit = onefill_testkit::time_limit(Duration::from_secs(60));
     use onefill::redis::RedisBackend;
     let server = onefill_testkit::RedisServer::start();
     let a = RedisBackend::connect(&server.url()).await.unwrap();

@@ -13,7 +13,10 @@ use std::time::Duration;
 use onefill::backend::{Acquired, Backend, FillKeys, FillSubscription, Stored};
 use onefill::redis::{RedisBackend, RedisOptions, NO_EXPIRY_TTL};
 use onefill::{BackendErrorKind, LeaseToken};
-use onefill_testkit::{RedisCluster, RedisServer, Reply};
+use onefill_testkit::{time_limit, RedisCluster, RedisServer, Reply};
+
+/// Cluster tests take seconds each (a 3-master cluster forms in a few); past this they hang.
+const LIMIT: Duration = Duration::from_secs(120);
 
 /// A namespace no other test uses.
 fn unique_ns(name: &str) -> String {
@@ -597,6 +600,7 @@ async fn survives_restart(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn standalone_backend_methods() {
+    let _limit = time_limit(LIMIT);
     let server = RedisServer::start();
     let backend = standalone(&server).await;
     assert!(format!("{backend:?}").contains("standalone"));
@@ -610,6 +614,7 @@ async fn standalone_backend_methods() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_backend_methods() {
+    let _limit = time_limit(LIMIT);
     let cluster = RedisCluster::start(3);
     let backend = clustered(&cluster).await;
     assert!(format!("{backend:?}").contains("cluster"));
@@ -623,6 +628,7 @@ async fn cluster_backend_methods() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn standalone_survives_a_restart_on_the_same_port() {
+    let _limit = time_limit(LIMIT);
     let server = RedisServer::start();
     let backend = standalone(&server).await;
     let keys = FillKeys::new(&unique_ns("restart"), "k");
@@ -634,6 +640,7 @@ async fn standalone_survives_a_restart_on_the_same_port() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_survives_a_node_restart() {
+    let _limit = time_limit(LIMIT);
     let cluster = RedisCluster::start(3);
     let backend = clustered(&cluster).await;
     let keys = FillKeys::new(&unique_ns("restart"), "k");
@@ -644,6 +651,7 @@ async fn cluster_survives_a_node_restart() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_server_times_out_then_recovers() {
+    let _limit = time_limit(LIMIT);
     let server = RedisServer::start();
     let backend = RedisBackend::connect_with(
         &server.url(),
@@ -674,6 +682,7 @@ async fn a_paused_server_times_out_then_recovers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connection_failures_are_reported() {
+    let _limit = time_limit(LIMIT);
     // Nothing listens on a port just freed.
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()

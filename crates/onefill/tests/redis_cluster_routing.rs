@@ -1,4 +1,4 @@
-//! Issue 11 on a private 3-master cluster, inside one process: routing
+//! Redis Cluster on a private 3-master cluster, inside one process: routing
 //! (a slot that migrates answers `ASK`, then `MOVED`; neither reaches a
 //! strict caller) and failure per shard (a hung master degrades its own
 //! keys only; the keys of the healthy masters keep their normal service).
@@ -10,7 +10,10 @@ use std::time::Duration;
 use onefill::backend::{Backend, FillKeys};
 use onefill::redis::RedisBackend;
 use onefill::{Cache, CallOptions, CircuitState, Outcome};
-use onefill_testkit::{RedisCluster, RedisServer};
+use onefill_testkit::{time_limit, RedisCluster, RedisServer};
+
+/// Cluster tests take seconds each (a 3-master cluster forms in a few); past this they hang.
+const LIMIT: Duration = Duration::from_secs(120);
 
 fn unique_ns(name: &str) -> String {
     format!("{name}-{}", &onefill::LeaseToken::random().as_str()[..8])
@@ -70,6 +73,7 @@ async fn fetch(cache: &Cache<String, String>, key: &str) -> Result<Outcome, onef
 /// sees neither: both are followed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_migrating_slot_is_followed_and_never_reaches_a_strict_caller() {
+    let _limit = time_limit(LIMIT);
     let cluster = RedisCluster::start(3);
     let ns = unique_ns("migrate");
     let cache = Cache::<String, String>::builder()
@@ -110,8 +114,8 @@ async fn a_migrating_slot_is_followed_and_never_reaches_a_strict_caller() {
     assert!(moved.contains("OK"), "MIGRATE: {moved}");
 
     // Migrating: the source answers ASK for the value, which is followed,
-    // on the connection the backend already has to the target (review of
-    // issue 11: each ASK opened a connection of its own).
+    // on the connection the backend already has to the target (each ASK
+    // used to open a connection of its own).
     let connections_before = info_field(target, "stats", "total_connections_received");
     for _ in 0..50 {
         assert_eq!(cache.get(&key).await.unwrap().as_deref(), Some("v1"));
@@ -146,11 +150,12 @@ impl Drop for Resume<'_> {
     }
 }
 
-/// Regression (issue 11): one circuit breaker per process covered every
+/// Regression: one circuit breaker per process covered every
 /// key, so a hung master opened it and the keys of the two healthy masters
 /// were served degraded too. Now each master has its own breaker.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hung_master_degrades_only_its_own_keys() {
+    let _limit = time_limit(LIMIT);
     let cluster = RedisCluster::start(3);
     let ns = unique_ns("hung");
     let cache = Cache::<String, String>::builder()
@@ -229,13 +234,14 @@ async fn a_hung_master_degrades_only_its_own_keys() {
     assert!(back, "the victim's keys are served normally again");
 }
 
-/// Review of issue 11: an unsubscription and the next subscription of the
+/// Regression: an unsubscription and the next subscription of the
 /// same channel ran in tasks of their own, and the `SUNSUBSCRIBE` could
 /// reach the server last: the channel was deaf while its subscriber state
 /// said subscribed (5 in 1,500 rounds). A subscription now waits for the
 /// channel's unsubscription to end.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_channel_subscribed_again_right_after_its_unsubscription_hears_its_fills() {
+    let _limit = time_limit(LIMIT);
     let cluster = RedisCluster::start(3);
     let backend = connect(&cluster).await;
     let keys = FillKeys::new(&unique_ns("deaf"), "k");
@@ -274,11 +280,12 @@ async fn a_channel_subscribed_again_right_after_its_unsubscription_hears_its_fil
     }
 }
 
-/// Review of issue 11: a call its caller gave up on at once (a healthy
+/// Regression: a call its caller gave up on at once (a healthy
 /// master had no time to answer) marked the master failing, and the
 /// slot map was refreshed every 100–400 ms from then on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_given_up_at_once_does_not_count_against_a_healthy_master() {
+    let _limit = time_limit(LIMIT);
     let cluster = RedisCluster::start(3);
     let backend = connect(&cluster).await;
     let keys = FillKeys::new(&unique_ns("cancel"), "k");
@@ -310,10 +317,11 @@ async fn a_call_given_up_at_once_does_not_count_against_a_healthy_master() {
     backend.get(&keys).await.unwrap();
 }
 
-/// Review of issue 11: after a failover, the old master's breaker was never
+/// Regression: after a failover, the old master's breaker was never
 /// called again and `circuit_state()` stayed open for good.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_circuit_state_forgets_a_master_whose_slots_moved() {
+    let _limit = time_limit(LIMIT);
     let cluster = RedisCluster::start(3);
     let ns = unique_ns("orphan");
     let cache = Cache::<String, String>::builder()
@@ -363,11 +371,12 @@ async fn the_circuit_state_forgets_a_master_whose_slots_moved() {
     assert_eq!(cache.circuit_state(), CircuitState::Closed);
 }
 
-/// Review of issue 11: with `cluster-preferred-endpoint-type
+/// Regression: with `cluster-preferred-endpoint-type
 /// unknown-endpoint` (nodes behind a load balancer), `CLUSTER SLOTS` names
 /// masters with a NULL endpoint, meaning "the node you asked".
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unknown_endpoints_mean_the_node_that_answered() {
+    let _limit = time_limit(LIMIT);
     let cluster = RedisCluster::start(3);
     for node in cluster.nodes() {
         node.command(&[

@@ -5,6 +5,7 @@
 //! are asserted.
 
 use std::sync::{Arc, Weak};
+use std::time::Duration;
 
 use parking_lot::Mutex;
 
@@ -12,16 +13,27 @@ use async_trait::async_trait;
 use onefill::backend::Backend;
 use onefill::redis::RedisBackend;
 use onefill::testing::Harness;
-use onefill_testkit::{RedisCluster, RedisServer};
+use onefill_testkit::{time_limit, RedisCluster, RedisServer, TimeLimit};
+
+/// A scenario takes seconds (a cluster forms in a few); past this it hangs.
+/// The harness holds the limit, so it bounds the whole test.
+const LIMIT: Duration = Duration::from_secs(120);
 
 /// A standalone server; every `backend()` is a new connection, as a new
 /// process would open.
-struct Standalone(RedisServer);
+struct Standalone {
+    server: RedisServer,
+    _limit: TimeLimit,
+}
 
 #[async_trait]
 impl Harness for Standalone {
     async fn backend(&self) -> Arc<dyn Backend> {
-        Arc::new(RedisBackend::connect(&self.0.url()).await.expect("connect"))
+        Arc::new(
+            RedisBackend::connect(&self.server.url())
+                .await
+                .expect("connect"),
+        )
     }
     fn paused(&self) -> bool {
         false
@@ -29,15 +41,22 @@ impl Harness for Standalone {
 }
 
 async fn standalone() -> Standalone {
-    Standalone(RedisServer::start())
+    let limit = time_limit(LIMIT);
+    Standalone {
+        server: RedisServer::start(),
+        _limit: limit,
+    }
 }
 
-struct Cluster(Arc<RedisCluster>);
+struct Cluster {
+    cluster: Arc<RedisCluster>,
+    _limit: TimeLimit,
+}
 
 #[async_trait]
 impl Harness for Cluster {
     async fn backend(&self) -> Arc<dyn Backend> {
-        let urls = self.0.urls();
+        let urls = self.cluster.urls();
         let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
         Arc::new(
             RedisBackend::connect_cluster(&urls)
@@ -53,14 +72,21 @@ impl Harness for Cluster {
 /// One cluster for the tests running together (every scenario uses its own
 /// namespace); it is shut down when the last of them ends.
 async fn cluster() -> Cluster {
+    let limit = time_limit(LIMIT);
     static SHARED: Mutex<Weak<RedisCluster>> = Mutex::new(Weak::new());
     let mut shared = SHARED.lock();
     if let Some(c) = shared.upgrade() {
-        return Cluster(c);
+        return Cluster {
+            cluster: c,
+            _limit: limit,
+        };
     }
     let c = Arc::new(RedisCluster::start(3));
     *shared = Arc::downgrade(&c);
-    Cluster(c)
+    Cluster {
+        cluster: c,
+        _limit: limit,
+    }
 }
 
 mod standalone {

@@ -11,7 +11,10 @@ use std::time::{Duration, Instant};
 use onefill::backend::{Acquired, Backend, FillKeys};
 use onefill::redis::RedisBackend;
 use onefill::LeaseToken;
-use onefill_testkit::RedisServer;
+use onefill_testkit::{time_limit, RedisServer};
+
+/// A test on private servers takes seconds; past this it hangs.
+const LIMIT: Duration = Duration::from_secs(60);
 
 fn keys(name: &str) -> FillKeys {
     static NEXT: AtomicUsize = AtomicUsize::new(0);
@@ -75,6 +78,7 @@ fn assert_stamped(server: &RedisServer, key: &str, written: &[u8]) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fresh_hit_is_one_get_and_tells_no_more_than_the_server() {
+    let _limit = time_limit(LIMIT);
     let server = RedisServer::start();
     let backend = RedisBackend::connect(&server.url()).await.unwrap();
     let keys = keys("fresh");
@@ -116,6 +120,7 @@ async fn a_fresh_hit_is_one_get_and_tells_no_more_than_the_server() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stale_or_old_or_foreign_values_are_read_with_the_server_s_pttl() {
+    let _limit = time_limit(LIMIT);
     let server = RedisServer::start();
     let backend = RedisBackend::connect(&server.url()).await.unwrap();
     // The clock sample, on a key of its own.
@@ -172,6 +177,7 @@ async fn stale_or_old_or_foreign_values_are_read_with_the_server_s_pttl() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fills_and_cached_failures_are_stamped_and_read_back_as_written() {
+    let _limit = time_limit(LIMIT);
     let server = RedisServer::start();
     let backend = RedisBackend::connect(&server.url()).await.unwrap();
     let lease = Duration::from_secs(10);
@@ -240,6 +246,7 @@ async fn fills_and_cached_failures_are_stamped_and_read_back_as_written() {
 /// 0011.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_that_refuses_time_still_answers_hits() {
+    let _limit = time_limit(LIMIT);
     let server = RedisServer::start_with(&["--rename-command", "TIME", ""]);
     let backend = RedisBackend::connect(&server.url()).await.unwrap();
     let old = keys("no-time");

@@ -23,7 +23,10 @@ mod tls {
 
     use onefill::redis::{RedisBackend, RedisOptions};
     use onefill::Cache;
-    use onefill_testkit::RedisServer;
+    use onefill_testkit::{time_limit, RedisServer};
+
+    /// Seconds of work on a private server; past this it hangs.
+    const LIMIT: Duration = Duration::from_secs(60);
 
     /// A CA and a server certificate for localhost/127.0.0.1, in a temp dir
     /// removed on drop.
@@ -153,6 +156,7 @@ mod tls {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn herd_over_tls_with_auth_is_one_load() {
+        let _limit = time_limit(LIMIT);
         let certs = Certs::make();
         let (_server, port) = tls_server(&certs, &["--requirepass", "s3cret"]);
         let url = format!("rediss://:s3cret@localhost:{port}");
@@ -195,6 +199,7 @@ mod tls {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn an_untrusted_server_certificate_is_refused() {
+        let _limit = time_limit(LIMIT);
         let certs = Certs::make();
         let (_server, port) = tls_server(&certs, &[]);
         let url = format!("rediss://localhost:{port}");

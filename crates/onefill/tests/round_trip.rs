@@ -1,8 +1,10 @@
-//! Values that don't round-trip are an error, not a silent reload loop
-//! (issue 10): a value whose encoding does not decode back (`f64::NAN` in
+//! Values that don't round-trip are an error, not a silent reload loop:
+//! a value whose encoding does not decode back (`f64::NAN` in
 //! JSON becomes `null`) or does not encode (a map with non-string keys) is
 //! refused at fill time and at `set`, with `Error::Encode` naming the key,
 //! for every coalesced caller; nothing is stored, the lease is released.
+
+mod support;
 
 use std::collections::{BTreeMap, HashMap};
 use std::error::Error as _;
@@ -123,7 +125,7 @@ async fn values_that_round_trip_are_stored() {
     assert_eq!(loads.load(Ordering::SeqCst), 1);
 }
 
-/// Review of issue 10: a value over the size limit was decoded (the round
+/// Regression: a value over the size limit was decoded (the round
 /// trip check) before it was refused by size: a full decode of a value
 /// that cannot be stored. Now refused first, without a decode.
 #[tokio::test(start_paused = true)]
@@ -164,4 +166,214 @@ async fn a_value_over_the_size_limit_is_not_decoded() {
         .unwrap_err();
     assert!(err.is_invalid_input(), "{err:?}");
     assert_eq!(decodes.load(Ordering::SeqCst), 1, "no decode of either");
+}
+
+/// Values at the size limit, and codecs that panic or cannot round-trip.
+mod limits_and_codecs {
+    use crate::support::loaders::{load, Then};
+
+    use std::io;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use onefill::backend::{Backend, FillKeys};
+    use onefill::{Cache, CallOptions, Error, Fetched, MemoryBackend};
+
+    const NS: &str = "codecs";
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    async fn fetch(
+        c: &Cache<String, String>,
+        loads: &Arc<AtomicUsize>,
+        took: Duration,
+        then: Then,
+    ) -> Result<Fetched<String>, Error> {
+        c.fetch("k", &CallOptions::new(), load(loads, took, then))
+            .await
+    }
+
+    async fn stored(backend: &MemoryBackend) -> Option<Vec<u8>> {
+        backend
+            .get(&FillKeys::new(NS, "k"))
+            .await
+            .unwrap()
+            .map(|s| s.bytes)
+    }
+
+    async fn lease_held(backend: &MemoryBackend) -> bool {
+        onefill::testing::lease_held(backend, &FillKeys::new(NS, "k")).await
+    }
+
+    // ---------------------------------------------------------------------
+    // Round trip, size limit, codecs
+    // ---------------------------------------------------------------------
+
+    /// A value whose envelope is exactly `max_value_bytes` is stored and read
+    /// back; one byte more is `ValueTooLarge`, nothing stored.
+    #[tokio::test(start_paused = true)]
+    async fn values_at_the_size_limit() {
+        let backend = MemoryBackend::new();
+        let c = Cache::<String, String>::builder()
+            .namespace(NS)
+            .backend(backend.clone())
+            .max_value_bytes(100)
+            .no_l1()
+            .build()
+            .unwrap();
+        // 16-byte header + JSON string with quotes: 82 chars fill 100 bytes.
+        let exact = "x".repeat(82);
+        c.set("k", exact.clone()).await.unwrap();
+        assert_eq!(stored(&backend).await.unwrap().len(), 100);
+        assert_eq!(c.get("k").await.unwrap(), Some(exact));
+        let over = "x".repeat(83);
+        let err = c.set("k2", over.clone()).await.unwrap_err();
+        assert!(err.is_invalid_input(), "{err:?}");
+        let err = c
+            .get_or_load("k3", move |_| async move { Ok::<_, io::Error>(over) })
+            .await
+            .unwrap_err();
+        assert!(err.is_invalid_input(), "{err:?}");
+    }
+
+    /// A custom codec whose `decode` panics: `set` and a fill get
+    /// `Error::Encode` (round trip), nothing stored, no lease left.
+    #[tokio::test(start_paused = true)]
+    async fn a_codec_whose_decode_panics() {
+        struct Panics;
+        impl onefill::Codec<String> for Panics {
+            fn encode(&self, v: &String) -> Result<Vec<u8>, onefill::CodecError> {
+                Ok(v.as_bytes().to_vec())
+            }
+            fn decode(&self, _: &[u8]) -> Result<String, onefill::CodecError> {
+                panic!("decode bug")
+            }
+        }
+        let backend = MemoryBackend::new();
+        let c = Cache::<String, String>::builder()
+            .namespace(NS)
+            .backend(backend.clone())
+            .codec(Panics)
+            .build()
+            .unwrap();
+        let err = c.set("k", "a".to_owned()).await.unwrap_err();
+        assert!(
+            matches!(&err, Error::Encode { source, .. } if source.is_round_trip()),
+            "{err:?}"
+        );
+        let err = c
+            .get_or_load("k", |_| async { Ok::<_, io::Error>("a".to_owned()) })
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, Error::Encode { source, .. } if source.is_round_trip()),
+            "{err:?}"
+        );
+        assert!(stored(&backend).await.is_none());
+        assert!(!lease_held(&backend).await);
+    }
+
+    /// A custom codec whose `encode` panics (a buggy `Serialize` impl, say):
+    /// the fill and `set` fail with `Error::Encode`, as for a decode that
+    /// panics, instead of abandoning the flight (`FlightAbandoned`) and
+    /// unwinding through `set`'s caller. A regression test.
+    #[tokio::test(start_paused = true)]
+    async fn a_codec_whose_encode_panics() {
+        struct Panics;
+        impl onefill::Codec<String> for Panics {
+            fn encode(&self, _: &String) -> Result<Vec<u8>, onefill::CodecError> {
+                panic!("encode bug")
+            }
+            fn decode(&self, b: &[u8]) -> Result<String, onefill::CodecError> {
+                Ok(String::from_utf8_lossy(b).into_owned())
+            }
+        }
+        let backend = MemoryBackend::new();
+        let c = Cache::<String, String>::builder()
+            .namespace(NS)
+            .backend(backend.clone())
+            .codec(Panics)
+            .build()
+            .unwrap();
+        let err = c
+            .get_or_load("k", |_| async { Ok::<_, io::Error>("a".to_owned()) })
+            .await
+            .unwrap_err();
+        // Was `FlightAbandoned` (the flight's task unwound); now the encode
+        // error of a decode that panics, with the lease released in line.
+        assert!(
+            matches!(&err, Error::Encode { key, .. } if key == "k"),
+            "{err:?}"
+        );
+        let err = c.set("k", "a".to_owned()).await.unwrap_err();
+        assert!(
+            matches!(&err, Error::Encode { key, .. } if key == "k"),
+            "{err:?}"
+        );
+        assert!(stored(&backend).await.is_none());
+        assert!(!lease_held(&backend).await, "the lease is released");
+        // Not stuck: the next call runs its loader again.
+        let loads = Arc::new(AtomicUsize::new(0));
+        let _ = fetch(&c, &loads, ms(0), Then::Value).await;
+        assert_eq!(loads.load(Ordering::SeqCst), 1);
+    }
+
+    /// Postcard: a struct with `skip_serializing_if` encodes but does not
+    /// decode (postcard is not self-describing): refused at write time.
+    #[cfg(feature = "postcard")]
+    #[tokio::test(start_paused = true)]
+    async fn postcard_skip_serializing_if_is_refused() {
+        #[derive(Clone, serde::Serialize, serde::Deserialize, Debug, PartialEq)]
+        struct Row {
+            #[serde(skip_serializing_if = "Option::is_none")]
+            note: Option<String>,
+            id: u32,
+        }
+        let backend = MemoryBackend::new();
+        let c = Cache::<String, Row>::builder()
+            .namespace(NS)
+            .backend(backend.clone())
+            .codec(onefill::PostcardCodec)
+            .build()
+            .unwrap();
+        let err = c
+            .get_or_load("k", |_| async {
+                Ok::<_, io::Error>(Row { note: None, id: 7 })
+            })
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, Error::Encode { source, .. } if source.is_round_trip()),
+            "{err:?}"
+        );
+        let ok = Row {
+            note: Some("n".into()),
+            id: 7,
+        };
+        let v = c
+            .get_or_load("k2", move |_| async move { Ok::<_, io::Error>(ok) })
+            .await
+            .unwrap();
+        assert_eq!(v.id, 7);
+        // serde_json::Value: postcard cannot decode `deserialize_any`.
+        let c = Cache::<String, serde_json::Value>::builder()
+            .namespace(NS)
+            .backend(backend.clone())
+            .codec(onefill::PostcardCodec)
+            .build()
+            .unwrap();
+        let err = c
+            .get_or_load("k3", |_| async {
+                Ok::<_, io::Error>(serde_json::json!({"a": 1}))
+            })
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, Error::Encode { source, .. } if source.is_round_trip()),
+            "{err:?}"
+        );
+    }
 }

@@ -1,124 +1,28 @@
-//! How often a waiter re-checks (issue 9, item 5: fewer Redis commands per
+//! How often a waiter re-checks (fewer Redis commands per
 //! herd), on the memory backend in paused time, so every interval is
 //! exact: a subscribed waiter re-checks at the notification, at the
 //! holder's lease expiry and at the slow safety-net poll, never at the
 //! 20 ms-doubling backoff; only a waiter without a subscription polls.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
-use onefill::backend::{Acquired, Backend, FillKeys, FillSubscription, Stored};
-use onefill::{
-    BackendError, BackendErrorKind, Cache, CallOptions, LeaseToken, LeaseTtl, MemoryBackend,
-    Outcome, WaitPolicy,
-};
+use onefill::backend::{Acquired, Backend, FillKeys};
+use onefill::testing::{Fault, FaultyBackend, Op};
+use onefill::{Cache, CallOptions, LeaseToken, LeaseTtl, MemoryBackend, Outcome, WaitPolicy};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-/// One process's view of a shared [`MemoryBackend`] that counts the
-/// re-checks it is asked for (`get`, `acquire`) and can make subscribing
-/// fail or notifications get lost.
-#[derive(Debug, Clone, Default)]
-struct Counted {
-    inner: MemoryBackend,
-    gets: Arc<AtomicUsize>,
-    acquires: Arc<AtomicUsize>,
-    /// `subscribe` fails (the waiter polls alone).
-    refuse_subscribe: Arc<AtomicBool>,
-    /// Subscriptions never fire (every notification is lost).
-    deaf: Arc<AtomicBool>,
-}
-
-impl Counted {
-    /// Another process on the same store, with its own counters.
-    fn peer(&self) -> Counted {
-        Counted {
-            inner: self.inner.clone(),
-            ..Counted::default()
-        }
-    }
-    fn gets(&self) -> usize {
-        self.gets.load(Ordering::SeqCst)
-    }
-    fn acquires(&self) -> usize {
-        self.acquires.load(Ordering::SeqCst)
-    }
-}
-
-struct Deaf;
-
-#[async_trait]
-impl FillSubscription for Deaf {
-    async fn notified(&mut self) {
-        std::future::pending::<()>().await
-    }
-}
-
-#[async_trait]
-impl Backend for Counted {
-    async fn get(&self, keys: &FillKeys) -> Result<Option<Stored>, BackendError> {
-        self.gets.fetch_add(1, Ordering::SeqCst);
-        self.inner.get(keys).await
-    }
-    async fn acquire(
-        &self,
-        k: &FillKeys,
-        t: &LeaseToken,
-        ttl: Duration,
-        w: Duration,
-    ) -> Result<Acquired, BackendError> {
-        self.acquires.fetch_add(1, Ordering::SeqCst);
-        self.inner.acquire(k, t, ttl, w).await
-    }
-    async fn fill(
-        &self,
-        k: &FillKeys,
-        t: &LeaseToken,
-        b: &[u8],
-        ttl: Duration,
-    ) -> Result<bool, BackendError> {
-        self.inner.fill(k, t, b, ttl).await
-    }
-    async fn release(
-        &self,
-        k: &FillKeys,
-        t: &LeaseToken,
-        e: Option<(&[u8], Duration)>,
-    ) -> Result<bool, BackendError> {
-        self.inner.release(k, t, e).await
-    }
-    async fn extend(
-        &self,
-        k: &FillKeys,
-        t: &LeaseToken,
-        ttl: Duration,
-    ) -> Result<bool, BackendError> {
-        self.inner.extend(k, t, ttl).await
-    }
-    async fn set(&self, k: &FillKeys, b: &[u8], ttl: Duration) -> Result<(), BackendError> {
-        self.inner.set(k, b, ttl).await
-    }
-    async fn invalidate(&self, k: &FillKeys) -> Result<(), BackendError> {
-        self.inner.invalidate(k).await
-    }
-    async fn subscribe(&self, k: &FillKeys) -> Result<Box<dyn FillSubscription>, BackendError> {
-        if self.refuse_subscribe.load(Ordering::SeqCst) {
-            return Err(BackendError::new(
-                BackendErrorKind::Connection,
-                "subscriber down",
-            ));
-        }
-        if self.deaf.load(Ordering::SeqCst) {
-            return Ok(Box::new(Deaf));
-        }
-        self.inner.subscribe(k).await
-    }
-}
-
 /// A process's cache on `backend`, every option at its default except the
 /// lease TTL when given.
+/// One process's view of a shared [`MemoryBackend`], counting the
+/// re-checks it is asked for (`get`, `acquire`); its faults can make
+/// subscribing fail or notifications get lost.
+type Counted = FaultyBackend<MemoryBackend>;
+
+fn counted() -> Counted {
+    FaultyBackend::new(MemoryBackend::new())
+}
+
 fn process(backend: &Counted, lease: Option<Duration>) -> Cache<String, String> {
     let mut b = Cache::builder()
         .namespace("pacing")
@@ -170,7 +74,7 @@ async fn wait(cache: &Cache<String, String>) -> (Outcome, Duration) {
 /// The backoff (20 ms doubling to 500 ms) would have polled ~20 times.
 #[tokio::test(start_paused = true)]
 async fn a_subscribed_waiter_does_not_poll_at_the_backoff() {
-    let store = Counted::default();
+    let store = counted();
     let waiter_view = store.peer();
     let holder = process(&store, Some(Duration::from_secs(60)));
     let waiter = process(&waiter_view, Some(Duration::from_secs(60)));
@@ -191,8 +95,11 @@ async fn a_subscribed_waiter_does_not_poll_at_the_backoff() {
     );
     // The first acquire, the re-check once subscribed, one per poll; the
     // notification is read with a plain get (after the flight's first one).
-    assert_eq!(waiter_view.acquires(), 2 + s.wait_polls as usize);
-    assert_eq!(waiter_view.gets(), 2);
+    assert_eq!(
+        waiter_view.faults().calls(Op::Acquire),
+        2 + s.wait_polls as usize
+    );
+    assert_eq!(waiter_view.faults().calls(Op::Get), 2);
 }
 
 /// The same wait without a subscription (subscribing failed) polls at the
@@ -200,9 +107,9 @@ async fn a_subscribed_waiter_does_not_poll_at_the_backoff() {
 /// and learns of the fill within a poll interval of it.
 #[tokio::test(start_paused = true)]
 async fn without_a_subscription_a_waiter_polls_at_the_backoff() {
-    let store = Counted::default();
+    let store = counted();
     let waiter_view = store.peer();
-    waiter_view.refuse_subscribe.store(true, Ordering::SeqCst);
+    waiter_view.faults().set([Op::Subscribe], Fault::Refuse);
     let holder = process(&store, Some(Duration::from_secs(60)));
     let waiter = process(&waiter_view, Some(Duration::from_secs(60)));
     let load = Duration::from_secs(8);
@@ -226,7 +133,7 @@ async fn without_a_subscription_a_waiter_polls_at_the_backoff() {
 /// at the fill.
 #[tokio::test(start_paused = true)]
 async fn a_subscribed_waiter_follows_the_lease_expiry_of_a_live_holder() {
-    let store = Counted::default();
+    let store = counted();
     let waiter_view = store.peer();
     let holder = process(&store, None);
     let waiter = process(&waiter_view, None);
@@ -250,7 +157,7 @@ async fn a_subscribed_waiter_follows_the_lease_expiry_of_a_live_holder() {
 /// poll meanwhile.
 #[tokio::test(start_paused = true)]
 async fn a_subscribed_waiter_takes_over_at_the_lease_expiry() {
-    let store = Counted::default();
+    let store = counted();
     // Shorter than the earliest safety poll (3 s − 25 %): the expiry
     // re-check always comes first. (It was 2.5 s, and one run in six drew
     // a safety poll before it: a second poll, and a failed test in CI.)
@@ -283,9 +190,9 @@ async fn a_subscribed_waiter_takes_over_at_the_lease_expiry() {
 /// poll (3 s ±25 %), not its deadline.
 #[tokio::test(start_paused = true)]
 async fn a_lost_notification_is_caught_by_the_safety_poll() {
-    let store = Counted::default();
+    let store = counted();
     let waiter_view = store.peer();
-    waiter_view.deaf.store(true, Ordering::SeqCst);
+    waiter_view.faults().set([Op::Subscribe], Fault::Deaf);
     let holder = process(&store, Some(Duration::from_secs(60)));
     let waiter = process(&waiter_view, Some(Duration::from_secs(60)));
     let held = hold(&holder, Duration::from_millis(500)).await;
@@ -304,9 +211,9 @@ async fn a_lost_notification_is_caught_by_the_safety_poll() {
 /// notification sooner.
 #[tokio::test(start_paused = true)]
 async fn the_safety_poll_is_configurable() {
-    let store = Counted::default();
+    let store = counted();
     let waiter_view = store.peer();
-    waiter_view.deaf.store(true, Ordering::SeqCst);
+    waiter_view.faults().set([Op::Subscribe], Fault::Deaf);
     let holder = process(&store, Some(Duration::from_secs(60)));
     let waiter = Cache::<String, String>::builder()
         .namespace("pacing")

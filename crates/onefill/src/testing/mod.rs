@@ -168,6 +168,9 @@ use crate::backend::{Acquired, Backend, FillKeys};
 use crate::{Cache, CacheBuilder, CallOptions, Error, Fetched, LeaseToken};
 
 pub mod conformance;
+pub mod faulty;
+
+pub use faulty::{Fault, Faults, FaultyBackend, Op};
 
 /// Gives the suite backends that share one store. See the
 /// [module docs](self#what-a-harness-provides).

@@ -318,7 +318,7 @@ impl Backend for Injector {
             // first `acquire` (its `get` found one; a fill may land in
             // between) or after an `acquire` that found one. A flight that
             // asks so again after losing the lease to a holder would win
-            // it from under that holder's fresh fill (issue 8, fault 2):
+            // it from under that holder's fresh fill:
             // a duplicate of a fresh value.
             let task = tokio::task::try_id();
             let again = task.is_some_and(|task| {

@@ -1,4 +1,4 @@
-//! A deterministic simulation of a small fleet (issue 8).
+//! A deterministic simulation of a small fleet.
 //!
 //! Each seed builds a scenario: 2 to 4 [`Cache`](onefill::Cache)s (simulated processes)
 //! on one shared [`MemoryBackend`](onefill::MemoryBackend), each behind its own seeded fault injector,
@@ -44,15 +44,15 @@
 //! The checker replays the log into a model of each key's lease (who holds
 //! it, until when, how it ended: filled or released by its holder, expired,
 //! revoked by `set`/`invalidate`, or deleted by another token) and checks
-//! the invariants of `DESIGN.md`, each as stated there unless said here:
+//! these invariants:
 //!
 //! 1. **One loader at a time, every duplicate explained and counted.** When
 //!    a load of a key starts while another runs anywhere in the fleet, the
 //!    running load's lease must have *expired* under it (its holder could
 //!    not extend it), or have been *revoked* by a `set`/`invalidate`
-//!    (documented: that load still answers its callers but is fenced out;
-//!    the issue lists only expiry, outage and degrade, but a revocation is
-//!    the same loss of the lease, caused on purpose), or one of the two is a
+//!    (documented: that load still answers its callers but is fenced out; a
+//!    revocation is the same loss of the lease as an expiry, caused on
+//!    purpose), or one of the two is a
 //!    *degraded* load (no lease). Two leased loads whose first lease was
 //!    deleted by another token are a violation. Two loads at once in one
 //!    process are explained alike: a flight holding a lease it just won
@@ -92,7 +92,7 @@
 //!    under test.
 //! 3. **Leases end with their loads.** Checked as: a lease is extended only
 //!    while a load of its key runs in its holder's process, so it outlives
-//!    its holder's load by at most its TTL. (The issue says "flight"; a
+//!    its holder's load by at most its TTL. (Its load, not its flight: a
 //!    flight's end cannot be observed from outside, its load's can, and a
 //!    flight ends no earlier than its load.) A lease won by a command whose
 //!    reply was lost is released, best effort, within one backend timeout;
@@ -112,8 +112,8 @@
 //!    surfaces up to one timeout after the call, and the probe may take one
 //!    more); after the healthy tail, one call per live instance reaches the
 //!    backend, answers, and leaves the circuit closed.
-//! 6. **Stats add up.** The issue's "every call counted exactly once as hit,
-//!    stale, loaded, waited or degraded" cannot hold as stated: [`Stats`](onefill::Stats)
+//! 6. **Stats add up.** "Every call counted exactly once as hit, stale,
+//!    loaded, waited or degraded" cannot hold: [`Stats`](onefill::Stats)
 //!    counts flights and loads, not calls (a coalesced call is only
 //!    `coalesced`; no counter counts `Loaded` or `Waited` answers; a
 //!    background refresh's fail-safe counts a stale answer nobody got).
@@ -148,8 +148,8 @@
 //!
 //! # Found so far
 //!
-//! Three library bugs, each fixed with a deterministic regression test in
-//! `tests/simulation_findings.rs`: `set`/`invalidate` did not detach the
+//! Three library bugs, each fixed with a deterministic regression test
+//! (in `tests/writes.rs` and `tests/leases.rs`): `set`/`invalidate` did not detach the
 //! in-process load (seed 161; these seed numbers predate the scenario's
 //! dropped `get`/`set`/`invalidate`, other-type writes and `no_lease`); a
 //! flight filled, under its new lease, a shared load from before an
@@ -184,18 +184,26 @@
 //! injector or the policy: release by bare `DEL` (whatever the token), a
 //! fill not fenced on the token, an `acquire` without the re-check (it
 //! never answers `Fresh`), and a waiter without a deadline (an hour,
-//! checked against the scenario's deadline). One test per variant asserts it is caught within 400 seeds
-//! and prints how many it took (at the time of writing 12, 6, 3 and
-//! about 40; the last moves by a seed or two between runs).
+//! checked against the scenario's deadline). One test per variant asserts it
+//! is caught within 400 seeds by the invariant it breaks, and prints how
+//! many seeds it took: the bare `DEL` by invariant 1 (a duplicate load
+//! whose first lease another token deleted), 11 seeds at the time of
+//! writing; the unfenced fill by invariant 4 (a fill from before a write
+//! landing after it), 6; the missing re-check by invariant 1 (a lease won
+//! over a fresh value), 1; the waiter without a deadline by invariant 2
+//! (a caller answered past its bound), about 40 (it moves by a seed or two
+//! between runs).
 //!
-//! Issue 8's faults 1–10, each reintroduced in `src/` by hand (one at a
-//! time), were caught in 3,000 seeds by: 1 (a dropped half-open probe
-//! keeping its slot) the breaker check, 5; 2 (an unreadable value asking
-//! for the lease regardless, again) a duplicate of a fresh value, 1; 3 and
-//! 8 stale reads after a write, 4; 4 (plain `SET` without a lease) the
-//! unfenced-write check, 4; 6 the lost-reply release, 3; 7 the value's
-//! life, 7; 9 two loads at once in one process, 1; 10 the stats, 6. Fault
-//! 5 (cluster slots) needs a cluster: not here.
+//! Ten library bugs fixed earlier (the conformance suite's `regressions`
+//! and `tests/outage_memory.rs` keep their cases), each reintroduced in
+//! `src/` by hand one at a time, were caught in 3,000 seeds (the first
+//! failing seed in brackets): a dropped half-open probe keeping its slot by
+//! the breaker check (5); an unreadable value asking for the lease
+//! regardless, again, as a duplicate of a fresh value (1); two kinds of
+//! stale read after a write (4 each); a plain `SET` without a lease by the
+//! unfenced-write check (4); a lost `acquire` reply's lease not released
+//! (3); a value outliving its life (7); two loads at once in one process
+//! (1); the stats (6). A tenth, cluster slots, needs a cluster: not here.
 //!
 //! # Where things are
 //!
@@ -221,7 +229,7 @@ mod variants;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 
-use checker::{check, Tally};
+use checker::{check, Invariant, Tally, Violation};
 use events::Rec;
 use run::{quiet_loader_panics, simulate};
 use scenario::Scenario;
@@ -229,7 +237,7 @@ use variants::Variant;
 
 /// One run of a seed: its violations, its tally, and its log if it failed.
 struct Outcome1 {
-    violations: Vec<String>,
+    violations: Vec<Violation>,
     tally: Tally,
     log: Vec<Rec>,
 }
@@ -258,9 +266,14 @@ fn run_seed(seed: u64, variant: Variant) -> Outcome1 {
 }
 
 /// Runs `count` seeds from `first` on two threads; stops at the first
-/// failure if `stop`. Returns the failures (seed, first violation) and the
-/// tally.
-fn run_seeds(first: u64, count: u64, variant: Variant, stop: bool) -> (Vec<(u64, String)>, Tally) {
+/// seed that breaks `stop_at`, if given. Returns the failures (seed, its
+/// violations) and the tally.
+fn run_seeds(
+    first: u64,
+    count: u64,
+    variant: Variant,
+    stop_at: Option<Invariant>,
+) -> (Vec<(u64, Vec<Violation>)>, Tally) {
     let next = AtomicU64::new(first);
     let end = first + count;
     let failures = Mutex::new(Vec::new());
@@ -278,17 +291,18 @@ fn run_seeds(first: u64, count: u64, variant: Variant, stop: bool) -> (Vec<(u64,
                 }
                 let out = run_seed(seed, variant);
                 tally.lock().unwrap().add(&out.tally);
-                if let Some(first) = out.violations.first() {
-                    failures.lock().unwrap().push((seed, first.clone()));
-                    if stop {
-                        stopped.store(true, Ordering::SeqCst);
-                    }
+                if out.violations.is_empty() {
+                    continue;
                 }
+                if stop_at.is_some_and(|i| out.violations.iter().any(|v| v.invariant == i)) {
+                    stopped.store(true, Ordering::SeqCst);
+                }
+                failures.lock().unwrap().push((seed, out.violations));
             });
         }
     });
     let mut failures = failures.into_inner().unwrap();
-    failures.sort();
+    failures.sort_by_key(|(seed, _)| *seed);
     (failures, tally.into_inner().unwrap())
 }
 
@@ -304,7 +318,7 @@ fn simulation() {
     let first = env_u64("ONEFILL_SIM_FIRST_SEED", 0);
     let count = env_u64("ONEFILL_SIM_SEEDS", 10_000);
     let started = std::time::Instant::now();
-    let (failures, tally) = run_seeds(first, count, Variant::Correct, false);
+    let (failures, tally) = run_seeds(first, count, Variant::Correct, None);
     println!(
         "{count} seeds in {:.1?}: {} loads, {} without a lease; overlapping loads explained by \
          lease expiry {}, revocation by set/invalidate {} (of these two, {} counted by their \
@@ -325,9 +339,10 @@ fn simulation() {
         tally.failed_ends,
         tally.rejected,
     );
-    for (seed, violation) in failures.iter().take(20) {
+    for (seed, violations) in failures.iter().take(20) {
         println!(
-            "seed {seed} failed: {violation}\n  replay: {}",
+            "seed {seed} failed: {}\n  replay: {}",
+            violations[0],
             Variant::Correct.replay_command(*seed)
         );
     }
@@ -336,7 +351,7 @@ fn simulation() {
         "{} of {count} seeds failed; first: seed {}: {}; replay: {}",
         failures.len(),
         failures[0].0,
-        failures[0].1,
+        failures[0].1[0],
         Variant::Correct.replay_command(failures[0].0)
     );
 }
@@ -369,35 +384,57 @@ fn replay() {
     println!("seed {seed} passed {repeat} runs");
 }
 
-/// A broken variant must be caught within a few hundred seeds.
-fn caught(variant: Variant) {
+/// A broken variant must be caught within a few hundred seeds, by the
+/// invariant it breaks: a checker that flagged it only through a side
+/// effect elsewhere (the stats, say) would pass while blind to the break
+/// itself.
+fn caught(variant: Variant, by: Invariant) {
     let limit = 400;
-    let (failures, _) = run_seeds(0, limit, variant, true);
-    let Some((seed, violation)) = failures.first() else {
-        panic!("{variant:?} was not caught in {limit} seeds");
+    let (failures, _) = run_seeds(0, limit, variant, Some(by));
+    let hit = failures
+        .iter()
+        .find(|(_, violations)| violations.iter().any(|v| v.invariant == by));
+    let Some((seed, violations)) = hit else {
+        let seen: Vec<String> = failures
+            .iter()
+            .take(5)
+            .map(|(seed, v)| format!("seed {seed}: {}", v[0]))
+            .collect();
+        panic!(
+            "{variant:?} was not caught by {by:?} in {limit} seeds; {} seeds failed otherwise: {seen:#?}",
+            failures.len()
+        );
     };
+    let violation = violations.iter().find(|v| v.invariant == by).unwrap();
     println!(
         "{variant:?} caught at seed {seed} ({} seeds): {violation}",
         seed + 1
     );
 }
 
+/// Another token's `DEL` ends a running load's lease, so a second leased
+/// load starts beside it with nothing to explain it.
 #[test]
 fn catches_release_by_bare_del() {
-    caught(Variant::BareDelRelease);
+    caught(Variant::BareDelRelease, Invariant::OneLoader);
 }
 
+/// A fill that ignores the token lands after a write that revoked its
+/// lease.
 #[test]
 fn catches_unfenced_fill() {
-    caught(Variant::UnfencedFill);
+    caught(Variant::UnfencedFill, Invariant::WritesFinal);
 }
 
+/// Without the re-check, a lease is won over a fresh value: a duplicate
+/// load.
 #[test]
 fn catches_acquire_without_recheck() {
-    caught(Variant::NoRecheck);
+    caught(Variant::NoRecheck, Invariant::OneLoader);
 }
 
+/// A waiter without a deadline outlives its caller's bound.
 #[test]
 fn catches_waiter_without_deadline() {
-    caught(Variant::WaiterNoDeadline);
+    caught(Variant::WaiterNoDeadline, Invariant::BoundedCallers);
 }

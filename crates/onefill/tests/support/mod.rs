@@ -4,175 +4,118 @@
 //! tests repeat. Each test file uses a part of it (hence `dead_code`).
 #![allow(dead_code)]
 
-use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+pub mod loaders;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
-use onefill::backend::{Acquired, Backend, FillKeys, FillSubscription, Stored};
-use onefill::testing::{BoxFuture, Origin, OriginError};
+use onefill::backend::FillKeys;
+use onefill::testing::{BoxFuture, Fault, FaultyBackend, Op, Origin, OriginError};
 use onefill::{
-    BackendError, BackendErrorKind, Cache, CacheBuilder, CallOptions, CircuitBreaker, Error,
-    Fetched, LeaseToken, LeaseTtl, MemoryBackend, Outcome,
+    Cache, CacheBuilder, CallOptions, CircuitBreaker, Error, Fetched, LeaseTtl, MemoryBackend,
+    Outcome,
 };
 use tokio::task::JoinHandle;
 
-/// Every call runs on the store.
-pub const HEALTHY: u8 = 0;
-/// Every call hangs (a SIGSTOPped Redis).
-pub const HANG: u8 = 1;
-/// Every call is refused (a dead Redis).
-pub const REFUSE: u8 = 2;
-/// Every call fails with a non-transient error (as OOM, NOAUTH, CROSSSLOT).
-pub const COMMAND: u8 = 3;
-/// `acquire` runs on the store, then its reply is lost (a timeout).
-pub const LOSE_ACQUIRE_REPLY: u8 = 4;
-/// The first two calls answer, every later one hangs.
-pub const HANG_FROM_THIRD: u8 = 5;
-/// `set` and `invalidate` run on the store, then their reply never comes
-/// (a Redis that executed the command, then stalled or lost the reply).
-pub const WRITE_THEN_HANG: u8 = 6;
+/// What a [`Switched`] store does, switched at run time with
+/// [`Switches::set_mode`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Every call runs on the store.
+    Healthy,
+    /// Every call hangs (a SIGSTOPped Redis).
+    Hang,
+    /// Every call is refused (a dead Redis).
+    Refuse,
+    /// Every call fails with a non-transient error (as OOM, NOAUTH,
+    /// CROSSSLOT).
+    Command,
+    /// `acquire` runs on the store, then its reply is lost (a timeout).
+    LoseAcquireReply,
+    /// The first two calls answer, every later one hangs.
+    HangFromThird,
+    /// `set` and `invalidate` run on the store, then their reply never
+    /// comes (a Redis that executed the command, then stalled or lost the
+    /// reply).
+    WriteThenHang,
+}
+/// The modes by the names the tests use.
+pub const HEALTHY: Mode = Mode::Healthy;
+pub const HANG: Mode = Mode::Hang;
+pub const REFUSE: Mode = Mode::Refuse;
+pub const COMMAND: Mode = Mode::Command;
+pub const LOSE_ACQUIRE_REPLY: Mode = Mode::LoseAcquireReply;
+pub const HANG_FROM_THIRD: Mode = Mode::HangFromThird;
+pub const WRITE_THEN_HANG: Mode = Mode::WriteThenHang;
 
 /// The namespace of every pod.
 pub const NS: &str = "faults";
 
-/// What a call is, for the modes that treat some calls apart.
-#[derive(Clone, Copy, PartialEq)]
-enum Op {
-    Acquire,
-    Write,
-    Other,
+/// A real [`MemoryBackend`] behind the library's fault-injecting wrapper,
+/// driven through [`Switches`]: a mode, a latency, and lost `fill`
+/// requests.
+pub type Switched = FaultyBackend<MemoryBackend>;
+
+/// A new store behind switches, healthy.
+pub fn switched() -> Switched {
+    FaultyBackend::new(MemoryBackend::new())
 }
 
-/// A real MemoryBackend behind switches: a mode, a latency (every call runs
-/// on the store after [`delay`](Switched::delay)), and lost `fill` requests.
-#[derive(Debug, Clone, Default)]
-pub struct Switched {
-    inner: MemoryBackend,
-    mode: Arc<AtomicU8>,
-    delay_ms: Arc<AtomicU64>,
-    lose_fill: Arc<AtomicBool>,
-    calls: Arc<AtomicUsize>,
-}
-
-impl Switched {
-    /// Another process's view of the same store, with its own switches.
-    pub fn peer(&self) -> Switched {
-        Switched {
-            inner: self.inner.clone(),
-            ..Switched::default()
-        }
-    }
-    /// Switches to `mode` (one of the constants above).
-    pub fn set(&self, mode: u8) {
-        self.mode.store(mode, Ordering::SeqCst);
-    }
+/// The switches the fault tests use, in the words of the faults they play.
+pub trait Switches {
+    /// Switches to `mode` (the lost-fill switch stays as it is).
+    fn set_mode(&self, mode: Mode);
     /// Every call waits `ms` before it reaches the store (40 ms: a healthy
     /// server in another region).
-    pub fn delay(&self, ms: u64) {
-        self.delay_ms.store(ms, Ordering::SeqCst);
-    }
+    fn delay(&self, ms: u64);
     /// While `lost`, `fill` requests are lost: nothing runs on the store and
     /// the call times out after 10 ms.
-    pub fn lose_fill(&self, lost: bool) {
-        self.lose_fill.store(lost, Ordering::SeqCst);
-    }
+    fn lose_fill(&self, lost: bool);
     /// How many calls reached this view so far.
-    pub fn calls(&self) -> usize {
-        self.calls.load(Ordering::SeqCst)
-    }
+    fn calls(&self) -> usize;
     /// The store itself, past every switch.
-    pub fn store(&self) -> &MemoryBackend {
-        &self.inner
+    fn store(&self) -> &MemoryBackend;
+}
+
+impl Switches for Switched {
+    fn set_mode(&self, mode: Mode) {
+        let faults = self.faults();
+        let lost_fill = faults.fault_of(Op::Fill) == Some(Fault::LoseRequest(LOST_FILL));
+        faults.clear();
+        match mode {
+            Mode::Healthy => {}
+            Mode::Hang => faults.set_all(Fault::Hang),
+            Mode::Refuse => faults.set_all(Fault::Refuse),
+            Mode::Command => faults.set_all(Fault::CommandError),
+            Mode::LoseAcquireReply => faults.set([Op::Acquire, Op::AcquireMany], Fault::LoseReply),
+            Mode::HangFromThird => faults.set_all_from_call(3, Fault::Hang),
+            Mode::WriteThenHang => faults.set(Op::WRITES, Fault::RunThenHang),
+        }
+        if lost_fill {
+            faults.set([Op::Fill], Fault::LoseRequest(LOST_FILL));
+        }
     }
-    /// Runs `call` on the store as the switches say.
-    async fn pass<T>(
-        &self,
-        op: Op,
-        call: impl Future<Output = Result<T, BackendError>>,
-    ) -> Result<T, BackendError> {
-        let n = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
-        let delay = self.delay_ms.load(Ordering::SeqCst);
-        if delay > 0 {
-            tokio::time::sleep(Duration::from_millis(delay)).await;
+    fn delay(&self, ms: u64) {
+        self.faults().set_latency(Duration::from_millis(ms));
+    }
+    fn lose_fill(&self, lost: bool) {
+        if lost {
+            self.faults().set([Op::Fill], Fault::LoseRequest(LOST_FILL));
+        } else {
+            self.faults().clear_for([Op::Fill]);
         }
-        match self.mode.load(Ordering::SeqCst) {
-            HANG => std::future::pending().await,
-            REFUSE => Err(BackendError::new(
-                BackendErrorKind::Connection,
-                "connection refused",
-            )),
-            COMMAND => Err(BackendError::new(BackendErrorKind::Command, "OOM")),
-            LOSE_ACQUIRE_REPLY if op == Op::Acquire => {
-                let _ = call.await;
-                Err(BackendError::new(BackendErrorKind::Timeout, "reply lost"))
-            }
-            HANG_FROM_THIRD if n > 2 => std::future::pending().await,
-            WRITE_THEN_HANG if op == Op::Write => {
-                let _ = call.await;
-                std::future::pending().await
-            }
-            _ => call.await,
-        }
+    }
+    fn calls(&self) -> usize {
+        self.faults().total_calls()
+    }
+    fn store(&self) -> &MemoryBackend {
+        self.inner()
     }
 }
 
-#[async_trait]
-impl Backend for Switched {
-    async fn get(&self, keys: &FillKeys) -> Result<Option<Stored>, BackendError> {
-        self.pass(Op::Other, self.inner.get(keys)).await
-    }
-    async fn acquire(
-        &self,
-        k: &FillKeys,
-        t: &LeaseToken,
-        ttl: Duration,
-        w: Duration,
-    ) -> Result<Acquired, BackendError> {
-        self.pass(Op::Acquire, self.inner.acquire(k, t, ttl, w))
-            .await
-    }
-    async fn fill(
-        &self,
-        k: &FillKeys,
-        t: &LeaseToken,
-        b: &[u8],
-        ttl: Duration,
-    ) -> Result<bool, BackendError> {
-        if self.lose_fill.load(Ordering::SeqCst) {
-            self.calls.fetch_add(1, Ordering::SeqCst);
-            tokio::time::sleep(Duration::from_millis(10)).await;
-            return Err(BackendError::new(BackendErrorKind::Timeout, "fill lost"));
-        }
-        self.pass(Op::Other, self.inner.fill(k, t, b, ttl)).await
-    }
-    async fn release(
-        &self,
-        k: &FillKeys,
-        t: &LeaseToken,
-        e: Option<(&[u8], Duration)>,
-    ) -> Result<bool, BackendError> {
-        self.pass(Op::Other, self.inner.release(k, t, e)).await
-    }
-    async fn extend(
-        &self,
-        k: &FillKeys,
-        t: &LeaseToken,
-        ttl: Duration,
-    ) -> Result<bool, BackendError> {
-        self.pass(Op::Other, self.inner.extend(k, t, ttl)).await
-    }
-    async fn set(&self, k: &FillKeys, b: &[u8], ttl: Duration) -> Result<(), BackendError> {
-        self.pass(Op::Write, self.inner.set(k, b, ttl)).await
-    }
-    async fn invalidate(&self, k: &FillKeys) -> Result<(), BackendError> {
-        self.pass(Op::Write, self.inner.invalidate(k)).await
-    }
-    async fn subscribe(&self, k: &FillKeys) -> Result<Box<dyn FillSubscription>, BackendError> {
-        self.pass(Op::Other, self.inner.subscribe(k)).await
-    }
-}
+/// How long a lost `fill` takes to time out.
+const LOST_FILL: Duration = Duration::from_millis(10);
 
 /// A pod on `backend`: 200 ms backend timeout, no jitter, no early refresh,
 /// then whatever `f` sets.
@@ -252,7 +195,7 @@ pub fn spawn_fetch(
 pub fn two_pods(
     f: impl Fn(CacheBuilder<String, String>) -> CacheBuilder<String, String>,
 ) -> [(Switched, Cache<String, String>); 2] {
-    let a = Switched::default();
+    let a = switched();
     let b = a.peer();
     let (pod_a, pod_b) = (pod(&a, &f), pod(&b, &f));
     [(a, pod_a), (b, pod_b)]
@@ -313,7 +256,7 @@ pub async fn assert_the_fallback_forgot(
     loads: &Arc<AtomicUsize>,
     why: &str,
 ) {
-    backend.set(REFUSE);
+    backend.set_mode(REFUSE);
     let f = fetch_now(c, "k", loads).await;
     assert_eq!(
         (f.value.as_str(), f.outcome),

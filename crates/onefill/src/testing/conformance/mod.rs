@@ -9,7 +9,7 @@
 //! deadline's outcomes), loader failures (errors, panics, cancellation, a
 //! hung loader), freshness (stale-while-refresh, early refresh, negative
 //! caching, fail-safe, jitter), writes (undecodable values, fenced fills,
-//! the size limit) and regressions (the faults of issue 8 that any backend
+//! the size limit) and regressions (the faults found by hostile tests that any backend
 //! could bring back: unreadable values, read-your-writes, unfenced no-lease
 //! fills, hostile keys, two loads in one process, a lease lost twice).
 

@@ -1,5 +1,5 @@
-//! Regressions: the faults found when onefill was tried adversarially
-//! (issue 8), each a scenario named after its case, so every backend proves
+//! Regressions: the faults found when onefill was tried adversarially,
+//! each a scenario named after its case, so every backend proves
 //! it stays fixed.
 
 use std::time::Duration;
@@ -11,7 +11,7 @@ use crate::{Cache, CallOptions, LeaseTtl, Outcome};
 
 scenarios! { $ __onefill_conformance_regressions;
 
-    /// Fault 2: a value this version of `V` cannot read, then 4 pods × 10
+    /// Regression: a value this version of `V` cannot read, then 4 pods × 10
     /// callers: one load fleet-wide (it used to be one per pod: the flag
     /// that widens the acquire never reset, so each pod won the lease the
     /// previous one had just freed).
@@ -35,7 +35,7 @@ scenarios! { $ __onefill_conformance_regressions;
         assert_eq!(origin.count(), 1, "one load fleet-wide");
     }
 
-    /// Fault 3a: a call made after `set` returned, while an older flight was
+    /// Regression: a call made after `set` returned, while an older flight was
     /// still loading, used to join that flight and get its older value.
     pub async fn a_call_after_set_never_joins_an_older_flight(h: &dyn Harness) {
         let ns = unique_ns("ryw-set");
@@ -50,7 +50,7 @@ scenarios! { $ __onefill_conformance_regressions;
         assert_eq!(fetch_now(&c, "k", &origin).await.value, "manual", "the old fill was fenced out");
     }
 
-    /// Fault 3b: the same after `invalidate`: the later call loads anew.
+    /// Regression: the same after `invalidate`: the later call loads anew.
     pub async fn a_call_after_invalidate_never_joins_an_older_flight(h: &dyn Harness) {
         let ns = unique_ns("ryw-inv");
         let c = cache(h, &ns).await;
@@ -64,7 +64,7 @@ scenarios! { $ __onefill_conformance_regressions;
         assert_eq!(fetch_now(&c, "k", &origin).await.value, "k-v2");
     }
 
-    /// Fault 4a: a `no_lease` load that started before an `invalidate` used
+    /// Regression: a `no_lease` load that started before an `invalidate` used
     /// to write its value after it (a plain `SET`).
     pub async fn a_no_lease_load_is_fenced_by_invalidate(h: &dyn Harness) {
         let ns = unique_ns("nolease-fence");
@@ -78,7 +78,7 @@ scenarios! { $ __onefill_conformance_regressions;
         assert!(stored.is_none(), "a load from before the invalidate was stored");
     }
 
-    /// Fault 4b: a `no_lease` load used to delete another process's lease
+    /// Regression: a `no_lease` load used to delete another process's lease
     /// (its `SET` removed the lock); now, with the lease held elsewhere, it
     /// answers its callers without storing, and the holder fills.
     pub async fn a_no_lease_load_leaves_other_leases_alone(h: &dyn Harness) {
@@ -96,7 +96,7 @@ scenarios! { $ __onefill_conformance_regressions;
         assert_eq!(fetch_now(&holder, "k", &origin).await.value, "k-v1", "the holder filled");
     }
 
-    /// Fault 5: keys with braces of their own (one starting with `}` made an
+    /// Regression: keys with braces of their own (one starting with `}` made an
     /// empty hash tag, splitting value and lease across cluster slots), and
     /// newline, NUL and 1 KiB keys: loaded, hit, set and invalidated like
     /// any other.
@@ -116,7 +116,7 @@ scenarios! { $ __onefill_conformance_regressions;
         }
     }
 
-    /// Fault 9: without a lease, a grace refresh still loading when the hard
+    /// Regression: without a lease, a grace refresh still loading when the hard
     /// TTL expired, and the next caller loaded too: two loads at once in one
     /// process. The next caller now shares the refresh's load.
     pub async fn one_load_per_process_while_a_refresh_runs(h: &dyn Harness) {
@@ -140,7 +140,7 @@ scenarios! { $ __onefill_conformance_regressions;
         assert_eq!(origin.count(), 2, "no second load in this process");
     }
 
-    /// Fault 10: a lost lease was counted twice, once by the watchdog's
+    /// Regression: a lost lease was counted twice, once by the watchdog's
     /// failed renewal and once by the fenced-out fill.
     pub async fn a_lost_lease_is_counted_once(h: &dyn Harness) {
         let ns = unique_ns("lost-once");

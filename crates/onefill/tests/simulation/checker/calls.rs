@@ -154,17 +154,20 @@ impl Checker<'_> {
             }
         }
         // The probes are the calls on the extra key.
-        for c in self.calls.values().filter(|c| c.key == self.s.keys) {
-            match &c.end {
-                Some((_, _, Answer::Got(_), _, true)) => {}
-                other => {
-                    let what = format!(
-                        "breaker: the probe of instance {} in the healthy tail did not reach the backend and close the circuit: {other:?}",
-                        c.inst
-                    );
-                    self.violations.push(what);
-                }
-            }
+        let stuck: Vec<String> = self
+            .calls
+            .values()
+            .filter(|c| c.key == self.s.keys)
+            .filter_map(|c| match &c.end {
+                Some((_, _, Answer::Got(_), _, true)) => None,
+                other => Some(format!(
+                    "breaker: the probe of instance {} in the healthy tail did not reach the backend and close the circuit: {other:?}",
+                    c.inst
+                )),
+            })
+            .collect();
+        for what in stuck {
+            self.fail(what);
         }
     }
 }

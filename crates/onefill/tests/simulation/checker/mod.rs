@@ -12,6 +12,38 @@ use std::time::Duration;
 use crate::events::{Answer, CallKind, LoadEnd, Origin, Rec, World};
 use crate::scenario::Scenario;
 
+/// The invariants, numbered as in the crate docs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Invariant {
+    /// 1: one loader at a time, every duplicate explained and counted.
+    OneLoader,
+    /// 2: every caller answered within its bound.
+    BoundedCallers,
+    /// 3: leases end with their loads.
+    LeasesEnd,
+    /// 4: writes are final.
+    WritesFinal,
+    /// 5: the breaker is never stuck.
+    Breaker,
+    /// 6: the stats add up.
+    Stats,
+    /// 7: no answer outlives its value.
+    ValueLife,
+}
+
+/// A broken invariant, and what broke it.
+#[derive(Debug, Clone)]
+pub(crate) struct Violation {
+    pub(crate) invariant: Invariant,
+    pub(crate) what: String,
+}
+
+impl std::fmt::Display for Violation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "[{:?}] {}", self.invariant, self.what)
+    }
+}
+
 /// How overlapping loads were explained, summed over seeds.
 #[derive(Debug, Default, Clone, Copy)]
 pub(crate) struct Tally {
@@ -111,7 +143,9 @@ struct LeaseInfo {
 struct Checker<'a> {
     s: &'a Scenario,
     recs: &'a [Rec],
-    violations: Vec<String>,
+    violations: Vec<Violation>,
+    /// The invariant being checked, which a violation is filed under.
+    checking: Invariant,
     tally: Tally,
     calls: BTreeMap<usize, CallInfo>,
     loads: Vec<LoadInfo>,
@@ -148,6 +182,7 @@ impl<'a> Checker<'a> {
             s,
             recs,
             violations: Vec::new(),
+            checking: Invariant::OneLoader,
             tally: Tally {
                 seeds: 1,
                 ..Tally::default()
@@ -174,7 +209,10 @@ impl<'a> Checker<'a> {
     }
 
     fn fail(&mut self, what: String) {
-        self.violations.push(what);
+        self.violations.push(Violation {
+            invariant: self.checking,
+            what,
+        });
     }
 
     fn dead_before(&self, inst: usize, seq: usize) -> bool {
@@ -205,18 +243,25 @@ impl<'a> Checker<'a> {
 
 /// Replays a run's log and checks every invariant: the violations, and how
 /// the run's overlapping loads were explained.
-pub(crate) fn check(s: &Scenario, world: &World) -> (Vec<String>, Tally) {
+pub(crate) fn check(s: &Scenario, world: &World) -> (Vec<Violation>, Tally) {
     let recs = world.log.lock().unwrap().clone();
     let stats = world.final_stats.lock().unwrap().clone();
     let mut c = Checker::new(s, &recs);
     c.replay();
     c.tally.deaths = u64::from(c.death.is_some());
+    c.checking = Invariant::OneLoader;
     c.check_loads();
+    c.checking = Invariant::BoundedCallers;
     c.check_bounds();
+    c.checking = Invariant::LeasesEnd;
     c.check_leases();
+    c.checking = Invariant::WritesFinal;
     c.check_writes();
+    c.checking = Invariant::ValueLife;
     c.check_ages();
+    c.checking = Invariant::Breaker;
     c.check_breaker();
+    c.checking = Invariant::Stats;
     c.check_stats(&stats);
     (c.violations, c.tally)
 }

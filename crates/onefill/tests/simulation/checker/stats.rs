@@ -2,7 +2,7 @@
 
 use onefill::{Outcome, Stats};
 
-use super::Checker;
+use super::{Checker, Invariant, Violation};
 use crate::events::{Answer, BOp, CallKind, Ev, LoadEnd, Reply};
 
 impl Checker<'_> {
@@ -87,8 +87,10 @@ impl Checker<'_> {
             }
             let mut expect = |what: &str, holds: bool, detail: String| {
                 if !holds {
-                    self.violations
-                        .push(format!("stats of instance {inst}: {what}: {detail}"));
+                    self.violations.push(Violation {
+                        invariant: Invariant::Stats,
+                        what: format!("stats of instance {inst}: {what}: {detail}"),
+                    });
                 }
             };
             let exact = [
