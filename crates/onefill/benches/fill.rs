@@ -42,7 +42,7 @@ use criterion::measurement::WallTime;
 use criterion::{criterion_group, criterion_main, BenchmarkGroup, Criterion, SamplingMode};
 use onefill::backend::FillKeys;
 use onefill::redis::RedisBackend;
-use onefill::{Backend, Cache, CallOptions, MemoryBackend, Outcome};
+use onefill::{Backend, Cache, MemoryBackend, Outcome};
 use onefill_testkit::RedisServer;
 use tokio::runtime::Runtime;
 use tokio::sync::oneshot;

@@ -26,6 +26,10 @@
 //! The embedded [`MemoryBackend`] is the default; the `redis` feature (on
 //! by default) adds `redis::RedisBackend` for a fleet.
 //!
+//! The [guide](crate::_guide) explains each part at length (loaders,
+//! freshness, waiting, the L1, Redis, batches, resilience, observability),
+//! with examples that run as tests.
+//!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! use std::time::Duration;

@@ -72,7 +72,7 @@ async fn a_cold_batch_is_one_read_one_lease_request_one_load() {
     // Again, from another process: one read, no load.
     let (other, other_counting) = process(&backend);
     let again = other
-        .fetch_many(&wanted, &CallOptions::new(), origin.loader(SECOND, &[]))
+        .fetch_many(&wanted, origin.loader(SECOND, &[]))
         .await
         .unwrap();
     assert!(again
@@ -85,7 +85,7 @@ async fn a_cold_batch_is_one_read_one_lease_request_one_load() {
     // single call does): no backend call at all.
     other_counting.reset();
     let l1 = other
-        .fetch_many(&wanted, &CallOptions::new(), origin.loader(SECOND, &[]))
+        .fetch_many(&wanted, origin.loader(SECOND, &[]))
         .await
         .unwrap();
     assert!(l1
@@ -137,7 +137,7 @@ async fn an_invalid_key_fails_the_call_before_any_io_or_only_itself_in_fetch_man
     assert_eq!((origin.calls(), counting.round_trips()), (0, 0));
 
     let answers = cache
-        .fetch_many(&bad, &CallOptions::new(), origin.loader(SECOND, &[]))
+        .fetch_many(&bad, origin.loader(SECOND, &[]))
         .await
         .unwrap();
     assert_eq!(
@@ -157,7 +157,8 @@ async fn an_invalid_key_fails_the_call_before_any_io_or_only_itself_in_fetch_man
     let bad_options = CallOptions::new().ttl(Duration::ZERO);
     assert!(matches!(
         cache
-            .fetch_many(&bad, &bad_options, origin.loader(SECOND, &[]))
+            .with_options(&bad_options)
+            .fetch_many(&bad, origin.loader(SECOND, &[]))
             .await,
         Err(Error::InvalidInput(_))
     ));
@@ -179,7 +180,7 @@ async fn a_key_the_loader_does_not_return_is_a_cached_absence() {
 
     let (other, _) = process(&backend);
     let answers = other
-        .fetch_many(&wanted, &CallOptions::new(), origin.loader(SECOND, &[]))
+        .fetch_many(&wanted, origin.loader(SECOND, &[]))
         .await
         .unwrap();
     let gone = answers["gone"].as_ref().unwrap();
@@ -221,7 +222,7 @@ async fn a_failing_loader_fails_every_key_it_loaded_and_releases_every_lease() {
 
     // A panic: every key gets LoaderPanicked, no lease stays.
     let answers = cache
-        .fetch_many(&wanted, &CallOptions::new(), |_keys: Vec<String>| async {
+        .fetch_many(&wanted, |_keys: Vec<String>| async {
             if true {
                 panic!("loader bug");
             }
@@ -261,11 +262,7 @@ async fn negative_caching_and_fail_safe_apply_per_key_as_for_single_calls() {
         Err::<Vec<(String, String)>, _>(std::io::Error::other("db down"))
     };
     let answers = cache
-        .fetch_many(
-            &["old".to_owned(), "new".to_owned()],
-            &CallOptions::new(),
-            failing,
-        )
+        .fetch_many(&["old".to_owned(), "new".to_owned()], failing)
         .await
         .unwrap();
     // In grace: served stale at once (the refresh fails in the background).
@@ -277,11 +274,7 @@ async fn negative_caching_and_fail_safe_apply_per_key_as_for_single_calls() {
     assert!(matches!(answers["new"], Err(Error::Loader(_))));
     // The failure of "new" is remembered for the negative TTL.
     let again = cache
-        .fetch_many(
-            &["new".to_owned()],
-            &CallOptions::new(),
-            origin.loader(SECOND, &[]),
-        )
+        .fetch_many(&["new".to_owned()], origin.loader(SECOND, &[]))
         .await
         .unwrap();
     assert!(matches!(again["new"], Err(Error::CachedFailure(_))));
@@ -344,7 +337,6 @@ async fn keys_another_process_is_loading_are_waited_for() {
     let answers = b
         .fetch_many(
             &["x".to_owned(), "y".to_owned()],
-            &CallOptions::new(),
             origin.loader(SECOND, &[]),
         )
         .await
@@ -400,11 +392,7 @@ async fn a_dead_holder_is_taken_over_and_a_wait_is_bounded() {
         .map(|s| s.to_string())
         .collect();
     let answers = cache
-        .fetch_many(
-            &asked,
-            &CallOptions::new(),
-            origin.loader(Duration::ZERO, &[]),
-        )
+        .fetch_many(&asked, origin.loader(Duration::ZERO, &[]))
         .await
         .unwrap();
     assert_eq!(answers["dead"].as_ref().unwrap().outcome, Outcome::Loaded);
@@ -438,7 +426,6 @@ async fn at_the_wait_deadline_the_keys_are_loaded_together_unstored_by_default()
     let answers = cache
         .fetch_many(
             &["a".to_owned(), "b".to_owned()],
-            &CallOptions::new(),
             origin.loader(Duration::ZERO, &[]),
         )
         .await
@@ -478,11 +465,7 @@ async fn a_backend_that_hangs_during_the_wait_degrades_the_keys_within_bounds() 
     backend.set_mode(HANG_FROM_THIRD);
     let started = tokio::time::Instant::now();
     let answers = cache
-        .fetch_many(
-            &["held".to_owned()],
-            &CallOptions::new(),
-            origin.loader(Duration::ZERO, &[]),
-        )
+        .fetch_many(&["held".to_owned()], origin.loader(Duration::ZERO, &[]))
         .await
         .unwrap();
     let held = answers["held"].as_ref().unwrap();
@@ -523,7 +506,6 @@ async fn a_batch_and_a_single_call_on_one_key_share_one_load() {
     let answers = cache
         .fetch_many(
             &["a".to_owned(), "b".to_owned()],
-            &CallOptions::new(),
             origin.loader(SECOND, &[]),
         )
         .await
@@ -550,7 +532,7 @@ async fn a_batch_and_a_single_call_on_one_key_share_one_load() {
     };
     tokio::time::sleep(Duration::from_millis(10)).await;
     let c = cache
-        .fetch(&"c".to_owned(), &CallOptions::new(), |_| async {
+        .fetch(&"c".to_owned(), |_| async {
             Ok::<_, std::io::Error>("single".to_owned())
         })
         .await
@@ -579,7 +561,7 @@ async fn a_dropped_batch_still_loads_fills_and_leaves_no_lease() {
     assert!(call.await.unwrap_err().is_cancelled());
     // A caller that joins meanwhile gets the dropped batch's load.
     let joined = cache
-        .fetch(&"k0".to_owned(), &CallOptions::new(), |_| async {
+        .fetch(&"k0".to_owned(), |_| async {
             Ok::<_, std::io::Error>("other".to_owned())
         })
         .await
@@ -627,7 +609,6 @@ async fn a_loader_slower_than_the_maximum_load_time_is_cut_off() {
     let answers = cache
         .fetch_many(
             &["a".to_owned(), "b".to_owned()],
-            &CallOptions::new(),
             origin.loader(Duration::from_secs(3600), &[]),
         )
         .await
@@ -663,7 +644,7 @@ async fn stale_keys_are_served_at_once_and_refreshed_together_in_the_background(
 
     let refresh = Origin::default();
     let answers = cache
-        .fetch_many(&wanted, &CallOptions::new(), refresh.loader(SECOND, &[]))
+        .fetch_many(&wanted, refresh.loader(SECOND, &[]))
         .await
         .unwrap();
     assert!(answers
@@ -671,7 +652,7 @@ async fn stale_keys_are_served_at_once_and_refreshed_together_in_the_background(
         .all(|a| a.as_ref().unwrap().outcome == Outcome::Stale));
     // Another process at the same moment: stale too, and no second refresh.
     let answers = other
-        .fetch_many(&wanted, &CallOptions::new(), refresh.loader(SECOND, &[]))
+        .fetch_many(&wanted, refresh.loader(SECOND, &[]))
         .await
         .unwrap();
     assert!(answers
@@ -681,7 +662,7 @@ async fn stale_keys_are_served_at_once_and_refreshed_together_in_the_background(
     assert_eq!(refresh.calls(), 1, "one load refreshed every key");
     assert_eq!(refresh.loaded.lock().len(), 10);
     let answers = other
-        .fetch_many(&wanted, &CallOptions::new(), refresh.loader(SECOND, &[]))
+        .fetch_many(&wanted, refresh.loader(SECOND, &[]))
         .await
         .unwrap();
     assert!(answers
@@ -717,7 +698,7 @@ async fn when_the_backend_fails_the_keys_are_loaded_together_unstored() {
             .cloned()
             .collect();
         let answers = cache
-            .fetch_many(&asked, &CallOptions::new(), origin.loader(SECOND, &[]))
+            .fetch_many(&asked, origin.loader(SECOND, &[]))
             .await
             .unwrap();
         // The five read before: their last-known values (outage fallback).
@@ -749,7 +730,8 @@ async fn when_the_backend_fails_the_keys_are_loaded_together_unstored() {
     backend.set_mode(REFUSE);
     let strict = CallOptions::new().strict(true);
     let answers = cache
-        .fetch_many(&wanted, &strict, origin.loader(SECOND, &[]))
+        .with_options(&strict)
+        .fetch_many(&wanted, origin.loader(SECOND, &[]))
         .await
         .unwrap();
     assert!(answers
@@ -764,9 +746,9 @@ async fn without_the_lease_policy_held_keys_are_loaded_unstored_not_waited_for()
     let origin = Origin::default();
     backend.put_raw(&lock_of("held"), b"someone", Duration::from_secs(60));
     let answers = cache
+        .with_options(&CallOptions::new().no_lease())
         .fetch_many(
             &["held".to_owned(), "free".to_owned(), "free2".to_owned()],
-            &CallOptions::new().no_lease(),
             origin.loader(SECOND, &[]),
         )
         .await
@@ -804,7 +786,6 @@ async fn a_set_during_the_batch_load_fences_its_fill_and_extra_pairs_are_ignored
             cache
                 .fetch_many(
                     &["a".to_owned(), "b".to_owned()],
-                    &CallOptions::new(),
                     |keys: Vec<String>| async move {
                         tokio::time::sleep(Duration::from_secs(2)).await;
                         let mut found: Vec<(String, String)> =
@@ -893,7 +874,7 @@ async fn stale_keys_in_the_l1_are_served_without_a_round_trip_and_refreshed_toge
     counting.reset();
     let refresh = Origin::default();
     let answers = reader
-        .fetch_many(&wanted, &CallOptions::new(), refresh.loader(SECOND, &[]))
+        .fetch_many(&wanted, refresh.loader(SECOND, &[]))
         .await
         .unwrap();
     assert!(answers
@@ -927,7 +908,7 @@ async fn a_batch_dropped_while_it_waits_still_answers_the_keys_other_callers() {
     assert!(waiting.await.unwrap_err().is_cancelled());
     // A single call in B joins the flight the dropped batch leads.
     let x = b
-        .fetch(&"x".to_owned(), &CallOptions::new(), |_| async {
+        .fetch(&"x".to_owned(), |_| async {
             Ok::<_, std::io::Error>("mine".to_owned())
         })
         .await
@@ -1001,11 +982,9 @@ mod hung_masters_and_races {
 
         // A single call on the healthy master, for reference: loaded, stored.
         let single = cache
-            .fetch(
-                &"good0".to_owned(),
-                &CallOptions::new(),
-                |k: String| async move { Ok::<_, std::io::Error>(format!("v{k}")) },
-            )
+            .fetch(&"good0".to_owned(), |k: String| async move {
+                Ok::<_, std::io::Error>(format!("v{k}"))
+            })
             .await
             .unwrap();
         assert_eq!(single.outcome, Outcome::Loaded);
@@ -1013,11 +992,7 @@ mod hung_masters_and_races {
 
         let wanted: Vec<String> = ["good1", "good2", "bad1"].map(String::from).to_vec();
         let answers = cache
-            .fetch_many(
-                &wanted,
-                &CallOptions::new(),
-                origin.loader(Duration::ZERO, &[]),
-            )
+            .fetch_many(&wanted, origin.loader(Duration::ZERO, &[]))
             .await
             .unwrap();
         for good in ["good1", "good2"] {
@@ -1059,11 +1034,7 @@ mod hung_masters_and_races {
 
         let wanted: Vec<String> = ["good1", "good2", "bad1"].map(String::from).to_vec();
         let answers = cache
-            .fetch_many(
-                &wanted,
-                &CallOptions::new(),
-                origin.loader(Duration::ZERO, &[]),
-            )
+            .fetch_many(&wanted, origin.loader(Duration::ZERO, &[]))
             .await
             .unwrap();
         for good in ["good1", "good2"] {
@@ -1108,11 +1079,7 @@ mod hung_masters_and_races {
 
         let refresh = Origin::default();
         let answers = cache
-            .fetch_many(
-                &wanted,
-                &CallOptions::new(),
-                refresh.loader(Duration::from_secs(1), &[]),
-            )
+            .fetch_many(&wanted, refresh.loader(Duration::from_secs(1), &[]))
             .await
             .unwrap();
         let good = answers["good1"].as_ref().unwrap();
@@ -1188,11 +1155,7 @@ mod hung_masters_and_races {
         let started = tokio::time::Instant::now();
         let wanted: Vec<String> = ["good1", "bad1"].map(String::from).to_vec();
         let answers = cache
-            .fetch_many(
-                &wanted,
-                &CallOptions::new(),
-                origin.loader(Duration::ZERO, &[]),
-            )
+            .fetch_many(&wanted, origin.loader(Duration::ZERO, &[]))
             .await
             .unwrap();
         assert!(
@@ -1238,11 +1201,9 @@ mod hung_masters_and_races {
         tokio::time::sleep(Duration::from_millis(10)).await;
         batch.abort();
         let single = cache
-            .fetch(
-                &"bad1".to_owned(),
-                &CallOptions::new(),
-                |k: String| async move { Ok::<_, std::io::Error>(format!("single {k}")) },
-            )
+            .fetch(&"bad1".to_owned(), |k: String| async move {
+                Ok::<_, std::io::Error>(format!("single {k}"))
+            })
             .await
             .unwrap();
         assert!(single.coalesced, "joined the dropped batch's flight");
@@ -1278,11 +1239,7 @@ mod hung_masters_and_races {
             .unwrap();
         assert!(!found.contains_key("gone"));
         let read = other
-            .fetch_many(
-                &wanted,
-                &CallOptions::new(),
-                origin.loader(Duration::ZERO, &["gone"]),
-            )
+            .fetch_many(&wanted, origin.loader(Duration::ZERO, &["gone"]))
             .await
             .unwrap();
         assert_eq!(read["gone"].as_ref().unwrap().outcome, Outcome::Hit);
@@ -1291,11 +1248,7 @@ mod hung_masters_and_races {
         tokio::time::advance(Duration::from_secs(6)).await;
         for process in [&cache, &other] {
             let again = process
-                .fetch_many(
-                    &wanted,
-                    &CallOptions::new(),
-                    origin.loader(Duration::ZERO, &[]),
-                )
+                .fetch_many(&wanted, origin.loader(Duration::ZERO, &[]))
                 .await
                 .unwrap();
             assert_eq!(
@@ -1377,11 +1330,8 @@ mod hung_masters_and_races {
         let origin = Origin::default();
         let wanted = vec!["a".to_owned(), "b".to_owned()];
         let answers = cache
-            .fetch_many(
-                &wanted,
-                &CallOptions::new().soft_timeout(Duration::from_millis(10)),
-                origin.loader(Duration::from_secs(1), &[]),
-            )
+            .with_options(&CallOptions::new().soft_timeout(Duration::from_millis(10)))
+            .fetch_many(&wanted, origin.loader(Duration::from_secs(1), &[]))
             .await
             .unwrap();
         for k in &wanted {
@@ -1453,11 +1403,7 @@ async fn with_a_soft_timeout_a_stale_l1_entry_waits_for_a_fast_load_in_a_batch()
 
     let fast = Origin::default();
     let answers = cache
-        .fetch_many(
-            &wanted,
-            &CallOptions::new(),
-            fast.loader(Duration::from_millis(10), &[]),
-        )
+        .fetch_many(&wanted, fast.loader(Duration::from_millis(10), &[]))
         .await
         .unwrap();
     for k in &wanted {
@@ -1469,7 +1415,7 @@ async fn with_a_soft_timeout_a_stale_l1_entry_waits_for_a_fast_load_in_a_batch()
     // A single call on a stale key answers the same way.
     tokio::time::advance(Duration::from_millis(1500)).await;
     let single = cache
-        .fetch(&"k0".to_owned(), &CallOptions::new(), |k| async move {
+        .fetch(&"k0".to_owned(), |k| async move {
             tokio::time::sleep(Duration::from_millis(10)).await;
             Ok::<_, std::io::Error>(format!("v{k}"))
         })

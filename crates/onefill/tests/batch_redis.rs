@@ -13,7 +13,7 @@ use std::time::Duration;
 use batch_support::{count_calls, Counting, Counts, Origin};
 use onefill::backend::{Acquired, Backend, FillKeys, LeaseRequest};
 use onefill::redis::RedisBackend;
-use onefill::{Cache, CallOptions, LeaseToken, Outcome};
+use onefill::{Cache, LeaseToken, Outcome};
 use onefill_testkit::{time_limit, RedisCluster, RedisServer};
 
 /// Cluster tests take seconds each (a 3-master cluster forms in a few); past this they hang.
@@ -114,11 +114,7 @@ async fn four_processes_load_100_cold_keys_once_fleet_wide_standalone() {
     for (cache, counting) in &processes {
         counting.reset();
         let answers = cache
-            .fetch_many(
-                &keys(100),
-                &CallOptions::new(),
-                origin.loader(Duration::ZERO, &[]),
-            )
+            .fetch_many(&keys(100), origin.loader(Duration::ZERO, &[]))
             .await
             .unwrap();
         assert!(answers
@@ -267,11 +263,7 @@ async fn a_batch_follows_a_migrating_then_moved_slot() {
 
     // Migrating: the source answers ASK for k0.
     let answers = cache
-        .fetch_many(
-            &wanted,
-            &CallOptions::new(),
-            origin.loader(Duration::ZERO, &[]),
-        )
+        .fetch_many(&wanted, origin.loader(Duration::ZERO, &[]))
         .await
         .unwrap();
     assert!(
@@ -288,11 +280,7 @@ async fn a_batch_follows_a_migrating_then_moved_slot() {
     }
     target.command(&["DEL", moving.value()]);
     let answers = cache
-        .fetch_many(
-            &wanted,
-            &CallOptions::new(),
-            origin.loader(Duration::ZERO, &[]),
-        )
+        .fetch_many(&wanted, origin.loader(Duration::ZERO, &[]))
         .await
         .unwrap();
     let k0 = answers["k0"].as_ref().unwrap();
@@ -317,7 +305,7 @@ mod frozen_server {
     use crate::batch_support::Origin;
     use onefill::backend::FillKeys;
     use onefill::redis::RedisBackend;
-    use onefill::{Cache, CallOptions, LeaseToken, Outcome};
+    use onefill::{Cache, LeaseToken, Outcome};
     use onefill_testkit::{time_limit, RedisServer};
 
     /// A test on private servers takes seconds; past this it hangs.
@@ -368,11 +356,7 @@ mod frozen_server {
         server.pause();
         let started = Instant::now();
         let answers = cache
-            .fetch_many(
-                &wanted,
-                &CallOptions::new(),
-                origin.loader(Duration::ZERO, &[]),
-            )
+            .fetch_many(&wanted, origin.loader(Duration::ZERO, &[]))
             .await
             .unwrap();
         let took = started.elapsed();
@@ -403,7 +387,7 @@ mod frozen_server {
         let freezer = server.clone();
         let started = Instant::now();
         let answers = cache
-            .fetch_many(&wanted, &CallOptions::new(), move |keys: Vec<String>| {
+            .fetch_many(&wanted, move |keys: Vec<String>| {
                 let freezer = freezer.clone();
                 async move {
                     freezer.pause();

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use onefill::{Cache, CallOptions, MemoryBackend, Outcome, L1};
+use onefill::{Cache, MemoryBackend, Outcome, L1};
 
 /// Counts this thread's allocations, to check the L1 hit path.
 struct Counting;
@@ -65,15 +65,9 @@ async fn a_str_finds_what_a_string_stored_in_every_call() {
     let owned = "42".to_string();
     let v = c.get_or_load(&owned, counted(loads.clone())).await.unwrap();
     assert_eq!(v, "user 42");
-    let f = c
-        .fetch("42", &CallOptions::new(), counted(loads.clone()))
-        .await
-        .unwrap();
+    let f = c.fetch("42", counted(loads.clone())).await.unwrap();
     assert_eq!(f.outcome, Outcome::Hit);
-    let v = c
-        .get_or_load_with("42", &CallOptions::new(), counted(loads.clone()))
-        .await
-        .unwrap();
+    let v = c.get_or_load("42", counted(loads.clone())).await.unwrap();
     assert_eq!(v, "user 42");
     assert_eq!(c.get("42").await.unwrap().as_deref(), Some("user 42"));
     assert_eq!(loads.load(Ordering::SeqCst), 1);
@@ -89,7 +83,7 @@ async fn a_str_finds_what_a_string_stored_in_every_call() {
         .unwrap();
     assert_eq!(absent, None);
     let f = c
-        .fetch_optional("404", &CallOptions::new(), |_| async {
+        .fetch_optional("404", |_| async {
             Ok::<_, std::io::Error>(Some("x".to_owned()))
         })
         .await

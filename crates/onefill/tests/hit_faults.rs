@@ -131,17 +131,13 @@ fn spawn_fetch(
     let c = c.clone();
     let key = key.to_owned();
     let loader = counting(loads, Duration::ZERO);
-    tokio::spawn(async move { c.fetch(&key, &CallOptions::new(), loader).await })
+    tokio::spawn(async move { c.fetch(&key, loader).await })
 }
 
 async fn fetch(c: &Cache<String, String>, key: &str, loads: &Arc<AtomicUsize>) -> Fetched<String> {
-    c.fetch(
-        &key.to_owned(),
-        &CallOptions::new(),
-        counting(loads, Duration::ZERO),
-    )
-    .await
-    .unwrap()
+    c.fetch(&key.to_owned(), counting(loads, Duration::ZERO))
+        .await
+        .unwrap()
 }
 
 async fn settle() {
@@ -266,11 +262,7 @@ async fn sets_racing_hits(with_l1: bool) {
             while !stop.load(Ordering::Relaxed) {
                 for k in ["a", "b", "c"] {
                     let _ = c
-                        .fetch(
-                            &k.to_owned(),
-                            &CallOptions::new(),
-                            counting(&loads, Duration::ZERO),
-                        )
+                        .fetch(&k.to_owned(), counting(&loads, Duration::ZERO))
                         .await;
                 }
             }
@@ -417,11 +409,7 @@ async fn a_backend_panicking_on_the_first_read_abandons_the_flight() {
     c.set(&"k".to_owned(), "v".into()).await.unwrap();
     wire.set_mode(PANIC);
     let err = c
-        .fetch(
-            &"k".to_owned(),
-            &CallOptions::new(),
-            counting(&loads, Duration::ZERO),
-        )
+        .fetch(&"k".to_owned(), counting(&loads, Duration::ZERO))
         .await
         .unwrap_err();
     assert!(matches!(err, Error::FlightAbandoned), "{err}");
@@ -444,11 +432,7 @@ async fn a_hung_first_read_costs_one_timeout_then_degrades() {
     wire.set_mode(HANG);
     let start = Instant::now();
     let f = c
-        .fetch(
-            &"k".to_owned(),
-            &CallOptions::new(),
-            counting(&loads, Duration::from_millis(30)),
-        )
+        .fetch(&"k".to_owned(), counting(&loads, Duration::from_millis(30)))
         .await
         .unwrap();
     assert_eq!(f.outcome, Outcome::Degraded);
@@ -469,11 +453,7 @@ async fn refused_first_reads_degrade_or_fail_strict_and_open_the_breaker() {
     let loads = Arc::new(AtomicUsize::new(0));
     wire.set_mode(REFUSE);
     let err = strict
-        .fetch(
-            &"k".to_owned(),
-            &CallOptions::new(),
-            counting(&loads, Duration::ZERO),
-        )
+        .fetch(&"k".to_owned(), counting(&loads, Duration::ZERO))
         .await
         .unwrap_err();
     assert!(matches!(err, Error::Backend(_)), "{err}");
@@ -509,16 +489,10 @@ async fn early_refresh_from_the_hit_path() {
     let loads = Arc::new(AtomicUsize::new(0));
     let load = |loads: &Arc<AtomicUsize>| counting(loads, Duration::from_millis(100));
     let k = "k".to_owned();
-    let first = c
-        .fetch(&k, &CallOptions::new(), load(&loads))
-        .await
-        .unwrap();
+    let first = c.fetch(&k, load(&loads)).await.unwrap();
     assert_eq!(first.outcome, Outcome::Loaded);
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let far = c
-        .fetch(&k, &CallOptions::new(), load(&loads))
-        .await
-        .unwrap();
+    let far = c.fetch(&k, load(&loads)).await.unwrap();
     assert_eq!(far.outcome, Outcome::Hit);
     settle().await;
     assert_eq!(
@@ -529,17 +503,11 @@ async fn early_refresh_from_the_hit_path() {
     // Stored at 100 ms, expiring at 1.1 s, 100 ms as the load's delta: due
     // 125 ms before expiry.
     tokio::time::sleep(Duration::from_millis(600)).await;
-    let near = c
-        .fetch(&k, &CallOptions::new(), load(&loads))
-        .await
-        .unwrap();
+    let near = c.fetch(&k, load(&loads)).await.unwrap();
     assert_eq!((near.value.as_str(), near.outcome), ("k-v1", Outcome::Hit));
     tokio::time::sleep(Duration::from_millis(150)).await;
     assert_eq!(loads.load(Ordering::SeqCst), 2, "one early refresh");
-    let after = c
-        .fetch(&k, &CallOptions::new(), load(&loads))
-        .await
-        .unwrap();
+    let after = c.fetch(&k, load(&loads)).await.unwrap();
     assert_eq!(
         (after.value.as_str(), after.outcome),
         ("k-v2", Outcome::Hit)
@@ -641,12 +609,8 @@ async fn try_fetch(
     c: &Cache<String, String>,
     loads: &Arc<AtomicUsize>,
 ) -> Result<Fetched<String>, Error> {
-    c.fetch(
-        &"k".to_owned(),
-        &CallOptions::new(),
-        counting(loads, Duration::ZERO),
-    )
-    .await
+    c.fetch(&"k".to_owned(), counting(loads, Duration::ZERO))
+        .await
 }
 
 /// A hit whose reply is slow (300 ms of response latency): the outage
@@ -1020,11 +984,11 @@ async fn a_key_whose_display_fails_is_refused_by_every_call() {
     let load = |k: Failing| async move { Ok::<_, OriginError>(format!("secret of {}", k.0)) };
     let first = {
         let c = c.clone();
-        tokio::spawn(async move { c.fetch(&Failing(1), &CallOptions::new(), load).await }).await
+        tokio::spawn(async move { c.fetch(&Failing(1), load).await }).await
     };
     let second = {
         let c = c.clone();
-        tokio::spawn(async move { c.fetch(&Failing(2), &CallOptions::new(), load).await }).await
+        tokio::spawn(async move { c.fetch(&Failing(2), load).await }).await
     };
     if let (Ok(Ok(a)), Ok(Ok(b))) = (&first, &second) {
         assert_ne!(
@@ -1042,7 +1006,7 @@ async fn a_key_whose_display_fails_is_refused_by_every_call() {
     assert!(refused(&c.set(&Failing(1), "x".into()).await), "set");
     assert!(refused(&c.invalidate(&Failing(1)).await), "invalidate");
     let many = c
-        .fetch_many(&[Failing(1)], &CallOptions::new(), |_| async {
+        .fetch_many(&[Failing(1)], |_| async {
             Ok::<_, OriginError>(Vec::<(Failing, String)>::new())
         })
         .await
@@ -1069,7 +1033,9 @@ async fn a_redis_hit_future_stays_small() {
     let key = "k".to_owned();
     let plain = cache.get_or_load(&key, |k| async move { Ok::<_, OriginError>(k) });
     let options = CallOptions::new().ttl(Duration::from_secs(5));
-    let with_options = cache.fetch(&key, &options, |k| async move { Ok::<_, OriginError>(k) });
+    let with_options = cache
+        .with_options(&options)
+        .fetch(&key, |k| async move { Ok::<_, OriginError>(k) });
     for (what, size) in [
         ("get_or_load", std::mem::size_of_val(&plain)),
         ("fetch with options", std::mem::size_of_val(&with_options)),

@@ -111,7 +111,8 @@ async fn absurd_call_options_are_rejected_per_call() {
         CallOptions::new().wait(WaitPolicy::default().polling(Duration::ZERO, Duration::ZERO)),
     ] {
         let err = cache
-            .get_or_load_with(&key, &options, ok_loader)
+            .with_options(&options)
+            .get_or_load(&key, ok_loader)
             .await
             .unwrap_err();
         assert!(err.is_invalid_input(), "{options:?}: {err}");
@@ -237,11 +238,8 @@ mod on_a_store {
             .unwrap_err();
         assert!(err.to_string().contains("jitter"), "{err}");
         let err = c
-            .get_or_load_with(
-                &key(),
-                &CallOptions::new().ttl(onefill::MAX_TTL + Duration::from_millis(1)),
-                counting_loader(&loads, Duration::ZERO),
-            )
+            .with_options(&CallOptions::new().ttl(onefill::MAX_TTL + Duration::from_millis(1)))
+            .get_or_load(&key(), counting_loader(&loads, Duration::ZERO))
             .await
             .unwrap_err();
         assert!(err.is_invalid_input(), "{err}");
@@ -292,14 +290,16 @@ mod on_a_store {
                 let started = Instant::now();
                 let key = name.to_string();
                 let _ = c
-                    .get_or_load_with(&key, &options, failing_loader(&calls))
+                    .with_options(&options)
+                    .get_or_load(&key, failing_loader(&calls))
                     .await;
                 let waited = started.elapsed();
                 let free = format!("{name}-free");
                 let calls = Arc::new(AtomicUsize::new(0));
                 for _ in 0..2 {
                     let err = c
-                        .get_or_load_with(&free, &options, failing_loader(&calls))
+                        .with_options(&options)
+                        .get_or_load(&free, failing_loader(&calls))
                         .await
                         .unwrap_err();
                     assert!(err.is_loader(), "{err:?}");

@@ -40,9 +40,7 @@ async fn fetch(
 ) -> (String, Outcome) {
     let load = counting(loads, "v");
     let f = cache
-        .fetch(&key.to_owned(), &onefill::CallOptions::new(), move |k| {
-            load(k)
-        })
+        .fetch(&key.to_owned(), load)
         .await
         .unwrap();
     (f.value, f.outcome)

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use onefill::backend::FillKeys;
 use onefill::redis::RedisBackend;
-use onefill::{Cache, CallOptions, Outcome, L1};
+use onefill::{Cache, Outcome, L1};
 use onefill_testkit::{time_limit, RedisCluster, RedisServer};
 
 /// Cluster tests take seconds each (a 3-master cluster forms in a few); past this they hang.
@@ -44,7 +44,7 @@ async fn fetch(
 ) -> (String, Outcome) {
     let loads = loads.clone();
     let f = cache
-        .fetch(&key.to_owned(), &CallOptions::new(), move |_| async move {
+        .fetch(&key.to_owned(), move |_| async move {
             let n = loads.fetch_add(1, Ordering::SeqCst) + 1;
             Ok::<_, std::io::Error>(format!("loaded-{n}"))
         })

@@ -58,7 +58,7 @@ async fn lease_the_watchdog_extends_within_the_backend_timeout() {
     };
     let w_task = {
         let w = w.clone();
-        tokio::spawn(async move { w.fetch(&key(), &CallOptions::new(), w_loader).await })
+        tokio::spawn(async move { w.fetch(&key(), w_loader).await })
     };
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert_eq!(loads.load(Ordering::SeqCst), 1, "w took over and loads");
@@ -69,10 +69,7 @@ async fn lease_the_watchdog_extends_within_the_backend_timeout() {
             Ok::<_, OriginError>("from-c".to_string())
         }
     };
-    let from_c = c
-        .fetch(&key(), &CallOptions::new(), c_loader)
-        .await
-        .unwrap();
+    let from_c = c.fetch(&key(), c_loader).await.unwrap();
     let from_w = w_task.await.unwrap().unwrap();
     assert_eq!(from_w.outcome, Outcome::Loaded);
     assert_eq!(

@@ -47,20 +47,14 @@ async fn every_kind_compiles_in_every_entry_point() {
         .unwrap();
     assert_eq!(v, "a1");
     let v = c
-        .get_or_load_with(
-            &2,
-            &opts,
-            |k| async move { Ok::<_, BoxError>(format!("b{k}")) },
-        )
+        .with_options(&opts)
+        .get_or_load(&2, |k| async move { Ok::<_, BoxError>(format!("b{k}")) })
         .await
         .unwrap();
     assert_eq!(v, "b2");
     let v = c
-        .fetch(
-            &3,
-            &opts,
-            |k| async move { io::Result::Ok(format!("c{k}")) },
-        )
+        .with_options(&opts)
+        .fetch(&3, |k| async move { io::Result::Ok(format!("c{k}")) })
         .await
         .unwrap();
     assert_eq!(v.value, "c3");
@@ -70,11 +64,8 @@ async fn every_kind_compiles_in_every_entry_point() {
         .unwrap();
     assert_eq!(v, None);
     let v = c
-        .fetch_optional(
-            &5,
-            &opts,
-            |k| async move { anyhow::Ok(Some(format!("e{k}"))) },
-        )
+        .with_options(&opts)
+        .fetch_optional(&5, |k| async move { anyhow::Ok(Some(format!("e{k}"))) })
         .await
         .unwrap();
     assert_eq!(v.value.as_deref(), Some("e5"));

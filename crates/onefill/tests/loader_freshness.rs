@@ -56,13 +56,9 @@ async fn fetch(
     loads: &Arc<AtomicUsize>,
     choose: fn(Loaded<String>) -> Loaded<String>,
 ) -> Fetched<String> {
-    c.fetch_loaded(
-        key,
-        &CallOptions::new(),
-        loader(loads, Duration::ZERO, choose),
-    )
-    .await
-    .unwrap()
+    c.fetch(key, loader(loads, Duration::ZERO, choose))
+        .await
+        .unwrap()
 }
 
 fn secs(s: u64) -> Duration {
@@ -171,7 +167,7 @@ async fn early_refresh_follows_the_chosen_ttl() {
         let call = |c: Cache<String, String>| {
             let load = loader(&loads, Duration::from_millis(100), draft);
             let opts = opts.clone();
-            async move { c.fetch_loaded("k", &opts, load).await.unwrap() }
+            async move { c.with_options(&opts).fetch("k", load).await.unwrap() }
         };
         assert_eq!(call(c.clone()).await.outcome, Outcome::Loaded);
         for _ in 0..5 {
@@ -216,9 +212,7 @@ async fn a_choice_out_of_range_is_clamped() {
         let mut tasks = Vec::new();
         for _ in 0..3 {
             let (c, load) = (c.clone(), loader(&loads, Duration::from_millis(50), choose));
-            tasks.push(tokio::spawn(async move {
-                c.fetch_loaded("k", &CallOptions::new(), load).await
-            }));
+            tasks.push(tokio::spawn(async move { c.fetch("k", load).await }));
         }
         for t in tasks {
             let f = t.await.unwrap().expect("answered");
@@ -244,10 +238,11 @@ async fn an_absence_takes_its_chosen_ttl() {
     let opts = CallOptions::new();
     let call = || {
         let loads = loads.clone();
-        c.fetch_loaded_optional("gone", &opts, move |_| async move {
-            loads.fetch_add(1, Ordering::SeqCst);
-            Ok::<_, std::io::Error>(Loaded::new(None).ttl(secs(1)))
-        })
+        c.with_options(&opts)
+            .fetch_optional("gone", move |_| async move {
+                loads.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, std::io::Error>(Loaded::new(None).ttl(secs(1)))
+            })
     };
     assert_eq!(call().await.unwrap().value, None);
     let stored = backend
@@ -269,7 +264,10 @@ async fn set_with_takes_the_same_options() {
         let backend = MemoryBackend::new();
         let c = cache(&backend, l1);
         let opts = CallOptions::new().ttl(secs(2)).grace(secs(3));
-        c.set_with("k", "v".to_owned(), &opts).await.unwrap();
+        c.with_options(&opts)
+            .set("k", "v".to_owned())
+            .await
+            .unwrap();
         let stored = backend.get(&FillKeys::new(NS, "k")).await.unwrap().unwrap();
         assert_eq!(stored.ttl, secs(5));
         tokio::time::advance(Duration::from_millis(2500)).await;
@@ -282,7 +280,11 @@ async fn set_with_takes_the_same_options() {
         );
 
         let bad = CallOptions::new().ttl(Duration::ZERO);
-        let err = c.set_with("other", "v".to_owned(), &bad).await.unwrap_err();
+        let err = c
+            .with_options(&bad)
+            .set("other", "v".to_owned())
+            .await
+            .unwrap_err();
         assert!(err.is_invalid_input(), "{err:?}");
         let keys = FillKeys::new(NS, "other");
         assert!(backend.get(&keys).await.unwrap().is_none());
@@ -351,11 +353,7 @@ async fn on_redis_the_chosen_ttl_is_the_keys_ttl() {
         // the lease released.
         let zero = |l: Loaded<String>| l.ttl(Duration::ZERO);
         let answered = c
-            .fetch_loaded(
-                "zero",
-                &CallOptions::new(),
-                loader(&loads, Duration::ZERO, zero),
-            )
+            .fetch("zero", loader(&loads, Duration::ZERO, zero))
             .await
             .unwrap();
         assert_eq!(answered.outcome, Outcome::Loaded);
@@ -369,7 +367,10 @@ async fn on_redis_the_chosen_ttl_is_the_keys_ttl() {
         );
 
         let opts = CallOptions::new().ttl(secs(2)).grace(secs(3));
-        c.set_with("set", "v".to_owned(), &opts).await.unwrap();
+        c.with_options(&opts)
+            .set("set", "v".to_owned())
+            .await
+            .unwrap();
         assert!((4_000..=5_000).contains(&pttl("set")), "{}", pttl("set"));
     }
 }
@@ -386,7 +387,7 @@ mod edges {
     use std::time::Duration;
 
     use onefill::backend::FillKeys;
-    use onefill::{Cache, CallOptions, Error, Fetched, Loaded, MemoryBackend, Outcome};
+    use onefill::{Cache, Error, Fetched, Loaded, MemoryBackend, Outcome};
 
     const NS: &str = "edges";
 
@@ -400,8 +401,7 @@ mod edges {
         took: Duration,
         then: Then,
     ) -> Result<Fetched<String>, Error> {
-        c.fetch("k", &CallOptions::new(), load(loads, took, then))
-            .await
+        c.fetch("k", load(loads, took, then)).await
     }
 
     async fn lease_held(backend: &MemoryBackend) -> bool {
@@ -432,7 +432,7 @@ mod edges {
         let c = fresh_cache(&backend, Duration::from_secs(10));
         for ttl in [Duration::ZERO, onefill::MAX_TTL + ms(1), Duration::MAX] {
             let f = c
-                .fetch_loaded("k", &CallOptions::new(), move |_| async move {
+                .fetch("k", move |_| async move {
                     Ok::<_, io::Error>(Loaded::new("x".to_owned()).ttl(ttl))
                 })
                 .await
@@ -442,7 +442,7 @@ mod edges {
             c.invalidate("k").await.unwrap();
         }
         let f = c
-            .fetch_loaded("k", &CallOptions::new(), |_| async {
+            .fetch("k", |_| async {
                 Ok::<_, io::Error>(
                     Loaded::new("max".to_owned())
                         .ttl(onefill::MAX_TTL)
@@ -455,7 +455,7 @@ mod edges {
         assert_eq!(c.get("k").await.unwrap().as_deref(), Some("max"));
         c.invalidate("k").await.unwrap();
         // A 1 ms TTL under a 10 s grace: stale almost at once, served in grace.
-        c.fetch_loaded("k", &CallOptions::new(), |_| async {
+        c.fetch("k", |_| async {
             Ok::<_, io::Error>(Loaded::new("short".to_owned()).ttl(ms(1)))
         })
         .await
@@ -544,22 +544,14 @@ mod edges {
                 )
             }
         };
-        c.fetch_loaded("k", &CallOptions::new(), no_grace(&loads))
-            .await
-            .unwrap();
+        c.fetch("k", no_grace(&loads)).await.unwrap();
         // 1.2 × 100 ms + 5 ms before expiry: due for early refresh.
         tokio::time::advance(ms(950)).await;
-        let f = c
-            .fetch_loaded("k", &CallOptions::new(), no_grace(&loads))
-            .await
-            .unwrap();
+        let f = c.fetch("k", no_grace(&loads)).await.unwrap();
         assert_eq!(f.outcome, Outcome::Hit);
         tokio::time::sleep(ms(150)).await;
         assert_eq!(loads.load(Ordering::SeqCst), 2, "refreshed ahead of expiry");
-        let f = c
-            .fetch_loaded("k", &CallOptions::new(), no_grace(&loads))
-            .await
-            .unwrap();
+        let f = c.fetch("k", no_grace(&loads)).await.unwrap();
         assert_eq!((f.outcome, f.value.as_str()), (Outcome::Hit, "v2"));
     }
 
@@ -581,7 +573,7 @@ mod edges {
             .no_l1()
             .build()
             .unwrap();
-        c.fetch_loaded("k", &CallOptions::new(), |_| async {
+        c.fetch("k", |_| async {
             Ok::<_, io::Error>(Loaded::new("v1".to_owned()).grace(Duration::from_secs(60)))
         })
         .await
@@ -612,7 +604,7 @@ mod edges {
         let expires_at = tokio::time::Instant::now();
         tokio::time::advance(ms(5)).await;
         let r = c
-            .fetch_loaded("k", &CallOptions::new(), move |_| async move {
+            .fetch("k", move |_| async move {
                 let ttl = expires_at.saturating_duration_since(tokio::time::Instant::now());
                 Ok::<_, io::Error>(Loaded::new("row".to_owned()).ttl(ttl))
             })
@@ -643,21 +635,13 @@ mod edges {
                 )
             }
         };
-        c.fetch_loaded("k", &CallOptions::new(), with_grace(&loads))
-            .await
-            .unwrap();
+        c.fetch("k", with_grace(&loads)).await.unwrap();
         tokio::time::advance(ms(950)).await;
-        let f = c
-            .fetch_loaded("k", &CallOptions::new(), with_grace(&loads))
-            .await
-            .unwrap();
+        let f = c.fetch("k", with_grace(&loads)).await.unwrap();
         assert_eq!(f.outcome, Outcome::Hit);
         tokio::time::sleep(ms(150)).await;
         assert_eq!(loads.load(Ordering::SeqCst), 1, "no early refresh");
-        let f = c
-            .fetch_loaded("k", &CallOptions::new(), with_grace(&loads))
-            .await
-            .unwrap();
+        let f = c.fetch("k", with_grace(&loads)).await.unwrap();
         assert_eq!((f.outcome, f.value.as_str()), (Outcome::Stale, "v1"));
     }
 }

@@ -12,7 +12,7 @@ use std::time::Duration;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use onefill::backend::Backend;
 use onefill::testing::{Fault, FaultyBackend, Op};
-use onefill::{Cache, CallOptions, LeaseTtl, MemoryBackend, Outcome, WaitPolicy, L1};
+use onefill::{Cache, LeaseTtl, MemoryBackend, Outcome, WaitPolicy, L1};
 use parking_lot::Mutex;
 use tracing::span::{Attributes, Id, Record};
 use tracing::Subscriber;
@@ -131,12 +131,12 @@ async fn stalled_holder_is_taken_over(store: Arc<dyn Backend>, b_store: Arc<dyn 
 
     let holder = tokio::spawn({
         let (a, k) = (a.clone(), k.clone());
-        async move { a.fetch(&k, &CallOptions::new(), |_| slow("a", 3_000)).await }
+        async move { a.fetch(&k, |_| slow("a", 3_000)).await }
     });
     until(|| a.stats().lease_acquired == 1).await;
     let waiter = tokio::spawn({
         let (b, k) = (b.clone(), k.clone());
-        async move { b.fetch(&k, &CallOptions::new(), |_| slow("b", 100)).await }
+        async move { b.fetch(&k, |_| slow("b", 100)).await }
     });
     until(|| b.stats().waits == 1).await;
     let mut mb = Series::of(&b_metrics);
@@ -238,7 +238,7 @@ async fn a_released_lease_is_no_takeover() {
         }
     });
     tokio::time::sleep(Duration::from_millis(50)).await;
-    let waited = b.fetch(&k, &CallOptions::new(), |_| slow("b", 100)).await;
+    let waited = b.fetch(&k, |_| slow("b", 100)).await;
     assert_eq!(waited.unwrap().outcome, Outcome::Loaded);
     assert!(holder.await.unwrap().is_err());
     let sb = b.stats();
@@ -309,20 +309,14 @@ async fn a_load_overtaking_a_running_refresh_is_a_duplicate() {
     a.set(&k, "v0".to_owned()).await.unwrap();
     tokio::time::sleep(Duration::from_millis(1_500)).await;
 
-    let stale = a
-        .fetch(&k, &CallOptions::new(), |_| slow("refreshed", 5_000))
-        .await
-        .unwrap();
+    let stale = a.fetch(&k, |_| slow("refreshed", 5_000)).await.unwrap();
     assert_eq!(
         (stale.value.as_str(), stale.outcome),
         ("v0", Outcome::Stale)
     );
     tokio::time::sleep(Duration::from_millis(100)).await;
     b.invalidate(&k).await.unwrap();
-    let loaded = a
-        .fetch(&k, &CallOptions::new(), |_| slow("new", 100))
-        .await
-        .unwrap();
+    let loaded = a.fetch(&k, |_| slow("new", 100)).await.unwrap();
     assert_eq!(
         (loaded.value.as_str(), loaded.outcome),
         ("new", Outcome::Loaded)
@@ -558,10 +552,7 @@ async fn a_waiter_span_shows_the_wait() {
         async move { a.get_or_load(&k, |_| slow("a", 500)).await }
     });
     tokio::time::sleep(Duration::from_millis(10)).await;
-    let waited = b
-        .fetch(&k, &CallOptions::new(), |_| slow("b", 1))
-        .await
-        .unwrap();
+    let waited = b.fetch(&k, |_| slow("b", 1)).await.unwrap();
     assert_eq!(waited.outcome, Outcome::Waited);
     holder.await.unwrap().unwrap();
 
@@ -597,10 +588,7 @@ async fn l1_hits_make_no_span_and_refreshes_follow_their_call() {
     // Its own fill told the L1 of a change: the next read is the backend's.
     a.get_or_load(&k, |_| slow("v", 10)).await.unwrap();
     let before = capture.spans().len();
-    let hit = a
-        .fetch(&k, &CallOptions::new(), |_| slow("x", 10))
-        .await
-        .unwrap();
+    let hit = a.fetch(&k, |_| slow("x", 10)).await.unwrap();
     assert_eq!((hit.value.as_str(), hit.outcome), ("v", Outcome::Hit));
     assert_eq!(a.stats().l1_hits, 1, "{:?}", a.stats());
     assert_eq!(capture.spans().len(), before, "no span for an L1 hit");
@@ -629,10 +617,7 @@ async fn l1_hits_make_no_span_and_refreshes_follow_their_call() {
         .unwrap();
     b.get_or_load(&k, |_| slow("v", 10)).await.unwrap();
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let stale = b
-        .fetch(&k, &CallOptions::new(), |_| slow("w", 10))
-        .await
-        .unwrap();
+    let stale = b.fetch(&k, |_| slow("w", 10)).await.unwrap();
     assert_eq!(stale.outcome, Outcome::Stale);
     tokio::time::sleep(Duration::from_millis(100)).await;
 

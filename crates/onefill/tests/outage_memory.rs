@@ -38,7 +38,7 @@ async fn hung_backend_bounds_every_caller_and_coalesces_per_pod() {
         let loader = counting_loader(&loads, load);
         tasks.push(tokio::spawn(async move {
             let start = Instant::now();
-            let r = c.fetch(&"k".to_string(), &CallOptions::new(), loader).await;
+            let r = c.fetch(&"k".to_string(), loader).await;
             (r, start.elapsed())
         }));
     }
@@ -83,11 +83,7 @@ async fn hot_key_survives_an_outage_then_leases_resume() {
         for p in &pods {
             let start = Instant::now();
             let f = p
-                .fetch(
-                    &key,
-                    &CallOptions::new(),
-                    counting_loader(&loads, Duration::from_millis(100)),
-                )
+                .fetch(&key, counting_loader(&loads, Duration::from_millis(100)))
                 .await
                 .expect("no caller error");
             assert!(start.elapsed() <= Duration::from_millis(300));
@@ -112,11 +108,7 @@ async fn hot_key_survives_an_outage_then_leases_resume() {
     // Past ttl + grace the value is gone; the next miss takes the lease again.
     tokio::time::sleep(Duration::from_secs(7)).await;
     let f = pods[0]
-        .fetch(
-            &key,
-            &CallOptions::new(),
-            counting_loader(&loads, Duration::from_millis(100)),
-        )
+        .fetch(&key, counting_loader(&loads, Duration::from_millis(100)))
         .await
         .unwrap();
     assert_eq!(f.outcome, Outcome::Loaded);
@@ -135,11 +127,7 @@ async fn circuit_breaker_stops_hammering_a_dead_backend() {
     let loads = Arc::new(AtomicUsize::new(0));
     for i in 0..50 {
         let f = c
-            .fetch(
-                &format!("k{i}"),
-                &CallOptions::new(),
-                counting_loader(&loads, Duration::ZERO),
-            )
+            .fetch(&format!("k{i}"), counting_loader(&loads, Duration::ZERO))
             .await
             .unwrap();
         assert_eq!(f.outcome, Outcome::Degraded);
@@ -154,7 +142,6 @@ async fn circuit_breaker_stops_hammering_a_dead_backend() {
     let f = c
         .fetch(
             &"after".to_string(),
-            &CallOptions::new(),
             counting_loader(&loads, Duration::ZERO),
         )
         .await
@@ -203,7 +190,7 @@ async fn assert_used_again(backend: &Switched, c: &Cache<String, String>) {
     backend.set_mode(HEALTHY);
     let loads = Arc::new(AtomicUsize::new(0));
     let loader = counting_loader(&loads, Duration::ZERO);
-    let f = c.fetch(&"k".to_string(), &CallOptions::new(), loader).await;
+    let f = c.fetch(&"k".to_string(), loader).await;
     assert_eq!(
         f.unwrap().outcome,
         Outcome::Loaded,
@@ -275,21 +262,18 @@ async fn the_fallback_never_serves_a_value_older_than_ttl_plus_grace() {
     let key = "k".to_string();
     let load = || counting_loader(&loads, Duration::ZERO);
     assert_eq!(
-        c.fetch(&key, &CallOptions::new(), load())
-            .await
-            .unwrap()
-            .outcome,
+        c.fetch(&key, load()).await.unwrap().outcome,
         Outcome::Loaded
     );
     backend.set_mode(REFUSE);
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let served = c.fetch(&key, &CallOptions::new(), load()).await.unwrap();
+    let served = c.fetch(&key, load()).await.unwrap();
     assert_eq!(
         (served.value.as_str(), served.outcome),
         ("k-v1", Outcome::Stale)
     );
     tokio::time::sleep(Duration::from_millis(600)).await;
-    let later = c.fetch(&key, &CallOptions::new(), load()).await.unwrap();
+    let later = c.fetch(&key, load()).await.unwrap();
     assert_eq!(
         later.outcome,
         Outcome::Degraded,
@@ -484,7 +468,7 @@ mod backend_budget {
         Switches,
     };
 
-    use onefill::{CallOptions, CircuitState, Outcome};
+    use onefill::{CircuitState, Outcome};
 
     use tokio::time::Instant;
 
@@ -562,7 +546,7 @@ mod backend_budget {
             let c = c.clone();
             let loader = counting_loader(&loads, Duration::ZERO);
             tasks.push(tokio::spawn(async move {
-                c.fetch(&format!("k{i}"), &CallOptions::new(), loader).await
+                c.fetch(&format!("k{i}"), loader).await
             }));
         }
         for t in tasks {

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use onefill::backend::{Backend, FillKeys};
 use onefill::redis::RedisBackend;
-use onefill::{Cache, CallOptions, CircuitState, Outcome};
+use onefill::{Cache, CircuitState, Outcome};
 use onefill_testkit::{time_limit, RedisCluster, RedisServer};
 
 /// Cluster tests take seconds each (a 3-master cluster forms in a few); past this they hang.
@@ -58,11 +58,9 @@ fn node_id(node: &RedisServer) -> String {
 
 async fn fetch(cache: &Cache<String, String>, key: &str) -> Result<Outcome, onefill::Error> {
     cache
-        .fetch(
-            &key.to_owned(),
-            &CallOptions::new(),
-            |k: String| async move { Ok::<_, std::io::Error>(format!("loaded {k}")) },
-        )
+        .fetch(&key.to_owned(), |k: String| async move {
+            Ok::<_, std::io::Error>(format!("loaded {k}"))
+        })
         .await
         .map(|f| f.outcome)
 }

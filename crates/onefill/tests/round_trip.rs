@@ -113,7 +113,7 @@ async fn values_that_round_trip_are_stored() {
     for expected in [Outcome::Loaded, Outcome::Hit] {
         let loads = loads.clone();
         let f = c
-            .fetch("k", &onefill::CallOptions::new(), move |_| async move {
+            .fetch("k", move |_| async move {
                 loads.fetch_add(1, Ordering::SeqCst);
                 Ok::<_, std::io::Error>(HashMap::from([(7, 1.5)]))
             })
@@ -178,7 +178,7 @@ mod limits_and_codecs {
     use std::time::Duration;
 
     use onefill::backend::{Backend, FillKeys};
-    use onefill::{Cache, CallOptions, Error, Fetched, MemoryBackend};
+    use onefill::{Cache, Error, Fetched, MemoryBackend};
 
     const NS: &str = "codecs";
 
@@ -192,8 +192,7 @@ mod limits_and_codecs {
         took: Duration,
         then: Then,
     ) -> Result<Fetched<String>, Error> {
-        c.fetch("k", &CallOptions::new(), load(loads, took, then))
-            .await
+        c.fetch("k", load(loads, took, then)).await
     }
 
     async fn stored(backend: &MemoryBackend) -> Option<Vec<u8>> {

@@ -62,7 +62,7 @@ impl Origin {
     ) -> impl std::future::Future<Output = Result<Fetched<String>, Error>> + Send + 'static {
         let (c, origin) = (c.clone(), self.clone());
         async move {
-            c.fetch("k", &CallOptions::new(), move |_| async move {
+            c.fetch("k", move |_| async move {
                 let n = origin.loads.fetch_add(1, Ordering::SeqCst) + 1;
                 let took = origin.took.get(n - 1).or(origin.took.last()).copied();
                 tokio::time::sleep(took.unwrap_or_default()).await;
@@ -206,7 +206,8 @@ async fn max_load_time_still_bounds_the_background_load() {
     let opts = CallOptions::new().max_load_time(ms(2000));
     let load_origin = origin.clone();
     let first = opts_c
-        .fetch("k", &opts, move |_| async move {
+        .with_options(&opts)
+        .fetch("k", move |_| async move {
             let n = load_origin.loads.fetch_add(1, Ordering::SeqCst) + 1;
             tokio::time::sleep(ms(60_000)).await;
             Ok::<_, std::io::Error>(format!("v{n}"))
@@ -243,9 +244,8 @@ async fn a_zero_soft_timeout_is_refused() {
     let c = process(&MemoryBackend::new(), false);
     let opts = CallOptions::new().soft_timeout(Duration::ZERO);
     let err = c
-        .fetch("k", &opts, |_| async {
-            Ok::<_, std::io::Error>(String::new())
-        })
+        .with_options(&opts)
+        .fetch("k", |_| async { Ok::<_, std::io::Error>(String::new()) })
         .await
         .unwrap_err();
     assert!(err.is_invalid_input(), "{err:?}");
@@ -294,7 +294,8 @@ async fn no_lease_serves_stale_while_another_process_loads() {
     let cheap = CallOptions::new().no_lease();
     let load = origin.clone();
     let f = b
-        .fetch("k", &cheap, move |_| async move {
+        .with_options(&cheap)
+        .fetch("k", move |_| async move {
             load.loads.fetch_add(1, Ordering::SeqCst);
             Ok::<_, std::io::Error>("b".to_owned())
         })
@@ -347,8 +348,7 @@ mod background_loads {
         took: Duration,
         then: Then,
     ) -> Result<Fetched<String>, Error> {
-        c.fetch("k", &CallOptions::new(), load(loads, took, then))
-            .await
+        c.fetch("k", load(loads, took, then)).await
     }
 
     async fn stored(backend: &MemoryBackend) -> Option<Vec<u8>> {
@@ -510,7 +510,8 @@ mod background_loads {
                 .max_load_time(ms(2000));
             let counted = loads.clone();
             let err = c
-                .fetch("k", &options, move |k| async move {
+                .with_options(&options)
+                .fetch("k", move |k| async move {
                     counted.fetch_add(1, Ordering::SeqCst);
                     Ok::<_, io::Error>(k)
                 })
@@ -581,7 +582,8 @@ mod background_loads {
         tokio::time::advance(ms(1500)).await;
         let opts = CallOptions::new().soft_timeout(ms(100));
         let f = c
-            .fetch("k", &opts, load(&loads, ms(50), Then::Value))
+            .with_options(&opts)
+            .fetch("k", load(&loads, ms(50), Then::Value))
             .await
             .unwrap();
         assert_eq!((f.outcome, f.value.as_str()), (Outcome::Loaded, "v2"));

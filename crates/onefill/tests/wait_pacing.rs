@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use onefill::backend::{Acquired, Backend, FillKeys};
 use onefill::testing::{Fault, FaultyBackend, Op};
-use onefill::{Cache, CallOptions, LeaseToken, LeaseTtl, MemoryBackend, Outcome, WaitPolicy};
+use onefill::{Cache, LeaseToken, LeaseTtl, MemoryBackend, Outcome, WaitPolicy};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
@@ -37,14 +37,10 @@ fn process(backend: &Counted, lease: Option<Duration>) -> Cache<String, String> 
 async fn hold(cache: &Cache<String, String>, load: Duration) -> JoinHandle<Outcome> {
     let c = cache.clone();
     let handle = tokio::spawn(async move {
-        c.fetch(
-            &"k".to_string(),
-            &CallOptions::new(),
-            move |_k: String| async move {
-                tokio::time::sleep(load).await;
-                Ok::<_, std::io::Error>("v1".to_string())
-            },
-        )
+        c.fetch(&"k".to_string(), move |_k: String| async move {
+            tokio::time::sleep(load).await;
+            Ok::<_, std::io::Error>("v1".to_string())
+        })
         .await
         .unwrap()
         .outcome
@@ -59,7 +55,7 @@ async fn hold(cache: &Cache<String, String>, load: Duration) -> JoinHandle<Outco
 async fn wait(cache: &Cache<String, String>) -> (Outcome, Duration) {
     let started = Instant::now();
     let fetched = cache
-        .fetch(&"k".to_string(), &CallOptions::new(), |_k: String| async {
+        .fetch(&"k".to_string(), |_k: String| async {
             Ok::<_, std::io::Error>("never".to_string())
         })
         .await
@@ -171,7 +167,7 @@ async fn a_subscribed_waiter_takes_over_at_the_lease_expiry() {
     let waiter = process(&store, None);
     let started = Instant::now();
     let fetched = waiter
-        .fetch(&"k".to_string(), &CallOptions::new(), |_k: String| async {
+        .fetch(&"k".to_string(), |_k: String| async {
             Ok::<_, std::io::Error>("v1".to_string())
         })
         .await

@@ -124,11 +124,8 @@ async fn no_lease_never_overwrites_the_holders_fill() {
     let loads = Arc::new(AtomicUsize::new(0));
     let ([_, (_, b)], holder) = a_load_under_way(&loads, Duration::from_millis(500)).await;
     let cheap = b
-        .fetch(
-            &key(),
-            &CallOptions::new().no_lease(),
-            counting_loader(&loads, Duration::from_millis(700)),
-        )
+        .with_options(&CallOptions::new().no_lease())
+        .fetch(&key(), counting_loader(&loads, Duration::from_millis(700)))
         .await
         .unwrap();
     assert_eq!(cheap.outcome, Outcome::Degraded);
@@ -263,10 +260,7 @@ async fn a_failed_early_refresh_leaves_the_fresh_value_alone() {
         // 1.5 s of freshness left: inside the window (1.2 × 2 s + 5 ms).
         tokio::time::advance(Duration::from_millis(8_500)).await;
         let failing = |_| async { Err::<String, _>(std::io::Error::other("origin down")) };
-        let f = cache
-            .fetch(&key, &CallOptions::new(), failing)
-            .await
-            .unwrap();
+        let f = cache.fetch(&key, failing).await.unwrap();
         assert_eq!((f.outcome, f.value.as_str()), (Outcome::Hit, "v1"));
         for _ in 0..10 {
             tokio::task::yield_now().await;
@@ -274,10 +268,7 @@ async fn a_failed_early_refresh_leaves_the_fresh_value_alone() {
         tokio::time::advance(Duration::from_millis(10)).await;
         assert_eq!(cache.stats().early_refreshes, 1, "fail_safe {fail_safe}");
         // Still the fresh value, until its own expiry, and not after it.
-        let f = cache
-            .fetch(&key, &CallOptions::new(), failing)
-            .await
-            .unwrap();
+        let f = cache.fetch(&key, failing).await.unwrap();
         assert_eq!(
             (f.outcome, f.value.as_str()),
             (Outcome::Hit, "v1"),
@@ -301,7 +292,7 @@ mod shared_loads {
 
     use crate::support::{key, two_pods};
     use onefill::testing::{BoxFuture, OriginError};
-    use onefill::{CallOptions, Outcome};
+    use onefill::Outcome;
     use parking_lot::Mutex;
 
     /// A loader reading a mutable origin at the start of the load, answering
@@ -351,11 +342,7 @@ mod shared_loads {
         tokio::time::sleep(Duration::from_millis(1100)).await;
         // Stale: served at once, refresh R starts loading (2 s) and reads "old".
         let stale = a
-            .fetch(
-                &key(),
-                &CallOptions::new(),
-                reading(&origin, &loads, Duration::from_secs(2)),
-            )
+            .fetch(&key(), reading(&origin, &loads, Duration::from_secs(2)))
             .await
             .unwrap();
         assert_eq!(stale.outcome, Outcome::Stale);
@@ -365,11 +352,7 @@ mod shared_loads {
         *origin.lock() = "new".to_string();
         b.invalidate(&key()).await.unwrap();
         let after = a
-            .fetch(
-                &key(),
-                &CallOptions::new(),
-                reading(&origin, &loads, Duration::ZERO),
-            )
+            .fetch(&key(), reading(&origin, &loads, Duration::ZERO))
             .await
             .unwrap();
         tokio::time::sleep(Duration::from_secs(3)).await;
@@ -389,7 +372,7 @@ mod invalidation_and_loads {
     use std::pin::Pin;
     use std::time::Duration;
 
-    use onefill::{Cache, CacheBuilder, CallOptions, Error, MemoryBackend, Outcome};
+    use onefill::{Cache, CacheBuilder, Error, MemoryBackend, Outcome};
     use tokio::task::JoinHandle;
 
     /// A cache (a process) on `backend`, without jitter nor early refresh,
@@ -447,10 +430,7 @@ mod invalidation_and_loads {
         let before = spawn_get_or_load(&c, &key, slow(500, Ok("old")));
         tokio::time::sleep(Duration::from_millis(100)).await;
         c.invalidate(&key).await.unwrap();
-        let after = c
-            .fetch(&key, &CallOptions::new(), slow(0, Ok("new")))
-            .await
-            .unwrap();
+        let after = c.fetch(&key, slow(0, Ok("new"))).await.unwrap();
         assert_eq!(
             (after.value.as_str(), after.outcome),
             ("new", Outcome::Loaded),
@@ -488,10 +468,7 @@ mod invalidation_and_loads {
         a.get_or_load(&key, slow(0, Ok("v1"))).await.unwrap();
         tokio::time::sleep(Duration::from_millis(1100)).await;
         // Stale: answered at once; the background refresh loads "before" for 1 s.
-        let stale = a
-            .fetch(&key, &CallOptions::new(), slow(1000, Ok("before")))
-            .await
-            .unwrap();
+        let stale = a.fetch(&key, slow(1000, Ok("before"))).await.unwrap();
         assert_eq!(stale.outcome, Outcome::Stale);
         tokio::time::sleep(Duration::from_millis(100)).await;
         // Another process invalidates: the value and the refresh's lease go.
@@ -499,10 +476,7 @@ mod invalidation_and_loads {
         tokio::time::sleep(Duration::from_millis(100)).await;
         // A miss in the first process wins a new lease and runs its own load,
         // though the refresh's (from before the invalidation) is under way.
-        let fresh = a
-            .fetch(&key, &CallOptions::new(), slow(0, Ok("after")))
-            .await
-            .unwrap();
+        let fresh = a.fetch(&key, slow(0, Ok("after"))).await.unwrap();
         assert_eq!(
             (fresh.value.as_str(), fresh.outcome, fresh.coalesced),
             ("after", Outcome::Loaded, false),

@@ -59,7 +59,7 @@ where
     /// # Errors
     ///
     /// As [`Cache::get_or_load`].
-    pub async fn get_or_load<Q, F, T>(&self, key: &Q, loader: F) -> Result<V, Error>
+    pub async fn get_or_load<Q, F, T>(self, key: &Q, loader: F) -> Result<V, Error>
     where
         K: Borrow<Q>,
         Q: Display + ToOwned<Owned = K> + ?Sized,
@@ -75,7 +75,7 @@ where
     /// # Errors
     ///
     /// As [`Cache::get_or_load`].
-    pub async fn fetch<Q, F, T>(&self, key: &Q, loader: F) -> Result<Fetched<V>, Error>
+    pub async fn fetch<Q, F, T>(self, key: &Q, loader: F) -> Result<Fetched<V>, Error>
     where
         K: Borrow<Q>,
         Q: Display + ToOwned<Owned = K> + ?Sized,
@@ -90,11 +90,7 @@ where
     /// # Errors
     ///
     /// As [`Cache::get_or_load_optional`].
-    pub async fn get_or_load_optional<Q, F, T>(
-        &self,
-        key: &Q,
-        loader: F,
-    ) -> Result<Option<V>, Error>
+    pub async fn get_or_load_optional<Q, F, T>(self, key: &Q, loader: F) -> Result<Option<V>, Error>
     where
         K: Borrow<Q>,
         Q: Display + ToOwned<Owned = K> + ?Sized,
@@ -111,7 +107,7 @@ where
     ///
     /// As [`Cache::get_or_load_optional`].
     pub async fn fetch_optional<Q, F, T>(
-        &self,
+        self,
         key: &Q,
         loader: F,
     ) -> Result<Fetched<Option<V>>, Error>
@@ -129,7 +125,7 @@ where
     /// # Errors
     ///
     /// As [`Cache::get_or_load_many`].
-    pub async fn get_or_load_many<F>(&self, keys: &[K], loader: F) -> Result<HashMap<K, V>, Error>
+    pub async fn get_or_load_many<F>(self, keys: &[K], loader: F) -> Result<HashMap<K, V>, Error>
     where
         K: Hash + Eq,
         F: BatchLoader<K, V>,
@@ -143,7 +139,7 @@ where
     ///
     /// As [`Cache::fetch_many`]: invalid options fail the call as a whole.
     pub async fn fetch_many<F>(
-        &self,
+        self,
         keys: &[K],
         loader: F,
     ) -> Result<HashMap<K, Result<Fetched<Option<V>>, Error>>, Error>
@@ -171,7 +167,7 @@ where
     ///
     /// As [`Cache::set`]; out-of-range options are [`Error::InvalidInput`]
     /// (nothing is written).
-    pub async fn set<Q>(&self, key: &Q, value: V) -> Result<(), Error>
+    pub async fn set<Q>(self, key: &Q, value: V) -> Result<(), Error>
     where
         K: Borrow<Q>,
         Q: Display + ?Sized,

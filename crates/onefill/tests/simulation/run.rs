@@ -145,7 +145,7 @@ async fn run_op(world: Arc<World>, cache: Cache<String, String>, op: Op, probe_p
             OpKind::Fetch { load } => {
                 let options = CallOptions::new();
                 let loader = loader(&world, op.inst, op.key, load);
-                match cache.fetch(&name, &options, loader).await {
+                match cache.with_options(&options).fetch(&name, loader).await {
                     Ok(f) => Answer::Fetched {
                         value: f.value,
                         outcome: f.outcome,

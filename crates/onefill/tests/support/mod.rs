@@ -172,9 +172,7 @@ pub async fn fetch_loading(
     took: Duration,
 ) -> Fetched<String> {
     let loader = counting_loader(loads, took);
-    c.fetch(&key.to_owned(), &CallOptions::new(), loader)
-        .await
-        .unwrap()
+    c.fetch(&key.to_owned(), loader).await.unwrap()
 }
 
 /// A call on [`key`] in a task of its own, with a loader counting into
@@ -187,7 +185,7 @@ pub fn spawn_fetch(
 ) -> JoinHandle<Result<Fetched<String>, Error>> {
     let c = c.clone();
     let loader = counting_loader(loads, took);
-    tokio::spawn(async move { c.fetch(&key(), &options, loader).await })
+    tokio::spawn(async move { c.with_options(&options).fetch(&key(), loader).await })
 }
 
 /// Two processes on one store, each with its own switches and its own
