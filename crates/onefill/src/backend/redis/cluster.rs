@@ -55,7 +55,7 @@ use redis::{AsyncConnectionConfig, Client, ErrorKind, RedisError, ServerErrorKin
 use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 
-use super::errors::within;
+use super::errors::driver_within;
 use super::options::{open_client, RedisOptions};
 use crate::error::{BackendError, BackendErrorKind};
 
@@ -185,7 +185,8 @@ impl Node {
 
     /// A new connection (bounded by the connect timeout).
     async fn connect(&self) -> Result<MultiplexedConnection, RedisError> {
-        within(
+        driver_within(
+            "connect",
             self.connect_timeout,
             self.client
                 .get_multiplexed_async_connection_with_config(&self.config),
@@ -636,7 +637,7 @@ impl RouterInner {
         for node in candidates {
             queries.spawn(async move {
                 let timeout = SLOTS_QUERY_TIMEOUT.min(node.connect_timeout);
-                let answer = within(timeout, async {
+                let answer = driver_within("CLUSTER SLOTS", timeout, async {
                     let (_, mut conn) = node.connection().await?;
                     redis::cmd("CLUSTER")
                         .arg("SLOTS")

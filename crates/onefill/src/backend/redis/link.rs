@@ -18,7 +18,7 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 use tokio::time::Instant;
 
 use super::cluster::{slot_of, ClusterRouter, WeakRouter};
-use super::errors::{classify, with_deadline, within};
+use super::errors::{classify, with_deadline};
 use super::options::{RedisOptions, MIN_BACKOFF};
 use crate::backoff::Backoff;
 use crate::error::BackendError;
@@ -131,9 +131,7 @@ impl SingleLink {
                 conn.unsubscribe(channels).await
             }
         };
-        within(self.options.response_timeout, call)
-            .await
-            .map_err(|e| classify(op, e))
+        with_deadline(op, self.options.response_timeout, call).await
     }
 
     pub(super) async fn ping(&mut self) -> Result<(), BackendError> {
@@ -142,10 +140,9 @@ impl SingleLink {
         };
         let cmd = redis::cmd("PING");
         let ping = cmd.query_async::<Value>(conn);
-        within(self.options.response_timeout, ping)
+        with_deadline("subscriber ping", self.options.response_timeout, ping)
             .await
             .map(drop)
-            .map_err(|e| classify("subscriber ping", e))
     }
 }
 
@@ -190,7 +187,9 @@ impl ClusterLink {
         let router = self.router.clone();
         let last_nudge = self.last_nudge.clone();
         tokio::spawn(async move {
-            let ok = within(timeout, conn.ssubscribe(&channel)).await.is_ok();
+            let ok = with_deadline("ssubscribe", timeout, conn.ssubscribe(&channel))
+                .await
+                .is_ok();
             let _ = done.send(Ended::Subscribed(channel.clone(), ok));
             if ok {
                 return;
@@ -217,7 +216,7 @@ impl ClusterLink {
             let unsubscribing = self.unsubscribing.clone();
             let done = done.clone();
             tokio::spawn(async move {
-                let _ = within(timeout, conn.sunsubscribe(&channel)).await;
+                let _ = with_deadline("sunsubscribe", timeout, conn.sunsubscribe(&channel)).await;
                 unsubscribing.lock().remove(&channel);
                 let _ = done.send(Ended::Unsubscribed(channel));
             });
@@ -256,7 +255,7 @@ async fn nudge(router: &ClusterRouter, conn: &mut ClusterConnection, slot: u16, 
     let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress { host, port });
     let mut exists = redis::cmd("EXISTS");
     exists.arg(key);
-    let _ = within(timeout, conn.route_command(exists, routing)).await;
+    let _ = with_deadline("EXISTS", timeout, conn.route_command(exists, routing)).await;
 }
 
 /// A key whose slot is `slot` (found by trying hash tags; a few thousand

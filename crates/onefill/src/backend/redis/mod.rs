@@ -141,6 +141,7 @@ use super::{
     Acquired, Backend, BackendError, ChangeListener, FillKeys, FillSubscription, LeaseRequest,
     LeaseToken, Stored,
 };
+use crate::deadline;
 use crate::envelope;
 use crate::error::BackendErrorKind;
 
@@ -160,7 +161,7 @@ pub use options::RedisOptions;
 pub use ttl::NO_EXPIRY_TTL;
 
 use cluster::{slot_of, ClusterRouter};
-use errors::{classify, with_deadline, within, within_as};
+use errors::{classify, with_deadline};
 use link::{ClusterLink, Link, SingleLink};
 use options::{check_url_and_tls, connect_deadline, open_client};
 use scripts::{ScriptCall, Scripts, CLUSTER_SCRIPTS, STANDALONE_SCRIPTS};
@@ -363,12 +364,13 @@ impl RedisBackend {
         keys: &FillKeys,
         invocation: &ScriptCall<'_>,
     ) -> Result<T, BackendError> {
-        let result = match &self.inner.conn {
+        match &self.inner.conn {
             // The command connection has no response timeout of its own
-            // (see `connect_with`).
+            // (see `connect_with`): a `Backend` method called directly is
+            // bounded here, by the response timeout.
             Conn::Single(c) => {
                 let limit = self.inner.options.response_timeout;
-                within(limit, invocation.invoke(&mut c.clone(), false)).await
+                with_deadline(op, limit, invocation.invoke(&mut c.clone(), false)).await
             }
             Conn::Cluster(router) => {
                 let slot = slot_of(keys.value().as_bytes());
@@ -377,9 +379,9 @@ impl RedisBackend {
                         invocation.invoke(&mut c, asking).await
                     })
                     .await
+                    .map_err(|e| classify(op, e))
             }
-        };
-        result.map_err(|e| classify(op, e))
+        }
     }
 
     async fn eval_flag(
@@ -547,7 +549,7 @@ impl RedisBackend {
             // Boxed: not the defaults' path, and the hit's future stays
             // small (see `get_standalone`).
             Conn::Single(_) if response < limit => {
-                Box::pin(within_as("get", response, self.read(keys, now))).await
+                Box::pin(deadline::within("get", now, response, self.read(keys, now))).await
             }
             _ => self.read(keys, now).await,
         }

@@ -37,7 +37,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::cluster::WeakRouter;
-use super::errors::within;
+use super::errors::driver_within;
 use super::options::{RedisOptions, MIN_BACKOFF};
 use crate::backend::ChangeListener;
 use crate::backoff::Backoff;
@@ -129,7 +129,7 @@ async fn track_node(client: Client, tracking: Tracking, confirm: Arc<dyn Confirm
                     _ = ticker.tick() => {
                         let sent = Instant::now();
                         let cmd = redis::cmd("PING");
-                        let ping = within(ping_timeout, cmd.query_async::<Value>(&mut conn));
+                        let ping = driver_within("L1 tracking ping", ping_timeout, cmd.query_async::<Value>(&mut conn));
                         tokio::pin!(ping);
                         // Pushes are handled while the `PING` is out: a slow
                         // answer must not hold back an invalidation already
@@ -192,7 +192,8 @@ async fn connect(
         .options
         .connection_timeout
         .saturating_add(tracking.options.response_timeout);
-    let mut conn = within(
+    let mut conn = driver_within(
+        "L1 tracking connect",
         deadline,
         client.get_multiplexed_async_connection_with_config(&config),
     )
@@ -205,7 +206,8 @@ async fn connect(
         .arg("BCAST")
         .arg("PREFIX")
         .arg(&tracking.prefix);
-    match within(
+    match driver_within(
+        "CLIENT TRACKING",
         tracking.options.response_timeout,
         on.query_async::<Value>(&mut conn),
     )
