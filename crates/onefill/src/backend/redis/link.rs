@@ -1,26 +1,25 @@
 //! The subscriber's connection, owned by the subscriber task: on a
-//! standalone server one RESP3 connection that the task replaces when it
-//! drops, paced by a [`Backoff`]; on a cluster a RESP3 cluster connection
-//! that the driver keeps alive itself. Both deliver their pushes (messages,
-//! subscription confirmations) on a channel of their own.
+//! standalone server a [`PushConnection`] (one RESP3 connection kept up,
+//! see `push.rs`) on which the task subscribes its channels; on a cluster
+//! a RESP3 cluster connection that the driver keeps alive itself. Both
+//! deliver their pushes (messages, subscription confirmations) on a
+//! channel of their own.
 
-use std::time::Duration;
-
-use redis::aio::MultiplexedConnection;
-use redis::cluster_async::ClusterConnection;
 use std::collections::HashSet;
 use std::sync::Arc;
+use std::time::Duration;
 
 use parking_lot::Mutex;
+use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
-use redis::{AsyncConnectionConfig, Client, PushInfo, RedisError, Value};
-use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
+use redis::{Client, PushInfo};
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 use tokio::time::Instant;
 
 use super::cluster::{slot_of, ClusterRouter, WeakRouter};
-use super::errors::{classify, with_deadline};
-use super::options::{RedisOptions, MIN_BACKOFF};
-use crate::backoff::Backoff;
+use super::errors::with_deadline;
+use super::options::RedisOptions;
+use super::push::{disconnected, Names, PushConnection};
 use crate::error::BackendError;
 
 /// The subscriber connection, owned by the subscriber task.
@@ -33,15 +32,11 @@ pub(super) enum Link {
 /// its slot map.
 const NUDGE_INTERVAL: Duration = Duration::from_secs(1);
 
+/// The standalone subscriber: a push connection, pinged every
+/// [`RedisOptions::ping_interval`], and the channels' (un)subscriptions.
 pub(super) struct SingleLink {
-    client: Client,
-    options: RedisOptions,
-    pub(super) conn: Option<MultiplexedConnection>,
-    /// The pushes of the current connection (each connection gets its own
-    /// channel, so a dead one's late messages cannot be mistaken).
-    pub(super) pushes: Option<UnboundedReceiver<PushInfo>>,
-    /// Paces reconnections; reset once connected.
-    backoff: Backoff,
+    pub(super) push: PushConnection,
+    response_timeout: Duration,
 }
 
 pub(super) struct ClusterLink {
@@ -62,67 +57,26 @@ impl SingleLink {
     /// A link for `client` (which must speak RESP3, for pushes), not yet
     /// connected.
     pub(super) fn new(client: Client, options: RedisOptions) -> SingleLink {
-        let backoff = Backoff::new(MIN_BACKOFF, options.max_backoff);
+        let names = Names {
+            connect: "subscriber connect",
+            ping: "subscriber ping",
+        };
+        let (every, timeout) = (options.ping_interval, options.response_timeout);
         SingleLink {
-            client,
-            options,
-            conn: None,
-            pushes: None,
-            backoff,
+            push: PushConnection::new(client, options, names, every, timeout),
+            response_timeout: timeout,
         }
     }
 
-    pub(super) async fn connect(&mut self) -> Result<(), BackendError> {
-        let (tx, rx) = unbounded_channel();
-        let config = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(self.options.connection_timeout))
-            .set_response_timeout(Some(self.options.response_timeout))
-            .set_push_sender(tx);
-        let deadline = self
-            .options
-            .connection_timeout
-            .saturating_add(self.options.response_timeout);
-        let conn = with_deadline(
-            "subscriber connect",
-            deadline,
-            self.client
-                .get_multiplexed_async_connection_with_config(&config),
-        )
-        .await?;
-        self.conn = Some(conn);
-        self.pushes = Some(rx);
-        // The next loss of this connection is retried quickly again.
-        self.backoff.reset();
-        Ok(())
-    }
-
-    pub(super) fn disconnect(&mut self) {
-        self.conn = None;
-        self.pushes = None;
-    }
-
-    /// When to try to reconnect next. The jitter keeps a fleet that lost
-    /// the same server from reconnecting in lockstep; the interval never
-    /// exceeds [`RedisOptions::max_backoff`], as documented there.
-    pub(super) fn retry_at(&mut self) -> Instant {
-        let wait = self.backoff.next_interval().min(self.options.max_backoff);
-        let now = Instant::now();
-        // A `max_backoff` of centuries must not panic on overflow: a year
-        // is as good as never.
-        now.checked_add(wait)
-            .unwrap_or_else(|| now + Duration::from_secs(365 * 24 * 3600))
-    }
-
+    /// `SUBSCRIBE` (or `UNSUBSCRIBE`) of `channels`.
     pub(super) async fn command(
         &mut self,
         op: &'static str,
         channels: &[String],
         subscribe: bool,
     ) -> Result<(), BackendError> {
-        let Some(conn) = self.conn.as_mut() else {
-            let disconnected =
-                std::io::Error::new(std::io::ErrorKind::NotConnected, "subscriber disconnected");
-            return Err(classify(op, RedisError::from(disconnected)));
+        let Some(conn) = self.push.conn() else {
+            return Err(disconnected(op));
         };
         let call = async {
             if subscribe {
@@ -131,18 +85,7 @@ impl SingleLink {
                 conn.unsubscribe(channels).await
             }
         };
-        with_deadline(op, self.options.response_timeout, call).await
-    }
-
-    pub(super) async fn ping(&mut self) -> Result<(), BackendError> {
-        let Some(conn) = self.conn.as_mut() else {
-            return Ok(());
-        };
-        let cmd = redis::cmd("PING");
-        let ping = cmd.query_async::<Value>(conn);
-        with_deadline("subscriber ping", self.options.response_timeout, ping)
-            .await
-            .map(drop)
+        with_deadline(op, self.response_timeout, call).await
     }
 }
 

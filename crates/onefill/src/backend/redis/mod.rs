@@ -150,6 +150,7 @@ mod cluster;
 mod errors;
 mod link;
 mod options;
+mod push;
 mod scripts;
 mod server_clock;
 mod subscriber;
@@ -255,15 +256,9 @@ impl RedisBackend {
         .await?;
 
         // Fill notifications use RESP3 pushes on a connection of their own.
-        let info = client.get_connection_info().clone();
-        let settings = info
-            .redis_settings()
-            .clone()
-            .set_protocol(ProtocolVersion::RESP3);
-        let sub_client =
-            Client::open(info.set_redis_settings(settings)).map_err(|e| classify("connect", e))?;
+        let sub_client = push::resp3(&client).map_err(|e| classify("connect", e))?;
         let mut link = SingleLink::new(sub_client.clone(), options.clone());
-        link.connect().await?;
+        link.push.connect().await?;
 
         Ok(Self::assemble(
             Conn::Single(manager),

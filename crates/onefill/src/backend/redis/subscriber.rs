@@ -43,8 +43,9 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
-use super::link::{Ended, Link, SingleLink};
+use super::link::{Ended, Link};
 use super::options::RedisOptions;
+use super::push::Due;
 use crate::backend::FillSubscription;
 use crate::backoff::Backoff;
 use crate::wait::WaitPolicy;
@@ -323,9 +324,12 @@ enum Step {
     Topology,
     /// A cluster (un)subscription sent in the background ended.
     Subscribed(Option<Ended>),
+    /// A cluster push, or `None` once the driver stopped delivering them.
     Push(Option<PushInfo>),
+    /// The standalone connection's news.
+    Single(Due),
+    /// Time to retry the cluster subscriptions that failed.
     Retry,
-    Ping,
 }
 
 /// The subscriber task: (un)subscribes channels as subscriptions come and
@@ -336,12 +340,8 @@ async fn run_subscriber(
     mut link: Link,
     options: RedisOptions,
 ) {
-    let mut ping = tokio::time::interval_at(
-        Instant::now() + options.ping_interval,
-        options.ping_interval,
-    );
-    ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    // When to reconnect (standalone) or retry failed subscriptions.
+    // Cluster: when to retry failed subscriptions (a standalone connection
+    // paces its own reconnections).
     let mut retry_at: Option<Instant> = None;
     // Cluster subscriptions run apart (one slow node must not hold the
     // others) and report here.
@@ -353,22 +353,20 @@ async fn run_subscriber(
     loop {
         let retry_sleep = tokio::time::sleep_until(retry_at.unwrap_or_else(Instant::now));
         let step = {
-            let pushes = match &mut link {
-                Link::Single(l) => l.pushes.as_mut(),
-                Link::Cluster(l) => l.pushes.as_mut(),
-            };
-            let has_pushes = pushes.is_some();
-            let next_push = async move {
-                match pushes {
-                    Some(rx) => rx.recv().await,
-                    None => std::future::pending().await,
-                }
-            };
             let has_topology = topology.is_some();
             let topology_change = async {
                 match topology.as_mut() {
                     Some(rx) => rx.changed().await.is_ok(),
                     None => std::future::pending().await,
+                }
+            };
+            let link_news = async {
+                match &mut link {
+                    Link::Single(l) => Step::Single(l.push.due().await),
+                    Link::Cluster(l) => match l.pushes.as_mut() {
+                        Some(rx) => Step::Push(rx.recv().await),
+                        None => std::future::pending().await,
+                    },
                 }
             };
             tokio::select! {
@@ -383,9 +381,8 @@ async fn run_subscriber(
                     }
                 }
                 d = subscribed.recv() => Step::Subscribed(d),
-                p = next_push, if has_pushes => Step::Push(p),
+                news = link_news => news,
                 _ = retry_sleep, if retry_at.is_some() => Step::Retry,
-                _ = ping.tick() => Step::Ping,
             }
         };
         let Some(shared) = shared.upgrade() else {
@@ -428,31 +425,43 @@ async fn run_subscriber(
                     retry_at = Some(retry_at.map_or(at, |r| r.min(at)));
                 }
             }
-            Step::Push(Some(push)) => handle_push(&shared, push),
+            Step::Push(Some(push)) | Step::Single(Due::Push(push)) => handle_push(&shared, push),
             Step::Push(None) => {
-                // The connection's driver is gone: treat as a disconnection.
-                retry_at = lost(&shared, &mut link);
+                // The driver reconnects nodes itself; its push channel
+                // closes only if it is torn down. Notifications are gone for
+                // good then (waiters still re-check at lease expiries and
+                // safety polls).
+                if let Link::Cluster(l) = &mut link {
+                    if l.pushes.take().is_some() {
+                        tracing::error!("redis cluster subscriber stopped delivering messages");
+                    }
+                }
+            }
+            Step::Single(Due::Lost) => lost(&shared),
+            Step::Single(Due::Connect) => {
+                if let Link::Single(l) = &mut link {
+                    match l.push.connect().await {
+                        Ok(()) => {
+                            tracing::info!("redis subscriber reconnected");
+                            shared.state.lock().connected = true;
+                            retry_at = reconcile(&shared, &mut link, &subscribed_tx).await;
+                        }
+                        Err(e) => {
+                            tracing::debug!(error = %e, "redis subscriber reconnection failed");
+                        }
+                    }
+                }
+            }
+            Step::Single(Due::Ping) => {
+                if let Link::Single(l) = &mut link {
+                    if let Err(e) = l.push.ping(|push| handle_push(&shared, push)).await {
+                        tracing::debug!(error = %e, "redis subscriber ping failed");
+                        lost(&shared);
+                    }
+                }
             }
             Step::Retry => {
-                if let Link::Single(l) = &mut link {
-                    if l.conn.is_none() {
-                        retry_at = reconnect(&shared, l).await;
-                        if retry_at.is_some() {
-                            continue;
-                        }
-                    }
-                }
                 retry_at = reconcile(&shared, &mut link, &subscribed_tx).await;
-            }
-            Step::Ping => {
-                if let Link::Single(l) = &mut link {
-                    if l.conn.is_some() {
-                        if let Err(e) = l.ping().await {
-                            tracing::debug!(error = %e, "redis subscriber ping failed");
-                            retry_at = lost(&shared, &mut link);
-                        }
-                    }
-                }
             }
         }
     }
@@ -502,50 +511,20 @@ fn handle_push(shared: &PubSubShared, push: PushInfo) {
     }
 }
 
-/// The standalone subscriber connection is gone: mark every channel
-/// unconfirmed (to be subscribed and fired again) and schedule a reconnect.
-/// Returns when to retry.
-fn lost(shared: &PubSubShared, link: &mut Link) -> Option<Instant> {
-    let l = match link {
-        Link::Single(l) => l,
-        Link::Cluster(l) => {
-            // The driver reconnects nodes itself; its push channel closes
-            // only if it is torn down. Notifications are gone for good then
-            // (waiters still re-check at lease expiries and safety polls).
-            if l.pushes.take().is_some() {
-                tracing::error!("redis cluster subscriber stopped delivering messages");
-            }
-            return None;
-        }
-    };
-    if l.conn.is_some() {
+/// The standalone subscriber connection is gone (it reconnects by itself):
+/// every channel is unconfirmed, to be subscribed and fired again once it
+/// is back.
+fn lost(shared: &PubSubShared) {
+    let mut state = shared.state.lock();
+    if state.connected {
         tracing::warn!("redis subscriber connection lost; reconnecting");
     }
-    l.disconnect();
-    let mut state = shared.state.lock();
     state.connected = false;
     for chan in state.channels.values_mut() {
         chan.confirmed = false;
         chan.fire_on_confirm = true;
         // Dropping the senders lets waiting `subscribe` calls return.
         chan.waiters.clear();
-    }
-    Some(l.retry_at())
-}
-
-/// One reconnection attempt of the standalone subscriber. Returns when to
-/// retry, or `None` once connected and resubscribed.
-async fn reconnect(shared: &PubSubShared, l: &mut SingleLink) -> Option<Instant> {
-    match l.connect().await {
-        Ok(()) => {
-            tracing::info!("redis subscriber reconnected");
-            shared.state.lock().connected = true;
-            None
-        }
-        Err(e) => {
-            tracing::debug!(error = %e, "redis subscriber reconnection failed");
-            Some(l.retry_at())
-        }
     }
 }
 
@@ -639,7 +618,9 @@ async fn reconcile(
             }
             if let Err(e) = result {
                 tracing::debug!(error = %e, "redis subscriber command failed");
-                return lost(shared, link);
+                l.push.lost();
+                lost(shared);
+                return None;
             }
             Vec::new()
         }
