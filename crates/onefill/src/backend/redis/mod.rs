@@ -38,7 +38,7 @@
 //! - **Standalone**: a [`ConnectionManager`] (one multiplexed connection that
 //!   reconnects by itself) for commands, plus one dedicated RESP3 connection
 //!   for fill notifications (`SUBSCRIBE`/`PUBLISH`).
-//! - **Cluster**: onefill's own routing (`cluster.rs`): a slot map read
+//! - **Cluster**: onefill's own routing (`cluster/`): a slot map read
 //!   with `CLUSTER SLOTS`, one multiplexed connection per master, commands
 //!   routed by the hash-tagged key (so all keys of one script share a
 //!   slot). `MOVED` and `ASK` are followed and `TRYAGAIN`/`CLUSTERDOWN`
@@ -202,7 +202,7 @@ struct Inner {
 #[derive(Clone)]
 enum Conn {
     Single(ConnectionManager),
-    /// onefill's own routing (see `cluster.rs`): the driver's cluster
+    /// onefill's own routing (see `cluster/`): the driver's cluster
     /// connection never leaves a hung master.
     Cluster(ClusterRouter),
 }
