@@ -12,12 +12,11 @@ use tokio::sync::mpsc::unbounded_channel;
 
 use super::cluster::ClusterRouter;
 use super::errors::{classify, with_deadline};
-use super::link::{ClusterLink, Link, SingleLink};
 use super::options::{check_url_and_tls, connect_deadline, open_client, RedisOptions};
 use super::push;
 use super::scripts::{Scripts, CLUSTER_SCRIPTS, STANDALONE_SCRIPTS};
 use super::server_clock::ServerClock;
-use super::subscriber::PubSubShared;
+use super::subscriber::{ClusterLink, Link, PubSubShared, SingleLink};
 use super::urls::redact;
 use super::{Conn, Inner, RedisBackend};
 use crate::backend::{BackendError, Listeners};

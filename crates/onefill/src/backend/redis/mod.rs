@@ -145,7 +145,6 @@ mod batch;
 mod cluster;
 mod connect;
 mod errors;
-mod link;
 mod options;
 mod push;
 mod read;

@@ -107,7 +107,7 @@ impl RedisBackend {
         }
     }
 
-    /// [`Backend::get`] as a cache calls it, directly (see `Calls::get`),
+    /// [`Backend::get`](crate::Backend::get) as a cache calls it, directly (see `Calls::get`),
     /// within `limit` (the cache's own timeout): bounded by the response
     /// timeout too where that is shorter, so a hit waits no longer for a
     /// reply than any other command; with the defaults the cache's timeout

@@ -102,7 +102,7 @@ struct RouterInner {
     /// before one does not install its (older) answer.
     moved: AtomicU64,
     /// Bumped at every change of the slot map, with a slot that changed
-    /// owner (for the subscriber, see `link.rs`).
+    /// owner (for the subscriber, see `subscriber/link.rs`).
     changes: watch::Sender<(u64, u16)>,
 }
 
@@ -200,7 +200,7 @@ impl ClusterRouter {
 
     /// A master that does not serve `slot` and is not failing, as
     /// `(host, port)`: asked about the slot, it answers `MOVED` (see
-    /// `link.rs`, which uses this to make the driver refresh its slot map).
+    /// `subscriber/link.rs`, which uses this to make the driver refresh its slot map).
     pub(super) fn another_master(&self, slot: u16) -> Option<(String, u16)> {
         let topology = self.inner.topology.read();
         let owner = topology.owners[usize::from(slot)].as_ref();

@@ -16,14 +16,14 @@ use redis::{Client, PushInfo};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 use tokio::time::Instant;
 
-use super::cluster::{slot_of, ClusterRouter, WeakRouter};
-use super::errors::with_deadline;
-use super::options::RedisOptions;
-use super::push::{disconnected, Names, PushConnection};
+use super::super::cluster::{slot_of, ClusterRouter, WeakRouter};
+use super::super::errors::with_deadline;
+use super::super::options::RedisOptions;
+use super::super::push::{disconnected, Names, PushConnection};
 use crate::error::BackendError;
 
 /// The subscriber connection, owned by the subscriber task.
-pub(super) enum Link {
+pub(in super::super) enum Link {
     Single(Box<SingleLink>),
     Cluster(ClusterLink),
 }
@@ -34,12 +34,12 @@ const NUDGE_INTERVAL: Duration = Duration::from_secs(1);
 
 /// The standalone subscriber: a push connection, pinged every
 /// [`RedisOptions::ping_interval`], and the channels' (un)subscriptions.
-pub(super) struct SingleLink {
-    pub(super) push: PushConnection,
+pub(in super::super) struct SingleLink {
+    pub(in super::super) push: PushConnection,
     response_timeout: Duration,
 }
 
-pub(super) struct ClusterLink {
+pub(in super::super) struct ClusterLink {
     conn: ClusterConnection,
     /// The command path's slot map, which leaves a hung master behind; the
     /// driver's own does not (see [`ClusterLink::subscribe`]).
@@ -49,14 +49,14 @@ pub(super) struct ClusterLink {
     /// Channels with an `SUNSUBSCRIBE` under way.
     unsubscribing: Arc<Mutex<HashSet<String>>>,
     /// `None` once the driver dropped its push sender (it never should).
-    pub(super) pushes: Option<UnboundedReceiver<PushInfo>>,
+    pub(in super::super) pushes: Option<UnboundedReceiver<PushInfo>>,
     options: RedisOptions,
 }
 
 impl SingleLink {
     /// A link for `client` (which must speak RESP3, for pushes), not yet
     /// connected.
-    pub(super) fn new(client: Client, options: RedisOptions) -> SingleLink {
+    pub(in super::super) fn new(client: Client, options: RedisOptions) -> SingleLink {
         let names = Names {
             connect: "subscriber connect",
             ping: "subscriber ping",
@@ -69,7 +69,7 @@ impl SingleLink {
     }
 
     /// `SUBSCRIBE` (or `UNSUBSCRIBE`) of `channels`.
-    pub(super) async fn command(
+    pub(in super::super) async fn command(
         &mut self,
         op: &'static str,
         channels: &[String],
@@ -92,7 +92,7 @@ impl SingleLink {
 impl ClusterLink {
     /// A link on `conn`, a RESP3 cluster connection whose pushes arrive on
     /// `pushes`.
-    pub(super) fn new(
+    pub(in super::super) fn new(
         conn: ClusterConnection,
         pushes: UnboundedReceiver<PushInfo>,
         options: RedisOptions,
@@ -124,7 +124,7 @@ impl ClusterLink {
     /// subscription fails (at most once a second), and whenever onefill's
     /// own slot map changes, the driver is made to refresh its slot map
     /// ([`nudge`]).
-    pub(super) fn subscribe(&self, channel: String, done: UnboundedSender<Ended>) {
+    pub(in super::super) fn subscribe(&self, channel: String, done: UnboundedSender<Ended>) {
         let mut conn = self.conn.clone();
         let timeout = self.options.response_timeout;
         let router = self.router.clone();
@@ -151,7 +151,11 @@ impl ClusterLink {
     /// `SUNSUBSCRIBE` of `channels`, in the background; each reports on
     /// `done` when it ends. A failure leaves a subscription nobody listens
     /// to, which goes with the connection.
-    pub(super) fn unsubscribe(&self, channels: Vec<String>, done: &UnboundedSender<Ended>) {
+    pub(in super::super) fn unsubscribe(
+        &self,
+        channels: Vec<String>,
+        done: &UnboundedSender<Ended>,
+    ) {
         for channel in channels {
             self.unsubscribing.lock().insert(channel.clone());
             let mut conn = self.conn.clone();
@@ -168,20 +172,20 @@ impl ClusterLink {
 
     /// Changes of the command path's slot map (see
     /// [`ClusterRouter::changes`]).
-    pub(super) fn topology_changes(&self) -> tokio::sync::watch::Receiver<(u64, u16)> {
+    pub(in super::super) fn topology_changes(&self) -> tokio::sync::watch::Receiver<(u64, u16)> {
         self.router.changes()
     }
 
     /// Whether an `SUNSUBSCRIBE` of `channel` is under way: a subscription
     /// sent meanwhile could reach the server first and be undone by it,
     /// leaving the channel deaf while it looks subscribed.
-    pub(super) fn unsubscribing(&self, channel: &str) -> bool {
+    pub(in super::super) fn unsubscribing(&self, channel: &str) -> bool {
         self.unsubscribing.lock().contains(channel)
     }
 }
 
 /// How a cluster (un)subscription sent in the background ended.
-pub(super) enum Ended {
+pub(in super::super) enum Ended {
     /// The channel, and whether the server confirmed it.
     Subscribed(String, bool),
     Unsubscribed(String),
