@@ -130,7 +130,7 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_deadline_is_the_libraries_timeout() {
+    async fn a_deadline_reads_as_the_one_timeout() {
         let limit = Duration::from_millis(10);
         let pending = || std::future::pending::<Result<(), RedisError>>();
         let err = with_deadline("connect", limit, pending())

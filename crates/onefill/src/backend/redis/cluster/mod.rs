@@ -199,8 +199,9 @@ impl ClusterRouter {
     }
 
     /// A master that does not serve `slot` and is not failing, as
-    /// `(host, port)`: asked about the slot, it answers `MOVED` (see
-    /// `subscriber/link.rs`, which uses this to make the driver refresh its slot map).
+    /// `(host, port)`: asked about the slot, it answers `MOVED` (the
+    /// subscriber's cluster link uses this to make the driver refresh its
+    /// slot map).
     pub(super) fn another_master(&self, slot: u16) -> Option<(String, u16)> {
         let topology = self.inner.topology.read();
         let owner = topology.owners[usize::from(slot)].as_ref();

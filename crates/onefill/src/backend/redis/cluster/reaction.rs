@@ -54,6 +54,8 @@ impl Reaction {
 
 #[cfg(test)]
 mod tests {
+    use redis::Value;
+
     use super::*;
 
     #[test]
