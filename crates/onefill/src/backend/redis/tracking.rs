@@ -15,10 +15,12 @@
 //! the end of the event-loop iteration that made it, in the same write as
 //! the answer to a `PING` handled in that iteration: they arrive together.)
 //!
-//! When the connection fails (the `PING` times out, the connection drops)
-//! the listener is told at once that nothing is in sync; the task
-//! reconnects with backoff, turns tracking on again, then resets the
-//! listener (changes made meanwhile were not reported) before confirming.
+//! The connection is a [`PushConnection`] (`push.rs`), which connects,
+//! turns tracking on, pings and reconnects with backoff; what is the L1's
+//! own is here. When the connection fails (the `PING` times out, the
+//! connection drops) the listener is told at once that nothing is in sync;
+//! once reconnected with tracking on again, the listener is reset (changes
+//! made meanwhile were not reported) before the next confirmation.
 //!
 //! On a cluster a supervisor keeps one such connection per master of the
 //! router's slot map, adding and dropping them as the map changes; the
@@ -92,14 +94,16 @@ async fn track_node(client: Client, tracking: Tracking, confirm: Arc<dyn Confirm
     // The first failure to track is worth a warning (the L1 does not serve
     // meanwhile); the retries after it are not.
     let mut warned = false;
-    let listener = |f: &dyn Fn(&dyn ChangeListener)| match tracking.listener.upgrade() {
+    // Runs `f` on the listener; false once the listener is gone (the task
+    // ends with it).
+    let with_listener = |f: &dyn Fn(&dyn ChangeListener)| match tracking.listener.upgrade() {
         Some(listener) => {
             f(&*listener);
             true
         }
         None => false,
     };
-    if !listener(&|l| confirm.confirmed(l, None)) {
+    if !with_listener(&|l| confirm.confirmed(l, None)) {
         return;
     }
     loop {
@@ -110,7 +114,7 @@ async fn track_node(client: Client, tracking: Tracking, confirm: Arc<dyn Confirm
                 // but changes made before were not.
                 Ok(()) => {
                     warned = false;
-                    listener(&|l| l.reset())
+                    with_listener(&|l| l.reset())
                 }
                 Err(e) => {
                     if std::mem::replace(&mut warned, true) {
@@ -124,11 +128,11 @@ async fn track_node(client: Client, tracking: Tracking, confirm: Arc<dyn Confirm
                              until it can"
                         );
                     }
-                    listener(&|_| ())
+                    with_listener(&|_| ())
                 }
             },
-            Due::Push(push) => listener(&|l| handle(l, &push)),
-            Due::Lost => listener(&|l| confirm.confirmed(l, None)),
+            Due::Push(push) => with_listener(&|l| handle(l, &push)),
+            Due::Lost => with_listener(&|l| confirm.confirmed(l, None)),
             Due::Ping => {
                 // Pushes are handled while the `PING` is out: a slow answer
                 // must not hold back an invalidation already received, or
@@ -136,11 +140,11 @@ async fn track_node(client: Client, tracking: Tracking, confirm: Arc<dyn Confirm
                 // `PING` takes.
                 let answered = conn
                     .ping(|push| {
-                        listener(&|l| handle(l, &push));
+                        with_listener(&|l| handle(l, &push));
                     })
                     .await;
                 let as_of = answered.ok();
-                listener(&|l| confirm.confirmed(l, as_of))
+                with_listener(&|l| confirm.confirmed(l, as_of))
             }
         };
         if !alive {
