@@ -14,8 +14,9 @@ use crate::error::{BackendError, BackendErrorKind};
 /// answered: one backend timeout in all. Every call on the callers' path
 /// (get, acquire, subscribe, re-checks, fill) is bounded by what is left,
 /// and a call that fails is charged what it took, so a hung backend costs a
-/// caller one timeout plus its load, never a chain of timeouts. Calls that
-/// answer are not charged: a healthy backend that is
+/// caller one timeout plus its load, never a chain of timeouts (each step
+/// given a full timeout of its own would make a caller wait for all of
+/// them in turn). Calls that answer are not charged: a healthy backend that is
 /// far away (tens of ms a call) is waited on as long as the protocol needs.
 pub(crate) struct Budget {
     pub(crate) total: Duration,

@@ -39,10 +39,7 @@ async fn fetch(
     loads: &Arc<AtomicUsize>,
 ) -> (String, Outcome) {
     let load = counting(loads, "v");
-    let f = cache
-        .fetch(&key.to_owned(), load)
-        .await
-        .unwrap();
+    let f = cache.fetch(&key.to_owned(), load).await.unwrap();
     (f.value, f.outcome)
 }
 

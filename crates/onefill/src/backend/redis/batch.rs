@@ -18,7 +18,7 @@ use std::time::Duration;
 use redis::aio::ConnectionLike;
 use redis::{ErrorKind, FromRedisValue, RedisError, RedisResult, ServerErrorKind, Value};
 
-use super::errors::within;
+use super::errors::driver_within;
 use super::{
     acquired_from, classify, ms_ceil, px, slot_of, stored, AcquireAnswer, Conn, RedisBackend,
     ScriptCall, NO_EXPIRY_TTL,
@@ -114,7 +114,13 @@ impl RedisBackend {
                 // The command connection has no response timeout of its
                 // own (see `connect_with`).
                 let limit = self.inner.options.response_timeout;
-                match within(limit, send(&mut c.clone(), &all, per_key, build)).await {
+                match driver_within(
+                    "get_many",
+                    limit,
+                    send(&mut c.clone(), &all, per_key, build),
+                )
+                .await
+                {
                     Ok(replies) => replies,
                     Err(e) => keys.iter().map(|_| Err(e.clone())).collect(),
                 }

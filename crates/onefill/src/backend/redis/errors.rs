@@ -1,50 +1,48 @@
 //! Driver errors as [`BackendError`]s: sorted into a [`BackendErrorKind`],
-//! with the driver's [`RedisError`] kept as the source; and deadlines
-//! around driver futures.
+//! with the driver's [`RedisError`] kept as the source; and driver futures
+//! bounded by the library's one deadline ([`crate::deadline`]).
 
 use std::future::Future;
 use std::time::Duration;
 
 use redis::RedisError;
+use tokio::time::Instant;
 
+use crate::deadline;
 use crate::error::{BackendError, BackendErrorKind};
 
-/// `fut`'s result, or an I/O timeout error if it has not answered within
-/// `limit`. The error is a driver error like any other, so [`classify`]
-/// sorts it as a timeout.
-pub(super) async fn within<T>(
+/// A driver future bounded by `limit` from now, its error classified for
+/// the operation `op`: past the limit, the deadline's timeout of `op`.
+pub(super) async fn with_deadline<T>(
+    op: &'static str,
+    limit: Duration,
+    fut: impl Future<Output = Result<T, RedisError>>,
+) -> Result<T, BackendError> {
+    deadline::within(op, Instant::now(), limit, async {
+        fut.await.map_err(|e| classify(op, e))
+    })
+    .await
+}
+
+/// A driver future bounded by `limit` from now, whose errors stay driver
+/// errors because the caller still reacts to them as such (the cluster
+/// router sorts them into redirections, retries and unreachable nodes; a
+/// batch tells a key sent again from a failed one): past the limit, an
+/// I/O timeout that carries the deadline's timeout of `op`, so
+/// [`classify`] sorts it as a timeout and its text is the deadline's.
+pub(super) async fn driver_within<T>(
+    op: &'static str,
     limit: Duration,
     fut: impl Future<Output = Result<T, RedisError>>,
 ) -> Result<T, RedisError> {
-    tokio::time::timeout(limit, fut).await.unwrap_or_else(|_| {
-        Err(RedisError::from(std::io::Error::new(
-            std::io::ErrorKind::TimedOut,
-            format!("no answer within {limit:?}"),
-        )))
-    })
-}
-
-/// A backend step bounded by `limit`: past it, a timeout of `op`.
-pub(super) async fn within_as<T>(
-    op: &'static str,
-    limit: Duration,
-    fut: impl Future<Output = Result<T, BackendError>>,
-) -> Result<T, BackendError> {
-    tokio::time::timeout(limit, fut).await.unwrap_or_else(|_| {
-        Err(BackendError::new(
-            BackendErrorKind::Timeout,
-            format!("{op}: no answer within {limit:?}"),
-        ))
-    })
-}
-
-/// [`within`], with the error classified for the operation `op`.
-pub(super) async fn with_deadline<T>(
-    op: &'static str,
-    deadline: Duration,
-    fut: impl Future<Output = Result<T, RedisError>>,
-) -> Result<T, BackendError> {
-    within(deadline, fut).await.map_err(|e| classify(op, e))
+    deadline::timer(Instant::now(), limit, fut)
+        .await
+        .unwrap_or_else(|_| {
+            Err(RedisError::from(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                deadline::timed_out(op, limit),
+            )))
+        })
 }
 
 /// Sorts a driver error into a [`BackendErrorKind`]; the error stays
@@ -132,19 +130,26 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_deadline_is_a_timeout_with_its_cause() {
-        let err = with_deadline(
-            "connect",
-            Duration::from_millis(10),
-            std::future::pending::<Result<(), RedisError>>(),
-        )
-        .await
-        .unwrap_err();
+    async fn a_deadline_reads_as_the_one_timeout() {
+        let limit = Duration::from_millis(10);
+        let pending = || std::future::pending::<Result<(), RedisError>>();
+        let err = with_deadline("connect", limit, pending())
+            .await
+            .unwrap_err();
         assert!(err.is_timeout());
-        assert_eq!(err.message(), "connect: no answer within 10ms");
-        assert!(err
-            .source()
-            .and_then(|s| s.downcast_ref::<RedisError>())
-            .is_some_and(RedisError::is_timeout));
+        assert_eq!(err.message(), "connect did not answer within 10ms");
+        // Kept a driver error, it still reads as a timeout, with that text.
+        let driver = driver_within("connect", limit, pending())
+            .await
+            .unwrap_err();
+        assert!(driver.is_timeout());
+        assert!(
+            driver
+                .to_string()
+                .contains("connect did not answer within 10ms"),
+            "{driver}"
+        );
+        let err = classify("connect", driver);
+        assert!(err.is_timeout());
     }
 }

@@ -38,7 +38,7 @@
 //! - **Standalone**: a [`ConnectionManager`] (one multiplexed connection that
 //!   reconnects by itself) for commands, plus one dedicated RESP3 connection
 //!   for fill notifications (`SUBSCRIBE`/`PUBLISH`).
-//! - **Cluster**: onefill's own routing (`cluster.rs`): a slot map read
+//! - **Cluster**: onefill's own routing (`cluster/`): a slot map read
 //!   with `CLUSTER SLOTS`, one multiplexed connection per master, commands
 //!   routed by the hash-tagged key (so all keys of one script share a
 //!   slot). `MOVED` and `ASK` are followed and `TRYAGAIN`/`CLUSTERDOWN`
@@ -130,10 +130,8 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::cluster::ClusterClientBuilder;
-use redis::{Client, FromRedisValue, ProtocolVersion, RedisError, Script};
-use tokio::sync::mpsc::unbounded_channel;
+use redis::aio::ConnectionManager;
+use redis::{Client, FromRedisValue, Script};
 use tokio::time::Instant;
 
 use super::Listeners;
@@ -141,14 +139,15 @@ use super::{
     Acquired, Backend, BackendError, ChangeListener, FillKeys, FillSubscription, LeaseRequest,
     LeaseToken, Stored,
 };
-use crate::envelope;
 use crate::error::BackendErrorKind;
 
 mod batch;
 mod cluster;
+mod connect;
 mod errors;
-mod link;
 mod options;
+mod push;
+mod read;
 mod scripts;
 mod server_clock;
 mod subscriber;
@@ -160,14 +159,12 @@ pub use options::RedisOptions;
 pub use ttl::NO_EXPIRY_TTL;
 
 use cluster::{slot_of, ClusterRouter};
-use errors::{classify, with_deadline, within, within_as};
-use link::{ClusterLink, Link, SingleLink};
-use options::{check_url_and_tls, connect_deadline, open_client};
-use scripts::{ScriptCall, Scripts, CLUSTER_SCRIPTS, STANDALONE_SCRIPTS};
-use server_clock::{Plan, ServerClock};
+use errors::{classify, with_deadline};
+use read::stored;
+use scripts::{ScriptCall, Scripts};
+use server_clock::ServerClock;
 use subscriber::PubSubShared;
 use ttl::{ms_ceil, px, ttl_from_ms};
-use urls::redact;
 
 /// A [`Backend`] on Redis: standalone or Redis Cluster.
 ///
@@ -200,7 +197,7 @@ struct Inner {
 #[derive(Clone)]
 enum Conn {
     Single(ConnectionManager),
-    /// onefill's own routing (see `cluster.rs`): the driver's cluster
+    /// onefill's own routing (see `cluster/`): the driver's cluster
     /// connection never leaves a hung master.
     Cluster(ClusterRouter),
 }
@@ -219,143 +216,6 @@ impl fmt::Debug for RedisBackend {
 }
 
 impl RedisBackend {
-    /// Connects to a standalone Redis with the default [`RedisOptions`].
-    ///
-    /// `url` is a redis-rs connection URL: `redis://[user:password@]host[:port][/db]`
-    /// (or `redis+unix:///path`). Fails if the server cannot be reached, or
-    /// if the URL is malformed (the error says what is wrong with it,
-    /// without quoting it).
-    pub async fn connect(url: &str) -> Result<RedisBackend, BackendError> {
-        Self::connect_with(url, RedisOptions::default()).await
-    }
-
-    /// Connects to a standalone Redis with the given options.
-    pub async fn connect_with(
-        url: &str,
-        options: RedisOptions,
-    ) -> Result<RedisBackend, BackendError> {
-        let client = open_client(url, &options)?;
-        // No response timeout on the command connection: the `Backend`
-        // methods bound their commands by it themselves, but a cache's hit
-        // calls `read` directly, bounded by the cache's own timeout alone
-        // (a second timer per hit cost about a tenth of a Redis hit's
-        // instructions, measured with callgrind). A reply that comes after its
-        // caller gave up is read and dropped, as before.
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(options.connection_timeout))
-            .set_response_timeout(None)
-            .set_number_of_retries(options.reconnect_retries)
-            .set_max_delay(options.max_backoff);
-        let manager = with_deadline(
-            "connect",
-            connect_deadline(&options),
-            client.get_connection_manager_with_config(config),
-        )
-        .await?;
-
-        // Fill notifications use RESP3 pushes on a connection of their own.
-        let info = client.get_connection_info().clone();
-        let settings = info
-            .redis_settings()
-            .clone()
-            .set_protocol(ProtocolVersion::RESP3);
-        let sub_client =
-            Client::open(info.set_redis_settings(settings)).map_err(|e| classify("connect", e))?;
-        let mut link = SingleLink::new(sub_client.clone(), options.clone());
-        link.connect().await?;
-
-        Ok(Self::assemble(
-            Conn::Single(manager),
-            Some(sub_client),
-            &STANDALONE_SCRIPTS,
-            Link::Single(Box::new(link)),
-            options,
-            redact(url),
-        ))
-    }
-
-    /// Connects to a Redis Cluster with the default [`RedisOptions`].
-    ///
-    /// `urls` are some of the cluster's nodes (`redis://[user:password@]host:port`);
-    /// the rest of the topology is discovered. Fails if no node can be
-    /// reached.
-    pub async fn connect_cluster(urls: &[&str]) -> Result<RedisBackend, BackendError> {
-        Self::connect_cluster_with(urls, RedisOptions::default()).await
-    }
-
-    /// Connects to a Redis Cluster with the given options.
-    pub async fn connect_cluster_with(
-        urls: &[&str],
-        options: RedisOptions,
-    ) -> Result<RedisBackend, BackendError> {
-        for url in urls {
-            check_url_and_tls(url)?;
-        }
-        let builder = |urls: &[&str]| {
-            let builder = ClusterClientBuilder::new(urls.iter().copied());
-            #[cfg(feature = "tls")]
-            let builder = match &options.tls {
-                Some(certs) => builder.certs(certs.clone()),
-                None => builder,
-            };
-            builder
-                .connection_timeout(options.connection_timeout)
-                .response_timeout(options.response_timeout)
-                // The driver computes `2^retry`: keep it far from overflowing.
-                .retries(options.reconnect_retries.min(16) as u32)
-                .min_retry_wait(10)
-                .max_retry_wait(
-                    u64::try_from(options.max_backoff.as_millis())
-                        .unwrap_or(u64::MAX)
-                        .max(11),
-                )
-        };
-        let deadline = connect_deadline(&options);
-        let router = ClusterRouter::connect(urls, options.clone()).await?;
-
-        let (push_tx, push_rx) = unbounded_channel();
-        let sub_client = builder(urls)
-            .use_protocol(ProtocolVersion::RESP3)
-            .push_sender(push_tx)
-            .build()
-            .map_err(|e| classify("connect", e))?;
-        let sub_conn =
-            with_deadline("connect", deadline, sub_client.get_async_connection()).await?;
-        let link = ClusterLink::new(sub_conn, push_rx, options.clone(), router.clone());
-
-        let target = urls.iter().map(|u| redact(u)).collect::<Vec<_>>().join(",");
-        Ok(Self::assemble(
-            Conn::Cluster(router),
-            None,
-            &CLUSTER_SCRIPTS,
-            Link::Cluster(link),
-            options,
-            target,
-        ))
-    }
-
-    fn assemble(
-        conn: Conn,
-        resp3: Option<Client>,
-        scripts: &'static Scripts,
-        link: Link,
-        options: RedisOptions,
-        target: String,
-    ) -> RedisBackend {
-        RedisBackend {
-            inner: Arc::new(Inner {
-                conn,
-                resp3,
-                listeners: Listeners::default(),
-                scripts,
-                clock: ServerClock::default(),
-                pubsub: PubSubShared::start(link, options.clone()),
-                options,
-                target,
-            }),
-        }
-    }
-
     /// Runs `invocation`, whose keys all share `keys`' hash tag.
     async fn eval<T: FromRedisValue>(
         &self,
@@ -363,12 +223,13 @@ impl RedisBackend {
         keys: &FillKeys,
         invocation: &ScriptCall<'_>,
     ) -> Result<T, BackendError> {
-        let result = match &self.inner.conn {
+        match &self.inner.conn {
             // The command connection has no response timeout of its own
-            // (see `connect_with`).
+            // (see `connect_with`): a `Backend` method called directly is
+            // bounded here, by the response timeout.
             Conn::Single(c) => {
                 let limit = self.inner.options.response_timeout;
-                within(limit, invocation.invoke(&mut c.clone(), false)).await
+                with_deadline(op, limit, invocation.invoke(&mut c.clone(), false)).await
             }
             Conn::Cluster(router) => {
                 let slot = slot_of(keys.value().as_bytes());
@@ -377,9 +238,9 @@ impl RedisBackend {
                         invocation.invoke(&mut c, asking).await
                     })
                     .await
+                    .map_err(|e| classify(op, e))
             }
-        };
-        result.map_err(|e| classify(op, e))
+        }
     }
 
     async fn eval_flag(
@@ -437,179 +298,6 @@ fn announcing<'a>(script: &'a Script, keys: &FillKeys) -> ScriptCall<'a> {
         .key(keys.lock())
         .key(keys.channel());
     invocation
-}
-
-impl RedisBackend {
-    /// A standalone hit: a plain `GET` when the value's envelope records
-    /// its expiry and the server's clock is known well enough to tell that
-    /// it is fresh; the pipelined `GET` + `PTTL` otherwise (see
-    /// `server_clock.rs`, decision 0011).
-    async fn get_standalone(
-        &self,
-        conn: &ConnectionManager,
-        keys: &FillKeys,
-        began: Instant,
-    ) -> Result<Option<Stored>, BackendError> {
-        // The rare paths are boxed: the hit's future stays small, and a
-        // cache moves it (into its timeout) on every hit.
-        let estimate = match self.inner.clock.plan(began) {
-            Plan::Get(estimate) => estimate,
-            Plan::GetPttl => return Box::pin(self.get_pttl(keys)).await,
-            Plan::Sample(sampling) => {
-                return Box::pin(self.get_sampling(conn, keys, sampling)).await
-            }
-        };
-        let bytes: Option<Vec<u8>> = redis::cmd("GET")
-            .arg(keys.value())
-            .query_async(&mut conn.clone())
-            .await
-            .map_err(|e| classify("get", e))?;
-        let Some(mut bytes) = bytes else {
-            return Ok(None);
-        };
-        let now = Instant::now();
-        // Fresh by the lower bound is fresh by the server's clock too; at
-        // or below the grace (stale, or in its last moments) the server's
-        // own `PTTL` decides, as before.
-        let fresh = envelope::expires_at_ms(&bytes).and_then(|at| {
-            let ttl = estimate.remaining(at, now)?;
-            (ttl > envelope::grace_of(&bytes)?).then_some(ttl)
-        });
-        match fresh {
-            Some(ttl) => {
-                envelope::strip_expiry(&mut bytes);
-                Ok(Some(Stored { bytes, ttl }))
-            }
-            None => Box::pin(self.get_pttl(keys)).await,
-        }
-    }
-
-    /// A standalone read that samples the server's clock: `GET` + `TIME`,
-    /// two commands, as the pair was. `TIME` runs right after the `GET`, so
-    /// a version-2 value's TTL is read against the server's own clock, as
-    /// `PTTL` would be.
-    async fn get_sampling(
-        &self,
-        conn: &ConnectionManager,
-        keys: &FillKeys,
-        sampling: server_clock::Sampling<'_>,
-    ) -> Result<Option<Stored>, BackendError> {
-        let mut pipe = redis::pipe();
-        pipe.cmd("GET").arg(keys.value()).cmd("TIME");
-        let answer: Result<SampledRead, RedisError> = pipe.query_async(&mut conn.clone()).await;
-        match answer {
-            Ok((bytes, (secs, micros))) => {
-                let server_us = sampling.record(secs, micros);
-                let Some(mut bytes) = bytes else {
-                    return Ok(None);
-                };
-                match envelope::expires_at_ms(&bytes) {
-                    Some(at) => {
-                        let left_us = at.saturating_mul(1_000).saturating_sub(server_us);
-                        envelope::strip_expiry(&mut bytes);
-                        Ok(Some(Stored {
-                            bytes,
-                            ttl: Duration::from_micros(left_us),
-                        }))
-                    }
-                    // Version 1 or another client's bytes: the server's
-                    // `PTTL` (a second round trip, rare).
-                    None => self.get_pttl(keys).await,
-                }
-            }
-            // The server refused (a `TIME` renamed away, say): the hit is
-            // still answered, by the pair, and the next sample is tried a
-            // second later.
-            Err(e) if matches!(e.kind(), redis::ErrorKind::Server(_)) => {
-                sampling.refused();
-                self.get_pttl(keys).await
-            }
-            Err(e) => Err(classify("get", e)),
-        }
-    }
-
-    /// [`Backend::get`] as a cache calls it, directly (see `Shared::get`),
-    /// within `limit` (the cache's own timeout): bounded by the response
-    /// timeout too where that is shorter, so a hit waits no longer for a
-    /// reply than any other command; with the defaults the cache's timeout
-    /// is the shorter, and a hit has one timer.
-    ///
-    /// `now` is when the call began (one clock read serves the caller's
-    /// timer and this read's plan).
-    pub(crate) async fn read_within(
-        &self,
-        keys: &FillKeys,
-        limit: Duration,
-        now: Instant,
-    ) -> Result<Option<Stored>, BackendError> {
-        let response = self.inner.options.response_timeout;
-        match &self.inner.conn {
-            // Boxed: not the defaults' path, and the hit's future stays
-            // small (see `get_standalone`).
-            Conn::Single(_) if response < limit => {
-                Box::pin(within_as("get", response, self.read(keys, now))).await
-            }
-            _ => self.read(keys, now).await,
-        }
-    }
-
-    /// [`Backend::get`], unboxed and unbounded.
-    async fn read(&self, keys: &FillKeys, now: Instant) -> Result<Option<Stored>, BackendError> {
-        match &self.inner.conn {
-            Conn::Single(c) => self.get_standalone(c, keys, now).await,
-            Conn::Cluster(_) => Box::pin(self.get_pttl(keys)).await,
-        }
-    }
-
-    /// The pipelined `GET` + `PTTL`: the server's own TTL (one round trip,
-    /// two commands).
-    async fn get_pttl(&self, keys: &FillKeys) -> Result<Option<Stored>, BackendError> {
-        let mut pipe = redis::pipe();
-        pipe.cmd("GET")
-            .arg(keys.value())
-            .cmd("PTTL")
-            .arg(keys.value());
-        let result: Result<(Option<Vec<u8>>, i64), RedisError> = match &self.inner.conn {
-            Conn::Single(c) => pipe.query_async(&mut c.clone()).await,
-            Conn::Cluster(router) => {
-                let slot = slot_of(keys.value().as_bytes());
-                let pipe = &pipe;
-                // After an `ASK`: `ASKING` before each command.
-                let mut asking_pipe = redis::pipe();
-                asking_pipe
-                    .cmd("ASKING")
-                    .ignore()
-                    .cmd("GET")
-                    .arg(keys.value())
-                    .cmd("ASKING")
-                    .ignore()
-                    .cmd("PTTL")
-                    .arg(keys.value());
-                let asking_pipe = &asking_pipe;
-                router
-                    .run(slot, |mut c, asking| async move {
-                        let pipe = if asking { asking_pipe } else { pipe };
-                        pipe.query_async(&mut c).await
-                    })
-                    .await
-            }
-        };
-        let (bytes, pttl) = result.map_err(|e| classify("get", e))?;
-        Ok(stored(bytes, pttl))
-    }
-}
-
-/// A clock sample's answer: `GET`, `TIME` (seconds, microseconds).
-type SampledRead = (Option<Vec<u8>>, (u64, u64));
-
-/// A `GET` and a `PTTL` answer: a value that expired between the two (-2)
-/// is gone. The bytes are those written (a version-2 envelope's expiry,
-/// stamped by the script, is taken back out).
-fn stored(bytes: Option<Vec<u8>>, pttl: i64) -> Option<Stored> {
-    bytes.and_then(|mut bytes| {
-        envelope::strip_expiry(&mut bytes);
-        ttl_from_ms(pttl).map(|ttl| Stored { bytes, ttl })
-    })
 }
 
 #[async_trait]

@@ -15,10 +15,12 @@
 //! the end of the event-loop iteration that made it, in the same write as
 //! the answer to a `PING` handled in that iteration: they arrive together.)
 //!
-//! When the connection fails (the `PING` times out, the connection drops)
-//! the listener is told at once that nothing is in sync; the task
-//! reconnects with backoff, turns tracking on again, then resets the
-//! listener (changes made meanwhile were not reported) before confirming.
+//! The connection is a [`PushConnection`] (`push.rs`), which connects,
+//! turns tracking on, pings and reconnects with backoff; what is the L1's
+//! own is here. When the connection fails (the `PING` times out, the
+//! connection drops) the listener is told at once that nothing is in sync;
+//! once reconnected with tracking on again, the listener is reset (changes
+//! made meanwhile were not reported) before the next confirmation.
 //!
 //! On a cluster a supervisor keeps one such connection per master of the
 //! router's slot map, adding and dropping them as the map changes; the
@@ -31,26 +33,14 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use redis::{AsyncConnectionConfig, Client, ProtocolVersion, PushInfo, PushKind, Value};
-use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+use redis::{Client, PushInfo, PushKind, Value};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::cluster::WeakRouter;
-use super::errors::within;
-use super::options::{RedisOptions, MIN_BACKOFF};
+use super::options::RedisOptions;
+use super::push::{resp3, Due, Names, PushConnection};
 use crate::backend::ChangeListener;
-use crate::backoff::Backoff;
-
-/// A RESP3 client for the server `client` points to.
-pub(super) fn resp3(client: &Client) -> Result<Client, redis::RedisError> {
-    let info = client.get_connection_info().clone();
-    let settings = info
-        .redis_settings()
-        .clone()
-        .set_protocol(ProtocolVersion::RESP3);
-    Client::open(info.set_redis_settings(settings))
-}
 
 /// What one node's tracking task needs.
 #[derive(Clone)]
@@ -80,166 +70,106 @@ pub(super) fn track_standalone(client: Client, tracking: Tracking) {
     tokio::spawn(track_node(client, tracking, Arc::new(Direct)));
 }
 
-/// One node's tracking connection, for as long as the listener lives.
+/// One node's tracking connection, for as long as the listener lives: a
+/// [`PushConnection`] with tracking turned on as it connects, whose
+/// answered `PING`s are the confirmations.
 async fn track_node(client: Client, tracking: Tracking, confirm: Arc<dyn Confirm>) {
-    let mut backoff = Backoff::new(MIN_BACKOFF, tracking.options.max_backoff);
-    // The first failure to track is worth a warning (the L1 does not serve
-    // meanwhile); the retries after it are not.
-    let mut warned = false;
-    // A `PING` slower than this cannot confirm anything useful (the L1
-    // stops serving after five confirmation intervals anyway).
-    let ping_timeout = (tracking.confirm_every * 4).min(tracking.options.response_timeout);
-    loop {
-        let Some(listener) = tracking.listener.upgrade() else {
-            return;
-        };
-        confirm.confirmed(&*listener, None);
-        drop(listener);
-        let connected = connect(&client, &tracking).await;
-        if connected.is_none() && !std::mem::replace(&mut warned, true) {
-            tracing::warn!(
-                prefix = tracking.prefix,
-                "L1 tracking: cannot open the tracking connection (RESP3 and CLIENT TRACKING \
-                 need Redis 6 or later); the L1 does not serve until it can"
-            );
-        }
-        if let Some((mut conn, mut pushes)) = connected {
-            backoff.reset();
-            warned = false;
-            let Some(listener) = tracking.listener.upgrade() else {
-                return;
-            };
-            // Tracking is on: from now on every change is reported, but
-            // changes made before were not.
-            listener.reset();
-            drop(listener);
-            let mut ticker = tokio::time::interval(tracking.confirm_every);
-            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            'connected: loop {
-                tokio::select! {
-                    push = pushes.recv() => {
-                        let Some(listener) = tracking.listener.upgrade() else {
-                            return;
-                        };
-                        let alive = push.is_some_and(|push| handle(&*listener, push));
-                        if !alive {
-                            break 'connected;
-                        }
-                    }
-                    _ = ticker.tick() => {
-                        let sent = Instant::now();
-                        let cmd = redis::cmd("PING");
-                        let ping = within(ping_timeout, cmd.query_async::<Value>(&mut conn));
-                        tokio::pin!(ping);
-                        // Pushes are handled while the `PING` is out: a slow
-                        // answer must not hold back an invalidation already
-                        // received, or the L1 would serve a changed value
-                        // for as long as the `PING` takes.
-                        let answered = loop {
-                            tokio::select! {
-                                biased;
-                                answer = &mut ping => break answer.is_ok(),
-                                push = pushes.recv() => {
-                                    let Some(listener) = tracking.listener.upgrade() else {
-                                        return;
-                                    };
-                                    if !push.is_some_and(|push| handle(&*listener, push)) {
-                                        break false;
-                                    }
-                                }
-                            }
-                        };
-                        let Some(listener) = tracking.listener.upgrade() else {
-                            return;
-                        };
-                        if !answered {
-                            break 'connected;
-                        }
-                        // The pushes that came before the answer.
-                        let mut alive = true;
-                        while let Ok(push) = pushes.try_recv() {
-                            alive &= handle(&*listener, push);
-                        }
-                        if !alive {
-                            break 'connected;
-                        }
-                        confirm.confirmed(&*listener, Some(sent));
-                    }
-                }
-            }
-            if let Some(listener) = tracking.listener.upgrade() {
-                confirm.confirmed(&*listener, None);
-            }
-        }
-        tokio::time::sleep(backoff.next_interval()).await;
-    }
-}
-
-/// A connection with tracking on, and its pushes.
-async fn connect(
-    client: &Client,
-    tracking: &Tracking,
-) -> Option<(
-    redis::aio::MultiplexedConnection,
-    UnboundedReceiver<PushInfo>,
-)> {
-    let (tx, rx) = unbounded_channel();
-    let config = AsyncConnectionConfig::new()
-        .set_connection_timeout(Some(tracking.options.connection_timeout))
-        .set_response_timeout(Some(tracking.options.response_timeout))
-        .set_push_sender(tx);
-    let deadline = tracking
-        .options
-        .connection_timeout
-        .saturating_add(tracking.options.response_timeout);
-    let mut conn = within(
-        deadline,
-        client.get_multiplexed_async_connection_with_config(&config),
-    )
-    .await
-    .map_err(|e| tracing::debug!(error = %e, "L1 tracking: connect failed"))
-    .ok()?;
     let mut on = redis::cmd("CLIENT");
     on.arg("TRACKING")
         .arg("ON")
         .arg("BCAST")
         .arg("PREFIX")
         .arg(&tracking.prefix);
-    match within(
-        tracking.options.response_timeout,
-        on.query_async::<Value>(&mut conn),
-    )
-    .await
-    {
-        Ok(_) => Some((conn, rx)),
-        Err(e) => {
-            tracing::warn!(error = %e, "L1 tracking: CLIENT TRACKING failed; the L1 does not serve");
-            None
+    // A `PING` slower than this cannot confirm anything useful (the L1
+    // stops serving after five confirmation intervals anyway).
+    let ping_timeout = (tracking.confirm_every * 4).min(tracking.options.response_timeout);
+    let names = Names {
+        connect: "L1 tracking connect",
+        ping: "L1 tracking ping",
+    };
+    let options = tracking.options.clone();
+    let mut conn =
+        PushConnection::new(client, options, names, tracking.confirm_every, ping_timeout)
+            .with_setup("CLIENT TRACKING", on);
+    // The first failure to track is worth a warning (the L1 does not serve
+    // meanwhile); the retries after it are not.
+    let mut warned = false;
+    // Runs `f` on the listener; false once the listener is gone (the task
+    // ends with it).
+    let with_listener = |f: &dyn Fn(&dyn ChangeListener)| match tracking.listener.upgrade() {
+        Some(listener) => {
+            f(&*listener);
+            true
+        }
+        None => false,
+    };
+    if !with_listener(&|l| confirm.confirmed(l, None)) {
+        return;
+    }
+    loop {
+        let due = conn.due().await;
+        let alive = match due {
+            Due::Connect => match conn.connect().await {
+                // Tracking is on: from now on every change is reported,
+                // but changes made before were not.
+                Ok(()) => {
+                    warned = false;
+                    with_listener(&|l| l.reset())
+                }
+                Err(e) => {
+                    if std::mem::replace(&mut warned, true) {
+                        tracing::debug!(error = %e, "L1 tracking: connect failed");
+                    } else {
+                        tracing::warn!(
+                            prefix = tracking.prefix,
+                            error = %e,
+                            "L1 tracking: cannot open the tracking connection (RESP3 and \
+                             CLIENT TRACKING need Redis 6 or later); the L1 does not serve \
+                             until it can"
+                        );
+                    }
+                    with_listener(&|_| ())
+                }
+            },
+            Due::Push(push) => with_listener(&|l| handle(l, &push)),
+            Due::Lost => with_listener(&|l| confirm.confirmed(l, None)),
+            Due::Ping => {
+                // Pushes are handled while the `PING` is out: a slow answer
+                // must not hold back an invalidation already received, or
+                // the L1 would serve a changed value for as long as the
+                // `PING` takes.
+                let answered = conn
+                    .ping(|push| {
+                        with_listener(&|l| handle(l, &push));
+                    })
+                    .await;
+                let as_of = answered.ok();
+                with_listener(&|l| confirm.confirmed(l, as_of))
+            }
+        };
+        if !alive {
+            return;
         }
     }
 }
 
-/// Handles one push; false if the connection is gone.
-fn handle(listener: &dyn ChangeListener, push: PushInfo) -> bool {
-    match push.kind {
-        PushKind::Invalidate => {
-            match push.data.into_iter().next() {
-                Some(Value::Array(keys)) | Some(Value::Set(keys)) => {
-                    for key in keys {
-                        match key {
-                            Value::BulkString(key) => listener.changed(&key),
-                            Value::SimpleString(key) => listener.changed(key.as_bytes()),
-                            _ => listener.reset(),
-                        }
-                    }
+/// Handles one push.
+fn handle(listener: &dyn ChangeListener, push: &PushInfo) {
+    if push.kind != PushKind::Invalidate {
+        return;
+    }
+    match push.data.first() {
+        Some(Value::Array(keys)) | Some(Value::Set(keys)) => {
+            for key in keys {
+                match key {
+                    Value::BulkString(key) => listener.changed(key),
+                    Value::SimpleString(key) => listener.changed(key.as_bytes()),
+                    _ => listener.reset(),
                 }
-                // `nil`: the database was flushed.
-                _ => listener.reset(),
             }
-            true
         }
-        PushKind::Disconnection => false,
-        _ => true,
+        // `nil`: the database was flushed.
+        _ => listener.reset(),
     }
 }
 

@@ -1,30 +1,29 @@
 //! The subscriber's connection, owned by the subscriber task: on a
-//! standalone server one RESP3 connection that the task replaces when it
-//! drops, paced by a [`Backoff`]; on a cluster a RESP3 cluster connection
-//! that the driver keeps alive itself. Both deliver their pushes (messages,
-//! subscription confirmations) on a channel of their own.
+//! standalone server a [`PushConnection`] (one RESP3 connection kept up,
+//! see `push.rs`) on which the task subscribes its channels; on a cluster
+//! a RESP3 cluster connection that the driver keeps alive itself. Both
+//! deliver their pushes (messages, subscription confirmations) on a
+//! channel of their own.
 
-use std::time::Duration;
-
-use redis::aio::MultiplexedConnection;
-use redis::cluster_async::ClusterConnection;
 use std::collections::HashSet;
 use std::sync::Arc;
+use std::time::Duration;
 
 use parking_lot::Mutex;
+use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
-use redis::{AsyncConnectionConfig, Client, PushInfo, RedisError, Value};
-use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
+use redis::{Client, PushInfo};
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 use tokio::time::Instant;
 
-use super::cluster::{slot_of, ClusterRouter, WeakRouter};
-use super::errors::{classify, with_deadline, within};
-use super::options::{RedisOptions, MIN_BACKOFF};
-use crate::backoff::Backoff;
+use super::super::cluster::{slot_of, ClusterRouter, WeakRouter};
+use super::super::errors::with_deadline;
+use super::super::options::RedisOptions;
+use super::super::push::{disconnected, Names, PushConnection};
 use crate::error::BackendError;
 
 /// The subscriber connection, owned by the subscriber task.
-pub(super) enum Link {
+pub(in super::super) enum Link {
     Single(Box<SingleLink>),
     Cluster(ClusterLink),
 }
@@ -33,18 +32,14 @@ pub(super) enum Link {
 /// its slot map.
 const NUDGE_INTERVAL: Duration = Duration::from_secs(1);
 
-pub(super) struct SingleLink {
-    client: Client,
-    options: RedisOptions,
-    pub(super) conn: Option<MultiplexedConnection>,
-    /// The pushes of the current connection (each connection gets its own
-    /// channel, so a dead one's late messages cannot be mistaken).
-    pub(super) pushes: Option<UnboundedReceiver<PushInfo>>,
-    /// Paces reconnections; reset once connected.
-    backoff: Backoff,
+/// The standalone subscriber: a push connection, pinged every
+/// [`RedisOptions::ping_interval`], and the channels' (un)subscriptions.
+pub(in super::super) struct SingleLink {
+    pub(in super::super) push: PushConnection,
+    response_timeout: Duration,
 }
 
-pub(super) struct ClusterLink {
+pub(in super::super) struct ClusterLink {
     conn: ClusterConnection,
     /// The command path's slot map, which leaves a hung master behind; the
     /// driver's own does not (see [`ClusterLink::subscribe`]).
@@ -54,75 +49,34 @@ pub(super) struct ClusterLink {
     /// Channels with an `SUNSUBSCRIBE` under way.
     unsubscribing: Arc<Mutex<HashSet<String>>>,
     /// `None` once the driver dropped its push sender (it never should).
-    pub(super) pushes: Option<UnboundedReceiver<PushInfo>>,
+    pub(in super::super) pushes: Option<UnboundedReceiver<PushInfo>>,
     options: RedisOptions,
 }
 
 impl SingleLink {
     /// A link for `client` (which must speak RESP3, for pushes), not yet
     /// connected.
-    pub(super) fn new(client: Client, options: RedisOptions) -> SingleLink {
-        let backoff = Backoff::new(MIN_BACKOFF, options.max_backoff);
+    pub(in super::super) fn new(client: Client, options: RedisOptions) -> SingleLink {
+        let names = Names {
+            connect: "subscriber connect",
+            ping: "subscriber ping",
+        };
+        let (every, timeout) = (options.ping_interval, options.response_timeout);
         SingleLink {
-            client,
-            options,
-            conn: None,
-            pushes: None,
-            backoff,
+            push: PushConnection::new(client, options, names, every, timeout),
+            response_timeout: timeout,
         }
     }
 
-    pub(super) async fn connect(&mut self) -> Result<(), BackendError> {
-        let (tx, rx) = unbounded_channel();
-        let config = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(self.options.connection_timeout))
-            .set_response_timeout(Some(self.options.response_timeout))
-            .set_push_sender(tx);
-        let deadline = self
-            .options
-            .connection_timeout
-            .saturating_add(self.options.response_timeout);
-        let conn = with_deadline(
-            "subscriber connect",
-            deadline,
-            self.client
-                .get_multiplexed_async_connection_with_config(&config),
-        )
-        .await?;
-        self.conn = Some(conn);
-        self.pushes = Some(rx);
-        // The next loss of this connection is retried quickly again.
-        self.backoff.reset();
-        Ok(())
-    }
-
-    pub(super) fn disconnect(&mut self) {
-        self.conn = None;
-        self.pushes = None;
-    }
-
-    /// When to try to reconnect next. The jitter keeps a fleet that lost
-    /// the same server from reconnecting in lockstep; the interval never
-    /// exceeds [`RedisOptions::max_backoff`], as documented there.
-    pub(super) fn retry_at(&mut self) -> Instant {
-        let wait = self.backoff.next_interval().min(self.options.max_backoff);
-        let now = Instant::now();
-        // A `max_backoff` of centuries must not panic on overflow: a year
-        // is as good as never.
-        now.checked_add(wait)
-            .unwrap_or_else(|| now + Duration::from_secs(365 * 24 * 3600))
-    }
-
-    pub(super) async fn command(
+    /// `SUBSCRIBE` (or `UNSUBSCRIBE`) of `channels`.
+    pub(in super::super) async fn command(
         &mut self,
         op: &'static str,
         channels: &[String],
         subscribe: bool,
     ) -> Result<(), BackendError> {
-        let Some(conn) = self.conn.as_mut() else {
-            let disconnected =
-                std::io::Error::new(std::io::ErrorKind::NotConnected, "subscriber disconnected");
-            return Err(classify(op, RedisError::from(disconnected)));
+        let Some(conn) = self.push.conn() else {
+            return Err(disconnected(op));
         };
         let call = async {
             if subscribe {
@@ -131,28 +85,14 @@ impl SingleLink {
                 conn.unsubscribe(channels).await
             }
         };
-        within(self.options.response_timeout, call)
-            .await
-            .map_err(|e| classify(op, e))
-    }
-
-    pub(super) async fn ping(&mut self) -> Result<(), BackendError> {
-        let Some(conn) = self.conn.as_mut() else {
-            return Ok(());
-        };
-        let cmd = redis::cmd("PING");
-        let ping = cmd.query_async::<Value>(conn);
-        within(self.options.response_timeout, ping)
-            .await
-            .map(drop)
-            .map_err(|e| classify("subscriber ping", e))
+        with_deadline(op, self.response_timeout, call).await
     }
 }
 
 impl ClusterLink {
     /// A link on `conn`, a RESP3 cluster connection whose pushes arrive on
     /// `pushes`.
-    pub(super) fn new(
+    pub(in super::super) fn new(
         conn: ClusterConnection,
         pushes: UnboundedReceiver<PushInfo>,
         options: RedisOptions,
@@ -184,13 +124,15 @@ impl ClusterLink {
     /// subscription fails (at most once a second), and whenever onefill's
     /// own slot map changes, the driver is made to refresh its slot map
     /// ([`nudge`]).
-    pub(super) fn subscribe(&self, channel: String, done: UnboundedSender<Ended>) {
+    pub(in super::super) fn subscribe(&self, channel: String, done: UnboundedSender<Ended>) {
         let mut conn = self.conn.clone();
         let timeout = self.options.response_timeout;
         let router = self.router.clone();
         let last_nudge = self.last_nudge.clone();
         tokio::spawn(async move {
-            let ok = within(timeout, conn.ssubscribe(&channel)).await.is_ok();
+            let ok = with_deadline("ssubscribe", timeout, conn.ssubscribe(&channel))
+                .await
+                .is_ok();
             let _ = done.send(Ended::Subscribed(channel.clone(), ok));
             if ok {
                 return;
@@ -209,7 +151,11 @@ impl ClusterLink {
     /// `SUNSUBSCRIBE` of `channels`, in the background; each reports on
     /// `done` when it ends. A failure leaves a subscription nobody listens
     /// to, which goes with the connection.
-    pub(super) fn unsubscribe(&self, channels: Vec<String>, done: &UnboundedSender<Ended>) {
+    pub(in super::super) fn unsubscribe(
+        &self,
+        channels: Vec<String>,
+        done: &UnboundedSender<Ended>,
+    ) {
         for channel in channels {
             self.unsubscribing.lock().insert(channel.clone());
             let mut conn = self.conn.clone();
@@ -217,7 +163,7 @@ impl ClusterLink {
             let unsubscribing = self.unsubscribing.clone();
             let done = done.clone();
             tokio::spawn(async move {
-                let _ = within(timeout, conn.sunsubscribe(&channel)).await;
+                let _ = with_deadline("sunsubscribe", timeout, conn.sunsubscribe(&channel)).await;
                 unsubscribing.lock().remove(&channel);
                 let _ = done.send(Ended::Unsubscribed(channel));
             });
@@ -226,20 +172,20 @@ impl ClusterLink {
 
     /// Changes of the command path's slot map (see
     /// [`ClusterRouter::changes`]).
-    pub(super) fn topology_changes(&self) -> tokio::sync::watch::Receiver<(u64, u16)> {
+    pub(in super::super) fn topology_changes(&self) -> tokio::sync::watch::Receiver<(u64, u16)> {
         self.router.changes()
     }
 
     /// Whether an `SUNSUBSCRIBE` of `channel` is under way: a subscription
     /// sent meanwhile could reach the server first and be undone by it,
     /// leaving the channel deaf while it looks subscribed.
-    pub(super) fn unsubscribing(&self, channel: &str) -> bool {
+    pub(in super::super) fn unsubscribing(&self, channel: &str) -> bool {
         self.unsubscribing.lock().contains(channel)
     }
 }
 
 /// How a cluster (un)subscription sent in the background ended.
-pub(super) enum Ended {
+pub(in super::super) enum Ended {
     /// The channel, and whether the server confirmed it.
     Subscribed(String, bool),
     Unsubscribed(String),
@@ -256,7 +202,7 @@ async fn nudge(router: &ClusterRouter, conn: &mut ClusterConnection, slot: u16, 
     let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress { host, port });
     let mut exists = redis::cmd("EXISTS");
     exists.arg(key);
-    let _ = within(timeout, conn.route_command(exists, routing)).await;
+    let _ = with_deadline("EXISTS", timeout, conn.route_command(exists, routing)).await;
 }
 
 /// A key whose slot is `slot` (found by trying hash tags; a few thousand

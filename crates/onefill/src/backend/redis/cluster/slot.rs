@@ -1,0 +1,50 @@
+//! The hash slot of a key, as Redis Cluster computes it.
+
+/// Hash slots of a Redis Cluster.
+pub(super) const SLOTS: usize = 16384;
+
+/// The slot of `key`: CRC16 (XMODEM) of its hash tag, or of the whole key
+/// without one, modulo 16384, as Redis Cluster computes it.
+pub(in super::super) fn slot_of(key: &[u8]) -> u16 {
+    let hashed = key
+        .iter()
+        .position(|&b| b == b'{')
+        .and_then(|open| {
+            let rest = &key[open + 1..];
+            let close = rest.iter().position(|&b| b == b'}')?;
+            (close > 0).then(|| &rest[..close])
+        })
+        .unwrap_or(key);
+    crc16(hashed) % SLOTS as u16
+}
+
+fn crc16(bytes: &[u8]) -> u16 {
+    let mut crc: u16 = 0;
+    for &byte in bytes {
+        crc ^= u16::from(byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_are_computed_as_redis_does() {
+        // Values from the Redis Cluster specification and `CLUSTER KEYSLOT`.
+        assert_eq!(crc16(b"123456789"), 0x31C3);
+        assert_eq!(slot_of(b"foo"), 12182);
+        assert_eq!(slot_of(b"{user1000}.following"), slot_of(b"user1000"));
+        // An empty tag hashes the whole key.
+        assert_eq!(slot_of(b"foo{}{bar}"), crc16(b"foo{}{bar}") % 16384);
+        assert_eq!(slot_of(b"foo{{bar}}zap"), slot_of(b"{bar"));
+    }
+}

@@ -1,0 +1,155 @@
+//! Connecting a [`RedisBackend`]: to a standalone server (a connection
+//! manager for commands, a push connection for fill notifications) or to a
+//! cluster (onefill's router for commands, the driver's RESP3 cluster
+//! connection for sharded fill notifications).
+
+use std::sync::Arc;
+
+use redis::aio::ConnectionManagerConfig;
+use redis::cluster::ClusterClientBuilder;
+use redis::{Client, ProtocolVersion};
+use tokio::sync::mpsc::unbounded_channel;
+
+use super::cluster::ClusterRouter;
+use super::errors::{classify, with_deadline};
+use super::options::{check_url_and_tls, connect_deadline, open_client, RedisOptions};
+use super::push;
+use super::scripts::{Scripts, CLUSTER_SCRIPTS, STANDALONE_SCRIPTS};
+use super::server_clock::ServerClock;
+use super::subscriber::{ClusterLink, Link, PubSubShared, SingleLink};
+use super::urls::redact;
+use super::{Conn, Inner, RedisBackend};
+use crate::backend::{BackendError, Listeners};
+
+impl RedisBackend {
+    /// Connects to a standalone Redis with the default [`RedisOptions`].
+    ///
+    /// `url` is a redis-rs connection URL: `redis://[user:password@]host[:port][/db]`
+    /// (or `redis+unix:///path`). Fails if the server cannot be reached, or
+    /// if the URL is malformed (the error says what is wrong with it,
+    /// without quoting it).
+    pub async fn connect(url: &str) -> Result<RedisBackend, BackendError> {
+        Self::connect_with(url, RedisOptions::default()).await
+    }
+
+    /// Connects to a standalone Redis with the given options.
+    pub async fn connect_with(
+        url: &str,
+        options: RedisOptions,
+    ) -> Result<RedisBackend, BackendError> {
+        let client = open_client(url, &options)?;
+        // No response timeout on the command connection: the `Backend`
+        // methods bound their commands by it themselves, but a cache's hit
+        // calls `read` directly, bounded by the cache's own timeout alone
+        // (a second timer per hit cost about a tenth of a Redis hit's
+        // instructions, measured with callgrind). A reply that comes after its
+        // caller gave up is read and dropped, as before.
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(options.connection_timeout))
+            .set_response_timeout(None)
+            .set_number_of_retries(options.reconnect_retries)
+            .set_max_delay(options.max_backoff);
+        let manager = with_deadline(
+            "connect",
+            connect_deadline(&options),
+            client.get_connection_manager_with_config(config),
+        )
+        .await?;
+
+        // Fill notifications use RESP3 pushes on a connection of their own.
+        let sub_client = push::resp3(&client).map_err(|e| classify("connect", e))?;
+        let mut link = SingleLink::new(sub_client.clone(), options.clone());
+        link.push.connect().await?;
+
+        Ok(Self::assemble(
+            Conn::Single(manager),
+            Some(sub_client),
+            &STANDALONE_SCRIPTS,
+            Link::Single(Box::new(link)),
+            options,
+            redact(url),
+        ))
+    }
+
+    /// Connects to a Redis Cluster with the default [`RedisOptions`].
+    ///
+    /// `urls` are some of the cluster's nodes (`redis://[user:password@]host:port`);
+    /// the rest of the topology is discovered. Fails if no node can be
+    /// reached.
+    pub async fn connect_cluster(urls: &[&str]) -> Result<RedisBackend, BackendError> {
+        Self::connect_cluster_with(urls, RedisOptions::default()).await
+    }
+
+    /// Connects to a Redis Cluster with the given options.
+    pub async fn connect_cluster_with(
+        urls: &[&str],
+        options: RedisOptions,
+    ) -> Result<RedisBackend, BackendError> {
+        for url in urls {
+            check_url_and_tls(url)?;
+        }
+        let builder = |urls: &[&str]| {
+            let builder = ClusterClientBuilder::new(urls.iter().copied());
+            #[cfg(feature = "tls")]
+            let builder = match &options.tls {
+                Some(certs) => builder.certs(certs.clone()),
+                None => builder,
+            };
+            builder
+                .connection_timeout(options.connection_timeout)
+                .response_timeout(options.response_timeout)
+                // The driver computes `2^retry`: keep it far from overflowing.
+                .retries(options.reconnect_retries.min(16) as u32)
+                .min_retry_wait(10)
+                .max_retry_wait(
+                    u64::try_from(options.max_backoff.as_millis())
+                        .unwrap_or(u64::MAX)
+                        .max(11),
+                )
+        };
+        let deadline = connect_deadline(&options);
+        let router = ClusterRouter::connect(urls, options.clone()).await?;
+
+        let (push_tx, push_rx) = unbounded_channel();
+        let sub_client = builder(urls)
+            .use_protocol(ProtocolVersion::RESP3)
+            .push_sender(push_tx)
+            .build()
+            .map_err(|e| classify("connect", e))?;
+        let sub_conn =
+            with_deadline("connect", deadline, sub_client.get_async_connection()).await?;
+        let link = ClusterLink::new(sub_conn, push_rx, options.clone(), router.clone());
+
+        let target = urls.iter().map(|u| redact(u)).collect::<Vec<_>>().join(",");
+        Ok(Self::assemble(
+            Conn::Cluster(router),
+            None,
+            &CLUSTER_SCRIPTS,
+            Link::Cluster(link),
+            options,
+            target,
+        ))
+    }
+
+    fn assemble(
+        conn: Conn,
+        resp3: Option<Client>,
+        scripts: &'static Scripts,
+        link: Link,
+        options: RedisOptions,
+        target: String,
+    ) -> RedisBackend {
+        RedisBackend {
+            inner: Arc::new(Inner {
+                conn,
+                resp3,
+                listeners: Listeners::default(),
+                scripts,
+                clock: ServerClock::default(),
+                pubsub: PubSubShared::start(link, options.clone()),
+                options,
+                target,
+            }),
+        }
+    }
+}

@@ -1,0 +1,278 @@
+//! A push connection that stays up: one RESP3 connection to one server,
+//! whose pushes (pub/sub messages, tracking invalidations) are handed to
+//! the task that owns it. It is what the fill notifications of a
+//! standalone server and every L1 tracking connection have in common:
+//!
+//! - connecting: a multiplexed connection with a push channel of its own
+//!   (a dead connection's late pushes cannot be mistaken for the new
+//!   one's), bounded by the connection plus the response timeout, then the
+//!   owner's setup command if it has one (turning tracking on);
+//! - a `PING` right after connecting and every interval after, while the
+//!   pushes that come meanwhile are handed over (a slow answer must not
+//!   hold back a push already received); the answer comes after every
+//!   push the server sent before handling the `PING`, so an answered
+//!   `PING` reports when the connection was last known to be complete;
+//! - losing it (its pushes end, a `Disconnection` push, a `PING` that fails,
+//!   a command of the owner's that fails): down at once, and connected
+//!   again after a jittered exponential backoff, so that a fleet that lost
+//!   the same server does not reconnect in lockstep; the backoff starts
+//!   over once connected.
+//!
+//! The owner drives it from its own loop: [`PushConnection::due`] says
+//! what happened or is due next (it is cancel-safe, so it can sit in the
+//! owner's `select!` among the owner's other work), and the owner decides
+//! what a push, a loss or a reconnection means for it (a subscriber
+//! subscribes its channels again, the L1 empties itself).
+
+use std::time::Duration;
+
+use redis::aio::MultiplexedConnection;
+use redis::{
+    AsyncConnectionConfig, Client, Cmd, ProtocolVersion, PushInfo, PushKind, RedisError, Value,
+};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+use tokio::time::{Instant, Interval, MissedTickBehavior};
+
+use super::errors::{classify, with_deadline};
+use super::options::{RedisOptions, MIN_BACKOFF};
+use crate::backoff::Backoff;
+use crate::error::BackendError;
+
+/// What a push connection's owner calls it in errors and logs.
+#[derive(Clone, Copy)]
+pub(super) struct Names {
+    /// Opening the connection.
+    pub connect: &'static str,
+    /// The health-check `PING`.
+    pub ping: &'static str,
+}
+
+/// What happened to a [`PushConnection`], or is due.
+pub(super) enum Due {
+    /// A push from the server (never a `Disconnection`: that is [`Due::Lost`]).
+    Push(PushInfo),
+    /// The connection dropped; it is down, and reconnects when due.
+    Lost,
+    /// It is down and may connect again: call [`PushConnection::connect`].
+    Connect,
+    /// It is up and due a health check: call [`PushConnection::ping`].
+    Ping,
+}
+
+/// A RESP3 connection whose pushes its owner handles, kept up; see the
+/// module docs.
+pub(super) struct PushConnection {
+    client: Client,
+    options: RedisOptions,
+    names: Names,
+    /// Sent after connecting, before the connection counts as up.
+    setup: Option<(&'static str, Cmd)>,
+    conn: Option<MultiplexedConnection>,
+    /// The pushes of the current connection.
+    pushes: Option<UnboundedReceiver<PushInfo>>,
+    /// Paces reconnections; reset once connected.
+    backoff: Backoff,
+    /// While down: when to connect again.
+    retry_at: Instant,
+    ping_every: Duration,
+    ping_timeout: Duration,
+    /// While up: when the next `PING` is due.
+    ping: Interval,
+}
+
+impl PushConnection {
+    /// A connection to the server of `client` (which must speak RESP3, for
+    /// pushes), not yet connected: [`due`](Self::due) says
+    /// [`Connect`](Due::Connect) at once. It is pinged every `ping_every`,
+    /// each `PING` given `ping_timeout`.
+    pub(super) fn new(
+        client: Client,
+        options: RedisOptions,
+        names: Names,
+        ping_every: Duration,
+        ping_timeout: Duration,
+    ) -> PushConnection {
+        PushConnection {
+            client,
+            backoff: Backoff::new(MIN_BACKOFF, options.max_backoff),
+            options,
+            names,
+            setup: None,
+            conn: None,
+            pushes: None,
+            retry_at: Instant::now(),
+            ping_every,
+            ping_timeout,
+            ping: ping_interval(ping_every),
+        }
+    }
+
+    /// `cmd` (called `op`) is sent on every new connection before it counts
+    /// as up; if it fails, the connection is dropped and tried again later.
+    pub(super) fn with_setup(mut self, op: &'static str, cmd: Cmd) -> PushConnection {
+        self.setup = Some((op, cmd));
+        self
+    }
+
+    /// The connection, while it is up (for the owner's commands).
+    pub(super) fn conn(&mut self) -> Option<&mut MultiplexedConnection> {
+        self.conn.as_mut()
+    }
+
+    /// What happened, or is due next. Cancel-safe: nothing is lost if the
+    /// future is dropped before it answers.
+    pub(super) async fn due(&mut self) -> Due {
+        let (Some(pushes), true) = (self.pushes.as_mut(), self.conn.is_some()) else {
+            tokio::time::sleep_until(self.retry_at).await;
+            return Due::Connect;
+        };
+        let received = tokio::select! {
+            push = pushes.recv() => Some(push),
+            _ = self.ping.tick() => None,
+        };
+        match received {
+            None => Due::Ping,
+            Some(Some(push)) if push.kind != PushKind::Disconnection => Due::Push(push),
+            Some(_) => {
+                self.lost();
+                Due::Lost
+            }
+        }
+    }
+
+    /// Connects (and sends the setup command). Down with a retry scheduled
+    /// if it fails.
+    pub(super) async fn connect(&mut self) -> Result<(), BackendError> {
+        self.conn = None;
+        self.pushes = None;
+        match self.open().await {
+            Ok((conn, pushes)) => {
+                self.conn = Some(conn);
+                self.pushes = Some(pushes);
+                // The next loss of this connection is retried quickly again.
+                self.backoff.reset();
+                self.ping = ping_interval(self.ping_every);
+                Ok(())
+            }
+            Err(e) => {
+                self.retry_later();
+                Err(e)
+            }
+        }
+    }
+
+    async fn open(
+        &self,
+    ) -> Result<(MultiplexedConnection, UnboundedReceiver<PushInfo>), BackendError> {
+        let (tx, rx) = unbounded_channel();
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.options.connection_timeout))
+            .set_response_timeout(Some(self.options.response_timeout))
+            .set_push_sender(tx);
+        let limit = self
+            .options
+            .connection_timeout
+            .saturating_add(self.options.response_timeout);
+        let connecting = self
+            .client
+            .get_multiplexed_async_connection_with_config(&config);
+        let mut conn = with_deadline(self.names.connect, limit, connecting).await?;
+        if let Some((op, setup)) = &self.setup {
+            let sent = setup.query_async::<Value>(&mut conn);
+            with_deadline(op, self.options.response_timeout, sent).await?;
+        }
+        Ok((conn, rx))
+    }
+
+    /// Sends a `PING`, handing `on_push` the pushes that come before its
+    /// answer (those received while it is out, then those already queued
+    /// when it answers). Returns when it was sent: every push the server
+    /// sent before then has been handed over. If it fails, the connection
+    /// is down (a retry scheduled).
+    pub(super) async fn ping(
+        &mut self,
+        mut on_push: impl FnMut(PushInfo),
+    ) -> Result<Instant, BackendError> {
+        let (Some(conn), Some(pushes)) = (self.conn.as_mut(), self.pushes.as_mut()) else {
+            return Err(disconnected(self.names.ping));
+        };
+        let sent = Instant::now();
+        let cmd = redis::cmd("PING");
+        let answered = {
+            let ping = with_deadline(
+                self.names.ping,
+                self.ping_timeout,
+                cmd.query_async::<Value>(conn),
+            );
+            tokio::pin!(ping);
+            loop {
+                tokio::select! {
+                    biased;
+                    answer = &mut ping => break answer.map(drop),
+                    push = pushes.recv() => match push {
+                        Some(push) if push.kind != PushKind::Disconnection => on_push(push),
+                        _ => break Err(disconnected(self.names.ping)),
+                    },
+                }
+            }
+        };
+        let answered = answered.and_then(|()| {
+            while let Ok(push) = pushes.try_recv() {
+                if push.kind == PushKind::Disconnection {
+                    return Err(disconnected(self.names.ping));
+                }
+                on_push(push);
+            }
+            Ok(sent)
+        });
+        if answered.is_err() {
+            self.lost();
+        }
+        answered
+    }
+
+    /// The connection is unusable (a command of the owner's failed on it,
+    /// or it dropped): down, and connected again after the backoff. Does
+    /// nothing while it is down already.
+    pub(super) fn lost(&mut self) {
+        if self.conn.take().is_some() {
+            self.pushes = None;
+            self.retry_later();
+        }
+    }
+
+    /// Schedules the next connection attempt. The interval never exceeds
+    /// [`RedisOptions::max_backoff`], as documented there.
+    fn retry_later(&mut self) {
+        let wait = self.backoff.next_interval().min(self.options.max_backoff);
+        let now = Instant::now();
+        // A `max_backoff` of centuries must not panic on overflow: a year
+        // is as good as never.
+        self.retry_at = now
+            .checked_add(wait)
+            .unwrap_or_else(|| now + Duration::from_secs(365 * 24 * 3600));
+    }
+}
+
+/// A `PING` right away, then every `every`; a late one is not made up for.
+fn ping_interval(every: Duration) -> Interval {
+    let mut interval = tokio::time::interval(every);
+    interval.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    interval
+}
+
+/// A RESP3 client (which pushes need) for the server `client` points to.
+pub(super) fn resp3(client: &Client) -> Result<Client, RedisError> {
+    let info = client.get_connection_info().clone();
+    let settings = info
+        .redis_settings()
+        .clone()
+        .set_protocol(ProtocolVersion::RESP3);
+    Client::open(info.set_redis_settings(settings))
+}
+
+/// The error of a command on a connection that is down.
+pub(super) fn disconnected(op: &'static str) -> BackendError {
+    let disconnected = std::io::Error::new(std::io::ErrorKind::NotConnected, "disconnected");
+    classify(op, RedisError::from(disconnected))
+}
