@@ -205,7 +205,7 @@ pub(crate) struct Local<V> {
     /// seen by the insert or removes what it stored, with no moment in
     /// between when a reader finds the older entry (it did: "inserted
     /// first, checked after" let a call made after `set` returned read the
-    /// entry an older flight was putting back, `adversarial_writes::
+    /// entry an older flight was putting back, `writes::
     /// stress_no_answer_older_than_a_returned_set` once in ~100 runs).
     writers: Box<[Mutex<()>]>,
     resets: AtomicU64,
