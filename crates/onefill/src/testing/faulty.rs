@@ -87,6 +87,24 @@ pub enum Fault {
     /// For `subscribe`: the subscription is made but never fires (every
     /// notification lost). Other calls pass.
     Deaf,
+    /// Nothing runs; an error of this kind at once.
+    Fail(BackendErrorKind),
+    /// The call waits this long, then runs and answers as usual.
+    Delay(Duration),
+}
+
+/// A test's own choice of each call's fault (see [`Faults::decide_with`]).
+type Decide = Arc<dyn Fn(Op, Option<&FillKeys>) -> Option<Fault> + Send + Sync>;
+
+/// The decision hook, if a test set one.
+#[derive(Default)]
+struct Decider(Mutex<Option<Decide>>);
+
+impl std::fmt::Debug for Decider {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let set = self.0.lock().is_some();
+        f.debug_tuple("Decider").field(&set).finish()
+    }
 }
 
 /// When a fault applies.
@@ -108,6 +126,7 @@ struct State {
     calls: Mutex<HashMap<Op, usize>>,
     total: AtomicUsize,
     gate: GateSemaphore,
+    decide: Decider,
 }
 
 #[derive(Debug)]
@@ -230,6 +249,16 @@ impl Faults {
     }
 
     /// Whether some fault picks keys.
+    /// From now on, each call's fault is what `decide` says for its kind
+    /// and keys (`None`: it passes), ahead of the faults set per kind: for
+    /// a test that draws faults from a seeded stream, or logs each one.
+    pub fn decide_with(
+        &self,
+        decide: impl Fn(Op, Option<&FillKeys>) -> Option<Fault> + Send + Sync + 'static,
+    ) {
+        *self.0.decide.0.lock() = Some(Arc::new(decide));
+    }
+
     fn per_key(&self) -> bool {
         self.0.rules.lock().iter().any(|r| r.keys.is_some())
     }
@@ -242,6 +271,11 @@ impl Faults {
     fn start(&self, op: Op, keys: Option<&FillKeys>) -> (Duration, Option<Fault>) {
         *self.0.calls.lock().entry(op).or_default() += 1;
         let n = self.0.total.fetch_add(1, Ordering::SeqCst) + 1;
+        let latency = *self.0.latency.lock();
+        let decide = self.0.decide.0.lock().clone();
+        if let Some(fault) = decide.and_then(|decide| decide(op, keys)) {
+            return (latency, Some(fault));
+        }
         let fault = self
             .0
             .rules
@@ -255,7 +289,7 @@ impl Faults {
                         .is_none_or(|part| keys.is_some_and(|k| k.value().contains(part)))
             })
             .map(|r| r.fault.clone());
-        (*self.0.latency.lock(), fault)
+        (latency, fault)
     }
 
     /// Runs `call` (on the store) as the fault says.
@@ -306,6 +340,11 @@ impl Faults {
                 answer
             }
             Some(Fault::Panic) => panic!("backend {op:?} panicked (injected)"),
+            Some(Fault::Fail(kind)) => Err(BackendError::new(kind, format!("{kind} (injected)"))),
+            Some(Fault::Delay(wait)) => {
+                tokio::time::sleep(wait).await;
+                call.await
+            }
         }
     }
 }

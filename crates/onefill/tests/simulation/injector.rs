@@ -1,6 +1,11 @@
-//! The fault injector: a [`Backend`] per instance on the shared store,
-//! faulting calls and notifications from its instance's seeded stream and
-//! logging what runs on the store and what each call is answered.
+//! The fault injector: one instance's way to the shared store, in three
+//! layers. Outside, [`Injector`] logs each call as the cache sees it (its
+//! entry, its answer, or that it was dropped before one) and makes its
+//! subscriptions' notifications late, lost or doubled. In the middle, the
+//! fault-injecting wrapper every test uses ([`FaultyBackend`]), whose
+//! faults this instance's seeded stream decides. Inside, [`Store`] runs
+//! each command on the shared store and logs what it did there (and
+//! breaks the protocol as a broken variant asks).
 
 use std::future::Future;
 use std::sync::atomic::Ordering;
@@ -9,6 +14,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use onefill::backend::{Acquired, Backend, FillKeys, FillSubscription, Stored};
+use onefill::testing::{self, FaultyBackend, Op};
 use onefill::{BackendError, BackendErrorKind, LeaseToken, MemoryBackend};
 use rand::rngs::StdRng;
 use rand::RngExt;
@@ -23,13 +29,11 @@ use crate::variants::Variant;
 /// A fault-injecting [`Backend`] for one instance, on the shared store.
 #[derive(Clone)]
 pub(crate) struct Injector {
-    pub(crate) inst: usize,
-    pub(crate) inner: MemoryBackend,
-    pub(crate) world: Arc<World>,
-    pub(crate) rng: Arc<Mutex<StdRng>>,
-    pub(crate) fault_rate: f64,
-    pub(crate) notify_rate: f64,
-    pub(crate) max_delay: Duration,
+    inst: usize,
+    world: Arc<World>,
+    rng: Arc<Mutex<StdRng>>,
+    notify_rate: f64,
+    faulty: FaultyBackend<Store>,
 }
 
 impl std::fmt::Debug for Injector {
@@ -61,28 +65,66 @@ impl Drop for Abandon<'_> {
     }
 }
 
+/// How a drawn fault is played by the wrapper.
+fn played(fault: Fault) -> Option<testing::Fault> {
+    match fault {
+        Fault::Pass => None,
+        Fault::Delay(wait) => Some(testing::Fault::Delay(wait)),
+        Fault::Hang => Some(testing::Fault::Hang),
+        Fault::Fail(kind) => Some(testing::Fault::Fail(kind)),
+        Fault::RunThenFail => Some(testing::Fault::LoseReply),
+        Fault::RunThenHang => Some(testing::Fault::RunThenHang),
+    }
+}
+
+/// The log's name of a kind of call.
+fn bop(op: Op) -> BOp {
+    match op {
+        Op::Get | Op::GetMany => BOp::Get,
+        Op::Acquire | Op::AcquireMany => BOp::Acquire,
+        Op::Fill => BOp::Fill,
+        Op::Release => BOp::Release,
+        Op::Extend => BOp::Extend,
+        Op::Set => BOp::Set,
+        Op::Invalidate => BOp::Invalidate,
+        Op::Subscribe => BOp::Subscribe,
+    }
+}
+
 impl Injector {
-    fn decide(&self) -> Fault {
-        if self.world.healthy.load(Ordering::SeqCst) {
-            return Fault::Pass;
-        }
-        if self.world.hang_next[self.inst].swap(false, Ordering::SeqCst) {
-            return Fault::Hang;
-        }
-        let mut rng = self.rng.lock().unwrap();
-        if !rng.random_bool(self.fault_rate) {
-            return Fault::Pass;
-        }
-        let max = self.max_delay.as_millis() as u64;
-        match rng.random_range(0..9) {
-            0 | 1 => Fault::Delay(ms(rng.random_range(1..=max))),
-            2 => Fault::Hang,
-            3 => Fault::Fail(BackendErrorKind::Timeout),
-            4 => Fault::Fail(BackendErrorKind::Connection),
-            5 => Fault::Fail(BackendErrorKind::Busy),
-            6 => Fault::Fail(BackendErrorKind::Command),
-            7 => Fault::RunThenFail,
-            _ => Fault::RunThenHang,
+    /// Instance `inst`'s backend on `store`: a call meets a fault with
+    /// probability `fault_rate` (a delay up to `max_delay`, a hang, an
+    /// error of each transport kind, or a command that runs and loses its
+    /// reply), a notification with `notify_rate`; both drawn from `rng`.
+    pub(crate) fn new(
+        inst: usize,
+        store: MemoryBackend,
+        world: Arc<World>,
+        rng: StdRng,
+        (fault_rate, notify_rate): (f64, f64),
+        max_delay: Duration,
+    ) -> Self {
+        let rng = Arc::new(Mutex::new(rng));
+        let faulty = FaultyBackend::new(Store {
+            inst,
+            inner: store,
+            world: world.clone(),
+        });
+        let (drawn, log) = (rng.clone(), world.clone());
+        faulty.faults().decide_with(move |op, _keys| {
+            let fault = decide(&log, inst, &drawn, fault_rate, max_delay);
+            if fault != Fault::Pass {
+                let op = bop(op);
+                log.record(Ev::Fault { inst, op, fault });
+            }
+            played(fault)
+        });
+        Injector {
+            inst,
+            world,
+            rng,
+            notify_rate,
+            faulty,
         }
     }
 
@@ -101,12 +143,107 @@ impl Injector {
         })
     }
 
-    async fn frozen_if_dead(&self) {
-        if self.world.is_dead(self.inst) {
-            std::future::pending::<()>().await;
-        }
+    /// Runs one backend call through the faults, logging its entry and how
+    /// it was answered (or that it was dropped before an answer).
+    async fn call<T>(
+        &self,
+        op: BOp,
+        key: usize,
+        token: Option<&LeaseToken>,
+        run: impl Future<Output = Result<T, BackendError>>,
+        reply: impl Fn(&T) -> Reply,
+    ) -> Result<T, BackendError> {
+        frozen_if_dead(&self.world, self.inst).await;
+        let entered = Instant::now();
+        let token = token.map(|t| t.as_str().to_owned());
+        self.world.record(Ev::Entry {
+            inst: self.inst,
+            op,
+            key,
+            token: token.clone(),
+        });
+        let mut abandon = Abandon {
+            injector: self,
+            op,
+            key,
+            token: token.clone(),
+            armed: true,
+        };
+        let result = run.await;
+        abandon.armed = false;
+        let answered = match &result {
+            Ok(value) => reply(value),
+            Err(_) => Reply::Err,
+        };
+        self.world.record(Ev::Delivered {
+            inst: self.inst,
+            op,
+            key,
+            token,
+            reply: answered,
+            took: entered.elapsed(),
+            task: tokio::task::try_id(),
+        });
+        result
     }
+}
 
+/// The fault of one call, drawn from the instance's stream (none once the
+/// run's healthy tail began; a hang if the scenario asked for one next).
+fn decide(
+    world: &World,
+    inst: usize,
+    rng: &Mutex<StdRng>,
+    fault_rate: f64,
+    max_delay: Duration,
+) -> Fault {
+    if world.healthy.load(Ordering::SeqCst) {
+        return Fault::Pass;
+    }
+    if world.hang_next[inst].swap(false, Ordering::SeqCst) {
+        return Fault::Hang;
+    }
+    let mut rng = rng.lock().unwrap();
+    if !rng.random_bool(fault_rate) {
+        return Fault::Pass;
+    }
+    let max = max_delay.as_millis() as u64;
+    match rng.random_range(0..9) {
+        0 | 1 => Fault::Delay(ms(rng.random_range(1..=max))),
+        2 => Fault::Hang,
+        3 => Fault::Fail(BackendErrorKind::Timeout),
+        4 => Fault::Fail(BackendErrorKind::Connection),
+        5 => Fault::Fail(BackendErrorKind::Busy),
+        6 => Fault::Fail(BackendErrorKind::Command),
+        7 => Fault::RunThenFail,
+        _ => Fault::RunThenHang,
+    }
+}
+
+/// A dead instance's calls (and notifications) pend forever.
+async fn frozen_if_dead(world: &World, inst: usize) {
+    if world.is_dead(inst) {
+        std::future::pending::<()>().await;
+    }
+}
+
+/// The shared store as one instance's commands reach it, past the faults:
+/// each command runs (unless the instance died meanwhile, as during a
+/// delay) and is logged with what it did.
+#[derive(Clone)]
+pub(crate) struct Store {
+    inst: usize,
+    inner: MemoryBackend,
+    world: Arc<World>,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Store({})", self.inst)
+    }
+}
+
+impl Store {
     /// Runs a step on the store and logs what it did, if it answered.
     async fn logged<T>(
         &self,
@@ -114,6 +251,7 @@ impl Injector {
         step: impl Future<Output = Result<T, BackendError>>,
         what: impl FnOnce(&T) -> Exec,
     ) -> Result<T, BackendError> {
+        frozen_if_dead(&self.world, self.inst).await;
         let result = step.await;
         if let Ok(value) = &result {
             self.world.record(Ev::Exec {
@@ -130,7 +268,6 @@ impl Injector {
     /// hold the lease, whatever held it.
     async fn fenced(
         &self,
-        op: BOp,
         keys: &FillKeys,
         token: &LeaseToken,
         unfenced: impl Fn() -> bool,
@@ -138,95 +275,12 @@ impl Injector {
         what: impl FnOnce(bool) -> Exec,
     ) -> Result<bool, BackendError> {
         let key = self.world.key_of(keys);
-        let run = async {
-            if unfenced() {
-                self.inner
-                    .put_raw(keys.lock(), token.as_bytes(), Duration::from_secs(60));
-            }
-            self.logged(key, step, |&ok| what(ok)).await
-        };
-        self.call(op, key, Some(token), run, bool_reply).await
-    }
-
-    /// Runs one backend call through the fault decided for it; `run` is the
-    /// step on the store (it logs what it did).
-    async fn call<T>(
-        &self,
-        op: BOp,
-        key: usize,
-        token: Option<&LeaseToken>,
-        run: impl Future<Output = Result<T, BackendError>>,
-        reply: impl Fn(&T) -> Reply,
-    ) -> Result<T, BackendError> {
-        self.frozen_if_dead().await;
-        let entered = Instant::now();
-        let token = token.map(|t| t.as_str().to_owned());
-        self.world.record(Ev::Entry {
-            inst: self.inst,
-            op,
-            key,
-            token: token.clone(),
-        });
-        let mut abandon = Abandon {
-            injector: self,
-            op,
-            key,
-            token: token.clone(),
-            armed: true,
-        };
-        let fault = self.decide();
-        if fault != Fault::Pass {
-            self.world.record(Ev::Fault {
-                inst: self.inst,
-                op,
-                fault,
-            });
+        frozen_if_dead(&self.world, self.inst).await;
+        if unfenced() {
+            self.inner
+                .put_raw(keys.lock(), token.as_bytes(), Duration::from_secs(60));
         }
-        match fault {
-            Fault::Delay(d) => {
-                tokio::time::sleep(d).await;
-                self.frozen_if_dead().await;
-            }
-            Fault::Hang => std::future::pending::<()>().await,
-            Fault::Fail(kind) => {
-                abandon.armed = false;
-                self.deliver(op, key, token, Reply::Err, entered);
-                return Err(BackendError::new(kind, format!("injected {kind}")));
-            }
-            Fault::Pass | Fault::RunThenFail | Fault::RunThenHang => {}
-        }
-        let result = run.await;
-        match fault {
-            Fault::RunThenFail => {
-                abandon.armed = false;
-                self.deliver(op, key, token, Reply::Err, entered);
-                return Err(BackendError::new(
-                    BackendErrorKind::Timeout,
-                    "injected: the command ran, its reply was lost",
-                ));
-            }
-            Fault::RunThenHang => std::future::pending::<()>().await,
-            _ => {}
-        }
-        abandon.armed = false;
-        let answered = match &result {
-            Ok(value) => reply(value),
-            Err(_) => Reply::Err,
-        };
-        self.deliver(op, key, token, answered, entered);
-        result
-    }
-
-    fn deliver(&self, op: BOp, key: usize, token: Option<String>, reply: Reply, entered: Instant) {
-        self.world.record(Ev::Delivered {
-            inst: self.inst,
-            op,
-            key,
-            token,
-            reply,
-            took: entered.elapsed(),
-            task: tokio::task::try_id(),
-        });
+        self.logged(key, step, |&ok| what(ok)).await
     }
 
     /// Whether the stored value is fresh beyond `window` (the test of the
@@ -285,10 +339,9 @@ fn bool_reply(ok: &bool) -> Reply {
 }
 
 #[async_trait]
-impl Backend for Injector {
-    /// The store's own reports, past the faults: they happen on the
-    /// server, not on the wire (the Redis backend's tracking connection is
-    /// tested on real Redis).
+impl Backend for Store {
+    /// The store's own reports: they happen on the server, not on the wire
+    /// (the Redis backend's tracking connection is tested on real Redis).
     fn track_changes(
         &self,
         prefix: &str,
@@ -299,9 +352,8 @@ impl Backend for Injector {
     }
 
     async fn get(&self, keys: &FillKeys) -> Result<Option<Stored>, BackendError> {
-        let key = self.world.key_of(keys);
-        self.call(BOp::Get, key, None, self.inner.get(keys), unit_reply)
-            .await
+        frozen_if_dead(&self.world, self.inst).await;
+        self.inner.get(keys).await
     }
 
     async fn acquire(
@@ -359,8 +411,7 @@ impl Backend for Injector {
             })
             .await
         };
-        self.call(BOp::Acquire, key, Some(token), run, acquired_reply)
-            .await
+        run.await
     }
 
     async fn fill(
@@ -373,7 +424,7 @@ impl Backend for Injector {
         // The UnfencedFill variant: whatever held the lease.
         let unfenced = || self.world.variant == Variant::UnfencedFill;
         let filled = self.inner.fill(keys, token, bytes, ttl);
-        self.fenced(BOp::Fill, keys, token, unfenced, filled, |ok| Exec::Fill {
+        self.fenced(keys, token, unfenced, filled, |ok| Exec::Fill {
             token: token.as_str().to_owned(),
             ok,
             origin: origin_of_envelope(bytes),
@@ -393,12 +444,10 @@ impl Backend for Injector {
                 && self.inner.get_raw(keys.lock()).is_some()
         };
         let released = self.inner.release(keys, token, entry);
-        self.fenced(BOp::Release, keys, token, unfenced, released, |ok| {
-            Exec::Release {
-                token: token.as_str().to_owned(),
-                ok,
-                entry: entry.and_then(|(bytes, _)| origin_of_envelope(bytes)),
-            }
+        self.fenced(keys, token, unfenced, released, |ok| Exec::Release {
+            token: token.as_str().to_owned(),
+            ok,
+            entry: entry.and_then(|(bytes, _)| origin_of_envelope(bytes)),
         })
         .await
     }
@@ -411,32 +460,117 @@ impl Backend for Injector {
     ) -> Result<bool, BackendError> {
         let key = self.world.key_of(keys);
         let extended = self.inner.extend(keys, token, lease_ttl);
-        let run = self.logged(key, extended, |&ok| Exec::Extend {
+        self.logged(key, extended, |&ok| Exec::Extend {
             token: token.as_str().to_owned(),
             ttl: lease_ttl,
             ok,
-        });
-        self.call(BOp::Extend, key, Some(token), run, bool_reply)
+        })
+        .await
+    }
+
+    async fn set(&self, keys: &FillKeys, bytes: &[u8], ttl: Duration) -> Result<(), BackendError> {
+        let key = self.world.key_of(keys);
+        self.logged(key, self.inner.set(keys, bytes, ttl), |()| Exec::Set {
+            origin: origin_of_envelope(bytes),
+        })
+        .await
+    }
+
+    async fn invalidate(&self, keys: &FillKeys) -> Result<(), BackendError> {
+        let key = self.world.key_of(keys);
+        self.logged(key, self.inner.invalidate(keys), |()| Exec::Invalidate)
+            .await
+    }
+
+    async fn subscribe(&self, keys: &FillKeys) -> Result<Box<dyn FillSubscription>, BackendError> {
+        frozen_if_dead(&self.world, self.inst).await;
+        self.inner.subscribe(keys).await
+    }
+}
+
+#[async_trait]
+impl Backend for Injector {
+    fn track_changes(
+        &self,
+        prefix: &str,
+        confirm_every: Duration,
+        listener: std::sync::Weak<dyn onefill::backend::ChangeListener>,
+    ) -> Result<(), BackendError> {
+        self.faulty.track_changes(prefix, confirm_every, listener)
+    }
+
+    async fn get(&self, keys: &FillKeys) -> Result<Option<Stored>, BackendError> {
+        let key = self.world.key_of(keys);
+        self.call(BOp::Get, key, None, self.faulty.get(keys), unit_reply)
+            .await
+    }
+
+    async fn acquire(
+        &self,
+        keys: &FillKeys,
+        token: &LeaseToken,
+        lease_ttl: Duration,
+        refresh_window: Duration,
+    ) -> Result<Acquired, BackendError> {
+        let key = self.world.key_of(keys);
+        let acquired = self.faulty.acquire(keys, token, lease_ttl, refresh_window);
+        self.call(BOp::Acquire, key, Some(token), acquired, acquired_reply)
+            .await
+    }
+
+    async fn fill(
+        &self,
+        keys: &FillKeys,
+        token: &LeaseToken,
+        bytes: &[u8],
+        ttl: Duration,
+    ) -> Result<bool, BackendError> {
+        let key = self.world.key_of(keys);
+        let filled = self.faulty.fill(keys, token, bytes, ttl);
+        self.call(BOp::Fill, key, Some(token), filled, bool_reply)
+            .await
+    }
+
+    async fn release(
+        &self,
+        keys: &FillKeys,
+        token: &LeaseToken,
+        entry: Option<(&[u8], Duration)>,
+    ) -> Result<bool, BackendError> {
+        let key = self.world.key_of(keys);
+        let released = self.faulty.release(keys, token, entry);
+        self.call(BOp::Release, key, Some(token), released, bool_reply)
+            .await
+    }
+
+    async fn extend(
+        &self,
+        keys: &FillKeys,
+        token: &LeaseToken,
+        lease_ttl: Duration,
+    ) -> Result<bool, BackendError> {
+        let key = self.world.key_of(keys);
+        let extended = self.faulty.extend(keys, token, lease_ttl);
+        self.call(BOp::Extend, key, Some(token), extended, bool_reply)
             .await
     }
 
     async fn set(&self, keys: &FillKeys, bytes: &[u8], ttl: Duration) -> Result<(), BackendError> {
         let key = self.world.key_of(keys);
-        let run = self.logged(key, self.inner.set(keys, bytes, ttl), |()| Exec::Set {
-            origin: origin_of_envelope(bytes),
-        });
-        self.call(BOp::Set, key, None, run, unit_reply).await
+        let set = self.faulty.set(keys, bytes, ttl);
+        self.call(BOp::Set, key, None, set, unit_reply).await
     }
 
     async fn invalidate(&self, keys: &FillKeys) -> Result<(), BackendError> {
         let key = self.world.key_of(keys);
-        let run = self.logged(key, self.inner.invalidate(keys), |()| Exec::Invalidate);
-        self.call(BOp::Invalidate, key, None, run, unit_reply).await
+        let invalidated = self.faulty.invalidate(keys);
+        self.call(BOp::Invalidate, key, None, invalidated, unit_reply)
+            .await
     }
 
     async fn subscribe(&self, keys: &FillKeys) -> Result<Box<dyn FillSubscription>, BackendError> {
         let key = self.world.key_of(keys);
-        let subscribed = self.inner.subscribe(keys);
+        let subscribed = self.faulty.subscribe(keys);
         let inner = self
             .call(BOp::Subscribe, key, None, subscribed, unit_reply)
             .await?;
@@ -471,7 +605,7 @@ struct Subscription {
 impl FillSubscription for Subscription {
     async fn notified(&mut self) {
         loop {
-            self.injector.frozen_if_dead().await;
+            frozen_if_dead(&self.injector.world, self.injector.inst).await;
             if let Some(until) = self.delayed_until {
                 tokio::time::sleep_until(until).await;
                 self.delayed_until = None;

@@ -209,7 +209,7 @@
 //!
 //! - `scenario.rs`: a seed's scenario and the bounds drawn from its options;
 //! - `events.rs`: the log's events and the `World` every instance shares;
-//! - `injector.rs`: the fault-injecting backend;
+//! - `injector.rs`: the fault-injecting backend (the tests' `FaultyBackend`, its faults drawn from the seed, with every call logged);
 //! - `run.rs`: the loaders, the operations, a run to quiescence;
 //! - `spans.rs`: which flight started a load (the library's `onefill.load`
 //!   span), so a load is known to run under the lease its flight won;

@@ -223,15 +223,14 @@ pub(crate) async fn simulate(seed: u64, s: &Scenario, variant: Variant) -> Arc<W
         .map(|i| {
             let stream = seed ^ (i as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
             let (fault_rate, notify_rate) = s.fault_rates[i];
-            let injector = Injector {
-                inst: i,
-                inner: store.clone(),
-                world: world.clone(),
-                rng: Arc::new(Mutex::new(StdRng::seed_from_u64(stream))),
-                fault_rate,
-                notify_rate,
-                max_delay: s.backend_timeout * 2,
-            };
+            let injector = Injector::new(
+                i,
+                store.clone(),
+                world.clone(),
+                StdRng::seed_from_u64(stream),
+                (fault_rate, notify_rate),
+                s.backend_timeout * 2,
+            );
             s.cache(injector, variant)
         })
         .collect();
