@@ -7,7 +7,8 @@
 //!   (a dead connection's late pushes cannot be mistaken for the new
 //!   one's), bounded by the connection plus the response timeout, then the
 //!   owner's setup command if it has one (turning tracking on);
-//! - a `PING` right after connecting and every interval after, while the
+//! - a `PING` every interval (the first right after connecting if the
+//!   owner asks: the L1's tracking confirms itself with it), while the
 //!   pushes that come meanwhile are handed over (a slow answer must not
 //!   hold back a push already received); the answer comes after every
 //!   push the server sent before handling the `PING`, so an answered
@@ -78,6 +79,9 @@ pub(super) struct PushConnection {
     ping_timeout: Duration,
     /// While up: when the next `PING` is due.
     ping: Interval,
+    /// The first `PING` right after each connection (see
+    /// [`ping_at_connect`](PushConnection::ping_at_connect)).
+    ping_at_connect: bool,
 }
 
 impl PushConnection {
@@ -103,8 +107,18 @@ impl PushConnection {
             retry_at: Instant::now(),
             ping_every,
             ping_timeout,
-            ping: ping_interval(ping_every),
+            ping: ping_interval(ping_every, false),
+            ping_at_connect: false,
         }
+    }
+
+    /// The first `PING` right after each connection, not one interval
+    /// later: for an owner whose confirmation comes from it (the L1's
+    /// tracking may serve only once its connection answered).
+    pub(super) fn ping_at_connect(mut self) -> PushConnection {
+        self.ping_at_connect = true;
+        self.ping = ping_interval(self.ping_every, true);
+        self
     }
 
     /// `cmd` (called `op`) is sent on every new connection before it counts
@@ -151,7 +165,7 @@ impl PushConnection {
                 self.pushes = Some(pushes);
                 // The next loss of this connection is retried quickly again.
                 self.backoff.reset();
-                self.ping = ping_interval(self.ping_every);
+                self.ping = ping_interval(self.ping_every, self.ping_at_connect);
                 Ok(())
             }
             Err(e) => {
@@ -254,9 +268,15 @@ impl PushConnection {
     }
 }
 
-/// A `PING` right away, then every `every`; a late one is not made up for.
-fn ping_interval(every: Duration) -> Interval {
-    let mut interval = tokio::time::interval(every);
+/// A `PING` every `every`, the first right away if `at_once`, else one
+/// interval from now; a late one is not made up for.
+fn ping_interval(every: Duration, at_once: bool) -> Interval {
+    let start = if at_once {
+        tokio::time::Instant::now()
+    } else {
+        tokio::time::Instant::now() + every
+    };
+    let mut interval = tokio::time::interval_at(start, every);
     interval.set_missed_tick_behavior(MissedTickBehavior::Delay);
     interval
 }

@@ -90,7 +90,8 @@ async fn track_node(client: Client, tracking: Tracking, confirm: Arc<dyn Confirm
     let options = tracking.options.clone();
     let mut conn =
         PushConnection::new(client, options, names, tracking.confirm_every, ping_timeout)
-            .with_setup("CLIENT TRACKING", on);
+            .with_setup("CLIENT TRACKING", on)
+            .ping_at_connect();
     // The first failure to track is worth a warning (the L1 does not serve
     // meanwhile); the retries after it are not.
     let mut warned = false;
