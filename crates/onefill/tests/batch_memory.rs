@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use batch_support::{count_calls, Counting, Counts, Origin};
+use batch_support::{cache_in, count_calls, Counting, Counts, Origin};
 use onefill::backend::{FillKeys, MAX_PIPELINE};
 use onefill::{Cache, CallOptions, Error, InputError, MemoryBackend, OnWaitTimeout, Outcome};
 
@@ -20,13 +20,9 @@ const SECOND: Duration = Duration::from_secs(1);
 
 fn process(backend: &MemoryBackend) -> (Cache<String, String>, Counting<MemoryBackend>) {
     let counting = count_calls(backend.clone());
-    let cache = Cache::builder()
-        .namespace(NS)
-        .backend(counting.clone())
-        .ttl(Duration::from_secs(60))
-        .jitter(0.0)
-        .build()
-        .unwrap();
+    let cache = cache_in(NS, counting.clone(), |b| {
+        b.ttl(Duration::from_secs(60)).jitter(0.0)
+    });
     (cache, counting)
 }
 
@@ -241,15 +237,12 @@ async fn a_failing_loader_fails_every_key_it_loaded_and_releases_every_lease() {
 #[tokio::test(start_paused = true)]
 async fn negative_caching_and_fail_safe_apply_per_key_as_for_single_calls() {
     let backend = MemoryBackend::new();
-    let cache: Cache<String, String> = Cache::builder()
-        .namespace(NS)
-        .backend(backend.clone())
-        .ttl(Duration::from_secs(10))
-        .grace(Duration::from_secs(60))
-        .negative_ttl(Duration::from_secs(5))
-        .jitter(0.0)
-        .build()
-        .unwrap();
+    let cache = cache_in(NS, backend.clone(), |b| {
+        b.ttl(Duration::from_secs(10))
+            .grace(Duration::from_secs(60))
+            .negative_ttl(Duration::from_secs(5))
+            .jitter(0.0)
+    });
     let origin = Origin::default();
     // "old" has a value that will be stale; "new" has none.
     cache
@@ -370,16 +363,13 @@ async fn keys_another_process_is_loading_are_waited_for() {
 #[tokio::test(start_paused = true)]
 async fn a_dead_holder_is_taken_over_and_a_wait_is_bounded() {
     let backend = MemoryBackend::new();
-    let cache: Cache<String, String> = Cache::builder()
-        .namespace(NS)
-        .backend(backend.clone())
-        .wait(
+    let cache = cache_in(NS, backend.clone(), |b| {
+        b.wait(
             onefill::WaitPolicy::default()
                 .deadline(Duration::from_secs(2))
                 .on_timeout(OnWaitTimeout::Error),
         )
-        .build()
-        .unwrap();
+    });
     let origin = Origin::default();
     // Dead processes' leases on "dead" and "dead2" (expire in 1 s), and a
     // live one that outlives the wait on "stuck".
@@ -413,12 +403,9 @@ async fn a_dead_holder_is_taken_over_and_a_wait_is_bounded() {
 #[tokio::test(start_paused = true)]
 async fn at_the_wait_deadline_the_keys_are_loaded_together_unstored_by_default() {
     let backend = MemoryBackend::new();
-    let cache: Cache<String, String> = Cache::builder()
-        .namespace(NS)
-        .backend(backend.clone())
-        .wait(onefill::WaitPolicy::default().deadline(Duration::from_secs(2)))
-        .build()
-        .unwrap();
+    let cache = cache_in(NS, backend.clone(), |b| {
+        b.wait(onefill::WaitPolicy::default().deadline(Duration::from_secs(2)))
+    });
     let origin = Origin::default();
     for k in ["a", "b"] {
         backend.put_raw(&lock_of(k), b"someone", Duration::from_secs(60));
@@ -449,13 +436,9 @@ async fn at_the_wait_deadline_the_keys_are_loaded_together_unstored_by_default()
 async fn a_backend_that_hangs_during_the_wait_degrades_the_keys_within_bounds() {
     use support::{switched, Switches, HANG_FROM_THIRD};
     let backend = switched();
-    let cache: Cache<String, String> = Cache::builder()
-        .namespace(NS)
-        .backend(backend.clone())
-        .backend_timeout(Duration::from_millis(100))
-        .no_l1()
-        .build()
-        .unwrap();
+    let cache = cache_in(NS, backend.clone(), |b| {
+        b.backend_timeout(Duration::from_millis(100)).no_l1()
+    });
     let origin = Origin::default();
     backend
         .store()
@@ -599,12 +582,9 @@ async fn a_huge_batch_is_chunked_for_the_backend_and_loaded_in_one_call() {
 #[tokio::test(start_paused = true)]
 async fn a_loader_slower_than_the_maximum_load_time_is_cut_off() {
     let backend = MemoryBackend::new();
-    let cache: Cache<String, String> = Cache::builder()
-        .namespace(NS)
-        .backend(backend.clone())
-        .max_load_time(Duration::from_secs(5))
-        .build()
-        .unwrap();
+    let cache = cache_in(NS, backend.clone(), |b| {
+        b.max_load_time(Duration::from_secs(5))
+    });
     let origin = Origin::default();
     let answers = cache
         .fetch_many(
@@ -623,15 +603,12 @@ async fn a_loader_slower_than_the_maximum_load_time_is_cut_off() {
 async fn stale_keys_are_served_at_once_and_refreshed_together_in_the_background() {
     let backend = MemoryBackend::new();
     let build = || -> Cache<String, String> {
-        Cache::builder()
-            .namespace(NS)
-            .backend(backend.clone())
-            .ttl(Duration::from_secs(10))
-            .grace(Duration::from_secs(60))
-            .jitter(0.0)
-            .no_l1()
-            .build()
-            .unwrap()
+        cache_in(NS, backend.clone(), |b| {
+            b.ttl(Duration::from_secs(10))
+                .grace(Duration::from_secs(60))
+                .jitter(0.0)
+                .no_l1()
+        })
     };
     let (cache, other) = (build(), build());
     let wanted = keys(10);
@@ -675,13 +652,9 @@ async fn stale_keys_are_served_at_once_and_refreshed_together_in_the_background(
 async fn when_the_backend_fails_the_keys_are_loaded_together_unstored() {
     use support::{switched, Switches, HANG, REFUSE};
     let backend = switched();
-    let cache: Cache<String, String> = Cache::builder()
-        .namespace(NS)
-        .backend(backend.clone())
-        .backend_timeout(Duration::from_millis(100))
-        .no_l1()
-        .build()
-        .unwrap();
+    let cache = cache_in(NS, backend.clone(), |b| {
+        b.backend_timeout(Duration::from_millis(100)).no_l1()
+    });
     let origin = Origin::default();
     let wanted = keys(15);
     cache
@@ -848,14 +821,11 @@ async fn stale_keys_in_the_l1_are_served_without_a_round_trip_and_refreshed_toge
     let backend = MemoryBackend::new();
     let counting = count_calls(backend.clone());
     let build = |b: Counting<MemoryBackend>| -> Cache<String, String> {
-        Cache::builder()
-            .namespace(NS)
-            .backend(b)
-            .ttl(Duration::from_secs(10))
-            .grace(Duration::from_secs(60))
-            .jitter(0.0)
-            .build()
-            .unwrap()
+        cache_in(NS, b, |b| {
+            b.ttl(Duration::from_secs(10))
+                .grace(Duration::from_secs(60))
+                .jitter(0.0)
+        })
     };
     let (writer, reader) = (build(count_calls(backend.clone())), build(counting.clone()));
     let wanted = keys(5);
@@ -929,7 +899,7 @@ mod hung_masters_and_races {
 
     use std::time::Duration;
 
-    use crate::batch_support::Origin;
+    use crate::batch_support::{cache_in, Origin};
 
     use onefill::backend::FillKeys;
     use onefill::testing::{Fault, FaultyBackend, Op};
@@ -970,13 +940,9 @@ mod hung_masters_and_races {
     #[tokio::test(start_paused = true)]
     async fn a_hung_master_does_not_stop_the_keys_of_a_healthy_one_being_stored() {
         let backend = two_masters();
-        let cache: Cache<String, String> = Cache::builder()
-            .namespace(NS)
-            .backend(backend.clone())
-            .backend_timeout(Duration::from_millis(100))
-            .no_l1()
-            .build()
-            .unwrap();
+        let cache = cache_in(NS, backend.clone(), |b| {
+            b.backend_timeout(Duration::from_millis(100)).no_l1()
+        });
         let origin = Origin::default();
         hang_bad(&backend);
 
@@ -1022,13 +988,9 @@ mod hung_masters_and_races {
     #[tokio::test(start_paused = true)]
     async fn a_master_hanging_on_the_lease_request_does_not_stop_the_fills_of_the_others() {
         let backend = two_masters();
-        let cache: Cache<String, String> = Cache::builder()
-            .namespace(NS)
-            .backend(backend.clone())
-            .backend_timeout(Duration::from_millis(100))
-            .no_l1()
-            .build()
-            .unwrap();
+        let cache = cache_in(NS, backend.clone(), |b| {
+            b.backend_timeout(Duration::from_millis(100)).no_l1()
+        });
         let origin = Origin::default();
         hang_bad_acquire(&backend);
 
@@ -1058,16 +1020,13 @@ mod hung_masters_and_races {
     #[tokio::test(start_paused = true)]
     async fn a_hung_master_does_not_stop_the_refresh_of_stale_keys_on_a_healthy_one() {
         let backend = two_masters();
-        let cache: Cache<String, String> = Cache::builder()
-            .namespace(NS)
-            .backend(backend.clone())
-            .backend_timeout(Duration::from_millis(100))
-            .ttl(Duration::from_secs(10))
-            .grace(Duration::from_secs(60))
-            .jitter(0.0)
-            .no_l1()
-            .build()
-            .unwrap();
+        let cache = cache_in(NS, backend.clone(), |b| {
+            b.backend_timeout(Duration::from_millis(100))
+                .ttl(Duration::from_secs(10))
+                .grace(Duration::from_secs(60))
+                .jitter(0.0)
+                .no_l1()
+        });
         let wanted: Vec<String> = ["good1", "bad1"].map(String::from).to_vec();
         let first = Origin::default();
         cache
@@ -1103,15 +1062,12 @@ mod hung_masters_and_races {
     #[tokio::test(start_paused = true)]
     async fn a_key_returned_twice_keeps_its_first_pair_on_every_path() {
         let backend = MemoryBackend::new();
-        let cache: Cache<String, String> = Cache::builder()
-            .namespace(NS)
-            .backend(backend.clone())
-            .ttl(Duration::from_secs(10))
-            .grace(Duration::from_secs(60))
-            .jitter(0.0)
-            .no_l1()
-            .build()
-            .unwrap();
+        let cache = cache_in(NS, backend.clone(), |b| {
+            b.ttl(Duration::from_secs(10))
+                .grace(Duration::from_secs(60))
+                .jitter(0.0)
+                .no_l1()
+        });
         let twice = |keys: Vec<String>| async move {
             let mut rows = Vec::new();
             for k in keys {
@@ -1142,14 +1098,11 @@ mod hung_masters_and_races {
     #[tokio::test(start_paused = true)]
     async fn strict_mode_fails_only_the_hung_masters_keys_within_the_backend_timeout() {
         let backend = two_masters();
-        let cache: Cache<String, String> = Cache::builder()
-            .namespace(NS)
-            .backend(backend.clone())
-            .backend_timeout(Duration::from_millis(100))
-            .strict(true)
-            .no_l1()
-            .build()
-            .unwrap();
+        let cache = cache_in(NS, backend.clone(), |b| {
+            b.backend_timeout(Duration::from_millis(100))
+                .strict(true)
+                .no_l1()
+        });
         let origin = Origin::default();
         hang_bad(&backend);
         let started = tokio::time::Instant::now();
@@ -1184,13 +1137,9 @@ mod hung_masters_and_races {
     #[tokio::test(start_paused = true)]
     async fn a_batch_dropped_during_a_hung_read_still_answers_a_single_caller() {
         let backend = two_masters();
-        let cache: Cache<String, String> = Cache::builder()
-            .namespace(NS)
-            .backend(backend.clone())
-            .backend_timeout(Duration::from_millis(100))
-            .no_l1()
-            .build()
-            .unwrap();
+        let cache = cache_in(NS, backend.clone(), |b| {
+            b.backend_timeout(Duration::from_millis(100)).no_l1()
+        });
         let origin = Origin::default();
         hang_bad(&backend);
         let batch = {
@@ -1220,15 +1169,12 @@ mod hung_masters_and_races {
     async fn an_absent_key_is_asked_again_after_the_negative_ttl_with_the_l1_on() {
         let backend = MemoryBackend::new();
         let build = || -> Cache<String, String> {
-            Cache::builder()
-                .namespace(NS)
-                .backend(backend.clone())
-                .ttl(Duration::from_secs(60))
-                .negative_ttl(Duration::from_secs(5))
-                .jitter(0.0)
-                .l1(onefill::L1::new(100))
-                .build()
-                .unwrap()
+            cache_in(NS, backend.clone(), |b| {
+                b.ttl(Duration::from_secs(60))
+                    .negative_ttl(Duration::from_secs(5))
+                    .jitter(0.0)
+                    .l1(onefill::L1::new(100))
+            })
         };
         let (cache, other) = (build(), build());
         let origin = Origin::default();
@@ -1271,11 +1217,7 @@ mod hung_masters_and_races {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn batches_and_single_calls_racing_on_overlapping_keys_load_each_key_once() {
         for round in 0..30 {
-            let cache: Cache<String, String> = Cache::builder()
-                .namespace(NS)
-                .backend(MemoryBackend::new())
-                .build()
-                .unwrap();
+            let cache = cache_in(NS, MemoryBackend::new(), |b| b);
             let origin = Origin::default();
             let forward: Vec<String> = (0..8).map(|i| format!("k{i}")).collect();
             let backward: Vec<String> = forward.iter().rev().cloned().collect();
@@ -1321,12 +1263,7 @@ mod hung_masters_and_races {
     #[tokio::test(start_paused = true)]
     async fn a_soft_timeout_does_not_cut_a_batchs_own_load() {
         let backend = MemoryBackend::new();
-        let cache: Cache<String, String> = Cache::builder()
-            .namespace(NS)
-            .backend(backend.clone())
-            .no_l1()
-            .build()
-            .unwrap();
+        let cache = cache_in(NS, backend.clone(), |b| b.no_l1());
         let origin = Origin::default();
         let wanted = vec!["a".to_owned(), "b".to_owned()];
         let answers = cache
@@ -1380,15 +1317,12 @@ async fn a_batch_counts_a_dead_holders_takeover_as_a_single_call_does() {
 #[tokio::test(start_paused = true)]
 async fn with_a_soft_timeout_a_stale_l1_entry_waits_for_a_fast_load_in_a_batch() {
     let backend = MemoryBackend::new();
-    let cache: Cache<String, String> = Cache::builder()
-        .namespace(NS)
-        .backend(backend.clone())
-        .ttl(SECOND)
-        .grace(Duration::from_secs(60))
-        .soft_timeout(Duration::from_millis(500))
-        .jitter(0.0)
-        .build()
-        .unwrap();
+    let cache = cache_in(NS, backend.clone(), |b| {
+        b.ttl(SECOND)
+            .grace(Duration::from_secs(60))
+            .soft_timeout(Duration::from_millis(500))
+            .jitter(0.0)
+    });
     let wanted = keys(3);
     let first = Origin::default();
     // Loaded, then read once: the read's answer is what the L1 keeps.

@@ -191,54 +191,10 @@ async fn a_panicking_loader_releases_the_lease_for_everyone() {
 
 /// A lease lost under a failing load is counted.
 mod lost_lease_counted {
-    use std::future::Future;
-    use std::pin::Pin;
     use std::time::Duration;
 
-    use onefill::{Cache, CacheBuilder, Error, MemoryBackend};
-    use tokio::task::JoinHandle;
-
-    /// A cache (a process) on `backend`, without jitter nor early refresh,
-    /// adjusted by `f`.
-    fn pod(
-        backend: &MemoryBackend,
-        f: impl FnOnce(CacheBuilder<String, String>) -> CacheBuilder<String, String>,
-    ) -> Cache<String, String> {
-        f(Cache::builder()
-            .namespace("regress")
-            .backend(backend.clone())
-            .jitter(0.0)
-            .early_refresh_beta(0.0))
-        .build()
-        .unwrap()
-    }
-
-    /// A loader's boxed future.
-    type Loaded = Pin<Box<dyn Future<Output = Result<String, std::io::Error>> + Send>>;
-
-    /// A loader that answers after `took` ms: a value, or an error with that
-    /// message.
-    fn slow(
-        took: u64,
-        answer: Result<&'static str, &'static str>,
-    ) -> impl FnOnce(String) -> Loaded {
-        move |_| {
-            Box::pin(async move {
-                tokio::time::sleep(Duration::from_millis(took)).await;
-                answer.map(str::to_owned).map_err(std::io::Error::other)
-            })
-        }
-    }
-
-    /// `get_or_load` in a task of its own.
-    fn spawn_get_or_load(
-        c: &Cache<String, String>,
-        key: &str,
-        loader: impl FnOnce(String) -> Loaded + Send + 'static,
-    ) -> JoinHandle<Result<String, Error>> {
-        let (c, key) = (c.clone(), key.to_owned());
-        tokio::spawn(async move { c.get_or_load(&key, loader).await })
-    }
+    use crate::support::loaders::after;
+    use crate::support::{spawn_get_or_load, two_pods};
 
     /// A lease lost under a load that then fails is counted too: the holder
     /// learns it when its release answers that the lease is not its own any
@@ -246,10 +202,9 @@ mod lost_lease_counted {
     /// Only a fill or a renewal answering so was counted (simulation seed 72).
     #[tokio::test(start_paused = true)]
     async fn a_lease_lost_under_a_failing_load_is_counted() {
-        let backend = MemoryBackend::new();
-        let (a, b) = (pod(&backend, |b| b), pod(&backend, |b| b));
+        let [(_, a), (_, b)] = two_pods(|b| b);
         let key = "k".to_string();
-        let failing = spawn_get_or_load(&a, &key, slow(300, Err("db down")));
+        let failing = spawn_get_or_load(&a, &key, after(300, Err("db down")));
         tokio::time::sleep(Duration::from_millis(100)).await;
         // Another process revokes the lease mid-load (before any renewal).
         b.invalidate(&key).await.unwrap();

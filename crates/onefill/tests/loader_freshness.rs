@@ -379,7 +379,7 @@ async fn on_redis_the_chosen_ttl_is_the_keys_ttl() {
 /// of zero, grace against early refresh and fail-safe, and a damaged
 /// freshness byte in the envelope.
 mod edges {
-    use crate::support::loaders::{load, Then};
+    use crate::support::loaders::{fetch_then as fetch, ms, Then};
 
     use std::io;
     use std::sync::atomic::{AtomicUsize, Ordering};
@@ -387,22 +387,9 @@ mod edges {
     use std::time::Duration;
 
     use onefill::backend::FillKeys;
-    use onefill::{Cache, Error, Fetched, Loaded, MemoryBackend, Outcome};
+    use onefill::{Cache, Loaded, MemoryBackend, Outcome};
 
     const NS: &str = "edges";
-
-    fn ms(n: u64) -> Duration {
-        Duration::from_millis(n)
-    }
-
-    async fn fetch(
-        c: &Cache<String, String>,
-        loads: &Arc<AtomicUsize>,
-        took: Duration,
-        then: Then,
-    ) -> Result<Fetched<String>, Error> {
-        c.fetch("k", load(loads, took, then)).await
-    }
 
     async fn lease_held(backend: &MemoryBackend) -> bool {
         onefill::testing::lease_held(backend, &FillKeys::new(NS, "k")).await

@@ -170,38 +170,16 @@ async fn a_value_over_the_size_limit_is_not_decoded() {
 
 /// Values at the size limit, and codecs that panic or cannot round-trip.
 mod limits_and_codecs {
-    use crate::support::loaders::{load, Then};
+    use crate::support::loaders::{fetch_then as fetch, ms, stored_bytes, Then};
 
     use std::io;
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
-    use std::time::Duration;
 
-    use onefill::backend::{Backend, FillKeys};
-    use onefill::{Cache, Error, Fetched, MemoryBackend};
+    use onefill::backend::FillKeys;
+    use onefill::{Cache, Error, MemoryBackend};
 
     const NS: &str = "codecs";
-
-    fn ms(n: u64) -> Duration {
-        Duration::from_millis(n)
-    }
-
-    async fn fetch(
-        c: &Cache<String, String>,
-        loads: &Arc<AtomicUsize>,
-        took: Duration,
-        then: Then,
-    ) -> Result<Fetched<String>, Error> {
-        c.fetch("k", load(loads, took, then)).await
-    }
-
-    async fn stored(backend: &MemoryBackend) -> Option<Vec<u8>> {
-        backend
-            .get(&FillKeys::new(NS, "k"))
-            .await
-            .unwrap()
-            .map(|s| s.bytes)
-    }
 
     async fn lease_held(backend: &MemoryBackend) -> bool {
         onefill::testing::lease_held(backend, &FillKeys::new(NS, "k")).await
@@ -226,7 +204,7 @@ mod limits_and_codecs {
         // 16-byte header + JSON string with quotes: 82 chars fill 100 bytes.
         let exact = "x".repeat(82);
         c.set("k", exact.clone()).await.unwrap();
-        assert_eq!(stored(&backend).await.unwrap().len(), 100);
+        assert_eq!(stored_bytes(&backend, NS).await.unwrap().len(), 100);
         assert_eq!(c.get("k").await.unwrap(), Some(exact));
         let over = "x".repeat(83);
         let err = c.set("k2", over.clone()).await.unwrap_err();
@@ -271,7 +249,7 @@ mod limits_and_codecs {
             matches!(&err, Error::Encode { source, .. } if source.is_round_trip()),
             "{err:?}"
         );
-        assert!(stored(&backend).await.is_none());
+        assert!(stored_bytes(&backend, NS).await.is_none());
         assert!(!lease_held(&backend).await);
     }
 
@@ -312,7 +290,7 @@ mod limits_and_codecs {
             matches!(&err, Error::Encode { key, .. } if key == "k"),
             "{err:?}"
         );
-        assert!(stored(&backend).await.is_none());
+        assert!(stored_bytes(&backend, NS).await.is_none());
         assert!(!lease_held(&backend).await, "the lease is released");
         // Not stuck: the next call runs its loader again.
         let loads = Arc::new(AtomicUsize::new(0));

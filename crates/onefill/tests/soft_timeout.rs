@@ -309,21 +309,16 @@ async fn no_lease_serves_stale_while_another_process_loads() {
 /// (cached, fail-safe), `no_lease`, the L1, per-call options, writes during
 /// it, grace limits, and on a private Redis.
 mod background_loads {
-    use crate::support::loaders::{load, Then};
+    use crate::support::loaders::{fetch_then as fetch, load, ms, stored_bytes, Then};
 
     use std::io;
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
-    use std::time::Duration;
 
-    use onefill::backend::{Backend, FillKeys};
-    use onefill::{Cache, CallOptions, Error, Fetched, LeaseTtl, MemoryBackend, Outcome};
+    use onefill::backend::FillKeys;
+    use onefill::{Cache, CallOptions, Error, LeaseTtl, MemoryBackend, Outcome};
 
     const NS: &str = "soft";
-
-    fn ms(n: u64) -> Duration {
-        Duration::from_millis(n)
-    }
 
     // ---------------------------------------------------------------------
     // Soft timeout
@@ -340,23 +335,6 @@ mod background_loads {
             .lease_ttl(LeaseTtl::Fixed(ms(1000)))
             .soft_timeout(ms(100))
             .no_l1()
-    }
-
-    async fn fetch(
-        c: &Cache<String, String>,
-        loads: &Arc<AtomicUsize>,
-        took: Duration,
-        then: Then,
-    ) -> Result<Fetched<String>, Error> {
-        c.fetch("k", load(loads, took, then)).await
-    }
-
-    async fn stored(backend: &MemoryBackend) -> Option<Vec<u8>> {
-        backend
-            .get(&FillKeys::new(NS, "k"))
-            .await
-            .unwrap()
-            .map(|s| s.bytes)
     }
 
     fn payload(bytes: &[u8]) -> String {
@@ -390,7 +368,7 @@ mod background_loads {
         tokio::time::sleep(ms(100)).await; // past the soft timeout, nobody listening
         assert!(lease_held(&backend).await, "the load still holds its lease");
         tokio::time::sleep(ms(500)).await;
-        assert_eq!(payload(&stored(&backend).await.unwrap()), "v2");
+        assert_eq!(payload(&stored_bytes(&backend, NS).await.unwrap()), "v2");
         assert!(!lease_held(&backend).await, "the fill ended the lease");
         let after = fetch(&c, &loads, ms(0), Then::Value).await.unwrap();
         assert_eq!((after.outcome, after.value.as_str()), (Outcome::Hit, "v2"));
@@ -521,7 +499,7 @@ mod background_loads {
             assert!(err.to_string().contains("soft_timeout"), "{err}");
         }
         assert_eq!(loads.load(Ordering::SeqCst), 0, "refused before loading");
-        assert!(stored(&backend).await.is_none(), "nothing stored");
+        assert!(stored_bytes(&backend, NS).await.is_none(), "nothing stored");
         assert!(!lease_held(&backend).await, "no lease taken");
     }
 
@@ -546,7 +524,7 @@ mod background_loads {
             (Outcome::Stale, "v1")
         );
         tokio::time::sleep(ms(600)).await;
-        assert_eq!(payload(&stored(&backend).await.unwrap()), "v2");
+        assert_eq!(payload(&stored_bytes(&backend, NS).await.unwrap()), "v2");
         assert!(!lease_held(&backend).await);
         assert_eq!(loads.load(Ordering::SeqCst), 2);
     }
@@ -602,7 +580,7 @@ mod background_loads {
         assert_eq!(first.outcome, Outcome::Stale);
         c.invalidate("k").await.unwrap();
         tokio::time::sleep(ms(600)).await;
-        assert!(stored(&backend).await.is_none(), "fenced out");
+        assert!(stored_bytes(&backend, NS).await.is_none(), "fenced out");
         assert!(!lease_held(&backend).await);
         assert_eq!(c.get("k").await.unwrap(), None, "not from the L1");
         let f = fetch(&c, &loads, ms(0), Then::Value).await.unwrap();
@@ -617,7 +595,7 @@ mod background_loads {
     #[tokio::test]
     async fn on_redis_the_background_load_keeps_its_lease_and_fills() {
         // Seconds of work on a private server; past this it hangs.
-        let _limit = onefill_testkit::time_limit(Duration::from_secs(60));
+        let _limit = onefill_testkit::time_limit(std::time::Duration::from_secs(60));
         use onefill::redis::RedisBackend;
         use onefill_testkit::RedisServer;
 
@@ -720,7 +698,7 @@ mod background_loads {
     #[tokio::test]
     async fn on_redis_a_background_failure_is_fail_safe() {
         // Seconds of work on a private server; past this it hangs.
-        let _limit = onefill_testkit::time_limit(Duration::from_secs(60));
+        let _limit = onefill_testkit::time_limit(std::time::Duration::from_secs(60));
         use onefill::redis::RedisBackend;
         use onefill_testkit::RedisServer;
 

@@ -368,54 +368,12 @@ mod shared_loads {
 /// A call after an invalidate never shares, nor fills from, a load from
 /// before it.
 mod invalidation_and_loads {
-    use std::future::Future;
-    use std::pin::Pin;
     use std::time::Duration;
 
-    use onefill::{Cache, CacheBuilder, Error, MemoryBackend, Outcome};
-    use tokio::task::JoinHandle;
+    use onefill::Outcome;
 
-    /// A cache (a process) on `backend`, without jitter nor early refresh,
-    /// adjusted by `f`.
-    fn pod(
-        backend: &MemoryBackend,
-        f: impl FnOnce(CacheBuilder<String, String>) -> CacheBuilder<String, String>,
-    ) -> Cache<String, String> {
-        f(Cache::builder()
-            .namespace("regress")
-            .backend(backend.clone())
-            .jitter(0.0)
-            .early_refresh_beta(0.0))
-        .build()
-        .unwrap()
-    }
-
-    /// A loader's boxed future.
-    type Loaded = Pin<Box<dyn Future<Output = Result<String, std::io::Error>> + Send>>;
-
-    /// A loader that answers after `took` ms: a value, or an error with that
-    /// message.
-    fn slow(
-        took: u64,
-        answer: Result<&'static str, &'static str>,
-    ) -> impl FnOnce(String) -> Loaded {
-        move |_| {
-            Box::pin(async move {
-                tokio::time::sleep(Duration::from_millis(took)).await;
-                answer.map(str::to_owned).map_err(std::io::Error::other)
-            })
-        }
-    }
-
-    /// `get_or_load` in a task of its own.
-    fn spawn_get_or_load(
-        c: &Cache<String, String>,
-        key: &str,
-        loader: impl FnOnce(String) -> Loaded + Send + 'static,
-    ) -> JoinHandle<Result<String, Error>> {
-        let (c, key) = (c.clone(), key.to_owned());
-        tokio::spawn(async move { c.get_or_load(&key, loader).await })
-    }
+    use crate::support::loaders::after;
+    use crate::support::{pod, spawn_get_or_load, switched, two_pods};
 
     /// `invalidate` (and `set`) detach the key's in-process load, so a call
     /// that starts after them runs a load of its own. The detach used the user
@@ -425,14 +383,14 @@ mod invalidation_and_loads {
     /// its value (simulation seed 161).
     #[tokio::test(start_paused = true)]
     async fn a_call_after_invalidate_never_shares_a_load_from_before_it() {
-        let c = pod(&MemoryBackend::new(), |b| b);
+        let c = pod(&switched(), |b| b);
         let key = "k".to_string();
-        let before = spawn_get_or_load(&c, &key, slow(500, Ok("old")));
+        let before = spawn_get_or_load(&c, &key, after(500, Ok("old")));
         tokio::time::sleep(Duration::from_millis(100)).await;
         c.invalidate(&key).await.unwrap();
-        let after = c.fetch(&key, slow(0, Ok("new"))).await.unwrap();
+        let later = c.fetch(&key, after(0, Ok("new"))).await.unwrap();
         assert_eq!(
-            (after.value.as_str(), after.outcome),
+            (later.value.as_str(), later.outcome),
             ("new", Outcome::Loaded),
             "the call after the invalidation ran its own load"
         );
@@ -456,19 +414,13 @@ mod invalidation_and_loads {
     /// the new one's value is stored.
     #[tokio::test(start_paused = true)]
     async fn a_new_lease_is_filled_by_its_own_load_not_one_from_before_an_invalidation() {
-        let backend = MemoryBackend::new();
-        let stale_while_refresh = |b: CacheBuilder<String, String>| {
-            b.ttl(Duration::from_secs(1)).grace(Duration::from_secs(10))
-        };
-        let (a, b) = (
-            pod(&backend, stale_while_refresh),
-            pod(&backend, stale_while_refresh),
-        );
+        let [(_, a), (_, b)] =
+            two_pods(|b| b.ttl(Duration::from_secs(1)).grace(Duration::from_secs(10)));
         let key = "k".to_string();
-        a.get_or_load(&key, slow(0, Ok("v1"))).await.unwrap();
+        a.get_or_load(&key, after(0, Ok("v1"))).await.unwrap();
         tokio::time::sleep(Duration::from_millis(1100)).await;
         // Stale: answered at once; the background refresh loads "before" for 1 s.
-        let stale = a.fetch(&key, slow(1000, Ok("before"))).await.unwrap();
+        let stale = a.fetch(&key, after(1000, Ok("before"))).await.unwrap();
         assert_eq!(stale.outcome, Outcome::Stale);
         tokio::time::sleep(Duration::from_millis(100)).await;
         // Another process invalidates: the value and the refresh's lease go.
@@ -476,7 +428,7 @@ mod invalidation_and_loads {
         tokio::time::sleep(Duration::from_millis(100)).await;
         // A miss in the first process wins a new lease and runs its own load,
         // though the refresh's (from before the invalidation) is under way.
-        let fresh = a.fetch(&key, slow(0, Ok("after"))).await.unwrap();
+        let fresh = a.fetch(&key, after(0, Ok("after"))).await.unwrap();
         assert_eq!(
             (fresh.value.as_str(), fresh.outcome, fresh.coalesced),
             ("after", Outcome::Loaded, false),

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use onefill::backend::Backend;
 use onefill::testing::{FaultyBackend, Op};
+use onefill::{Cache, CacheBuilder};
 use parking_lot::Mutex;
 
 /// Delegates to its store and counts every call, by kind: the library's
@@ -20,6 +21,17 @@ pub type Counting<B> = FaultyBackend<B>;
 /// `inner`, its calls counted; a cache on it is built as on `inner` itself.
 pub fn count_calls<B: Backend>(inner: B) -> Counting<B> {
     FaultyBackend::new(inner).in_process_as_inner()
+}
+
+/// A cache of namespace `ns` on `backend`, its other options set by `f`.
+pub fn cache_in(
+    ns: &str,
+    backend: impl Backend,
+    f: impl FnOnce(CacheBuilder<String, String>) -> CacheBuilder<String, String>,
+) -> Cache<String, String> {
+    f(Cache::builder().namespace(ns).backend(backend))
+        .build()
+        .unwrap()
 }
 
 /// The counts the batch tests read.

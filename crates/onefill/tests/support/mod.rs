@@ -188,6 +188,17 @@ pub fn spawn_fetch(
     tokio::spawn(async move { c.with_options(&options).fetch(&key(), loader).await })
 }
 
+/// `get_or_load` of `key` on `c` in a task of its own: a load under way
+/// while the test goes on.
+pub fn spawn_get_or_load(
+    c: &Cache<String, String>,
+    key: &str,
+    loader: impl FnOnce(String) -> loaders::Loading + Send + 'static,
+) -> JoinHandle<Result<String, Error>> {
+    let (c, key) = (c.clone(), key.to_owned());
+    tokio::spawn(async move { c.get_or_load(&key, loader).await })
+}
+
 /// Two processes on one store, each with its own switches and its own
 /// [`pod`] (adjusted by `f`).
 pub fn two_pods(
