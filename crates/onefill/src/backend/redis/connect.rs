@@ -19,7 +19,7 @@ use super::server_clock::ServerClock;
 use super::subscriber::{ClusterLink, Link, PubSubShared, SingleLink};
 use super::urls::redact;
 use super::{Conn, Inner, RedisBackend};
-use crate::backend::{BackendError, Listeners};
+use crate::backend::BackendError;
 
 impl RedisBackend {
     /// Connects to a standalone Redis with the default [`RedisOptions`].
@@ -143,7 +143,6 @@ impl RedisBackend {
             inner: Arc::new(Inner {
                 conn,
                 resp3,
-                listeners: Listeners::default(),
                 scripts,
                 clock: ServerClock::default(),
                 pubsub: PubSubShared::start(link, options.clone()),

@@ -96,8 +96,8 @@
 //! [`L1::sync_bound`](crate::L1::sync_bound) confirms that every change
 //! before it was reported; without a confirmation younger than the bound
 //! the L1 does not serve, and after a reconnection it is emptied first.
-//! The backend also tells the L1s of its own process of its own writes
-//! before they return. `SWAPDB` sends no invalidation. Redis 6 or later
+//! Every Redis backend also tells every L1 of its process (on this
+//! backend or another) of its writes before they return. `SWAPDB` sends no invalidation. Redis 6 or later
 //! (RESP3); see `docs/decisions/0009-l1-coherence.md`.
 //!
 //! ```no_run
@@ -176,14 +176,23 @@ pub struct RedisBackend {
     inner: Arc<Inner>,
 }
 
+/// The L1s of this process on any Redis backend, by namespace prefix: told
+/// of a write by any Redis backend of the process before it returns (their
+/// tracking pushes come later). One registry for the process, not one per
+/// backend: two caches of one namespace on two `RedisBackend`s (two
+/// `connect` calls) must each see the other's writes at once too. A
+/// listener on another server that shares a namespace hears of writes it
+/// did not need to: one read more, never a stale answer.
+fn process_listeners() -> &'static Listeners {
+    static PROCESS: std::sync::LazyLock<Listeners> = std::sync::LazyLock::new(Listeners::default);
+    &PROCESS
+}
+
 struct Inner {
     conn: Conn,
     /// Standalone: a RESP3 client of the server, for L1 tracking
     /// connections (a cluster's come from the router's nodes).
     resp3: Option<Client>,
-    /// The L1s of this process on this backend: told of this backend's own
-    /// writes before they return (their tracking pushes come later).
-    listeners: Listeners,
     options: RedisOptions,
     scripts: &'static Scripts,
     /// Standalone hits read the TTL from the envelope with this estimate
@@ -358,7 +367,7 @@ impl Backend for RedisBackend {
         invocation.arg(token.as_bytes()).arg(bytes).arg(px(ttl));
         let filled = self.eval_flag("fill", keys, &invocation).await;
         if let Ok(true) = filled {
-            self.inner.listeners.changed(keys.value());
+            process_listeners().changed(keys.value());
         }
         filled
     }
@@ -376,7 +385,7 @@ impl Backend for RedisBackend {
         }
         let released = self.eval_flag("release", keys, &invocation).await;
         if let (Ok(true), Some(_)) = (&released, entry) {
-            self.inner.listeners.changed(keys.value());
+            process_listeners().changed(keys.value());
         }
         released
     }
@@ -400,7 +409,7 @@ impl Backend for RedisBackend {
         invocation.arg(bytes).arg(px(ttl));
         let set = self.eval_flag("set", keys, &invocation).await.map(drop);
         // Failed or not, the write may have landed.
-        self.inner.listeners.changed(keys.value());
+        process_listeners().changed(keys.value());
         set
     }
 
@@ -410,7 +419,7 @@ impl Backend for RedisBackend {
             .eval_flag("invalidate", keys, &invocation)
             .await
             .map(drop);
-        self.inner.listeners.changed(keys.value());
+        process_listeners().changed(keys.value());
         invalidated
     }
 
@@ -428,7 +437,7 @@ impl Backend for RedisBackend {
         confirm_every: Duration,
         listener: Weak<dyn ChangeListener>,
     ) -> Result<(), BackendError> {
-        self.inner.listeners.register(prefix, listener.clone());
+        process_listeners().register(prefix, listener.clone());
         let tracking = tracking::Tracking {
             prefix: prefix.to_owned(),
             confirm_every,
