@@ -138,14 +138,20 @@ impl Breakers {
         )
     }
 
-    /// The worst state over the shards in use: open if any is. A shard no
-    /// call asked about for [`IN_USE_FOR`] is left out: after a failover
-    /// moved its slots, a dead master's breaker is never probed again, and
-    /// must not make the cache look unhealthy for good.
-    pub(crate) fn state(&self) -> CircuitState {
+    /// The worst state over the shards in use: open if any is. Left out: a
+    /// shard that no longer serves keys (`serves_keys` says no: a failover
+    /// or a reshard moved all its slots, so no call will probe its breaker
+    /// again), and a shard no call asked about for [`IN_USE_FOR`]. Either
+    /// would make the cache look unhealthy after the outage is over.
+    pub(crate) fn state(&self, serves_keys: impl Fn(u64) -> bool) -> CircuitState {
         let others = self.others.read();
         std::iter::once(&self.first)
-            .chain(others.values().map(|b| &**b))
+            .chain(
+                others
+                    .iter()
+                    .filter(|(shard, _)| serves_keys(**shard))
+                    .map(|(_, b)| &**b),
+            )
             .filter(|b| b.in_use())
             .map(|b| b.state())
             .max_by_key(|state| match state {
@@ -400,10 +406,14 @@ mod tests {
         assert!(breakers.of(7).admit().is_none());
         assert!(breakers.of(8).admit().is_some(), "shard 8 is not affected");
         assert!(breakers.of(0).admit().is_some(), "nor shard 0");
-        assert_eq!(breakers.state(), CircuitState::Open, "the worst state");
+        assert_eq!(
+            breakers.state(|_| true),
+            CircuitState::Open,
+            "the worst state"
+        );
         tokio::time::advance(Duration::from_millis(1001)).await;
         breakers.of(7).admit().expect("probe").succeeded();
-        assert_eq!(breakers.state(), CircuitState::Closed);
+        assert_eq!(breakers.state(|_| true), CircuitState::Closed);
     }
 
     /// After a failover, the dead master's breaker is
@@ -412,11 +422,27 @@ mod tests {
     async fn a_shard_nobody_calls_any_more_does_not_count() {
         let breakers = Breakers::new(CircuitBreaker::new(1, Duration::from_secs(1)));
         assert!(fail(&breakers.of(7)));
-        assert_eq!(breakers.state(), CircuitState::Open);
+        assert_eq!(breakers.state(|_| true), CircuitState::Open);
         breakers.of(8).admit().expect("closed").succeeded();
         tokio::time::advance(IN_USE_FOR).await;
         breakers.of(8).admit().expect("closed").succeeded();
-        assert_eq!(breakers.state(), CircuitState::Closed, "7 is out of use");
+        assert_eq!(
+            breakers.state(|_| true),
+            CircuitState::Closed,
+            "7 is out of use"
+        );
+    }
+
+    /// A shard that no longer serves keys (its slots all moved) leaves the
+    /// state at once, although it was called a moment ago: no call will
+    /// probe its breaker again.
+    #[tokio::test(start_paused = true)]
+    async fn a_shard_that_serves_no_keys_does_not_count() {
+        let breakers = Breakers::new(CircuitBreaker::new(1, Duration::from_secs(1)));
+        assert!(fail(&breakers.of(7)));
+        breakers.of(8).admit().expect("closed").succeeded();
+        assert_eq!(breakers.state(|shard| shard != 9), CircuitState::Open);
+        assert_eq!(breakers.state(|shard| shard != 7), CircuitState::Closed);
     }
 
     #[test]

@@ -218,6 +218,17 @@ pub trait Backend: Debug + Send + Sync + 'static {
         0
     }
 
+    /// Whether `shard` (an answer of [`shard`](Backend::shard)) still serves
+    /// keys. A Redis Cluster master whose slots have all moved (a failover
+    /// promoted its replica, a reshard emptied it) no longer does: its
+    /// circuit breaker then no longer counts in
+    /// [`Cache::circuit_state`](crate::Cache::circuit_state), since no call
+    /// will ever go to it, or probe it, again. Default: every shard does.
+    fn shard_serves_keys(&self, shard: u64) -> bool {
+        let _ = shard;
+        true
+    }
+
     /// Starts reporting changes of the keys that begin with `prefix` to
     /// `listener`, for as long as it lives (the backend holds it weakly and
     /// stops when it is gone), confirming the sync at least every

@@ -581,9 +581,13 @@ where
     /// The circuit breakers' state: the worst over the backend's shards in
     /// use (`Open` if the circuit of any shard called in the last 10 s is
     /// open). A Redis Cluster has one breaker per master; other backends
-    /// have one.
+    /// have one. A master whose slots have all moved (a failover promoted
+    /// its replica) no longer counts, from the moment the slot map says so.
     pub fn circuit_state(&self) -> CircuitState {
-        self.shared.calls.breakers.state()
+        let calls = &self.shared.calls;
+        calls
+            .breakers
+            .state(|shard| calls.backend.shard_serves_keys(shard))
     }
 
     /// This cache's namespace.

@@ -563,6 +563,9 @@ impl<B: Backend + ?Sized> Backend for FaultyBackend<B> {
             None => self.inner.shard(keys),
         }
     }
+    fn shard_serves_keys(&self, shard: u64) -> bool {
+        self.inner.shard_serves_keys(shard)
+    }
     fn in_process(&self) -> bool {
         self.in_process
     }

@@ -468,4 +468,13 @@ impl Backend for RedisBackend {
             Conn::Cluster(router) => router.shard_of(slot_of(keys.value().as_bytes())),
         }
     }
+
+    /// Standalone: its one shard. Cluster: a master that owns a slot in
+    /// the router's slot map now.
+    fn shard_serves_keys(&self, shard: u64) -> bool {
+        match &self.inner.conn {
+            Conn::Single(_) => true,
+            Conn::Cluster(router) => shard == 0 || router.serves_keys(shard),
+        }
+    }
 }

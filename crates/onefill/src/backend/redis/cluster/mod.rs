@@ -198,6 +198,18 @@ impl ClusterRouter {
             .map_or(0, |node| node.shard)
     }
 
+    /// Whether the master known as `shard` owns a slot in the slot map now
+    /// (a scan of the map: for health reports, not for calls).
+    pub(super) fn serves_keys(&self, shard: u64) -> bool {
+        self.inner
+            .topology
+            .read()
+            .owners
+            .iter()
+            .flatten()
+            .any(|node| node.shard == shard)
+    }
+
     /// A master that does not serve `slot` and is not failing, as
     /// `(host, port)`: asked about the slot, it answers `MOVED` (the
     /// subscriber's cluster link uses this to make the driver refresh its
