@@ -289,3 +289,83 @@ async fn another_cache_on_the_same_backend_reads_its_writes() {
 async fn another_cache_on_another_backend_of_the_process_reads_its_writes() {
     another_cache_of_the_same_process_reads_its_writes(true).await;
 }
+
+/// A server where a key with a TTL goes only when it is touched (no active
+/// expiry), as with a key among many others with a TTL: nothing pushes its
+/// expiry to the L1.
+fn server_without_active_expiry() -> RedisServer {
+    let server = RedisServer::start_with(&["--enable-debug-command", "local"]);
+    server.command(&["DEBUG", "SET-ACTIVE-EXPIRE", "0"]);
+    server
+}
+
+/// A value written with a TTL of 60 s, whose TTL another client then cuts
+/// to 300 ms (`PEXPIRE`): the push drops the L1 entry, and the next read
+/// must keep the value no longer than the server will (300 ms), not the
+/// 60 s written in it. Returns the cache, the server, the key's loads, and
+/// when the server's copy expires.
+async fn a_value_whose_ttl_another_client_shortened(
+    ns: &str,
+) -> (
+    Cache<String, String>,
+    RedisServer,
+    Arc<AtomicUsize>,
+    std::time::Instant,
+) {
+    let server = server_without_active_expiry();
+    let c = cache(ns, RedisBackend::connect(&server.url()).await.unwrap());
+    let loads = Arc::new(AtomicUsize::new(0));
+    let key = "k";
+    let value_key = FillKeys::new(ns, key).value().to_owned();
+    fetch(&c, key, &loads).await;
+    until_l1_serves(&c, key, &loads).await;
+    let invalidations = c.stats().l1_invalidations;
+    server.command(&["PEXPIRE", &value_key, "300"]);
+    let expires = std::time::Instant::now() + Duration::from_millis(300);
+    while c.stats().l1_invalidations == invalidations {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // Read again (from Redis: the L1 dropped it), and kept.
+    assert_eq!(
+        fetch(&c, key, &loads).await,
+        ("loaded-1".into(), Outcome::Hit)
+    );
+    (c, server, loads, expires)
+}
+
+/// Once the server's copy has expired, the L1 no longer answers it: it
+/// used to keep the re-read value for the 60 s written in it, and every
+/// call answered the expired value as a `Hit`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_l1_entry_never_outlives_a_ttl_another_client_shortened() {
+    let _limit = time_limit(LIMIT);
+    let ns = unique_ns("pexpire");
+    let (c, _server, loads, expires) = a_value_whose_ttl_another_client_shortened(&ns).await;
+    tokio::time::sleep_until(expires.into()).await;
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert_eq!(
+        fetch(&c, "k", &loads).await,
+        ("loaded-2".into(), Outcome::Loaded),
+        "the value expired on the server is not served"
+    );
+}
+
+/// The same value, then the server hangs past the shortened TTL: the
+/// outage fallback does not serve the value the server no longer holds
+/// (it used to, as `Stale`, with the TTL written in it); the call loads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_outage_fallback_never_outlives_a_ttl_another_client_shortened() {
+    let _limit = time_limit(LIMIT);
+    let ns = unique_ns("pexpire-outage");
+    let (c, server, loads, expires) = a_value_whose_ttl_another_client_shortened(&ns).await;
+    server.pause();
+    tokio::time::sleep_until(expires.into()).await;
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let answer = fetch(&c, "k", &loads).await;
+    server.resume();
+    assert_eq!(
+        answer,
+        ("loaded-2".into(), Outcome::Degraded),
+        "the expired value is not served from the outage fallback"
+    );
+}

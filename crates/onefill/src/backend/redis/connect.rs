@@ -145,6 +145,7 @@ impl RedisBackend {
                 resp3,
                 scripts,
                 clock: ServerClock::default(),
+                kept: Default::default(),
                 pubsub: PubSubShared::start(link, options.clone()),
                 options,
                 target,

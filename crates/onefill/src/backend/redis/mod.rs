@@ -198,6 +198,8 @@ struct Inner {
     /// Standalone hits read the TTL from the envelope with this estimate
     /// (decision 0011); unused on a cluster.
     clock: ServerClock,
+    /// Prefixes an L1 keeps: their hits read the server's TTL.
+    kept: read::KeptPrefixes,
     pubsub: Arc<PubSubShared>,
     /// Where we are connected, without credentials (for `Debug`).
     target: String,
@@ -438,6 +440,7 @@ impl Backend for RedisBackend {
         listener: Weak<dyn ChangeListener>,
     ) -> Result<(), BackendError> {
         process_listeners().register(prefix, listener.clone());
+        self.inner.kept.add(prefix);
         let tracking = tracking::Tracking {
             prefix: prefix.to_owned(),
             confirm_every,

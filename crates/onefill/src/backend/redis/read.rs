@@ -2,8 +2,19 @@
 //! direct entry a cache calls it by ([`RedisBackend::read_within`]). On a
 //! standalone server a plain `GET` when the server's clock, estimated from
 //! samples, tells the value is fresh; else the pipelined `GET` + `PTTL`.
+//!
+//! A key an L1 of this process may keep ([`KeptPrefixes`]) is always read
+//! with the pair: the L1 entry, and the outage fallback's copy, then live no
+//! longer than the TTL the server has now. A plain `GET` answers what the
+//! server holds, but the TTL it reports is the one the value was written
+//! with (stamped in it), which another client's `EXPIRE` or `PEXPIRE` may
+//! have shortened since; the L1's tracking drops the entry when that
+//! happens, and the next read must not bring the written TTL back.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
+
+use parking_lot::RwLock;
 
 use redis::aio::ConnectionManager;
 use redis::RedisError;
@@ -17,6 +28,36 @@ use super::{Conn, RedisBackend};
 use crate::backend::{BackendError, FillKeys, Stored};
 use crate::deadline;
 use crate::envelope;
+
+/// The key prefixes whose values an L1 of this process keeps (each
+/// [`Backend::track_changes`](crate::Backend::track_changes) on the backend
+/// adds its own): reads of their keys report the server's own TTL.
+#[derive(Default)]
+pub(super) struct KeptPrefixes {
+    /// Whether any prefix was added: the one check a backend with no L1
+    /// pays per hit.
+    any: AtomicBool,
+    prefixes: RwLock<Vec<String>>,
+}
+
+impl KeptPrefixes {
+    pub(super) fn add(&self, prefix: &str) {
+        let mut prefixes = self.prefixes.write();
+        if !prefixes.iter().any(|p| p == prefix) {
+            prefixes.push(prefix.to_owned());
+        }
+        self.any.store(true, Ordering::Release);
+    }
+
+    fn covers(&self, key: &str) -> bool {
+        self.any.load(Ordering::Acquire)
+            && self
+                .prefixes
+                .read()
+                .iter()
+                .any(|p| key.starts_with(p.as_str()))
+    }
+}
 
 impl RedisBackend {
     /// A standalone hit: a plain `GET` when the value's envelope records
@@ -135,8 +176,10 @@ impl RedisBackend {
     /// [`Backend::get`], unboxed and unbounded.
     async fn read(&self, keys: &FillKeys, now: Instant) -> Result<Option<Stored>, BackendError> {
         match &self.inner.conn {
-            Conn::Single(c) => self.get_standalone(c, keys, now).await,
-            Conn::Cluster(_) => Box::pin(self.get_pttl(keys)).await,
+            Conn::Single(c) if !self.inner.kept.covers(keys.value()) => {
+                self.get_standalone(c, keys, now).await
+            }
+            _ => Box::pin(self.get_pttl(keys)).await,
         }
     }
 
