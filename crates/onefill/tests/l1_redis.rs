@@ -369,3 +369,95 @@ async fn the_outage_fallback_never_outlives_a_ttl_another_client_shortened() {
         "the expired value is not served from the outage fallback"
     );
 }
+
+/// `CLUSTER MYID` of a node.
+fn node_id(node: &RedisServer) -> String {
+    node.command(&["CLUSTER", "MYID"]).trim().to_owned()
+}
+
+/// A master joins the cluster and a key's slot migrates to it. Mid-way,
+/// process A reads the key through `ASK` from the new master (which A does
+/// not track: `ASK` does not change A's slot map); then the migration ends
+/// and another process deletes the key there. A must load it again: A
+/// used to keep the value read through `ASK` in its L1, and no push from
+/// the new master ever reached it, so it answered the deleted value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_value_read_through_ask_from_an_untracked_master_is_not_kept() {
+    let _limit = time_limit(LIMIT);
+    let cluster = RedisCluster::start(3);
+    let urls = cluster.urls();
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let ns = unique_ns("ask");
+    let a = cache(&ns, RedisBackend::connect_cluster(&urls).await.unwrap());
+    let loads = Arc::new(AtomicUsize::new(0));
+    let key = "moving";
+    let value_key = FillKeys::new(&ns, key).value().to_owned();
+    fetch(&a, key, &loads).await;
+    until_l1_serves(&a, key, &loads).await;
+
+    // A fourth master joins, with no slot yet.
+    let joining = RedisServer::start_with(&[
+        "--cluster-enabled",
+        "yes",
+        "--cluster-config-file",
+        "nodes.conf",
+        "--cluster-node-timeout",
+        "5000",
+    ]);
+    let source = cluster.node_for_key(&value_key);
+    joining.command(&["CLUSTER", "MEET", "127.0.0.1", &source.port().to_string()]);
+    let joined = || {
+        cluster.nodes().iter().all(|node| {
+            node.command(&["CLUSTER", "NODES"])
+                .contains(&format!(":{}@", joining.port()))
+        }) && joining
+            .command(&["CLUSTER", "INFO"])
+            .contains("cluster_state:ok")
+    };
+    for _ in 0..500 {
+        if joined() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(joined(), "the fourth master joined");
+
+    // The key's slot migrates to it; mid-way, A reads the key through ASK.
+    let slot = cluster.slot_of(&value_key).to_string();
+    let (source_id, joining_id) = (node_id(source), node_id(&joining));
+    joining.command(&["CLUSTER", "SETSLOT", &slot, "IMPORTING", &source_id]);
+    source.command(&["CLUSTER", "SETSLOT", &slot, "MIGRATING", &joining_id]);
+    let port = joining.port().to_string();
+    let invalidations = a.stats().l1_invalidations;
+    let moved = source.command(&[
+        "MIGRATE",
+        "127.0.0.1",
+        &port,
+        "",
+        "0",
+        "5000",
+        "KEYS",
+        &value_key,
+    ]);
+    assert!(moved.contains("OK"), "MIGRATE: {moved}");
+    // The source's push for the key it gave away reaches A first.
+    while a.stats().l1_invalidations == invalidations {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let (read, _) = fetch(&a, key, &loads).await;
+    assert_eq!(read, "loaded-1", "read through ASK");
+
+    // The migration ends; another process deletes the key on the new
+    // master (a raw client: a write through onefill in this test's process
+    // would reach A's L1 directly).
+    for node in cluster.nodes().iter().chain([&joining]) {
+        node.command(&["CLUSTER", "SETSLOT", &slot, "NODE", &joining_id]);
+    }
+    joining.command(&["DEL", &value_key]);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        fetch(&a, key, &loads).await,
+        ("loaded-2".into(), Outcome::Loaded),
+        "A loads the deleted key, not its copy of the value read through ASK"
+    );
+}

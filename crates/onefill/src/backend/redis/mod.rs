@@ -126,6 +126,7 @@
 //! ```
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -183,6 +184,15 @@ pub struct RedisBackend {
 /// `connect` calls) must each see the other's writes at once too. A
 /// listener on another server that shares a namespace hears of writes it
 /// did not need to: one read more, never a stale answer.
+/// A call about `keys` was answered through an `ASK` (its slot is
+/// migrating): by a node this process may not track, so no push would ever
+/// tell an L1 that the value changed there. It is reported as a change: an
+/// L1 takes back what it inserts for a key changed since its read began,
+/// so it never keeps a value read this way (and drops what it had).
+fn answered_through_ask(keys: &FillKeys) {
+    process_listeners().changed(keys.value());
+}
+
 fn process_listeners() -> &'static Listeners {
     static PROCESS: std::sync::LazyLock<Listeners> = std::sync::LazyLock::new(Listeners::default);
     &PROCESS
@@ -244,12 +254,17 @@ impl RedisBackend {
             }
             Conn::Cluster(router) => {
                 let slot = slot_of(keys.value().as_bytes());
-                router
-                    .run(slot, |mut c, asking| async move {
-                        invocation.invoke(&mut c, asking).await
+                let asked = AtomicBool::new(false);
+                let answer = router
+                    .run(slot, |mut c, asking| {
+                        asked.fetch_or(asking, Ordering::Relaxed);
+                        async move { invocation.invoke(&mut c, asking).await }
                     })
-                    .await
-                    .map_err(|e| classify(op, e))
+                    .await;
+                if asked.load(Ordering::Relaxed) {
+                    answered_through_ask(keys);
+                }
+                answer.map_err(|e| classify(op, e))
             }
         }
     }

@@ -208,12 +208,20 @@ impl RedisBackend {
                     .cmd("PTTL")
                     .arg(keys.value());
                 let asking_pipe = &asking_pipe;
-                router
-                    .run(slot, |mut c, asking| async move {
-                        let pipe = if asking { asking_pipe } else { pipe };
-                        pipe.query_async(&mut c).await
+                let asked = AtomicBool::new(false);
+                let answer = router
+                    .run(slot, |mut c, asking| {
+                        asked.fetch_or(asking, Ordering::Relaxed);
+                        async move {
+                            let pipe = if asking { asking_pipe } else { pipe };
+                            pipe.query_async(&mut c).await
+                        }
                     })
-                    .await
+                    .await;
+                if asked.load(Ordering::Relaxed) {
+                    super::answered_through_ask(keys);
+                }
+                answer
             }
         };
         let (bytes, pttl) = result.map_err(|e| classify("get", e))?;
