@@ -139,6 +139,66 @@ async fn a_migrating_slot_is_followed_and_never_reaches_a_strict_caller() {
     assert_eq!(cache.stats().backend_errors, 0, "{:?}", cache.stats());
 }
 
+/// `set` and `invalidate` while their key's slot migrates, on a strict
+/// cache (which surfaces every backend error): before the key moved (its
+/// value on the source, its lock and channel on neither node) and after
+/// (the value on the importing node). Their scripts are refused with
+/// `TRYAGAIN` for as long as the slot migrates, so both used to fail (after
+/// the backend timeout); they now succeed, and a read sees what they wrote.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_succeed_while_their_slot_migrates() {
+    let _limit = time_limit(LIMIT);
+    let cluster = RedisCluster::start(3);
+    let ns = unique_ns("migrate-writes");
+    let cache = Cache::<String, String>::builder()
+        .namespace(&ns)
+        .backend(connect(&cluster).await)
+        .strict(true)
+        .no_l1()
+        .build()
+        .unwrap();
+    let key = "moving".to_owned();
+    cache.set(&key, "v1".to_owned()).await.unwrap();
+    let keys = FillKeys::new(&ns, &key);
+    let source = cluster.node_for_key(keys.value());
+    let target = cluster
+        .nodes()
+        .iter()
+        .find(|n| n.port() != source.port())
+        .unwrap();
+    let slot = cluster.slot_of(keys.value()).to_string();
+    let (source_id, target_id) = (node_id(source), node_id(target));
+    target.command(&["CLUSTER", "SETSLOT", &slot, "IMPORTING", &source_id]);
+    source.command(&["CLUSTER", "SETSLOT", &slot, "MIGRATING", &target_id]);
+
+    // Migrating, the value still on the source.
+    cache.set(&key, "v2".to_owned()).await.unwrap();
+    assert_eq!(cache.get(&key).await.unwrap().as_deref(), Some("v2"));
+
+    // The value moved to the target.
+    let port = target.port().to_string();
+    let moved = source.command(&[
+        "MIGRATE",
+        "127.0.0.1",
+        &port,
+        "",
+        "0",
+        "5000",
+        "KEYS",
+        keys.value(),
+    ]);
+    assert!(moved.contains("OK"), "MIGRATE: {moved}");
+    cache.set(&key, "v3".to_owned()).await.unwrap();
+    assert_eq!(cache.get(&key).await.unwrap().as_deref(), Some("v3"));
+    assert!(
+        !target.query(&["GET", keys.value()]).is_nil(),
+        "written on the importing node"
+    );
+    cache.invalidate(&key).await.unwrap();
+    assert_eq!(cache.get(&key).await.unwrap(), None);
+    assert_eq!(cache.stats().backend_errors, 0, "{:?}", cache.stats());
+}
+
 /// Resumes a paused node however the test ends.
 struct Resume<'a>(&'a RedisServer);
 

@@ -67,6 +67,7 @@ mod slot;
 mod topology;
 
 use node::{unbracketed, Node};
+pub(super) use reaction::is_try_again;
 pub(super) use slot::slot_of;
 use topology::{refresher, Topology};
 

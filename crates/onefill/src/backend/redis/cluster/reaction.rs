@@ -17,13 +17,24 @@ pub(super) enum Reaction {
     Fail,
 }
 
+/// The error a reply stands for: a pipeline's first server error (they come
+/// apart from its `detail`), else the error itself.
+fn first_of(error: &RedisError) -> Option<RedisError> {
+    error
+        .clone()
+        .into_server_errors()
+        .and_then(|errors| errors.first().map(|(_, e)| RedisError::from(e.clone())))
+}
+
+/// Whether `error` is (or a pipeline's first error is) a `TRYAGAIN`.
+pub(in super::super) fn is_try_again(error: &RedisError) -> bool {
+    let first = first_of(error);
+    first.as_ref().unwrap_or(error).kind() == ErrorKind::Server(ServerErrorKind::TryAgain)
+}
+
 impl Reaction {
     pub(super) fn to(error: &RedisError) -> Reaction {
-        // A pipeline's server errors come apart from its `detail`.
-        let first = error
-            .clone()
-            .into_server_errors()
-            .and_then(|errors| errors.first().map(|(_, e)| RedisError::from(e.clone())));
+        let first = first_of(error);
         let error = first.as_ref().unwrap_or(error);
         match error.kind() {
             ErrorKind::Server(kind @ (ServerErrorKind::Moved | ServerErrorKind::Ask)) => error

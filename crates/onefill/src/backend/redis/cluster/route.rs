@@ -11,7 +11,7 @@ use redis::{ErrorKind, RedisError};
 use tokio::time::Instant;
 
 use super::node::{with_host_of, Node};
-use super::reaction::Reaction;
+use super::reaction::{is_try_again, Reaction};
 use super::{ClusterRouter, RouterInner};
 
 /// The first pause before a command answered `TRYAGAIN`/`CLUSTERDOWN` is
@@ -34,6 +34,31 @@ impl ClusterRouter {
     /// must be sent right after an `ASKING`, in one pipeline (the
     /// connection is shared; a pipeline is written in one piece).
     pub(in super::super) async fn run<T, F, Fut>(&self, slot: u16, op: F) -> Result<T, RedisError>
+    where
+        F: Fn(MultiplexedConnection, bool) -> Fut,
+        Fut: Future<Output = Result<T, RedisError>>,
+    {
+        self.route(slot, true, op).await
+    }
+
+    /// [`run`](Self::run), but a `TRYAGAIN` (a multi-key command whose
+    /// keys a migrating slot has split, or that are missing on the
+    /// importing node) is handed back at once: it lasts as long as the
+    /// migration, which a retry within the response timeout rarely
+    /// outlives, and the caller has a way without it.
+    pub(in super::super) async fn run_unless_split<T, F, Fut>(
+        &self,
+        slot: u16,
+        op: F,
+    ) -> Result<T, RedisError>
+    where
+        F: Fn(MultiplexedConnection, bool) -> Fut,
+        Fut: Future<Output = Result<T, RedisError>>,
+    {
+        self.route(slot, false, op).await
+    }
+
+    async fn route<T, F, Fut>(&self, slot: u16, retry_split: bool, op: F) -> Result<T, RedisError>
     where
         F: Fn(MultiplexedConnection, bool) -> Fut,
         Fut: Future<Output = Result<T, RedisError>>,
@@ -97,6 +122,9 @@ impl ClusterRouter {
                         inner.learned(slot, &target);
                     }
                     redirect = Some((target, ask));
+                }
+                Reaction::Retry { .. } if !retry_split && is_try_again(&error) => {
+                    return Err(error);
                 }
                 Reaction::Retry { refresh } => {
                     // The cluster is busy (or its map is changing).
