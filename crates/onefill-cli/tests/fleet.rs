@@ -91,14 +91,13 @@ fn four_processes_one_load_and_commands_grow_with_processes_not_callers() {
 /// already subscribed polled at the 20 ms-doubling backoff; a subscribed
 /// waiter now re-checks when notified, at the holder's lease expiry and at
 /// a 3 s safety-net poll. Measured on a server that already knows the
-/// scripts, as one that served onefill before does: the first call of each
-/// script on a fresh server (or after a restart) adds a `NOSCRIPT` reply
-/// and a `SCRIPT LOAD` per process that meets it.
+/// scripts, as one that served onefill before does (each process also
+/// loads every script when it connects, before the count starts).
 #[test]
 fn a_cold_herd_and_a_six_second_load_cost_few_redis_commands() {
     let _limit = time_limit(LIMIT);
     let server = RedisServer::start();
-    // Loads the acquire, fill and extend scripts (one extension at 1 s).
+    // A server that served onefill before (one extension at 1 s).
     let warm = fleet(
         &[server.url()],
         &["--processes", "1", "--callers", "1", "--load-ms", "1100"],

@@ -680,6 +680,67 @@ async fn a_paused_server_times_out_then_recovers() {
     assert!(notified_within(&mut sub, Duration::from_secs(5)).await);
 }
 
+/// The acquire script as the library sends it (it announces nothing, so
+/// its text is the file's).
+const ACQUIRE_LUA: &str = include_str!("../src/backend/redis/scripts/acquire.lua");
+
+/// A lease request sent while the server hangs, whose caller gives up (its
+/// reply is lost, as a cache's timeout loses it), then the compare-and-delete
+/// of its token that the cache sends after such a request: both reach the
+/// server when it resumes, in that order, so the lease is free then. Before
+/// it, a lease is taken on another key and left (a miss served, nothing
+/// released): the acquire script is in use, the release script never ran.
+async fn a_lost_lease_request_is_released(backend: &RedisBackend, server: &RedisServer, ns: &str) {
+    let before = FillKeys::new(ns, "before");
+    let got = backend
+        .acquire(&before, &LeaseToken::random(), LEASE, Duration::ZERO)
+        .await
+        .unwrap();
+    assert!(matches!(got, Acquired::Won { .. }), "{got:?}");
+
+    let keys = FillKeys::new(ns, "k");
+    let token = LeaseToken::random();
+    let gave_up = Duration::from_millis(100);
+    server.pause();
+    let request = backend.acquire(&keys, &token, LEASE, Duration::ZERO);
+    let lost = tokio::time::timeout(gave_up, request).await;
+    let release = tokio::time::timeout(gave_up, backend.release(&keys, &token, None)).await;
+    server.resume();
+    assert!(lost.is_err() && release.is_err(), "the server hung");
+    // Sent after both on the same connection: answered once both ran.
+    let got = backend
+        .acquire(&keys, &LeaseToken::random(), LEASE, Duration::ZERO)
+        .await
+        .unwrap();
+    assert!(
+        matches!(got, Acquired::Won { .. }),
+        "the lease taken by the late request is still held: {got:?}"
+    );
+}
+
+/// A call whose caller gave up while the server hung still runs when the
+/// server resumes, whatever scripts the server knew: on a fresh server,
+/// after it forgot them all (a restart, a failover), and on one that knows
+/// only the acquire script (as one that served caches which loaded each
+/// script when its own call first met `NOSCRIPT`). A script unknown then
+/// met `NOSCRIPT` with nobody left to load it, and the lease stayed held
+/// for its whole TTL while every process waited for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_abandoned_while_the_server_hangs_runs_when_it_resumes() {
+    let _limit = time_limit(LIMIT);
+    let server = RedisServer::start();
+    let backend = standalone(&server).await;
+    a_lost_lease_request_is_released(&backend, &server, &unique_ns("fresh")).await;
+
+    server.command(&["SCRIPT", "FLUSH"]);
+    a_lost_lease_request_is_released(&backend, &server, &unique_ns("flushed")).await;
+
+    server.command(&["SCRIPT", "FLUSH"]);
+    server.command(&["SCRIPT", "LOAD", ACQUIRE_LUA]);
+    let backend = standalone(&server).await;
+    a_lost_lease_request_is_released(&backend, &server, &unique_ns("partial")).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connection_failures_are_reported() {
     let _limit = time_limit(LIMIT);

@@ -55,6 +55,15 @@ impl RedisBackend {
             client.get_connection_manager_with_config(config),
         )
         .await?;
+        // Every script known to the server before a call needs it (see
+        // `scripts.rs`). A server that does not answer fails the connect;
+        // one that refuses the loads (an ACL without `SCRIPT`) is left to
+        // the call that needs a script, which meets the same refusal then.
+        let loads = STANDALONE_SCRIPTS.load_all(&manager);
+        match with_deadline("connect", options.response_timeout, loads).await {
+            Err(e) if e.is_transient() => return Err(e),
+            _ => {}
+        }
 
         // Fill notifications use RESP3 pushes on a connection of their own.
         let sub_client = push::resp3(&client).map_err(|e| classify("connect", e))?;

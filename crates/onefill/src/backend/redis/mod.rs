@@ -30,8 +30,10 @@
 //! value, another client's bytes, no sample yet), the pipelined
 //! `GET` + `PTTL` follows and the server's TTL decides, as before. A
 //! cluster's masters each have their own clock: its hits are the pair. Scripts are sent with
-//! `EVALSHA` and loaded again on `NOSCRIPT` (after a server restart or
-//! failover).
+//! `EVALSHA`; every script is loaded when a connection is made, and all of
+//! them again when one meets `NOSCRIPT` (after a server restart or
+//! failover), so that a call whose caller gave up still runs when it
+//! reaches the server late (see `scripts.rs`).
 //!
 //! # Connections
 //!
@@ -250,15 +252,17 @@ impl RedisBackend {
             // bounded here, by the response timeout.
             Conn::Single(c) => {
                 let limit = self.inner.options.response_timeout;
-                with_deadline(op, limit, invocation.invoke(&mut c.clone(), false)).await
+                let scripts = self.inner.scripts;
+                with_deadline(op, limit, invocation.invoke(scripts, &mut c.clone(), false)).await
             }
             Conn::Cluster(router) => {
                 let slot = slot_of(keys.value().as_bytes());
+                let scripts = self.inner.scripts;
                 let asked = AtomicBool::new(false);
                 let answer = router
                     .run(slot, |mut c, asking| {
                         asked.fetch_or(asking, Ordering::Relaxed);
-                        async move { invocation.invoke(&mut c, asking).await }
+                        async move { invocation.invoke(scripts, &mut c, asking).await }
                     })
                     .await;
                 if asked.load(Ordering::Relaxed) {
@@ -286,9 +290,10 @@ impl RedisBackend {
             return self.eval_flag(op, keys, invocation).await.map(drop);
         };
         let slot = slot_of(keys.value().as_bytes());
+        let scripts = self.inner.scripts;
         let answer: Result<i64, _> = router
             .run_unless_split(slot, |mut c, asking| async move {
-                invocation.invoke(&mut c, asking).await
+                invocation.invoke(scripts, &mut c, asking).await
             })
             .await;
         match answer {

@@ -6,10 +6,20 @@
 //! placeholder is a plain Lua string, replaced by `PUBLISH` for a standalone
 //! server and by `SPUBLISH` (sharded pub/sub, routed by the channel's slot)
 //! on a cluster. The scripts that write a value start with `stamp.lua`
-//! (the server's expiry in the envelope, decision 0011). Scripts are sent
-//! with `EVALSHA` and loaded again on
-//! `NOSCRIPT` (after a server restart or failover) by the driver's
-//! [`Script`].
+//! (the server's expiry in the envelope, decision 0011).
+//!
+//! Scripts are sent with `EVALSHA`, and the server knows every one before
+//! a call needs it: all are loaded when a connection is made
+//! ([`Scripts::load_all`]), and all again when one meets `NOSCRIPT` (a
+//! restart, a failover, a flush). Loading a script only when its own call
+//! meets `NOSCRIPT` is not enough: a call whose caller gave up while the
+//! server hung still runs when the server resumes, and if it meets
+//! `NOSCRIPT` then, nobody is left to load the script and send it again.
+//! The cache relies on such a call: after a lease request whose reply was
+//! lost, it sends the compare-and-delete of its token, which runs right
+//! after the request once the server resumes. A healthy lease ends with
+//! its fill, so the release script was the one the server did not know
+//! yet, and the lease the late request took stayed held for its TTL.
 
 use std::sync::LazyLock;
 
@@ -42,6 +52,27 @@ const STAMP: &str = include_str!("scripts/stamp.lua");
 const PUBLISH_PLACEHOLDER: &str = "__PUBLISH__";
 
 impl Scripts {
+    /// Loads every script into the server's script cache; the loads go out
+    /// together on the multiplexed connection.
+    pub(super) async fn load_all<C: ConnectionLike + Clone + Send>(
+        &self,
+        conn: &C,
+    ) -> RedisResult<()> {
+        let all = [
+            &self.acquire,
+            &self.fill,
+            &self.release,
+            &self.extend,
+            &self.set,
+            &self.invalidate,
+        ];
+        let loads = all.map(|script| {
+            let mut conn = conn.clone();
+            async move { script.load_async(&mut conn).await }
+        });
+        futures_util::future::try_join_all(loads).await.map(drop)
+    }
+
     fn new(publish: &str) -> Scripts {
         let script = |lua: &str| Script::new(&lua.replace(PUBLISH_PLACEHOLDER, publish));
         let writing = |lua: &str| script(&format!("{STAMP}\n{lua}"));
@@ -57,7 +88,7 @@ impl Scripts {
 }
 
 /// One call of a script: its keys and arguments, sent as `EVALSHA`, with
-/// the script loaded again on `NOSCRIPT`. Unlike the driver's
+/// every script of its set loaded again on `NOSCRIPT`. Unlike the driver's
 /// `ScriptInvocation`, it can also be sent right after an `ASKING`, in one
 /// pipeline, as a Redis Cluster `ASK` redirection needs on a shared
 /// connection.
@@ -96,15 +127,18 @@ impl<'a> ScriptCall<'a> {
     }
 
     /// Runs the script on `conn` (after an `ASKING`, in one pipeline, if
-    /// `asking`), loading it first if the server does not know it.
-    pub(super) async fn invoke<T: FromRedisValue, C: ConnectionLike + Send>(
+    /// `asking`). If the server does not know it, it forgot them all: every
+    /// script of `scripts` (the set this one belongs to) is loaded again
+    /// before it is sent again (see the module docs).
+    pub(super) async fn invoke<T: FromRedisValue, C: ConnectionLike + Clone + Send>(
         &self,
+        scripts: &Scripts,
         conn: &mut C,
         asking: bool,
     ) -> RedisResult<T> {
         match self.send(conn, asking).await {
             Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                self.script.load_async(conn).await?;
+                scripts.load_all(conn).await?;
                 self.send(conn, asking).await
             }
             result => result,
