@@ -30,9 +30,9 @@
 //! value, another client's bytes, no sample yet), the pipelined
 //! `GET` + `PTTL` follows and the server's TTL decides, as before. A
 //! cluster's masters each have their own clock: its hits are the pair. Scripts are sent with
-//! `EVALSHA`; every script is loaded when a connection is made, and all of
-//! them again when one meets `NOSCRIPT` (after a server restart or
-//! failover), so that a call whose caller gave up still runs when it
+//! `EVALSHA`; every script is loaded when a standalone backend connects,
+//! and all of them whenever one meets `NOSCRIPT` (after a server restart
+//! or failover, and a cluster node's first script call), so that a call whose caller gave up still runs when it
 //! reaches the server late (see `scripts.rs`).
 //!
 //! # Connections

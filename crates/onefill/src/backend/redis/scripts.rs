@@ -9,9 +9,12 @@
 //! (the server's expiry in the envelope, decision 0011).
 //!
 //! Scripts are sent with `EVALSHA`, and the server knows every one before
-//! a call needs it: all are loaded when a connection is made
+//! a call needs it: all are loaded when a standalone backend connects
 //! ([`Scripts::load_all`]), and all again when one meets `NOSCRIPT` (a
-//! restart, a failover, a flush). Loading a script only when its own call
+//! restart, a failover, a flush; a cluster node's first script call). A
+//! cluster node is not loaded when its connection is made: measured, that
+//! made calls of a graceful failover slower than 100 ms seconds after the
+//! promotion, every run; its first `NOSCRIPT` loads them all. Loading a script only when its own call
 //! meets `NOSCRIPT` is not enough: a call whose caller gave up while the
 //! server hung still runs when the server resumes, and if it meets
 //! `NOSCRIPT` then, nobody is left to load the script and send it again.

@@ -11,9 +11,8 @@ use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Client, RedisError};
 use tokio::sync::Notify;
 
-use super::super::errors::{classify, driver_within};
+use super::super::errors::driver_within;
 use super::super::options::open_client;
-use super::super::scripts::CLUSTER_SCRIPTS;
 use super::RouterInner;
 use crate::error::{BackendError, BackendErrorKind};
 
@@ -88,22 +87,14 @@ impl Node {
         }
     }
 
-    /// A new connection, with every script loaded on the node (bounded by
-    /// the connect timeout).
+    /// A new connection (bounded by the connect timeout).
     pub(super) async fn connect(&self) -> Result<MultiplexedConnection, RedisError> {
-        driver_within("connect", self.connect_timeout, async {
-            let conn = self
-                .client
-                .get_multiplexed_async_connection_with_config(&self.config)
-                .await?;
-            // Known to the node before a call needs one (see `scripts.rs`).
-            // A node that does not answer fails the attempt; one that
-            // refuses the loads is left to the call that needs a script.
-            match CLUSTER_SCRIPTS.load_all(&conn).await {
-                Err(e) if classify("connect", e.clone()).is_transient() => Err(e),
-                _ => Ok(conn),
-            }
-        })
+        driver_within(
+            "connect",
+            self.connect_timeout,
+            self.client
+                .get_multiplexed_async_connection_with_config(&self.config),
+        )
         .await
     }
 
