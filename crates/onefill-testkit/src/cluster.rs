@@ -272,6 +272,39 @@ impl RedisCluster {
         }
     }
 
+    /// Starts migrating `slot` from `source` to `target`, as
+    /// `redis-cli --cluster reshard` does: `IMPORTING` on the target, then
+    /// `MIGRATING` on the source. From then on the source answers `ASK` for
+    /// the keys of the slot it does not have.
+    pub fn begin_migration(&self, slot: u16, source: &RedisServer, target: &RedisServer) {
+        let slot = slot.to_string();
+        let (source_id, target_id) = (source.cluster_id(), target.cluster_id());
+        target.command(&["CLUSTER", "SETSLOT", &slot, "IMPORTING", &source_id]);
+        source.command(&["CLUSTER", "SETSLOT", &slot, "MIGRATING", &target_id]);
+    }
+
+    /// Moves `keys` (of a migrating slot) from `source` to `target`
+    /// (`MIGRATE … KEYS`).
+    ///
+    /// # Panics
+    /// If `MIGRATE` does not answer `OK`.
+    pub fn migrate_keys(&self, source: &RedisServer, target: &RedisServer, keys: &[&str]) {
+        let port = target.port().to_string();
+        let mut args = vec!["MIGRATE", "127.0.0.1", &port, "", "0", "5000", "KEYS"];
+        args.extend_from_slice(keys);
+        let moved = source.command(&args);
+        assert!(moved.contains("OK"), "MIGRATE: {moved}");
+    }
+
+    /// Ends a migration: every node of the cluster, and `joined` (nodes
+    /// that joined it since it started), says `slot` is `target`'s.
+    pub fn end_migration(&self, slot: u16, target: &RedisServer, joined: &[&RedisServer]) {
+        let (slot, target_id) = (slot.to_string(), target.cluster_id());
+        for node in self.nodes.iter().chain(joined.iter().copied()) {
+            node.command(&["CLUSTER", "SETSLOT", &slot, "NODE", &target_id]);
+        }
+    }
+
     /// Asks the running nodes (other than `avoid`) in turn, each with a
     /// short timeout, and returns the first reply.
     ///

@@ -163,6 +163,11 @@ impl RedisServer {
         self.query(args).to_string()
     }
 
+    /// The node's id in its cluster (`CLUSTER MYID`).
+    pub fn cluster_id(&self) -> String {
+        self.command(&["CLUSTER", "MYID"]).trim().to_owned()
+    }
+
     /// Sends one command on a fresh connection and returns the parsed reply.
     ///
     /// # Panics

@@ -204,10 +204,6 @@ async fn the_batch_steps_answer_each_key_and_survive_a_script_flush() {
     assert!(matches!(read[2], Ok(None)));
 }
 
-fn node_id(node: &RedisServer) -> String {
-    node.command(&["CLUSTER", "MYID"]).trim().to_owned()
-}
-
 /// A slot migrating (`ASK`), then moved (`MOVED`), under a batch: the keys
 /// whose pipelined command was redirected are sent again alone and
 /// followed; a strict cache (backend errors surface) sees no error, and
@@ -240,26 +236,9 @@ async fn a_batch_follows_a_migrating_then_moved_slot() {
         .iter()
         .find(|n| n.port() != source.port())
         .unwrap();
-    let slot = source
-        .query(&["CLUSTER", "KEYSLOT", moving.value()])
-        .as_int()
-        .unwrap()
-        .to_string();
-    let (source_id, target_id) = (node_id(source), node_id(target));
-    target.command(&["CLUSTER", "SETSLOT", &slot, "IMPORTING", &source_id]);
-    source.command(&["CLUSTER", "SETSLOT", &slot, "MIGRATING", &target_id]);
-    let port = target.port().to_string();
-    let migrated = source.command(&[
-        "MIGRATE",
-        "127.0.0.1",
-        &port,
-        "",
-        "0",
-        "5000",
-        "KEYS",
-        moving.value(),
-    ]);
-    assert!(migrated.contains("OK"), "MIGRATE: {migrated}");
+    let slot = cluster.slot_of(moving.value());
+    cluster.begin_migration(slot, source, target);
+    cluster.migrate_keys(source, target, &[moving.value()]);
 
     // Migrating: the source answers ASK for k0.
     let answers = cache
@@ -275,9 +254,7 @@ async fn a_batch_follows_a_migrating_then_moved_slot() {
 
     // Moved: the source answers MOVED; k0 is gone, so it is read, leased,
     // loaded and filled through the redirection.
-    for node in cluster.nodes() {
-        node.command(&["CLUSTER", "SETSLOT", &slot, "NODE", &target_id]);
-    }
+    cluster.end_migration(slot, target, &[]);
     target.command(&["DEL", moving.value()]);
     let answers = cache
         .fetch_many(&wanted, origin.loader(Duration::ZERO, &[]))

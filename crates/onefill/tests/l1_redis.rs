@@ -370,11 +370,6 @@ async fn the_outage_fallback_never_outlives_a_ttl_another_client_shortened() {
     );
 }
 
-/// `CLUSTER MYID` of a node.
-fn node_id(node: &RedisServer) -> String {
-    node.command(&["CLUSTER", "MYID"]).trim().to_owned()
-}
-
 /// A master joins the cluster and a key's slot migrates to it. Mid-way,
 /// process A reads the key through `ASK` from the new master (which A does
 /// not track: `ASK` does not change A's slot map); then the migration ends
@@ -423,23 +418,10 @@ async fn a_value_read_through_ask_from_an_untracked_master_is_not_kept() {
     assert!(joined(), "the fourth master joined");
 
     // The key's slot migrates to it; mid-way, A reads the key through ASK.
-    let slot = cluster.slot_of(&value_key).to_string();
-    let (source_id, joining_id) = (node_id(source), node_id(&joining));
-    joining.command(&["CLUSTER", "SETSLOT", &slot, "IMPORTING", &source_id]);
-    source.command(&["CLUSTER", "SETSLOT", &slot, "MIGRATING", &joining_id]);
-    let port = joining.port().to_string();
+    let slot = cluster.slot_of(&value_key);
+    cluster.begin_migration(slot, source, &joining);
     let invalidations = a.stats().l1_invalidations;
-    let moved = source.command(&[
-        "MIGRATE",
-        "127.0.0.1",
-        &port,
-        "",
-        "0",
-        "5000",
-        "KEYS",
-        &value_key,
-    ]);
-    assert!(moved.contains("OK"), "MIGRATE: {moved}");
+    cluster.migrate_keys(source, &joining, &[&value_key]);
     // The source's push for the key it gave away reaches A first.
     while a.stats().l1_invalidations == invalidations {
         tokio::time::sleep(Duration::from_millis(5)).await;
@@ -450,9 +432,7 @@ async fn a_value_read_through_ask_from_an_untracked_master_is_not_kept() {
     // The migration ends; another process deletes the key on the new
     // master (a raw client: a write through onefill in this test's process
     // would reach A's L1 directly).
-    for node in cluster.nodes().iter().chain([&joining]) {
-        node.command(&["CLUSTER", "SETSLOT", &slot, "NODE", &joining_id]);
-    }
+    cluster.end_migration(slot, &joining, &[&joining]);
     joining.command(&["DEL", &value_key]);
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(

@@ -52,10 +52,6 @@ fn cluster_slots_calls(cluster: &RedisCluster) -> u64 {
         .sum()
 }
 
-fn node_id(node: &RedisServer) -> String {
-    node.command(&["CLUSTER", "MYID"]).trim().to_owned()
-}
-
 async fn fetch(cache: &Cache<String, String>, key: &str) -> Result<Outcome, onefill::Error> {
     cache
         .fetch(&key.to_owned(), |k: String| async move {
@@ -63,6 +59,51 @@ async fn fetch(cache: &Cache<String, String>, key: &str) -> Result<Outcome, onef
         })
         .await
         .map(|f| f.outcome)
+}
+
+/// A key whose slot has started to migrate ([`a_key_whose_slot_starts_to_migrate`]).
+struct Migrating<'c> {
+    /// A strict cache: every backend error reaches its caller.
+    cache: Cache<String, String>,
+    key: String,
+    keys: FillKeys,
+    source: &'c RedisServer,
+    target: &'c RedisServer,
+    slot: u16,
+}
+
+/// A strict cache on `cluster` with `"moving"` set to `"v1"`, then the
+/// migration of its slot begun, from the master that holds it to another.
+async fn a_key_whose_slot_starts_to_migrate<'c>(
+    cluster: &'c RedisCluster,
+    name: &str,
+) -> Migrating<'c> {
+    let ns = unique_ns(name);
+    let cache = Cache::<String, String>::builder()
+        .namespace(&ns)
+        .backend(connect(cluster).await)
+        .strict(true)
+        .build()
+        .unwrap();
+    let key = "moving".to_owned();
+    cache.set(&key, "v1".to_owned()).await.unwrap();
+    let keys = FillKeys::new(&ns, &key);
+    let source = cluster.node_for_key(keys.value());
+    let target = cluster
+        .nodes()
+        .iter()
+        .find(|n| n.port() != source.port())
+        .unwrap();
+    let slot = cluster.slot_of(keys.value());
+    cluster.begin_migration(slot, source, target);
+    Migrating {
+        cache,
+        key,
+        keys,
+        source,
+        target,
+        slot,
+    }
 }
 
 /// A slot migrating from one master to another: while it migrates, the
@@ -73,43 +114,15 @@ async fn fetch(cache: &Cache<String, String>, key: &str) -> Result<Outcome, onef
 async fn a_migrating_slot_is_followed_and_never_reaches_a_strict_caller() {
     let _limit = time_limit(LIMIT);
     let cluster = RedisCluster::start(3);
-    let ns = unique_ns("migrate");
-    let cache = Cache::<String, String>::builder()
-        .namespace(&ns)
-        .backend(connect(&cluster).await)
-        .strict(true)
-        .build()
-        .unwrap();
-    let key = "moving".to_owned();
-    cache.set(&key, "v1".to_owned()).await.unwrap();
-
-    let keys = FillKeys::new(&ns, &key);
-    let source = cluster.node_for_key(keys.value());
-    let target = cluster
-        .nodes()
-        .iter()
-        .find(|n| n.port() != source.port())
-        .unwrap();
-    let slot = source
-        .query(&["CLUSTER", "KEYSLOT", keys.value()])
-        .as_int()
-        .unwrap()
-        .to_string();
-    let (source_id, target_id) = (node_id(source), node_id(target));
-    target.command(&["CLUSTER", "SETSLOT", &slot, "IMPORTING", &source_id]);
-    source.command(&["CLUSTER", "SETSLOT", &slot, "MIGRATING", &target_id]);
-    let port = target.port().to_string();
-    let moved = source.command(&[
-        "MIGRATE",
-        "127.0.0.1",
-        &port,
-        "",
-        "0",
-        "5000",
-        "KEYS",
-        keys.value(),
-    ]);
-    assert!(moved.contains("OK"), "MIGRATE: {moved}");
+    let Migrating {
+        cache,
+        key,
+        keys,
+        source,
+        target,
+        slot,
+    } = a_key_whose_slot_starts_to_migrate(&cluster, "migrate").await;
+    cluster.migrate_keys(source, target, &[keys.value()]);
 
     // Migrating: the source answers ASK for the value, which is followed,
     // on the connection the backend already has to the target (each ASK
@@ -124,9 +137,7 @@ async fn a_migrating_slot_is_followed_and_never_reaches_a_strict_caller() {
 
     // Migrated: every node says the slot is the target's; the backend
     // still thinks it is the source's, which answers MOVED.
-    for node in cluster.nodes() {
-        node.command(&["CLUSTER", "SETSLOT", &slot, "NODE", &target_id]);
-    }
+    cluster.end_migration(slot, target, &[]);
     cache.set(&key, "v2".to_owned()).await.unwrap();
     assert_eq!(cache.get(&key).await.unwrap().as_deref(), Some("v2"));
     assert!(
@@ -149,45 +160,21 @@ async fn a_migrating_slot_is_followed_and_never_reaches_a_strict_caller() {
 async fn writes_succeed_while_their_slot_migrates() {
     let _limit = time_limit(LIMIT);
     let cluster = RedisCluster::start(3);
-    let ns = unique_ns("migrate-writes");
-    let cache = Cache::<String, String>::builder()
-        .namespace(&ns)
-        .backend(connect(&cluster).await)
-        .strict(true)
-        .no_l1()
-        .build()
-        .unwrap();
-    let key = "moving".to_owned();
-    cache.set(&key, "v1".to_owned()).await.unwrap();
-    let keys = FillKeys::new(&ns, &key);
-    let source = cluster.node_for_key(keys.value());
-    let target = cluster
-        .nodes()
-        .iter()
-        .find(|n| n.port() != source.port())
-        .unwrap();
-    let slot = cluster.slot_of(keys.value()).to_string();
-    let (source_id, target_id) = (node_id(source), node_id(target));
-    target.command(&["CLUSTER", "SETSLOT", &slot, "IMPORTING", &source_id]);
-    source.command(&["CLUSTER", "SETSLOT", &slot, "MIGRATING", &target_id]);
+    let Migrating {
+        cache,
+        key,
+        keys,
+        source,
+        target,
+        ..
+    } = a_key_whose_slot_starts_to_migrate(&cluster, "migrate-writes").await;
 
     // Migrating, the value still on the source.
     cache.set(&key, "v2".to_owned()).await.unwrap();
     assert_eq!(cache.get(&key).await.unwrap().as_deref(), Some("v2"));
 
     // The value moved to the target.
-    let port = target.port().to_string();
-    let moved = source.command(&[
-        "MIGRATE",
-        "127.0.0.1",
-        &port,
-        "",
-        "0",
-        "5000",
-        "KEYS",
-        keys.value(),
-    ]);
-    assert!(moved.contains("OK"), "MIGRATE: {moved}");
+    cluster.migrate_keys(source, target, &[keys.value()]);
     cache.set(&key, "v3".to_owned()).await.unwrap();
     assert_eq!(cache.get(&key).await.unwrap().as_deref(), Some("v3"));
     assert!(
