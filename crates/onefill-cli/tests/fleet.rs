@@ -356,9 +356,14 @@ fn hot_key_under_steady_load_serves_stale_while_refreshing() {
 /// The same hot key with grace 0 and every other option at
 /// its default. XFetch's earliest of ~800 draws per TTL came about 0.5 s
 /// before expiry: 16 loads. Early refresh now starts a load time before
-/// expiry, once fleet-wide: at most 11 loads (one per TTL, the first at
-/// t = 0), and no answer older than the TTL (jitter only shortens it; the
-/// age runs from the end of the load, a few ms before its fill).
+/// expiry, once fleet-wide: one load per TTL, the first at t = 0. The
+/// default jitter shortens each TTL written by up to 10 %, so a value lives
+/// 0.9–1 s: the 10 s run (a little more from the first worker's start to
+/// the last one's end) sees at most 12 expiries, 13 loads with the first;
+/// about 11.5 on average (a bound of 11 failed about one run in eight).
+/// Still, a refresh that ran twice per expiry would pass 20. And no answer
+/// is older than the TTL (jitter only shortens it; the age runs from the
+/// end of the load, a few ms before its fill).
 #[test]
 fn a_hot_key_without_grace_refreshes_once_per_expiry() {
     let _limit = time_limit(LIMIT);
@@ -366,7 +371,7 @@ fn a_hot_key_without_grace_refreshes_once_per_expiry() {
     let r = steady(&server.url(), &["--detail"]).join().unwrap();
     assert_eq!(n(&r, "errors"), 0, "{r}");
     assert!(n(&r, "calls") >= 4 * 1500, "{}", n(&r, "calls"));
-    assert!(n(&r, "loads") <= 11, "loads: {}", n(&r, "loads"));
+    assert!(n(&r, "loads") <= 13, "loads: {}", n(&r, "loads"));
     let mut oldest = 0;
     for w in workers(&r) {
         for call in w["call_log"].as_array().expect("call_log") {
