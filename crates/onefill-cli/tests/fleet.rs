@@ -361,7 +361,7 @@ fn hot_key_under_steady_load_serves_stale_while_refreshing() {
 /// 0.9–1 s: the 10 s run (a little more from the first worker's start to
 /// the last one's end) sees at most 12 expiries, 13 loads with the first;
 /// about 11.5 on average (a bound of 11 failed about one run in eight).
-/// Still, a refresh that ran twice per expiry would pass 20. And no answer
+/// A refresh run twice per expiry would make about 20. And no answer
 /// is older than the TTL (jitter only shortens it; the age runs from the
 /// end of the load, a few ms before its fill).
 #[test]
