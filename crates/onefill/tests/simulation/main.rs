@@ -149,7 +149,7 @@
 //! # Found so far
 //!
 //! Three library bugs, each fixed with a deterministic regression test
-//! (in `tests/writes.rs` and `tests/leases.rs`): `set`/`invalidate` did not detach the
+//! (in `tests/protocol/writes.rs` and `tests/protocol/leases.rs`): `set`/`invalidate` did not detach the
 //! in-process load (seed 161; these seed numbers predate the scenario's
 //! dropped `get`/`set`/`invalidate`, other-type writes and `no_lease`); a
 //! flight filled, under its new lease, a shared load from before an
@@ -195,7 +195,7 @@
 //! between runs).
 //!
 //! Ten library bugs fixed earlier (the conformance suite's `regressions`
-//! and `tests/outage_memory.rs` keep their cases), each reintroduced in
+//! and `tests/protocol/outage_memory.rs` keep their cases), each reintroduced in
 //! `src/` by hand one at a time, were caught in 3,000 seeds (the first
 //! failing seed in brackets): a dropped half-open probe keeping its slot by
 //! the breaker check (5); an unreadable value asking for the lease

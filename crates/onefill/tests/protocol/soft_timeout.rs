@@ -5,8 +5,6 @@
 //! callers wait as always. Paused time on the embedded backend; each test
 //! checks load counts, each caller's outcome, and what is stored after.
 
-mod support;
-
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;

@@ -2,7 +2,7 @@
 //! fill whose request was lost releases it, a dropped leader neither
 //! cancels its load nor orphans its lease, a panicking loader releases it,
 //! and a lease lost under a failing load is counted. Memory backend behind
-//! switches (`support::Switched`), in paused time. A test whose case once
+//! switches (`crate::support::Switched`), in paused time. A test whose case once
 //! broke the library says what used to happen.
 //!
 //! Two limits are accepted, and documented where they live: a lease whose
@@ -11,18 +11,16 @@
 //! `CodecError` is transparent over the codec's error, which `get_ref`
 //! gives back, rather than a link of the source chain.
 
-mod support;
-
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use onefill::testing::{lease_held, OriginError};
-use onefill::{CallOptions, Error, Outcome};
-use support::{
+use crate::support::{
     counting_loader, fetch_now, fixed_lease, key, keys, pod, spawn_fetch, switched, two_pods,
     Switches,
 };
+use onefill::testing::{lease_held, OriginError};
+use onefill::{CallOptions, Error, Outcome};
 use tokio::time::Instant;
 
 /// The watchdog's extend used to be bounded by what was left of the

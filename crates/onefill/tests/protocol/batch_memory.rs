@@ -2,16 +2,13 @@
 //! backend, in paused time: several caches on one `MemoryBackend` (each
 //! behind its own call counter) stand for processes sharing one Redis.
 
-mod batch_support;
 #[allow(unused)]
-mod support;
-
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use batch_support::{cache_in, count_calls, Counting, Counts, Origin};
+use crate::batch_support::{cache_in, count_calls, Counting, Counts, Origin};
 use onefill::backend::{FillKeys, MAX_PIPELINE};
 use onefill::{Cache, CallOptions, Error, InputError, MemoryBackend, OnWaitTimeout, Outcome};
 
@@ -434,7 +431,7 @@ async fn at_the_wait_deadline_the_keys_are_loaded_together_unstored_by_default()
 
 #[tokio::test(start_paused = true)]
 async fn a_backend_that_hangs_during_the_wait_degrades_the_keys_within_bounds() {
-    use support::{switched, Switches, HANG_FROM_THIRD};
+    use crate::support::{switched, Switches, HANG_FROM_THIRD};
     let backend = switched();
     let cache = cache_in(NS, backend.clone(), |b| {
         b.backend_timeout(Duration::from_millis(100)).no_l1()
@@ -650,7 +647,7 @@ async fn stale_keys_are_served_at_once_and_refreshed_together_in_the_background(
 
 #[tokio::test(start_paused = true)]
 async fn when_the_backend_fails_the_keys_are_loaded_together_unstored() {
-    use support::{switched, Switches, HANG, REFUSE};
+    use crate::support::{switched, Switches, HANG, REFUSE};
     let backend = switched();
     let cache = cache_in(NS, backend.clone(), |b| {
         b.backend_timeout(Duration::from_millis(100)).no_l1()
@@ -693,7 +690,7 @@ async fn when_the_backend_fails_the_keys_are_loaded_together_unstored() {
             "one loader call in mode {mode:?}"
         );
     }
-    backend.set_mode(support::HEALTHY);
+    backend.set_mode(crate::support::HEALTHY);
     assert!(wanted[5..].iter().all(|k| backend
         .store()
         .get_raw(FillKeys::new(NS, k).value())

@@ -5,8 +5,6 @@
 //! the same options. Paused time on the embedded backend, each test with
 //! and without the L1.
 
-mod support;
-
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,5 +1,5 @@
 //! Backend outages on the memory backend, in paused time: the backend is
-//! wrapped (`support::Switched`) so a test can make it hang (like a
+//! wrapped (`crate::support::Switched`) so a test can make it hang (like a
 //! SIGSTOPped Redis), refuse (like a dead one), answer slowly, reject
 //! commands, or lose a reply: the breaker, lost replies, the outage
 //! fallback, and a flight's backend budget. The regressions that need no
@@ -9,18 +9,16 @@
 //! CLI's fleet tests (`crates/onefill-cli/tests/fleet.rs`: SIGSTOP and
 //! restart of Redis under load, with real processes).
 
-mod support;
-
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use onefill::{BackendErrorKind, Cache, CallOptions, CircuitState, Error, Outcome};
-use support::{
+use crate::support::{
     a_far_waiter_of_a_long_load, a_load_under_way, assert_the_fallback_forgot, breaker,
     counting_loader, fetch_now, fixed_lease, pod, spawn_fetch, switched, two_pods, Switched,
     Switches, COMMAND, HANG, HANG_FROM_THIRD, HEALTHY, LOSE_ACQUIRE_REPLY, REFUSE,
 };
+use onefill::{BackendErrorKind, Cache, CallOptions, CircuitState, Error, Outcome};
 use tokio::time::Instant;
 
 /// A hung backend on a cold key: every caller is answered within the

@@ -1,7 +1,5 @@
 //! Bad input gets a clear error, never a panic: at build time and per call.
 
-mod support;
-
 use std::time::Duration;
 
 use onefill::{Cache, CallOptions, ConfigError, Error, InputError, LeaseTtl, WaitPolicy};

@@ -3,22 +3,20 @@
 //! flights and forgets the outage fallback, `no_lease` loads are fenced by
 //! writes, a remote invalidate is not undone by an older shared load, and a
 //! stress test on real threads. Memory backend behind switches
-//! (`support::Switched`), in paused time but for the stress test. A test
+//! (`crate::support::Switched`), in paused time but for the stress test. A test
 //! whose case once broke the library says what used to happen; the others
 //! guard what held.
-
-mod support;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use onefill::testing::OriginError;
-use onefill::{Cache, CallOptions, MemoryBackend, Outcome};
-use support::{
+use crate::support::{
     a_load_under_way, assert_the_fallback_forgot, counting_loader, fetch_now, key, keys, pod,
     spawn_fetch, switched, two_pods, Switched, Switches, HEALTHY, NS, REFUSE, WRITE_THEN_HANG,
 };
+use onefill::testing::OriginError;
+use onefill::{Cache, CallOptions, MemoryBackend, Outcome};
 
 /// A pod with "k" loaded ("k-v1"; its loads count into the third item),
 /// whose backend then runs `set` and `invalidate` without answering.

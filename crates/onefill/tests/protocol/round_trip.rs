@@ -4,8 +4,6 @@
 //! refused at fill time and at `set`, with `Error::Encode` naming the key,
 //! for every coalesced caller; nothing is stored, the lease is released.
 
-mod support;
-
 use std::collections::{BTreeMap, HashMap};
 use std::error::Error as _;
 use std::sync::atomic::{AtomicUsize, Ordering};
