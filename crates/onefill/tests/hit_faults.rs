@@ -8,6 +8,10 @@
 //! for the Redis ones. Tests whose case once broke the library say what
 //! used to happen.
 //!
+//! Longer than most files on purpose: the hit path is the one every call
+//! takes first, and its faults (in process and on Redis) are read best
+//! together, against one another.
+//!
 //! [`FaultyBackend`]: onefill::testing::FaultyBackend
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

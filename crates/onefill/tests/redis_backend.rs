@@ -2,7 +2,7 @@
 //! standalone server and on a 3-master cluster, then outages (kill and
 //! restart on the same port, pause), URLs and errors.
 //!
-//! Longer than most files (about 700 lines) on purpose: it is the one place
+//! Longer than most files (about 800 lines) on purpose: it is the one place
 //! that shows, method by method, what the Redis backend does on the wire,
 //! and each test starts its own servers, so splitting it would only
 //! scatter that picture.

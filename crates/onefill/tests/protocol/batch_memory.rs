@@ -1,6 +1,11 @@
 //! The batch call (`get_or_load_many`, `fetch_many`) on the embedded
 //! backend, in paused time: several caches on one `MemoryBackend` (each
 //! behind its own call counter) stand for processes sharing one Redis.
+//!
+//! Longer than most files on purpose: a batch drives the single call's
+//! protocol for many keys, so every step a single call has (reads, leases,
+//! waits, loads, fills, the L1, faults per shard) has its batch case here,
+//! next to the others, where a drift between the two paths shows.
 
 #[allow(unused)]
 use std::collections::HashMap;

@@ -1,9 +1,11 @@
 //! Loader-chosen freshness (FusionCache's "adaptive caching"):
 //! the loader sets the TTL and grace of what it returns ([`Loaded`]); the
 //! value is written, refreshed early and kept in the L1 by that TTL;
-//! values out of range are an error with nothing stored; `set_with` takes
-//! the same options. Paused time on the embedded backend, each test with
-//! and without the L1.
+//! values out of range are an error with nothing stored; `set` through
+//! `with_options` takes the same options. Paused time on the embedded
+//! backend, each test with and without the L1. (A little over 600 lines:
+//! its edge cases, limits and a damaged freshness byte, sit beside the
+//! behaviour they bound.)
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

@@ -4,6 +4,10 @@
 //! and fills; `max_load_time` stays the hard bound; with no stale value,
 //! callers wait as always. Paused time on the embedded backend; each test
 //! checks load counts, each caller's outcome, and what is stored after.
+//!
+//! Longer than most files on purpose: the soft timeout meets every other
+//! part of a flight (leases and their watchdog, early refresh, fail-safe,
+//! negative caching, the L1, batches), and each meeting has its case here.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

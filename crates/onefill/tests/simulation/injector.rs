@@ -6,6 +6,8 @@
 //! faults this instance's seeded stream decides. Inside, [`Store`] runs
 //! each command on the shared store and logs what it did there (and
 //! breaks the protocol as a broken variant asks).
+//! (A little over 600 lines: the three layers belong together, since the
+//! log the checker reads is made by the outer and the inner one.)
 
 use std::future::Future;
 use std::sync::atomic::Ordering;
