@@ -186,18 +186,37 @@ pub struct RedisBackend {
 /// `connect` calls) must each see the other's writes at once too. A
 /// listener on another server that shares a namespace hears of writes it
 /// did not need to: one read more, never a stale answer.
-/// A call about `keys` was answered through an `ASK` (its slot is
-/// migrating): by a node this process may not track, so no push would ever
-/// tell an L1 that the value changed there. It is reported as a change: an
-/// L1 takes back what it inserts for a key changed since its read began,
-/// so it never keeps a value read this way (and drops what it had).
-fn answered_through_ask(keys: &FillKeys) {
-    process_listeners().changed(keys.value());
-}
-
 fn process_listeners() -> &'static Listeners {
     static PROCESS: std::sync::LazyLock<Listeners> = std::sync::LazyLock::new(Listeners::default);
     &PROCESS
+}
+
+/// `op` on the master of `keys`' slot ([`ClusterRouter::run`]). An answer
+/// that came through an `ASK` (the slot is migrating) is from a node this
+/// process may not track, so no push would ever tell an L1 that the value
+/// changed there: it is reported as a change, and an L1, which takes back
+/// what it inserts for a key changed since its read began, never keeps it
+/// (and drops what it had).
+async fn run_about<T, F, Fut>(
+    router: &ClusterRouter,
+    keys: &FillKeys,
+    op: F,
+) -> Result<T, redis::RedisError>
+where
+    F: Fn(redis::aio::MultiplexedConnection, bool) -> Fut,
+    Fut: std::future::Future<Output = Result<T, redis::RedisError>>,
+{
+    let asked = AtomicBool::new(false);
+    let answer = router
+        .run(slot_of(keys.value().as_bytes()), |c, asking| {
+            asked.fetch_or(asking, Ordering::Relaxed);
+            op(c, asking)
+        })
+        .await;
+    if asked.load(Ordering::Relaxed) {
+        process_listeners().changed(keys.value());
+    }
+    answer
 }
 
 struct Inner {
@@ -256,19 +275,12 @@ impl RedisBackend {
                 with_deadline(op, limit, invocation.invoke(scripts, &mut c.clone(), false)).await
             }
             Conn::Cluster(router) => {
-                let slot = slot_of(keys.value().as_bytes());
                 let scripts = self.inner.scripts;
-                let asked = AtomicBool::new(false);
-                let answer = router
-                    .run(slot, |mut c, asking| {
-                        asked.fetch_or(asking, Ordering::Relaxed);
-                        async move { invocation.invoke(scripts, &mut c, asking).await }
-                    })
-                    .await;
-                if asked.load(Ordering::Relaxed) {
-                    answered_through_ask(keys);
-                }
-                answer.map_err(|e| classify(op, e))
+                run_about(router, keys, |mut c, asking| async move {
+                    invocation.invoke(scripts, &mut c, asking).await
+                })
+                .await
+                .map_err(|e| classify(op, e))
             }
         }
     }

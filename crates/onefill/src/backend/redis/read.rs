@@ -20,7 +20,6 @@ use redis::aio::ConnectionManager;
 use redis::RedisError;
 use tokio::time::Instant;
 
-use super::cluster::slot_of;
 use super::errors::classify;
 use super::server_clock::{self, Plan};
 use super::ttl::ttl_from_ms;
@@ -194,7 +193,6 @@ impl RedisBackend {
         let result: Result<(Option<Vec<u8>>, i64), RedisError> = match &self.inner.conn {
             Conn::Single(c) => pipe.query_async(&mut c.clone()).await,
             Conn::Cluster(router) => {
-                let slot = slot_of(keys.value().as_bytes());
                 let pipe = &pipe;
                 // After an `ASK`: `ASKING` before each command.
                 let mut asking_pipe = redis::pipe();
@@ -208,20 +206,11 @@ impl RedisBackend {
                     .cmd("PTTL")
                     .arg(keys.value());
                 let asking_pipe = &asking_pipe;
-                let asked = AtomicBool::new(false);
-                let answer = router
-                    .run(slot, |mut c, asking| {
-                        asked.fetch_or(asking, Ordering::Relaxed);
-                        async move {
-                            let pipe = if asking { asking_pipe } else { pipe };
-                            pipe.query_async(&mut c).await
-                        }
-                    })
-                    .await;
-                if asked.load(Ordering::Relaxed) {
-                    super::answered_through_ask(keys);
-                }
-                answer
+                super::run_about(router, keys, |mut c, asking| async move {
+                    let pipe = if asking { asking_pipe } else { pipe };
+                    pipe.query_async(&mut c).await
+                })
+                .await
             }
         };
         let (bytes, pttl) = result.map_err(|e| classify("get", e))?;
