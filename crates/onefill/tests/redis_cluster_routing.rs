@@ -186,6 +186,82 @@ async fn writes_succeed_while_their_slot_migrates() {
     assert_eq!(cache.stats().backend_errors, 0, "{:?}", cache.stats());
 }
 
+/// A load whose lease was taken before its key's slot began to migrate,
+/// overtaken by another process's `set` while the slot migrated (the lease
+/// had moved to the importing node with the key's other keys), its fill
+/// made once the slot has moved: the load answers its own caller, but the
+/// fill finds its lease gone and never stores the older value over the
+/// write. What fences it is the `set`'s lock delete, which during the
+/// migration runs as a command of its own and must follow the lease to the
+/// importing node. (While the slot migrates, no fill can land at all: its
+/// script names the key's channel, which never exists as a key, so both
+/// nodes refuse it with `TRYAGAIN`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_load_leased_before_a_migration_never_stores_over_a_write_made_during_it() {
+    let _limit = time_limit(LIMIT);
+    let cluster = RedisCluster::start(3);
+    let ns = unique_ns("migrate-fill");
+    // Two processes: one loads, the other writes.
+    let loading = Cache::<String, String>::builder()
+        .namespace(&ns)
+        .backend(connect(&cluster).await)
+        .build()
+        .unwrap();
+    let writing = Cache::<String, String>::builder()
+        .namespace(&ns)
+        .backend(connect(&cluster).await)
+        .strict(true)
+        .build()
+        .unwrap();
+    let key = "moving".to_owned();
+    let keys = FillKeys::new(&ns, &key);
+    let source = cluster.node_for_key(keys.value());
+    let target = cluster
+        .nodes()
+        .iter()
+        .find(|n| n.port() != source.port())
+        .unwrap();
+    let slot = cluster.slot_of(keys.value());
+
+    let (go, gate) = tokio::sync::oneshot::channel::<()>();
+    let load = tokio::spawn({
+        let cache = loading.clone();
+        let key = key.clone();
+        async move {
+            cache
+                .fetch(&key, move |_k: String| async move {
+                    let _ = gate.await;
+                    Ok::<_, std::io::Error>("loaded before the write".to_owned())
+                })
+                .await
+        }
+    });
+    let leased = std::time::Instant::now();
+    while source.query(&["GET", keys.lock()]).is_nil() {
+        assert!(leased.elapsed() < Duration::from_secs(10), "no lease taken");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+
+    cluster.begin_migration(slot, source, target);
+    cluster.migrate_keys(source, target, &[keys.lock()]);
+    writing.set(&key, "written".to_owned()).await.unwrap();
+    cluster.end_migration(slot, target, &[]);
+
+    go.send(()).unwrap();
+    let fetched = load.await.unwrap().unwrap();
+    assert_eq!(fetched.value, "loaded before the write", "its own caller");
+    assert_eq!(
+        writing.get(&key).await.unwrap().as_deref(),
+        Some("written"),
+        "the fill stored its older value over the write"
+    );
+    assert_eq!(loading.get(&key).await.unwrap().as_deref(), Some("written"));
+    assert!(
+        target.query(&["GET", keys.lock()]).is_nil(),
+        "no lease left"
+    );
+}
+
 /// Resumes a paused node however the test ends.
 struct Resume<'a>(&'a RedisServer);
 
