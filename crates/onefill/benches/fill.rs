@@ -12,6 +12,8 @@
 //!   the run, never the machine's 6379), plus a raw `GET` of the stored
 //!   bytes through a multiplexed connection of the `redis` crate. The design
 //!   goal: an L2 hit costs about one round trip, like the raw `GET`.
+//!   `backend_get_kept` is the read of a namespace an L1 keeps (what an L1
+//!   miss sends): `GET` and `PTTL` pipelined, still one round trip.
 //! - `notify_gap/redis`: two caches on two connections, a fresh cold key
 //!   per iteration; A's loader sleeps 50 ms, B calls once A holds the lease.
 //!   Each iteration measures the time from A's `get_or_load` returning to
@@ -42,7 +44,7 @@ use criterion::measurement::WallTime;
 use criterion::{criterion_group, criterion_main, BenchmarkGroup, Criterion, SamplingMode};
 use onefill::backend::FillKeys;
 use onefill::redis::RedisBackend;
-use onefill::{Backend, Cache, MemoryBackend, Outcome};
+use onefill::{Backend, Cache, MemoryBackend, Outcome, L1};
 use onefill_testkit::RedisServer;
 use tokio::runtime::Runtime;
 use tokio::sync::oneshot;
@@ -213,10 +215,32 @@ fn hit_redis(c: &mut Criterion, rt: &Runtime, url: &str) {
     let mut get = redis::cmd("GET");
     get.arg(keys.value());
 
+    // A backend with an L1 on the namespace reads its keys with the
+    // pipelined GET + PTTL (so the L1's copy lives by the server's TTL):
+    // the cost of an L1 miss, next to the one-GET read of `backend_get`.
+    let kept = rt.block_on(async { RedisBackend::connect(url).await.expect("a RedisBackend") });
+    let _l1_cache = {
+        let _in_runtime = rt.enter();
+        Cache::<String, String>::builder()
+            .namespace("bench")
+            .backend(kept.clone())
+            .l1(L1::new(16))
+            .build()
+            .expect("a cache with an L1")
+    };
+
     let mut group = c.benchmark_group("hit/redis");
     quick(&mut group);
-    // backend_get is what the cache's hit path sends: a pipelined GET + PTTL.
+    // backend_get is what the cache's hit path sends: one GET, the server's
+    // clock telling that the value is fresh (a GET + PTTL until it does).
     bench_hit_pair(&mut group, rt, &cache, &backend, &key, &keys);
+    group.bench_function("backend_get_kept", |b| {
+        b.iter_custom(|iters| {
+            in_task!(rt, iters, [kept, keys], {
+                kept.get(&keys).await.expect("get").expect("warm")
+            })
+        });
+    });
     group.bench_function("raw_get", |b| {
         b.iter_custom(|iters| {
             in_task!(rt, iters, [raw, get], {
