@@ -441,3 +441,90 @@ async fn a_value_read_through_ask_from_an_untracked_master_is_not_kept() {
         "A loads the deleted key, not its copy of the value read through ASK"
     );
 }
+
+/// Two caches of one namespace in one process (on two backends), B with a
+/// smaller L1: B reads a key, A `set`s one key and `invalidate`s another,
+/// then the server hangs. B's outage fallback must not answer what A's
+/// writes replaced: the fallback forgets a key on its own cache's write,
+/// but A's writes reach only B's L1, so B answers the replaced values as
+/// `Stale` for as long as the TTL read with them (60 s), every time it was
+/// tried (5 rounds of 5).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_caches_write_reaches_the_outage_fallback_too() {
+    let _limit = time_limit(LIMIT);
+    let server = RedisServer::start();
+    let ns = unique_ns("sameproc-fallback");
+    let a = cache(&ns, RedisBackend::connect(&server.url()).await.unwrap());
+    let b = Cache::builder()
+        .namespace(&ns)
+        .backend(RedisBackend::connect(&server.url()).await.unwrap())
+        .l1(L1::new(10))
+        .ttl(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let loads = Arc::new(AtomicUsize::new(0));
+    let (set_before, _) = fetch(&b, "set", &loads).await;
+    let (invalidated_before, _) = fetch(&b, "invalidated", &loads).await;
+    a.set(&"set".to_owned(), "from-a".into()).await.unwrap();
+    a.invalidate(&"invalidated".to_owned()).await.unwrap();
+    server.pause();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let after_set = fetch(&b, "set", &loads).await;
+    let after_invalidate = fetch(&b, "invalidated", &loads).await;
+    server.resume();
+    assert_ne!(
+        after_set.0, set_before,
+        "{after_set:?}: the value A's set replaced"
+    );
+    assert_ne!(
+        after_invalidate.0, invalidated_before,
+        "{after_invalidate:?}: the value A invalidated"
+    );
+}
+
+/// Two caches of one namespace in one process: B's flight for a key is
+/// loading when A `set`s the key. A call on B made after the `set` returned
+/// must answer A's value, not join B's flight from before the write: the
+/// writing cache detaches its own flights, but not the other cache's, and
+/// the call answered B's load (whose fill the `set` fenced out, so the
+/// server never held it), 5 times in 5.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_after_another_caches_write_never_joins_a_flight_from_before_it() {
+    let _limit = time_limit(LIMIT);
+    let server = RedisServer::start();
+    let ns = unique_ns("sameproc-flight");
+    let a = cache(&ns, RedisBackend::connect(&server.url()).await.unwrap());
+    let b = Arc::new(cache(
+        &ns,
+        RedisBackend::connect(&server.url()).await.unwrap(),
+    ));
+    let key = "k".to_owned();
+    // The load is under way until A's write is done.
+    let (written_tx, written_rx) = tokio::sync::oneshot::channel::<()>();
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel::<()>();
+    let loading = {
+        let (b, key) = (b.clone(), key.clone());
+        tokio::spawn(async move {
+            b.fetch(&key, move |_| async move {
+                let _ = started_tx.send(());
+                let _ = written_rx.await;
+                Ok::<_, std::io::Error>("loaded before the write".to_owned())
+            })
+            .await
+            .unwrap()
+        })
+    };
+    // B's flight holds the lease (its load started) before A writes.
+    started_rx.await.expect("B's load started");
+    a.set(&key, "from-a".into()).await.unwrap();
+    let after = b.fetch(&key, |_| async {
+        Ok::<_, std::io::Error>("loaded after the write".to_owned())
+    });
+    let after = tokio::time::timeout(Duration::from_millis(500), after).await;
+    let _ = written_tx.send(());
+    let _ = loading.await;
+    let after = after
+        .expect("the call made after A's write joined B's flight from before it (still loading)")
+        .unwrap();
+    assert_eq!(after.value, "from-a", "{after:?}");
+}
