@@ -528,3 +528,34 @@ async fn a_call_after_another_caches_write_never_joins_a_flight_from_before_it()
         .unwrap();
     assert_eq!(after.value, "from-a", "{after:?}");
 }
+
+/// Another client deletes a key; the push reaches the L1 (which drops it);
+/// then the server hangs. The outage fallback must not answer the value
+/// the process heard was deleted: its copy is not told of pushes, and it
+/// answered the deleted value as `Stale` for as long as the TTL read with
+/// it (60 s), 5 times in 5.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_outage_fallback_never_answers_a_value_whose_deletion_was_pushed() {
+    let _limit = time_limit(LIMIT);
+    let server = RedisServer::start();
+    let ns = unique_ns("pushed-fallback");
+    let c = cache(&ns, RedisBackend::connect(&server.url()).await.unwrap());
+    let loads = Arc::new(AtomicUsize::new(0));
+    let key = "k";
+    let value_key = FillKeys::new(&ns, key).value().to_owned();
+    fetch(&c, key, &loads).await;
+    let old = until_l1_serves(&c, key, &loads).await;
+    let invalidations = c.stats().l1_invalidations;
+    server.command(&["DEL", &value_key]);
+    while c.stats().l1_invalidations == invalidations {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    server.pause();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let answer = fetch(&c, key, &loads).await;
+    server.resume();
+    assert_ne!(
+        answer.0, old,
+        "{answer:?}: the value deleted before the outage"
+    );
+}
