@@ -559,3 +559,65 @@ async fn the_outage_fallback_never_answers_a_value_whose_deletion_was_pushed() {
         "{answer:?}: the value deleted before the outage"
     );
 }
+
+/// A manual failover (`CLUSTER FAILOVER` on the replica), after which the
+/// old master, a replica now, cannot replicate from the new one (its link
+/// cut, its `PSYNC` refused), while it still answers this process. Another
+/// client deletes the key on the new master. The L1 must stop answering
+/// the deleted value within the sync bound: it is confirmed by the old
+/// master only (L1 hits send nothing, so no `MOVED` teaches the router the
+/// new one), and it answered the deleted value for the whole 3 s watched
+/// (until its TTL). Even with replication intact it answered for 3–33 ms
+/// after the `DEL`, until the old master had replicated it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_stops_the_l1_until_the_new_master_is_tracked() {
+    let _limit = time_limit(LIMIT);
+    let cluster = RedisCluster::start_with_replicas(3, 1);
+    let urls = cluster.urls();
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let ns = unique_ns("failover");
+    let a = cache(&ns, RedisBackend::connect_cluster(&urls).await.unwrap());
+    let loads = Arc::new(AtomicUsize::new(0));
+    let key = "k";
+    let value_key = FillKeys::new(&ns, key).value().to_owned();
+    fetch(&a, key, &loads).await;
+    let old = until_l1_serves(&a, key, &loads).await;
+
+    let master = cluster.node_for_key(&value_key);
+    let replica = cluster.replicas_of(master)[0];
+    let replicated = || {
+        replica
+            .command(&["INFO", "replication"])
+            .contains("master_link_status:up")
+    };
+    for _ in 0..500 {
+        if replicated() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    replica.command(&["CLUSTER", "FAILOVER"]);
+    let switched = || {
+        replica.command(&["ROLE"]).starts_with("master")
+            && master
+                .command(&["INFO", "replication"])
+                .contains("master_link_status:up")
+    };
+    for _ in 0..1_000 {
+        if switched() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(switched(), "the replica took over");
+    // The old master can no longer replicate from the new one.
+    replica.command(&["ACL", "SETUSER", "default", "-psync", "-sync"]);
+    replica.command(&["CLIENT", "KILL", "TYPE", "replica"]);
+    replica.command(&["DEL", &value_key]);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let answer = fetch(&a, key, &loads).await;
+    assert_ne!(
+        answer.0, old,
+        "{answer:?}: the value deleted on the new master"
+    );
+}
