@@ -3,7 +3,11 @@
 //! L1 must drop a key when it changes in Redis, whoever changed it (a
 //! `set` by the other process, a plain `SET`/`DEL`/`PEXPIRE` from another
 //! client), and must not serve what it missed while its tracking
-//! connection was down.
+//! connection was down, nor after a failover moved the key's shard to a
+//! master it does not track. The outage fallback of a namespace with an L1
+//! keeps no copy the server no longer holds either: not past the TTL the
+//! server reported, not after a write by any cache of the process, not
+//! after a change the process heard of.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
