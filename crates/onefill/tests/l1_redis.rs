@@ -3,7 +3,11 @@
 //! L1 must drop a key when it changes in Redis, whoever changed it (a
 //! `set` by the other process, a plain `SET`/`DEL`/`PEXPIRE` from another
 //! client), and must not serve what it missed while its tracking
-//! connection was down.
+//! connection was down, nor after a failover moved the key's shard to a
+//! master it does not track. The outage fallback of a namespace with an L1
+//! keeps no copy the server no longer holds either: not past the TTL the
+//! server reported, not after a write by any cache of the process, not
+//! after a change the process heard of.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -439,5 +443,185 @@ async fn a_value_read_through_ask_from_an_untracked_master_is_not_kept() {
         fetch(&a, key, &loads).await,
         ("loaded-2".into(), Outcome::Loaded),
         "A loads the deleted key, not its copy of the value read through ASK"
+    );
+}
+
+/// Two caches of one namespace in one process (on two backends), B with a
+/// smaller L1: B reads a key, A `set`s one key and `invalidate`s another,
+/// then the server hangs. B's outage fallback must not answer what A's
+/// writes replaced: the fallback forgets a key on its own cache's write,
+/// but A's writes reach only B's L1, so B answers the replaced values as
+/// `Stale` for as long as the TTL read with them (60 s), every time it was
+/// tried (5 rounds of 5).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_caches_write_reaches_the_outage_fallback_too() {
+    let _limit = time_limit(LIMIT);
+    let server = RedisServer::start();
+    let ns = unique_ns("sameproc-fallback");
+    let a = cache(&ns, RedisBackend::connect(&server.url()).await.unwrap());
+    let b = Cache::builder()
+        .namespace(&ns)
+        .backend(RedisBackend::connect(&server.url()).await.unwrap())
+        .l1(L1::new(10))
+        .ttl(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let loads = Arc::new(AtomicUsize::new(0));
+    let (set_before, _) = fetch(&b, "set", &loads).await;
+    let (invalidated_before, _) = fetch(&b, "invalidated", &loads).await;
+    a.set(&"set".to_owned(), "from-a".into()).await.unwrap();
+    a.invalidate(&"invalidated".to_owned()).await.unwrap();
+    server.pause();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let after_set = fetch(&b, "set", &loads).await;
+    let after_invalidate = fetch(&b, "invalidated", &loads).await;
+    server.resume();
+    assert_ne!(
+        after_set.0, set_before,
+        "{after_set:?}: the value A's set replaced"
+    );
+    assert_ne!(
+        after_invalidate.0, invalidated_before,
+        "{after_invalidate:?}: the value A invalidated"
+    );
+}
+
+/// Two caches of one namespace in one process: B's flight for a key is
+/// loading when A `set`s the key. A call on B made after the `set` returned
+/// must answer A's value, not join B's flight from before the write: the
+/// writing cache detaches its own flights, but not the other cache's, and
+/// the call answered B's load (whose fill the `set` fenced out, so the
+/// server never held it), 5 times in 5.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_after_another_caches_write_never_joins_a_flight_from_before_it() {
+    let _limit = time_limit(LIMIT);
+    let server = RedisServer::start();
+    let ns = unique_ns("sameproc-flight");
+    let a = cache(&ns, RedisBackend::connect(&server.url()).await.unwrap());
+    let b = Arc::new(cache(
+        &ns,
+        RedisBackend::connect(&server.url()).await.unwrap(),
+    ));
+    let key = "k".to_owned();
+    // The load is under way until A's write is done.
+    let (written_tx, written_rx) = tokio::sync::oneshot::channel::<()>();
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel::<()>();
+    let loading = {
+        let (b, key) = (b.clone(), key.clone());
+        tokio::spawn(async move {
+            b.fetch(&key, move |_| async move {
+                let _ = started_tx.send(());
+                let _ = written_rx.await;
+                Ok::<_, std::io::Error>("loaded before the write".to_owned())
+            })
+            .await
+            .unwrap()
+        })
+    };
+    // B's flight holds the lease (its load started) before A writes.
+    started_rx.await.expect("B's load started");
+    a.set(&key, "from-a".into()).await.unwrap();
+    let after = b.fetch(&key, |_| async {
+        Ok::<_, std::io::Error>("loaded after the write".to_owned())
+    });
+    let after = tokio::time::timeout(Duration::from_millis(500), after).await;
+    let _ = written_tx.send(());
+    let _ = loading.await;
+    let after = after
+        .expect("the call made after A's write joined B's flight from before it (still loading)")
+        .unwrap();
+    assert_eq!(after.value, "from-a", "{after:?}");
+}
+
+/// Another client deletes a key; the push reaches the L1 (which drops it);
+/// then the server hangs. The outage fallback must not answer the value
+/// the process heard was deleted: its copy is not told of pushes, and it
+/// answered the deleted value as `Stale` for as long as the TTL read with
+/// it (60 s), 5 times in 5.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_outage_fallback_never_answers_a_value_whose_deletion_was_pushed() {
+    let _limit = time_limit(LIMIT);
+    let server = RedisServer::start();
+    let ns = unique_ns("pushed-fallback");
+    let c = cache(&ns, RedisBackend::connect(&server.url()).await.unwrap());
+    let loads = Arc::new(AtomicUsize::new(0));
+    let key = "k";
+    let value_key = FillKeys::new(&ns, key).value().to_owned();
+    fetch(&c, key, &loads).await;
+    let old = until_l1_serves(&c, key, &loads).await;
+    let invalidations = c.stats().l1_invalidations;
+    server.command(&["DEL", &value_key]);
+    while c.stats().l1_invalidations == invalidations {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    server.pause();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let answer = fetch(&c, key, &loads).await;
+    server.resume();
+    assert_ne!(
+        answer.0, old,
+        "{answer:?}: the value deleted before the outage"
+    );
+}
+
+/// A manual failover (`CLUSTER FAILOVER` on the replica), after which the
+/// old master, a replica now, cannot replicate from the new one (its link
+/// cut, its `PSYNC` refused), while it still answers this process. Another
+/// client deletes the key on the new master. The L1 must stop answering
+/// the deleted value within the sync bound: it is confirmed by the old
+/// master only (L1 hits send nothing, so no `MOVED` teaches the router the
+/// new one), and it answered the deleted value for the whole 3 s watched
+/// (until its TTL). Even with replication intact it answered for 3–33 ms
+/// after the `DEL`, until the old master had replicated it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_stops_the_l1_until_the_new_master_is_tracked() {
+    let _limit = time_limit(LIMIT);
+    let cluster = RedisCluster::start_with_replicas(3, 1);
+    let urls = cluster.urls();
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let ns = unique_ns("failover");
+    let a = cache(&ns, RedisBackend::connect_cluster(&urls).await.unwrap());
+    let loads = Arc::new(AtomicUsize::new(0));
+    let key = "k";
+    let value_key = FillKeys::new(&ns, key).value().to_owned();
+    fetch(&a, key, &loads).await;
+    let old = until_l1_serves(&a, key, &loads).await;
+
+    let master = cluster.node_for_key(&value_key);
+    let replica = cluster.replicas_of(master)[0];
+    let replicated = || {
+        replica
+            .command(&["INFO", "replication"])
+            .contains("master_link_status:up")
+    };
+    for _ in 0..500 {
+        if replicated() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    replica.command(&["CLUSTER", "FAILOVER"]);
+    let switched = || {
+        replica.command(&["ROLE"]).starts_with("master")
+            && master
+                .command(&["INFO", "replication"])
+                .contains("master_link_status:up")
+    };
+    for _ in 0..1_000 {
+        if switched() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(switched(), "the replica took over");
+    // The old master can no longer replicate from the new one.
+    replica.command(&["ACL", "SETUSER", "default", "-psync", "-sync"]);
+    replica.command(&["CLIENT", "KILL", "TYPE", "replica"]);
+    replica.command(&["DEL", &value_key]);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let answer = fetch(&a, key, &loads).await;
+    assert_ne!(
+        answer.0, old,
+        "{answer:?}: the value deleted on the new master"
     );
 }
