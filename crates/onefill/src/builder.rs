@@ -223,7 +223,10 @@ where
         }
         let shared = Arc::new(shared);
         if let (Some(local), Some(l1)) = (&shared.l1, &l1) {
-            let listener: Arc<dyn ChangeListener> = local.clone();
+            // The cache listens, not its L1: a report reaches the outage
+            // fallback too (see `coherence.rs`). Held weakly by the
+            // backend, for as long as the cache's handles live.
+            let listener: Arc<dyn ChangeListener> = shared.clone();
             shared
                 .calls
                 .backend

@@ -14,6 +14,13 @@
 //! (or tombstone) the key with a newer epoch however their write ends, so a
 //! flight that started before them can never put back what they replaced.
 //!
+//! With an L1, the backend's change reports reach the fallback too (see
+//! `coherence.rs`): a key another writer changed gives up its value, a
+//! flight that read before a reported change does not record, and a reset
+//! (changes went unreported for a while) forgets everything. So what the
+//! fallback answers in an outage was, as far as this process heard, still
+//! the server's when the outage began.
+//!
 //! `record` runs once per flight answer, hits included, so it sits on the
 //! hit path: the entries live in a `quick_cache` (sharded locks, O(1)
 //! CLOCK-Pro eviction, no global mutex). A record takes one shard's lock
@@ -98,6 +105,29 @@ impl<V> Fallback<V> {
     pub(crate) fn forget(&self, key: &str, until: Instant, epoch: u64) {
         if let Some(entries) = &self.entries {
             self.put(entries, key, None, until, epoch);
+        }
+    }
+
+    /// Another writer changed the key (the backend reported it): a value
+    /// kept for it gives way to a tombstone, as [`forget`](Self::forget)
+    /// does. A key with no value kept gets nothing: reports cover the whole
+    /// namespace, most of which this process never reads, and a tombstone
+    /// for each would evict the values it does keep. (A flight that records
+    /// after the report sees it in the L1's ticket instead.)
+    pub(crate) fn forget_kept(&self, key: &str, until: Instant, epoch: u64) {
+        if let Some(entries) = &self.entries {
+            if entries.peek(key).is_some_and(|e| e.value.is_some()) {
+                self.put(entries, key, None, until, epoch);
+            }
+        }
+    }
+
+    /// Forgets everything, and refuses what flights that started before
+    /// `epoch` would record: the backend lost track of changes for a while.
+    pub(crate) fn forget_all_before(&self, epoch: u64) {
+        self.floor.fetch_max(epoch, Ordering::AcqRel);
+        if let Some(entries) = &self.entries {
+            entries.clear();
         }
     }
 

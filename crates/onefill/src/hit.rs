@@ -227,9 +227,14 @@ impl<'a, V: Clone + Send + Sync + 'static, L: FnOnce() -> Load<V>> Leader<'a, V,
         // As `Flight::remember`: the outage fallback serves the value no
         // longer than the server keeps it.
         let expires_at = flight::server_expiry(began, stored.ttl);
-        shared
-            .fallback
-            .record(keys.value(), &value, expires_at, start.epoch);
+        shared.remember(
+            completion.key(),
+            keys.value(),
+            &value,
+            expires_at,
+            start.epoch,
+            start.l1_ticket,
+        );
         if let (Some(l1), Some(ticket)) = (&shared.l1, start.l1_ticket) {
             let entry = fresh.l1_entry(&policy, value.clone(), expires_at);
             l1.insert(completion.key(), entry, ticket);

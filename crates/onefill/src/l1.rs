@@ -12,7 +12,8 @@
 //!   back out if a report came in between (inserting first and checking
 //!   after closes the race with a report that arrives during the insert);
 //! - **served** ([`Local::get`]) only while the backend vouches for it
-//!   ([`ChangeListener::synced`] within the sync bound) and only until the
+//!   ([`ChangeListener::synced`](crate::backend::ChangeListener::synced)
+//!   within the sync bound) and only until the
 //!   value's own freshness ends;
 //! - **emptied** by the backend's reports: a changed key is dropped, a
 //!   reset drops everything.
@@ -25,7 +26,6 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use tokio::time::Instant;
 
-use crate::backend::ChangeListener;
 use crate::error::InvalidOption;
 use crate::stats::Recorder;
 
@@ -194,7 +194,8 @@ pub(crate) struct Ticket {
     changes: u64,
 }
 
-/// A cache's L1 store, and the listener its backend reports to.
+/// A cache's L1 store. The backend's reports reach it through its cache
+/// (`coherence.rs`), which keeps the outage fallback in step too.
 pub(crate) struct Local<V> {
     store: Store<V>,
     /// `namespace:{`: the value keys of this cache.
@@ -302,6 +303,14 @@ impl<V: Clone> Local<V> {
         }
     }
 
+    /// Whether no change of `key` (nor a reset) was reported since
+    /// `ticket` was taken for it (a change of another key of its stripe
+    /// counts too: the answer errs on the side of "changed").
+    pub(crate) fn unchanged_since(&self, key: &str, ticket: Ticket) -> bool {
+        debug_assert_eq!(ticket.stripe, stripe_of(key));
+        self.current(ticket)
+    }
+
     fn current(&self, ticket: Ticket) -> bool {
         self.resets.load(Ordering::SeqCst) == ticket.resets
             && self.changes[ticket.stripe].load(Ordering::SeqCst) == ticket.changes
@@ -323,22 +332,28 @@ impl<V: Clone> Local<V> {
     }
 }
 
-impl<V: Clone + Send + Sync + 'static> ChangeListener for Local<V> {
-    fn changed(&self, value_key: &[u8]) {
-        let Some(key) = user_key_of(&self.prefix, value_key) else {
-            return;
-        };
+/// The backend's reports, as the cache's listener hands them on (see
+/// `coherence.rs`).
+impl<V: Clone> Local<V> {
+    /// The backend reported that `value_key` changed: its entry goes. The
+    /// user key, if it was a value key of this cache (not a lease or
+    /// channel key, nor another namespace's).
+    pub(crate) fn changed(&self, value_key: &[u8]) -> Option<String> {
+        let key = user_key_of(&self.prefix, value_key)?;
         self.forget(&key);
         self.recorder.l1_invalidation();
+        Some(key)
     }
 
-    fn reset(&self) {
+    /// Anything may have changed: every entry goes.
+    pub(crate) fn reset(&self) {
         self.resets.fetch_add(1, Ordering::SeqCst);
         self.store.clear();
         self.recorder.l1_reset();
     }
 
-    fn synced(&self, as_of: Option<Instant>) {
+    /// See [`ChangeListener::synced`](crate::backend::ChangeListener::synced).
+    pub(crate) fn synced(&self, as_of: Option<Instant>) {
         let until = match as_of {
             Some(at) => self
                 .millis(at)

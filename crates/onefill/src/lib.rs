@@ -166,6 +166,7 @@ mod calls;
 mod circuit;
 mod coalesce;
 mod codec;
+mod coherence;
 mod deadline;
 mod envelope;
 mod error;

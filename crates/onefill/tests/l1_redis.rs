@@ -168,6 +168,27 @@ async fn cluster_every_write_reaches_the_other_l1() {
     }
 }
 
+/// The id of the server's one tracking connection.
+fn tracking_connection(server: &RedisServer) -> String {
+    let tracking: Vec<String> = server
+        .command(&["CLIENT", "LIST"])
+        .lines()
+        .filter(|line| {
+            line.split(' ').any(|f| {
+                f.strip_prefix("flags=")
+                    .is_some_and(|flags| flags.contains('t'))
+            })
+        })
+        .filter_map(|line| {
+            line.split(' ')
+                .find_map(|f| f.strip_prefix("id="))
+                .map(str::to_owned)
+        })
+        .collect();
+    assert_eq!(tracking.len(), 1, "one tracking connection: {tracking:?}");
+    tracking.into_iter().next().unwrap()
+}
+
 /// The tracking connection is killed and the key deleted in the same
 /// server round (so its invalidation is lost for sure): the L1 stops
 /// serving at once (or within the sync bound), and once tracking is back
@@ -185,29 +206,13 @@ async fn a_lost_tracking_connection_empties_the_l1_before_it_serves_again() {
     let old = until_l1_serves(&b, key, &loads).await;
     let resets = b.stats().l1_resets;
 
-    let tracking: Vec<String> = server
-        .command(&["CLIENT", "LIST"])
-        .lines()
-        .filter(|line| {
-            line.split(' ').any(|f| {
-                f.strip_prefix("flags=")
-                    .is_some_and(|flags| flags.contains('t'))
-            })
-        })
-        .filter_map(|line| {
-            line.split(' ')
-                .find_map(|f| f.strip_prefix("id="))
-                .map(str::to_owned)
-        })
-        .collect();
-    assert_eq!(tracking.len(), 1, "one tracking connection: {tracking:?}");
     let client = redis::Client::open(server.url()).unwrap();
     let mut conn = client.get_multiplexed_async_connection().await.unwrap();
     let _: () = redis::pipe()
         .cmd("CLIENT")
         .arg("KILL")
         .arg("ID")
-        .arg(&tracking[0])
+        .arg(tracking_connection(&server))
         .ignore()
         .cmd("DEL")
         .arg(&value_key)
@@ -228,6 +233,52 @@ async fn a_lost_tracking_connection_empties_the_l1_before_it_serves_again() {
         b.stats().l1_resets > resets,
         "the L1 was emptied on reconnect"
     );
+}
+
+/// The key deleted while the tracking connection was lost (its
+/// invalidation never sent), then, tracking back, the server hangs before
+/// the key is read again: the outage fallback must not answer the deleted
+/// value. The L1 was emptied on reconnect, but the fallback kept what it
+/// had read before the loss, and answered it as `Stale` for the TTL read
+/// with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_missed_while_tracking_was_lost_never_comes_back_from_the_fallback() {
+    let _limit = time_limit(LIMIT);
+    let server = RedisServer::start();
+    let ns = unique_ns("lost-fallback");
+    let b = cache(&ns, RedisBackend::connect(&server.url()).await.unwrap());
+    let loads = Arc::new(AtomicUsize::new(0));
+    let key = "k";
+    let value_key = FillKeys::new(&ns, key).value().to_owned();
+    fetch(&b, key, &loads).await;
+    let old = until_l1_serves(&b, key, &loads).await;
+    let resets = b.stats().l1_resets;
+
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let _: () = redis::pipe()
+        .cmd("CLIENT")
+        .arg("KILL")
+        .arg("ID")
+        .arg(tracking_connection(&server))
+        .ignore()
+        .cmd("DEL")
+        .arg(&value_key)
+        .ignore()
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let lost = std::time::Instant::now();
+    while b.stats().l1_resets == resets {
+        assert!(lost.elapsed() < Duration::from_secs(10), "tracking is back");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    server.pause();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let during = fetch(&b, key, &loads).await;
+    server.resume();
+    assert_ne!(during.0, old, "{during:?}: the value deleted meanwhile");
 }
 
 /// A hung server: the L1 stops serving within the sync bound (calls go to
@@ -467,8 +518,17 @@ async fn another_caches_write_reaches_the_outage_fallback_too() {
         .build()
         .unwrap();
     let loads = Arc::new(AtomicUsize::new(0));
-    let (set_before, _) = fetch(&b, "set", &loads).await;
-    let (invalidated_before, _) = fetch(&b, "invalidated", &loads).await;
+    // Each key loaded, then read back: the read is what the fallback keeps
+    // (the load's own fill is reported as a change, so its flight keeps
+    // nothing, as the L1 does not).
+    let mut before = Vec::new();
+    for key in ["set", "invalidated"] {
+        fetch(&b, key, &loads).await;
+        let (value, outcome) = fetch(&b, key, &loads).await;
+        assert_eq!(outcome, Outcome::Hit, "{key}");
+        before.push(value);
+    }
+    let [set_before, invalidated_before] = <[String; 2]>::try_from(before).unwrap();
     a.set(&"set".to_owned(), "from-a".into()).await.unwrap();
     a.invalidate(&"invalidated".to_owned()).await.unwrap();
     server.pause();

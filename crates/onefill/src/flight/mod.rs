@@ -436,10 +436,14 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
                 .value_expires
                 .lock()
                 .unwrap_or_else(|| Instant::now() + self.policy.ttl + self.policy.grace);
-            let epoch = self.epoch;
-            self.shared
-                .fallback
-                .record(self.keys.value(), value, usable_until, epoch);
+            self.shared.remember(
+                &self.key,
+                self.keys.value(),
+                value,
+                usable_until,
+                self.epoch,
+                self.l1_ticket,
+            );
         }
     }
 

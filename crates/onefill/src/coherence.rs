@@ -1,0 +1,98 @@
+//! What a backend's change report does to this process's copies of a value
+//! (see `backend/tracking.rs`): a cache with an L1 registers itself, not its
+//! L1, so that one report reaches both copies it keeps, the L1 entry and
+//! the outage fallback's.
+//!
+//! The fallback serves only while the backend fails, so it cannot hear of
+//! what changes during an outage; but a change reported *before* one must
+//! not come back from it. A slot migrating under a key is enough to show
+//! why: the scripts of a migrating slot are refused with `TRYAGAIN` while
+//! the server answers plain reads, so a call fails over to the fallback
+//! seconds after another process replaced the value it kept, and the push
+//! that dropped the L1 entry had long arrived.
+
+use std::sync::atomic::Ordering;
+
+use tokio::time::Instant;
+
+use crate::backend::ChangeListener;
+use crate::l1::Ticket;
+use crate::shared::Shared;
+
+impl<V: Clone + Send + Sync + 'static> ChangeListener for Shared<V> {
+    fn changed(&self, value_key: &[u8]) {
+        let Some(l1) = &self.l1 else {
+            return;
+        };
+        // The L1 first: a flight that records in the fallback after this
+        // sees the change in its ticket (`remember`).
+        let Some(key) = l1.changed(value_key) else {
+            return;
+        };
+        let Ok(value_key) = std::str::from_utf8(value_key) else {
+            return;
+        };
+        let epoch = self.epoch.fetch_add(1, Ordering::SeqCst) + 1;
+        let until = Instant::now() + self.policy.longest_flight();
+        self.fallback.forget_kept(value_key, until, epoch);
+        // A call from now on must not join a flight that read (or loaded)
+        // before the change: it would answer what the change replaced, or
+        // a load whose fill the change fenced out. The flights under way
+        // still answer the callers they have, as after this process's own
+        // `set`. (Loads stay shared: a flight that loads under a lease runs
+        // its own, and a degraded load's answer is the origin's, not a
+        // copy of what the server held.)
+        self.flights.detach(&key);
+    }
+
+    fn reset(&self) {
+        if let Some(l1) = &self.l1 {
+            l1.reset();
+        }
+        // Changes went unreported for a while: anything kept before may
+        // have been replaced since.
+        let epoch = self.epoch.fetch_add(1, Ordering::SeqCst) + 1;
+        self.fallback.forget_all_before(epoch);
+    }
+
+    fn synced(&self, as_of: Option<Instant>) {
+        if let Some(l1) = &self.l1 {
+            l1.synced(as_of);
+        }
+    }
+}
+
+impl<V: Clone + Send + Sync + 'static> Shared<V> {
+    /// Keeps a flight's answer for outages: `value`, read or loaded by a
+    /// flight that started at `epoch` (holding the L1's `ticket`, if the
+    /// cache has an L1), served no later than `usable_until`. Not kept if
+    /// the backend reported a change of the key since the flight started:
+    /// what it read may be what the change replaced. (A flight's own fill
+    /// is reported too, so a loaded value is kept by the next read, as the
+    /// L1 keeps it.)
+    pub(crate) fn remember(
+        &self,
+        key: &str,
+        value_key: &str,
+        value: &Option<V>,
+        usable_until: Instant,
+        epoch: u64,
+        ticket: Option<Ticket>,
+    ) {
+        let changed = || match (&self.l1, ticket) {
+            (Some(l1), Some(ticket)) => !l1.unchanged_since(key, ticket),
+            _ => false,
+        };
+        if changed() {
+            return;
+        }
+        self.fallback.record(value_key, value, usable_until, epoch);
+        // A report that came in during the record found nothing to forget
+        // yet (or an entry the record then replaced): it is seen here.
+        if changed() {
+            let epoch = self.epoch.fetch_add(1, Ordering::SeqCst) + 1;
+            let until = Instant::now() + self.policy.longest_flight();
+            self.fallback.forget_kept(value_key, until, epoch);
+        }
+    }
+}
