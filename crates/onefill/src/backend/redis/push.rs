@@ -82,6 +82,8 @@ pub(super) struct PushConnection {
     /// The first `PING` right after each connection (see
     /// [`ping_at_connect`](PushConnection::ping_at_connect)).
     ping_at_connect: bool,
+    /// What is sent as the `PING` (see [`health_check`](Self::health_check)).
+    check: Cmd,
 }
 
 impl PushConnection {
@@ -109,7 +111,17 @@ impl PushConnection {
             ping_timeout,
             ping: ping_interval(ping_every, false),
             ping_at_connect: false,
+            check: redis::cmd("PING"),
         }
+    }
+
+    /// `cmd` is sent in place of each `PING`: a command answered at once,
+    /// after the pushes sent before it, as `PING` is, which can also fail
+    /// where a `PING` would not (an owner's way of saying what the server
+    /// must still be for its answer to count).
+    pub(super) fn health_check(mut self, cmd: Cmd) -> PushConnection {
+        self.check = cmd;
+        self
     }
 
     /// The first `PING` right after each connection, not one interval
@@ -211,12 +223,11 @@ impl PushConnection {
             return Err(disconnected(self.names.ping));
         };
         let sent = Instant::now();
-        let cmd = redis::cmd("PING");
         let answered = {
             let ping = with_deadline(
                 self.names.ping,
                 self.ping_timeout,
-                cmd.query_async::<Value>(conn),
+                self.check.query_async::<Value>(conn),
             );
             tokio::pin!(ping);
             loop {

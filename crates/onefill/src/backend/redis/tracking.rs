@@ -26,7 +26,14 @@
 //! router's slot map, adding and dropping them as the map changes; the
 //! listener is in sync as of the oldest confirmation among the current
 //! masters, so a new master (a promoted replica) must be tracked and
-//! confirmed before the L1 serves again.
+//! confirmed before the L1 serves again. There a node's confirmation is
+//! `WAIT 0 0` rather than `PING`: answered at once by a master, refused by
+//! a replica. A master demoted by a failover still answers `PING`s and
+//! still pushes what it replicates from the new master (late, or never if
+//! its link is cut), and L1 hits send no command that a `MOVED` could
+//! answer, so without it the L1 served on the old master's word; now the
+//! refusal stops the L1 and asks for the slot map again, which brings the
+//! new master's tracking.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
@@ -67,13 +74,23 @@ impl Confirm for Direct {
 
 /// Tracks a standalone server (`client` must speak RESP3).
 pub(super) fn track_standalone(client: Client, tracking: Tracking) {
-    tokio::spawn(track_node(client, tracking, Arc::new(Direct)));
+    tokio::spawn(track_node(
+        client,
+        tracking,
+        Arc::new(Direct),
+        redis::cmd("PING"),
+    ));
 }
 
 /// One node's tracking connection, for as long as the listener lives: a
 /// [`PushConnection`] with tracking turned on as it connects, whose
-/// answered `PING`s are the confirmations.
-async fn track_node(client: Client, tracking: Tracking, confirm: Arc<dyn Confirm>) {
+/// answered `check`s (sent in place of its `PING`s) are the confirmations.
+async fn track_node(
+    client: Client,
+    tracking: Tracking,
+    confirm: Arc<dyn Confirm>,
+    check: redis::Cmd,
+) {
     let mut on = redis::cmd("CLIENT");
     on.arg("TRACKING")
         .arg("ON")
@@ -91,6 +108,7 @@ async fn track_node(client: Client, tracking: Tracking, confirm: Arc<dyn Confirm
     let mut conn =
         PushConnection::new(client, options, names, tracking.confirm_every, ping_timeout)
             .with_setup("CLIENT TRACKING", on)
+            .health_check(check)
             .ping_at_connect();
     // The first failure to track is worth a warning (the L1 does not serve
     // meanwhile); the retries after it are not.
@@ -253,9 +271,12 @@ pub(super) fn track_cluster(router: WeakRouter, tracking: Tracking) {
                     addr: addr.clone(),
                     all: all.clone(),
                 });
+                // Answered by a master only (see the module docs).
+                let mut master_only = redis::cmd("WAIT");
+                master_only.arg(0).arg(0);
                 tasks.insert(
                     addr,
-                    tokio::spawn(track_node(client, tracking.clone(), confirm)),
+                    tokio::spawn(track_node(client, tracking.clone(), confirm, master_only)),
                 );
                 changed = true;
             }
