@@ -72,6 +72,7 @@ pub struct Verdict {
     pub answers: AnswerCounts,
     pub ops: BTreeMap<String, OpCounts>,
     pub violations: u64,
+    pub violations_by_outcome: BTreeMap<String, u64>,
     pub shown: Vec<Violation>,
     /// The worst `start − gone_by` over the answers of a version known to
     /// be gone (ms), and whether the L1 answered it.
@@ -385,6 +386,10 @@ fn count(counts: &mut AnswerCounts, a: &Answer) {
 
 fn violate(verdict: &mut Verdict, a: &Answer, pid: u32, lag_ms: Option<f64>, why: String) {
     verdict.violations += 1;
+    *verdict
+        .violations_by_outcome
+        .entry(a.outcome.clone())
+        .or_default() += 1;
     if verdict.shown.len() < SHOWN {
         verdict.shown.push(Violation {
             pid,
@@ -395,6 +400,7 @@ fn violate(verdict: &mut Verdict, a: &Answer, pid: u32, lag_ms: Option<f64>, why
             start_us: a.start,
             end_us: a.end,
             lag_ms,
+            at_ms: 0.0,
             why,
         });
     }
@@ -408,5 +414,214 @@ pub fn kind_name(kind: OpKind) -> &'static str {
         OpKind::Pexpire => "pexpire",
         OpKind::Persist => "persist",
         OpKind::Unreadable => "unreadable_set",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::commands::fleet::chaos::records::Load;
+
+    const MS: u64 = 1_000;
+    const LIMITS: Limits = Limits {
+        bound_us: 250 * MS,
+        skew_us: 0,
+        max_ttl_ms: 60_000,
+    };
+
+    fn version(id: &str) -> Held {
+        Held::Version(id.to_owned())
+    }
+
+    fn obs(t_ms: u64, held: Held, pttl_ms: i64) -> Observation {
+        Observation {
+            t: t_ms * MS,
+            held,
+            pttl_ms,
+        }
+    }
+
+    /// A raw act at `t_ms`: the key held `before`, then `after`.
+    fn act(kind: OpKind, t_ms: u64, before: (Held, i64), after: (Held, i64)) -> ForeignOp {
+        ForeignOp {
+            key: 0,
+            kind,
+            sent: t_ms * MS - 100,
+            returned: t_ms * MS + 100,
+            before: Some(obs(t_ms, before.0, before.1)),
+            after: Some(obs(t_ms, after.0, after.1)),
+            changed: true,
+            ttl_ms: None,
+            version: None,
+            error: None,
+        }
+    }
+
+    fn answer(start_ms: u64, id: &str, outcome: &str, l1: bool) -> Answer {
+        Answer {
+            key: 0,
+            start: start_ms * MS,
+            end: start_ms * MS + 200,
+            outcome: outcome.to_owned(),
+            l1,
+            version: Some(id.to_owned()),
+        }
+    }
+
+    /// One worker that loaded `w1.1` at 100 ms and answered `answers`.
+    fn worker(answers: Vec<Answer>) -> ChaosWorkerReport {
+        ChaosWorkerReport {
+            pid: 1,
+            answers,
+            loads: vec![Load {
+                key: 0,
+                version: "w1.1".to_owned(),
+                start: 95 * MS,
+                end: 100 * MS,
+            }],
+            ..Default::default()
+        }
+    }
+
+    fn run(ops: &[ForeignOp], answers: Vec<Answer>) -> Verdict {
+        check(1, ops, &[worker(answers)], LIMITS)
+    }
+
+    #[test]
+    fn an_answer_after_a_delete_is_late_within_the_bound_and_a_violation_beyond() {
+        let del = act(
+            OpKind::Del,
+            1_000,
+            (version("w1.1"), 50_000),
+            (Held::Absent, -2),
+        );
+        let v = run(
+            std::slice::from_ref(&del),
+            vec![
+                answer(101, "w1.1", "loaded", false),
+                answer(500, "w1.1", "hit", true),
+                answer(1_100, "w1.1", "hit", true),
+                answer(1_300, "w1.1", "hit", true),
+            ],
+        );
+        assert_eq!(v.violations, 1, "{:?}", v.shown);
+        assert_eq!(v.late_answers, 1);
+        assert_eq!(v.shown[0].start_us, 1_300 * MS);
+        assert!(v.shown[0].from_l1);
+        assert_eq!(v.worst_lag_ms, Some(300.0));
+        assert_eq!(v.answers.soon_after_change, 2);
+        assert_eq!(v.answers.l1_bounded, 3);
+    }
+
+    #[test]
+    fn a_delete_before_the_version_was_certainly_written_proves_nothing() {
+        // The load ended at 100 ms, its first answer at 400 ms: a DEL at
+        // 300 ms may have come before the fill.
+        let del = act(OpKind::Del, 300, (Held::Absent, -2), (Held::Absent, -2));
+        let v = run(
+            &[del],
+            vec![
+                answer(399, "w1.1", "loaded", false),
+                answer(5_000, "w1.1", "hit", true),
+            ],
+        );
+        assert_eq!(v.violations, 0);
+        // Only the written TTL (60 s) ends it.
+        assert_eq!(v.worst_lag_ms, Some(5_000.0 - 60_399.2 - 5.0));
+    }
+
+    #[test]
+    fn a_shortened_ttl_ends_the_version_unless_it_may_have_changed_again() {
+        let pexpire = act(
+            OpKind::Pexpire,
+            1_000,
+            (version("w1.1"), 50_000),
+            (version("w1.1"), 100),
+        );
+        let late = vec![
+            answer(200, "w1.1", "loaded", false),
+            answer(1_400, "w1.1", "hit", true),
+        ];
+        let v = run(std::slice::from_ref(&pexpire), late.clone());
+        assert_eq!(v.violations, 1, "expired at 1,100 ms (+ slack)");
+        // A PERSIST whose answer was lost, at about 1,050 ms: the key may
+        // have been kept.
+        let mut lost = act(
+            OpKind::Persist,
+            1_050,
+            (Held::Absent, -2),
+            (Held::Absent, -2),
+        );
+        lost.before = None;
+        lost.after = None;
+        lost.error = Some("timeout".to_owned());
+        let v = run(&[pexpire.clone(), lost], late.clone());
+        assert_eq!(v.violations, 0);
+        // One that answered, and persisted it: no end known.
+        let persist = act(
+            OpKind::Persist,
+            1_050,
+            (version("w1.1"), 50),
+            (version("w1.1"), -1),
+        );
+        let v = run(&[pexpire, persist], late);
+        assert_eq!(v.violations, 0);
+        assert_eq!(v.worst_lag_ms, None);
+    }
+
+    #[test]
+    fn the_written_ttl_ends_a_version_nobody_changed() {
+        let limits = Limits {
+            max_ttl_ms: 1_000,
+            ..LIMITS
+        };
+        let answers = vec![
+            answer(100, "w1.1", "loaded", false),
+            answer(1_200, "w1.1", "hit", true),
+            answer(1_500, "w1.1", "hit", true),
+        ];
+        let v = check(1, &[], &[worker(answers)], limits);
+        assert_eq!(v.violations, 1, "{:?}", v.shown);
+        assert_eq!(v.late_answers, 1);
+    }
+
+    #[test]
+    fn a_version_nobody_wrote_is_a_violation_and_a_degraded_load_is_not() {
+        let v = run(
+            &[],
+            vec![
+                answer(100, "w9.9", "hit", true),
+                answer(100, "w1.1", "degraded", false),
+            ],
+        );
+        assert_eq!(v.violations, 1);
+        assert!(v.shown[0].why.contains("never written"), "{:?}", v.shown);
+    }
+
+    #[test]
+    fn a_foreign_write_replaces_the_version_from_its_framing_read() {
+        let set = ForeignOp {
+            key: 0,
+            kind: OpKind::Set,
+            sent: 999 * MS,
+            returned: 1_003 * MS,
+            before: Some(obs(1_000, version("w1.1"), 50_000)),
+            after: Some(obs(1_002, version("f1"), 60_000)),
+            changed: true,
+            ttl_ms: None,
+            version: Some("f1".to_owned()),
+            error: None,
+        };
+        let v = run(
+            &[set],
+            vec![
+                answer(101, "w1.1", "loaded", false),
+                answer(1_100, "f1", "hit", true),
+                answer(1_400, "w1.1", "hit", true),
+            ],
+        );
+        assert_eq!(v.violations, 1, "{:?}", v.shown);
+        assert_eq!(v.shown[0].version.as_deref(), Some("w1.1"));
+        assert_eq!(v.ops["set"].changed, 1);
     }
 }

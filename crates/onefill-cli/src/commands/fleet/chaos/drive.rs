@@ -10,7 +10,7 @@ use onefill::backend::FillKeys;
 
 use super::check::{check, Limits};
 use super::foreign::Foreign;
-use super::records::ChaosWorkerReport;
+use super::records::{now_us, ChaosWorkerReport};
 use super::report::ChaosReport;
 use super::reshard::Reshard;
 use crate::commands::fleet::args::{FleetStrategy, RunArgs};
@@ -64,6 +64,7 @@ pub fn run_chaos(
     let mut workers = start_workers(args, processes, namespace)?;
     let foreign = Foreign::connect(args, namespace, plan.ops_per_sec)?;
     let started = Instant::now();
+    let started_us = now_us();
     release(&mut workers)?;
     foreign.start(started);
     let reshard = args.cluster.then(|| {
@@ -96,7 +97,10 @@ pub fn run_chaos(
         skew_us: plan.clock_skew.as_micros() as u64,
         max_ttl_ms: args.ttl_ms + args.grace_ms,
     };
-    let verdict = check(args.keys.len(), &ops, &reports, limits);
+    let mut verdict = check(args.keys.len(), &ops, &reports, limits);
+    for v in &mut verdict.shown {
+        v.at_ms = (v.start_us as f64 - started_us as f64) / 1000.0;
+    }
     let stat = |f: fn(&onefill::Stats) -> u64| -> u64 {
         reports.iter().filter_map(|r| r.stats.as_ref()).map(f).sum()
     };
@@ -110,6 +114,7 @@ pub fn run_chaos(
         clock_skew_ms: plan.clock_skew.as_secs_f64() * 1000.0,
         answers: verdict.answers,
         violations: verdict.violations,
+        violations_by_outcome: verdict.violations_by_outcome,
         first_violations: verdict.shown,
         worst_lag_ms: verdict.worst_lag_ms,
         worst_lag_from_l1: verdict.worst_lag_from_l1,

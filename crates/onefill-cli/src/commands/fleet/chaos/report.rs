@@ -53,6 +53,9 @@ pub struct Violation {
     pub end_us: u64,
     /// How long before the call its version had certainly left the server.
     pub lag_ms: Option<f64>,
+    /// When the call started, ms after the run's start (the parent's
+    /// clock), to compare with the cluster events.
+    pub at_ms: f64,
     pub why: String,
 }
 
@@ -72,6 +75,9 @@ pub struct ChaosReport {
     /// Answers whose version had left the server more than the bound
     /// before their call started, or that nobody wrote.
     pub violations: u64,
+    /// The same, by the answer's outcome: `stale` is the outage fallback's
+    /// (or a grace window's) answer, `hit` from the L1 or the server.
+    pub violations_by_outcome: BTreeMap<String, u64>,
     /// The first few, in detail.
     pub first_violations: Vec<Violation>,
     /// The worst delay measured between a version certainly leaving the
@@ -164,7 +170,8 @@ impl ChaosReport {
         );
         for v in &self.first_violations {
             text.push_str(&format!(
-                "\n  key {} pid {} {} {}{}: {}",
+                "\n  at {:.0} ms, key {} pid {} {} {}{}: {}",
+                v.at_ms,
                 v.key,
                 v.pid,
                 v.version.as_deref().unwrap_or("-"),
