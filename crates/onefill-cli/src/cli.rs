@@ -43,11 +43,23 @@ pub enum Command {
     /// --ttl-ms), the leases (with their lease TTL) and fill notifications
     /// (pub/sub, nothing stored), and a load counter per key (`…:loads` and
     /// `…:loads:pid`, 6-hour TTL), which it deletes after reading it unless
-    /// --keep-counters. Nothing it writes is left without a TTL. It reads
+    /// --keep-counters. Nothing it writes is left without a TTL (a --chaos
+    /// run deletes its values at the end, since it PERSISTs some). It reads
     /// INFO commandstats before and after the run and reports the
     /// difference: it never resets the statistics (on a server shared with
     /// other clients, their commands during the run are counted too). With
     /// --fault it also changes the cluster (see --fault).
+    ///
+    /// --chaos checks that no answer outlives the server's copy: every
+    /// worker reads random keys (16 by default) at --rate (500/s) through a
+    /// cache with an L1 while this process, another client, changes them
+    /// --chaos-ops times a second (writes, DEL, PEXPIRE, PERSIST, unreadable
+    /// SET), recording each change with the server's TIME; with --cluster a
+    /// slot migrates at 30 % of the run and a master fails over at 60 %.
+    /// Every answer is then checked against the keys' history: one whose
+    /// version had certainly left the server more than the L1's sync bound
+    /// (250 ms, plus --clock-skew-ms) before its call started is a
+    /// violation, and the command exits non-zero.
     Fleet(FleetArgs),
     /// One process of a fleet (started by `fleet` and `demo --redis`).
     #[command(hide = true)]

@@ -46,6 +46,7 @@ pub fn run(args: &DemoArgs, url: &str) -> anyhow::Result<()> {
             detail: false,
             strict: false,
             keep_counters: false,
+            chaos: false,
         };
         let report = run_fleet(&run, args.instances, &fresh_namespace())
             .with_context(|| format!("strategy {strategy:?}"))?;

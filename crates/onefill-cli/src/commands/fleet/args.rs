@@ -102,6 +102,13 @@ pub struct RunArgs {
     #[arg(long)]
     #[serde(default)]
     pub keep_counters: bool,
+    /// Chaos check: every process reads random keys through a cache with
+    /// an L1 while the parent changes them behind the fleet's back, and
+    /// every answer is checked against the server's history (see
+    /// `fleet --help`).
+    #[arg(long)]
+    #[serde(default)]
+    pub chaos: bool,
 }
 
 impl RunArgs {
@@ -195,12 +202,24 @@ pub struct FleetArgs {
     /// old, a call slower than max(100 ms, 2 × load, the healthy keys'
     /// p99) as slow; the victim's recovery is the end of its last abnormal
     /// call after the promotion.
-    #[arg(long, value_enum, requires_all = ["cluster", "rate"])]
+    #[arg(long, value_enum, requires_all = ["cluster", "rate"], conflicts_with = "chaos")]
     pub fault: Option<FaultKind>,
     /// When the fault is injected, in milliseconds after the start (less
     /// than --duration-ms).
     #[arg(long, default_value_t = 5_000, requires = "fault")]
     pub fault_at_ms: u64,
+    /// With --chaos: the foreign client's operations per second (a write,
+    /// `DEL`, `PEXPIRE`, `PERSIST` or unreadable `SET` of a random key).
+    #[arg(long, default_value_t = 50, requires = "chaos",
+          value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub chaos_ops: u32,
+    /// With --chaos: how far the workers' clocks may be from the server's,
+    /// in milliseconds, added to the bound (0 when they run on the
+    /// server's machine; for a remote server, synchronize the clocks and
+    /// give their worst offset).
+    #[arg(long, default_value_t = 0, requires = "chaos",
+          value_parser = clap::value_parser!(u64).range(0..=60_000))]
+    pub clock_skew_ms: u64,
     /// Worker processes.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub processes: u32,
@@ -283,6 +302,7 @@ mod tests {
             detail: true,
             strict: true,
             keep_counters: true,
+            chaos: true,
         }
     }
 

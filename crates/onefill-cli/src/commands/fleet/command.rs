@@ -6,6 +6,7 @@ use std::time::Instant;
 use anyhow::bail;
 
 use super::args::{FleetArgs, RunArgs};
+use super::chaos::drive::{bound, run_chaos, ChaosPlan};
 use super::fault::kind::FaultPlan;
 use super::run::{fresh_namespace, run_with};
 use crate::shared::output::print_line;
@@ -16,6 +17,9 @@ pub fn run_command(args: &FleetArgs) -> anyhow::Result<()> {
     let progress = Progress::new(!args.quiet);
     let namespace = args.namespace.clone().unwrap_or_else(fresh_namespace);
     let run_args = resolve(args)?;
+    if run_args.chaos {
+        return chaos(args, &run_args, &namespace, progress);
+    }
     let fault = args.fault.map(|kind| FaultPlan {
         kind,
         at_ms: args.fault_at_ms,
@@ -54,11 +58,59 @@ pub fn run_command(args: &FleetArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The run the workers get: `--key-count` made into a key list, `--detail`
-/// on with `--fault`; and the checks clap cannot make.
+/// Runs `onefill fleet --chaos` and prints its report; fails if any
+/// answer was too old.
+fn chaos(
+    args: &FleetArgs,
+    run: &RunArgs,
+    namespace: &str,
+    progress: Progress,
+) -> anyhow::Result<()> {
+    progress.say(format!(
+        "chaos: {} worker processes reading {} keys (namespace {namespace}) with an L1 for {} ms, \
+         {} foreign operations/s{}; bound {} ms",
+        args.processes,
+        run.keys.len(),
+        run.duration_ms,
+        args.chaos_ops,
+        if run.cluster {
+            ", a slot migration at 30 % and a failover at 60 %"
+        } else {
+            ""
+        },
+        bound().as_millis()
+    ));
+    let plan = ChaosPlan {
+        ops_per_sec: args.chaos_ops,
+        clock_skew: std::time::Duration::from_millis(args.clock_skew_ms),
+    };
+    let report = run_chaos(run, args.processes, namespace, plan, progress)?;
+    if args.json {
+        print_line(&serde_json::to_string_pretty(&report)?)?;
+    } else {
+        print_line(&report.to_text())?;
+    }
+    if report.violations > 0 {
+        bail!(
+            "{} answers were older than the bound ({} ms)",
+            report.violations,
+            bound().as_millis()
+        );
+    }
+    Ok(())
+}
+
+/// The run the workers get: `--key-count` made into a key list (16 keys
+/// by default with `--chaos`), `--detail` on with `--fault`; and the
+/// checks clap cannot make.
 fn resolve(args: &FleetArgs) -> anyhow::Result<RunArgs> {
     let mut run = args.run.clone();
-    if let Some(n) = args.key_count {
+    let default_keys = run.keys == ["hot"];
+    let key_count = match args.key_count {
+        None if run.chaos && default_keys => Some(CHAOS_KEYS),
+        n => n,
+    };
+    if let Some(n) = key_count {
         run.keys = (0..n).map(|i| format!("key-{i}")).collect();
     }
     if args.fault.is_some() {
@@ -73,6 +125,10 @@ fn resolve(args: &FleetArgs) -> anyhow::Result<RunArgs> {
     }
     Ok(run)
 }
+
+/// The key space of `--chaos` unless `--keys` or `--key-count` says
+/// otherwise: small, so every key is read, changed and read again often.
+const CHAOS_KEYS: u32 = 16;
 
 /// Prints the elapsed time of a steady run every 2 s until dropped.
 struct Ticker {
@@ -148,5 +204,24 @@ mod tests {
             resolved(&late).is_err(),
             "the fault must come before the end"
         );
+    }
+
+    #[test]
+    fn chaos_reads_sixteen_keys_unless_told() {
+        assert_eq!(resolved(&["--chaos"]).expect("resolves").keys.len(), 16);
+        assert_eq!(
+            resolved(&["--chaos", "--key-count", "3"])
+                .expect("resolves")
+                .keys
+                .len(),
+            3
+        );
+        assert_eq!(
+            resolved(&["--chaos", "--keys", "a,b"])
+                .expect("resolves")
+                .keys,
+            ["a", "b"]
+        );
+        assert_eq!(resolved(&[]).expect("resolves").keys, ["hot"]);
     }
 }

@@ -7,18 +7,26 @@
 //! to the parent; the parent reads the servers directly ([`redis_admin`]).
 //! With `--cluster --fault`, a thread of the parent faults one master in the
 //! middle of a steady run and the report gets a `fault` section worked out
-//! from the workers' call logs ([`fault`], [`outcome`]).
+//! from the workers' call logs ([`fault`], [`outcome`]). With `--chaos`,
+//! the workers read random keys through an L1 while the parent changes
+//! them, and every answer is checked against the server's history
+//! ([`chaos`]).
 //!
 //! The files only look down. At the bottom `protocol`, `outcome` and
 //! `fault` (which reads `outcome`'s codes); then `args` (which names a
-//! fault's kind); then `report` and `redis_admin`; then `worker` and
-//! `run`, which build on all of those; `command` on top, over `run`.
-//! Nothing here imports this file or the command line.
+//! fault's kind); then `report`, `redis_admin`, `connections` and
+//! `processes`; then `chaos` (which uses the connections and the fault's
+//! topology); then `worker` and `run`, which build on all of those;
+//! `command` on top, over `run` and `chaos`. Nothing here imports this
+//! file or the command line.
 
 pub mod args;
+mod chaos;
 pub mod command;
+mod connections;
 mod fault;
 mod outcome;
+mod processes;
 mod protocol;
 mod redis_admin;
 mod report;

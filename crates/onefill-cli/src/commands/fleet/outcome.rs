@@ -21,6 +21,18 @@ pub const STALE: u64 = 2;
 /// Code of a degraded answer.
 pub const DEGRADED: u64 = 5;
 
+/// The name of a onefill outcome (`other` for one added later).
+pub fn outcome_name(outcome: onefill::Outcome) -> &'static str {
+    match outcome {
+        onefill::Outcome::Hit => "hit",
+        onefill::Outcome::Stale => "stale",
+        onefill::Outcome::Loaded => "loaded",
+        onefill::Outcome::Waited => "waited",
+        onefill::Outcome::Degraded => "degraded",
+        _ => "other",
+    }
+}
+
 /// The call log's code of an answer's outcome name (`other` if unknown).
 pub fn outcome_code(name: &str) -> u64 {
     OUTCOME_NAMES

@@ -159,10 +159,11 @@ impl CommandCounts {
     }
 }
 
-/// Deletes the run's load counters (and the loading pids beside them): on
-/// one server in batches over one connection; on a cluster each key on its
-/// own (they live in different slots), through whichever node owns it.
-pub fn delete_counters(args: &RunArgs, keys: &[String]) -> anyhow::Result<()> {
+/// Deletes keys of the run (the load counters and the loading pids beside
+/// them, a chaos run's values): on one server in batches over one
+/// connection; on a cluster each key on its own (they live in different
+/// slots), through whichever node owns it.
+pub fn delete_keys(args: &RunArgs, keys: &[String]) -> anyhow::Result<()> {
     if args.cluster {
         for key in keys {
             admin(args, &["DEL", key])?;

@@ -7,39 +7,23 @@
 //!
 //! Both `onefill fleet` and `demo --redis` run fleets through here.
 
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context};
 use onefill::backend::FillKeys;
 
-use super::args::{RunArgs, WorkerArgs};
+use super::args::RunArgs;
 use super::fault::analysis::analyse;
 use super::fault::injector::Injector;
 use super::fault::kind::{FaultPlan, Injected};
 use super::fault::records::{CallRecord, LoadRecord, RunShape};
 use super::fault::report::FaultReport;
 use super::fault::topology::key_slots;
-use super::protocol::{load_counter_key, GO, NOT_READY, READY};
-use super::redis_admin::{admin, check_reachable, delete_counters, CommandCounts};
+use super::processes::{collect_reports, release, start_workers};
+use super::protocol::load_counter_key;
+use super::redis_admin::{admin, check_reachable, delete_keys, CommandCounts};
 use super::report::{FleetReport, WorkerReport};
 use crate::shared::progress::Progress;
-
-/// A started worker process and its pipes.
-struct Worker {
-    child: Child,
-    stdin: ChildStdin,
-    stdout: BufReader<ChildStdout>,
-}
-
-impl Drop for Worker {
-    fn drop(&mut self) {
-        // A worker that outlives its report is killed, never orphaned.
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// A namespace no earlier run used.
 pub fn fresh_namespace() -> String {
@@ -71,29 +55,7 @@ pub fn run_with(
         bail!("a fault needs a steady run (--rate) on a cluster (--cluster)");
     }
     check_reachable(args)?;
-    let exe = std::env::current_exe().context("locating the onefill binary")?;
-    let run_json = args.to_json().context("encoding the run for the workers")?;
-    let mut workers = Vec::new();
-    for _ in 0..processes {
-        workers.push(spawn(&exe, &run_json, namespace)?);
-    }
-    for w in &mut workers {
-        let mut line = String::new();
-        w.stdout.read_line(&mut line)?;
-        let line = line.trim();
-        if line == READY {
-            continue;
-        }
-        // One line for the fleet (the other workers are killed on drop),
-        // whatever number of them failed the same way.
-        match line.strip_prefix(NOT_READY) {
-            Some(reason) => bail!("a worker could not start: {}", reason.trim()),
-            None => {
-                let status = w.child.wait()?;
-                bail!("a worker exited before it was ready ({status})")
-            }
-        }
-    }
+    let mut workers = start_workers(args, processes, namespace)?;
     // The slot of each key's value key, for the victim's choice.
     let slots = match fault {
         Some(_) => {
@@ -121,22 +83,8 @@ pub fn run_with(
             progress,
         )
     });
-    for w in &mut workers {
-        writeln!(w.stdin, "{GO}")?;
-        w.stdin.flush()?;
-    }
-    let mut reports = Vec::new();
-    for w in &mut workers {
-        let mut line = String::new();
-        w.stdout.read_line(&mut line)?;
-        let report: WorkerReport = serde_json::from_str(line.trim())
-            .with_context(|| format!("a worker's report was not JSON: {:?}", line.trim()))?;
-        reports.push(report);
-        let status = w.child.wait()?;
-        if !status.success() {
-            bail!("a worker exited with {status}");
-        }
-    }
+    release(&mut workers)?;
+    let reports: Vec<WorkerReport> = collect_reports(&mut workers)?;
     let wall_ms = started.elapsed().as_secs_f64() * 1000.0;
     let fault_report = match injector {
         Some(injector) => {
@@ -162,7 +110,7 @@ pub fn run_with(
         counters.push(counter);
     }
     if !args.keep_counters {
-        delete_counters(args, &counters)?;
+        delete_keys(args, &counters)?;
     }
     Ok(FleetReport {
         strategy: args.strategy,
@@ -228,23 +176,4 @@ fn fault_section(
         load_ms: args.load_ms,
     };
     analyse(injected, &args.keys, shape, &calls, &loads)
-}
-
-/// Starts one worker, with the run as one JSON value.
-fn spawn(exe: &std::path::Path, run_json: &str, namespace: &str) -> anyhow::Result<Worker> {
-    let mut cmd = Command::new(exe);
-    cmd.args(WorkerArgs::command_line(run_json, namespace));
-    let mut child = cmd
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .context("starting a worker process")?;
-    let stdin = child.stdin.take().context("worker stdin")?;
-    let stdout = BufReader::new(child.stdout.take().context("worker stdout")?);
-    Ok(Worker {
-        child,
-        stdin,
-        stdout,
-    })
 }

@@ -8,13 +8,14 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
 use onefill::backend::FillKeys;
-use onefill::{Cache, Outcome};
+use onefill::Cache;
 
-use super::connections::Raw;
 use super::load_counter::{Count, LoadCounter};
 use super::sampler::Sampler;
 use super::summary::{summarize, Call, MAX_LOG};
 use crate::commands::fleet::args::{RunArgs, WorkerArgs};
+use crate::commands::fleet::connections::Raw;
+use crate::commands::fleet::outcome::outcome_name;
 use crate::commands::fleet::protocol::load_counter_key;
 use crate::commands::fleet::report::WorkerReport;
 
@@ -214,17 +215,6 @@ where
     .await
     .map_err(|e| e.to_string())?;
     Ok(("naive_load", value))
-}
-
-fn outcome_name(outcome: Outcome) -> &'static str {
-    match outcome {
-        Outcome::Hit => "hit",
-        Outcome::Stale => "stale",
-        Outcome::Loaded => "loaded",
-        Outcome::Waited => "waited",
-        Outcome::Degraded => "degraded",
-        _ => "other",
-    }
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 
-use super::connections::Raw;
+use crate::commands::fleet::connections::Raw;
 
 /// Counts loads in Redis (`SADD` of the load's `pid:n` to the key's
 /// counter set, and `SET` of the loading pid beside it, for fault tests that

@@ -7,12 +7,11 @@
 //! so the parent can count loads across processes without trusting them.
 //!
 //! [`process`] is the worker's life (start, handshake, report) and drives
-//! [`callers`]; the callers use the [`connections`], count their loads with
+//! [`callers`]; the callers use the fleet's connections, count their loads with
 //! the [`load_counter`], sample the cache with the [`sampler`] and are
 //! summed up by [`summary`].
 
 mod callers;
-mod connections;
 mod load_counter;
 pub mod process;
 mod sampler;

@@ -8,9 +8,12 @@ use std::sync::Arc;
 
 use anyhow::Context;
 
+use onefill::L1;
+
 use super::callers::steady_or_herd;
-use super::connections::{cache, Raw};
 use crate::commands::fleet::args::WorkerArgs;
+use crate::commands::fleet::chaos::reader::read_at_random;
+use crate::commands::fleet::connections::{cache, Raw};
 use crate::commands::fleet::protocol::{NOT_READY, READY};
 use crate::commands::fleet::report::WorkerReport;
 use crate::shared::output::{describe, is_broken_pipe, print_line};
@@ -47,18 +50,19 @@ fn run(args: &WorkerArgs) -> Result<(), Failure> {
         .context("starting the runtime")
         .map_err(Failure::Startup)?;
     let report = runtime.block_on(work(args))?;
-    let report = serde_json::to_string(&report)
-        .context("encoding the report")
-        .map_err(Failure::Run)?;
     print_line(&report)
         .context("printing the report")
         .map_err(Failure::Run)
 }
 
-async fn work(args: &WorkerArgs) -> Result<WorkerReport, Failure> {
+/// Runs the worker and returns its report as one JSON line.
+async fn work(args: &WorkerArgs) -> Result<String, Failure> {
     let run = args.run();
     let raw = Arc::new(Raw::connect(run).await.map_err(Failure::Startup)?);
-    let cache = cache(run, &args.namespace)
+    // A chaos worker reads through an L1 with the default sync bound: the
+    // bound its answers are held to.
+    let l1 = run.chaos.then(|| L1::new(CHAOS_L1_ENTRIES));
+    let cache = cache(run, &args.namespace, l1)
         .await
         .map_err(Failure::Startup)?;
     if args.sync {
@@ -72,7 +76,17 @@ async fn work(args: &WorkerArgs) -> Result<WorkerReport, Failure> {
             .context("waiting for the parent's go")
             .map_err(Failure::Startup)?;
     }
-    steady_or_herd(args, run, raw, cache)
-        .await
-        .map_err(Failure::Run)
+    let report = match cache {
+        Some(cache) if run.chaos => serde_json::to_string(&read_at_random(run, cache).await),
+        cache => {
+            let report: WorkerReport = steady_or_herd(args, run, raw, cache)
+                .await
+                .map_err(Failure::Run)?;
+            serde_json::to_string(&report)
+        }
+    };
+    report.context("encoding the report").map_err(Failure::Run)
 }
+
+/// Entries of a chaos worker's L1: more than any chaos key space needs.
+const CHAOS_L1_ENTRIES: usize = 10_000;

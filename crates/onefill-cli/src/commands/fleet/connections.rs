@@ -1,16 +1,18 @@
-//! What a worker talks to Redis through: the onefill cache of its strategy,
-//! and a plain connection for the load counter and the naive strategy.
+//! What a fleet talks to Redis through: the onefill cache of a worker's
+//! strategy (with an L1 under `--chaos`), and a plain connection for the
+//! load counter, the naive strategy and the chaos run's foreign client.
 
 use std::time::Duration;
 
 use anyhow::Context;
 use onefill::redis::RedisBackend;
-use onefill::{Cache, LeaseTtl, WaitPolicy};
+use onefill::{Cache, LeaseTtl, WaitPolicy, L1};
 
 use crate::commands::fleet::args::{FleetStrategy, RunArgs};
 use crate::shared::urls::redact;
 
-async fn connect(args: &RunArgs) -> anyhow::Result<RedisBackend> {
+/// The onefill backend of the run's server or cluster.
+pub async fn connect(args: &RunArgs) -> anyhow::Result<RedisBackend> {
     if args.cluster {
         let urls: Vec<&str> = args.redis.iter().map(String::as_str).collect();
         RedisBackend::connect_cluster(&urls).await.with_context(|| {
@@ -71,10 +73,12 @@ impl Raw {
     }
 }
 
-/// The onefill cache of the strategy (none for the naive one).
+/// The onefill cache of the strategy (none for the naive one), with `l1`
+/// in front of it if given.
 pub async fn cache(
     run: &RunArgs,
     namespace: &str,
+    l1: Option<L1>,
 ) -> anyhow::Result<Option<Cache<String, String>>> {
     Ok(match run.strategy {
         FleetStrategy::Naive => None,
@@ -101,6 +105,9 @@ pub async fn cache(
             }
             if run.strict {
                 builder = builder.strict(true);
+            }
+            if let Some(l1) = l1 {
+                builder = builder.l1(l1);
             }
             Some(builder.build()?)
         }
