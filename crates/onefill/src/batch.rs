@@ -56,12 +56,16 @@ use crate::options::Policy;
 use crate::shared::Shared;
 
 /// The caller's batch loader, type-erased: the keys to load, and what it
-/// found (a key it did not return is absent).
+/// found, each value with the freshness its loader chose (a key it did not
+/// return is absent).
 pub(crate) type ManyLoader<K, V> = Arc<
-    dyn Fn(Vec<K>) -> Pin<Box<dyn Future<Output = Result<Vec<(K, V)>, LoaderError>> + Send>>
+    dyn Fn(Vec<K>) -> Pin<Box<dyn Future<Output = Result<Found<K, V>, LoaderError>> + Send>>
         + Send
         + Sync,
 >;
+
+/// What a batch loader found.
+pub(crate) type Found<K, V> = Vec<(K, Loaded<V>)>;
 
 /// One key's answer in a batch.
 pub(crate) type KeyAnswer<V> = Result<Fetched<Option<V>>, Error>;
@@ -177,7 +181,8 @@ type ReadStep = (
     Reply<Result<Option<Stored>, BackendError>>,
 );
 
-/// A load queued by a flight: its user key, where to answer.
+/// A load queued by a flight: its user key, where to answer (each key
+/// gets its own value's `Loaded`: its freshness, or `no_store`).
 type LoadStep<V> = (String, Reply<Result<Done<V>, Error>>);
 
 /// A lease request queued by a flight.
@@ -240,11 +245,11 @@ where
         let load: Load<V> = Box::new(move || {
             Box::pin(async move {
                 let found = loader(vec![key]).await?;
-                let value = found
+                let loaded = found
                     .into_iter()
                     .find(|(k, _)| crate::key::display(k).ok().as_deref() == Some(&wanted))
-                    .map(|(_, v)| v);
-                Ok(Loaded::new(value))
+                    .map_or_else(|| Loaded::new(None), |(_, v)| v.map(Some));
+                Ok(loaded)
             })
         });
         let fill_keys = FillKeys::new(&self.shared.namespace, string);
@@ -380,13 +385,13 @@ where
             .collect();
         let label = format!("{} keys", keys.len());
         let loader = self.loader.clone();
-        let load: loader::Detached<Vec<(K, V)>> = Box::new(move || loader(keys));
+        let load: loader::Detached<Found<K, V>> = Box::new(move || loader(keys));
         let (rec, times) = (&shared.recorder, &shared.load_times);
         let max = self.policy.max_load_time;
         let found = loader::run_alone(rec, times, max, self.policy.ttl, &label, load)
             .await
             .map(|(found, took)| {
-                let mut first: HashMap<String, V> = HashMap::new();
+                let mut first: HashMap<String, Loaded<V>> = HashMap::new();
                 for (k, v) in found {
                     if let Ok(k) = crate::key::display(&k) {
                         first.entry(k).or_insert(v);
@@ -396,7 +401,11 @@ where
             });
         for (string, reply) in loads {
             let loaded = match &found {
-                Ok((found, took)) => Ok((Loaded::new(found.get(&string).cloned()), *took)),
+                Ok((found, took)) => {
+                    let loaded = found.get(&string).cloned();
+                    let loaded = loaded.map_or_else(|| Loaded::new(None), |v| v.map(Some));
+                    Ok((loaded, *took))
+                }
                 Err(error) => Err(error.clone()),
             };
             let _ = reply.send(loaded);

@@ -42,6 +42,9 @@ pub(crate) type Done<V> = (Loaded<Option<V>>, Duration);
 /// decides whether the value is refreshed early (only without a grace
 /// window, whatever the cache's).
 ///
+/// A loader may also say its value must not be stored at all
+/// ([`no_store`](Loaded::no_store)): an error page, a partial result.
+///
 /// ```
 /// use std::time::Duration;
 /// let draft = onefill::Loaded::new("draft").ttl(Duration::from_secs(5));
@@ -56,6 +59,7 @@ pub struct Loaded<V> {
     value: V,
     ttl: Option<Duration>,
     grace: Option<Duration>,
+    no_store: bool,
 }
 
 impl<V> Loaded<V> {
@@ -65,6 +69,7 @@ impl<V> Loaded<V> {
             value,
             ttl: None,
             grace: None,
+            no_store: false,
         }
     }
     /// How long this value stays fresh, clamped to 1 ms ..=
@@ -82,6 +87,48 @@ impl<V> Loaded<V> {
     pub fn grace(mut self, grace: Duration) -> Self {
         self.grace = Some(grace);
         self
+    }
+    /// This value must not be stored (Varnish's "hit-for-pass"): an error
+    /// page, a partial result. The callers that shared the load get it
+    /// ([`Outcome::Loaded`](crate::Outcome::Loaded)), and nothing outlives
+    /// the load: no fill (the lease is released at once, so waiters in
+    /// other processes wake and one of them loads), no L1 entry, no copy
+    /// for backend outages, and the chosen TTL and grace are moot. The next
+    /// call of the key loads again (or shares a load under way).
+    ///
+    /// It is an answer, not a failure: fail-safe does not answer a stale
+    /// value instead, and negative caching does not remember it. What was
+    /// stored before stays as it was: a background or early refresh whose
+    /// load says `no_store` leaves the stale or fresh value in place, with
+    /// its own expiry. From an optional loader, `Loaded::new(None).no_store()`
+    /// is an absence that is not cached either; from a batch loader, it
+    /// concerns its key alone. Counted in
+    /// [`Stats::loads_not_stored`](crate::Stats::loads_not_stored).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), onefill::Error> {
+    /// use onefill::{Loaded, Outcome};
+    ///
+    /// let cache = onefill::Cache::<String, String>::builder().build().unwrap();
+    /// let load = |page: String| async move {
+    ///     // The origin answered with an error page: show it, do not keep it.
+    ///     Ok::<_, std::io::Error>(Loaded::new(format!("{page}: try again")).no_store())
+    /// };
+    /// let first = cache.fetch("home", load).await?;
+    /// assert_eq!((first.value.as_str(), first.outcome), ("home: try again", Outcome::Loaded));
+    /// let second = cache.fetch("home", load).await?;
+    /// assert_eq!(second.outcome, Outcome::Loaded, "loaded again: nothing was stored");
+    /// assert_eq!(cache.stats().loads_not_stored, 2);
+    /// # Ok(()) }
+    /// ```
+    pub fn no_store(mut self) -> Self {
+        self.no_store = true;
+        self
+    }
+    /// Whether the loader said this value must not be stored
+    /// ([`no_store`](Loaded::no_store)).
+    pub fn is_no_store(&self) -> bool {
+        self.no_store
     }
     /// The value.
     pub fn value(&self) -> &V {
@@ -105,6 +152,7 @@ impl<V> Loaded<V> {
             value: f(self.value),
             ttl: self.ttl,
             grace: self.grace,
+            no_store: self.no_store,
         }
     }
 }
@@ -144,7 +192,8 @@ where
 /// A loader of many keys: any `Fn(Vec<K>) -> impl Future<Output =
 /// Result<I, E>>` that is `Send + Sync + 'static`, where `I` is any
 /// `IntoIterator` of `(key, value)` pairs (a `HashMap<K, V>`, a `Vec<(K,
-/// V)>`…) and `E` any error a loader may return ([`IntoLoaderError`]).
+/// V)>`…; each value plain or a [`Loaded`] one) and `E` any error a loader
+/// may return ([`IntoLoaderError`]).
 ///
 /// Implemented for every such closure or function; it only names the
 /// bound, so each batch call states it once.
@@ -222,20 +271,31 @@ pub(crate) fn place<V: Clone>(
 }
 
 /// What a load returns, as far as [`run_alone`] cares: the TTL its loader
-/// chose, if it could choose one (a batch's loader cannot).
+/// chose, if one applies to the whole load (a batch's values each have
+/// their own), and how many of its values must not be stored.
 pub(crate) trait LoadResult: Send + 'static {
     fn chosen_ttl(&self) -> Option<Duration> {
         None
     }
+    fn not_stored(&self) -> u64;
 }
 
 impl<V: Send + 'static> LoadResult for Loaded<Option<V>> {
     fn chosen_ttl(&self) -> Option<Duration> {
         self.ttl
     }
+    fn not_stored(&self) -> u64 {
+        u64::from(self.no_store)
+    }
 }
 
-impl<K: Send + 'static, V: Send + 'static> LoadResult for Vec<(K, V)> {}
+impl<K: Send + 'static, V: Send + 'static> LoadResult for Vec<(K, Loaded<V>)> {
+    fn not_stored(&self) -> u64 {
+        self.iter()
+            .map(|(_, loaded)| u64::from(loaded.no_store))
+            .sum()
+    }
+}
 
 /// Runs `load` detached, bounded by `max_load_time`, and records how long
 /// it took (for the adaptive lease TTL and the counters); warns if it took
@@ -255,7 +315,12 @@ pub(crate) async fn run_alone<T: LoadResult>(
     let started = Instant::now();
     // A child of the current span (the leader's call), though the load
     // runs in a task of its own.
-    let span = tracing::info_span!("onefill.load", key, outcome = tracing::field::Empty);
+    let span = tracing::info_span!(
+        "onefill.load",
+        key,
+        outcome = tracing::field::Empty,
+        not_stored = tracing::field::Empty,
+    );
     let load_span = span.clone();
     let mut task = tokio::spawn(async move { load().await }.instrument(load_span));
     let max = max_load_time;
@@ -271,6 +336,11 @@ pub(crate) async fn run_alone<T: LoadResult>(
     let took = started.elapsed();
     span.record("outcome", if result.is_ok() { "ok" } else { "error" });
     recorder.load_finished(result.is_ok(), took);
+    if let Ok(loaded) = &result {
+        let not_stored = loaded.not_stored();
+        span.record("not_stored", not_stored);
+        recorder.loads_not_stored(not_stored);
+    }
     load_times.record(took);
     let ttl = match &result {
         Ok(loaded) => loaded.chosen_ttl().unwrap_or(ttl),

@@ -28,6 +28,7 @@
 //! | `onefill_coalesced_total` | counter | | calls that joined a flight already under way in this process | `coalesced` |
 //! | `onefill_loads_total` | counter | `outcome="ok"` | loader runs that returned a value | `loads_ok` |
 //! | `onefill_loads_total` | counter | `outcome="error"` | loader runs that failed (an error, a panic, the maximum load time) | `loads_error` |
+//! | `onefill_loads_not_stored_total` | counter | | loaded values their loader said must not be stored (`Loaded::no_store`): answered, never written | `loads_not_stored` |
 //! | `onefill_degraded_loads_total` | counter | | loads without a lease (wait deadline passed, backend failing) | `degraded_loads` |
 //! | `onefill_duplicate_loads_total` | counter | | leased loads started while this process still ran another load of the key (whose lease was lost) | `duplicate_loads` |
 //! | `onefill_refreshes_total` | counter | `reason="early"` | refreshes started before expiry (early refresh) | `early_refreshes` |
@@ -100,6 +101,7 @@ described! {
     "onefill_negative_hits_total" Counter Count "Calls answered by a cached failure (negative caching).",
     "onefill_coalesced_total" Counter Count "Calls that joined a flight already under way in this process.",
     "onefill_loads_total" Counter Count "Loader runs, by outcome (ok, error: an error, a panic or the maximum load time).",
+    "onefill_loads_not_stored_total" Counter Count "Loaded values their loader said must not be stored (Loaded::no_store); answered, never written.",
     "onefill_degraded_loads_total" Counter Count "Loads run without a lease (wait deadline passed, or backend failing); not stored.",
     "onefill_duplicate_loads_total" Counter Count "Leased loads started while this process still ran another load of the same key.",
     "onefill_refreshes_total" Counter Count "Refreshes started, by reason (early: before expiry; stale: while a stale value was served).",

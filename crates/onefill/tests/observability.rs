@@ -529,6 +529,7 @@ async fn a_call_span_holds_its_load_and_backend_calls() {
     assert_eq!(loads.len(), 1);
     assert_eq!(loads[0].1.parent, Some(leader));
     assert_eq!(field(loads[0].1, "outcome"), Some("ok"));
+    assert_eq!(field(loads[0].1, "not_stored"), Some("0"));
     let ops: Vec<_> = named(&spans, "onefill.backend")
         .into_iter()
         .map(|(_, s)| {
@@ -538,6 +539,40 @@ async fn a_call_span_holds_its_load_and_backend_calls() {
         .collect();
     assert_eq!(ops, ["get", "acquire", "fill"]);
     assert!(spans.iter().all(|s| s.closed), "{spans:#?}");
+}
+
+/// A load whose value must not be stored (`Loaded::no_store`): its span
+/// says so, the flight releases instead of filling, and the counter moves
+/// in `stats()` and in `metrics` alike.
+#[tokio::test(start_paused = true)]
+async fn a_value_not_stored_shows_on_its_load_span_and_counter() {
+    let (capture, _guard) = capture();
+    let (a, snapshotter) =
+        pod_with_recorder(Arc::new(MemoryBackend::new()), Duration::from_secs(5));
+    let k = "k".to_owned();
+    let f = a
+        .fetch(&k, |_| async {
+            Ok::<_, std::io::Error>(onefill::Loaded::new("partial".to_owned()).no_store())
+        })
+        .await
+        .unwrap();
+    assert_eq!((f.value.as_str(), f.outcome), ("partial", Outcome::Loaded));
+    tokio::time::sleep(Duration::from_millis(10)).await;
+
+    let spans = capture.spans();
+    let loads = named(&spans, "onefill.load");
+    assert_eq!(loads.len(), 1);
+    assert_eq!(field(loads[0].1, "outcome"), Some("ok"));
+    assert_eq!(field(loads[0].1, "not_stored"), Some("1"));
+    let ops: Vec<_> = named(&spans, "onefill.backend")
+        .into_iter()
+        .map(|(_, s)| field(s, "op").unwrap().to_owned())
+        .collect();
+    assert_eq!(ops, ["get", "acquire", "release"]);
+    assert_eq!(a.stats().loads_not_stored, 1);
+    let m = Series::of(&snapshotter);
+    assert_eq!(m.counter("onefill_loads_not_stored_total"), 1);
+    assert_eq!(m.labelled("onefill_loads_total", "ok"), 1);
 }
 
 /// A process that waits for another's load: its call span says `waited`

@@ -11,7 +11,7 @@ use crate::answer::{Fetched, Outcome};
 use crate::batch::{Batch, KeyAnswer, ManyLoader};
 use crate::error::{Error, IntoLoaderError};
 use crate::key;
-use crate::loader::BatchLoader;
+use crate::loader::{BatchLoader, Loaded};
 use crate::options::CallOptions;
 
 use super::one::FromL1;
@@ -133,18 +133,20 @@ where
     }
 }
 
-/// The caller's batch loader, type-erased for the batch.
-pub(super) fn erase_many<K, V, F>(loader: F) -> ManyLoader<K, V>
+/// The caller's batch loader, type-erased for the batch: each value it
+/// returns (plain or [`Loaded`]) as a `Loaded`.
+pub(super) fn erase_many<K, V, T, F>(loader: F) -> ManyLoader<K, V>
 where
     K: Send + 'static,
     V: Send + 'static,
-    F: BatchLoader<K, V>,
+    F: BatchLoader<K, T>,
+    T: Into<Loaded<V>>,
 {
     Arc::new(move |keys| {
         let loading = loader(keys);
         Box::pin(async move {
             match loading.await {
-                Ok(found) => Ok(found.into_iter().collect()),
+                Ok(found) => Ok(found.into_iter().map(|(k, v)| (k, v.into())).collect()),
                 Err(error) => Err(error.into_loader_error()),
             }
         })

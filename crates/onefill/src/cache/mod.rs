@@ -309,7 +309,8 @@ where
     ///
     /// `loader` gets the keys this process holds the lease of (each key
     /// once, in the order given) and returns what it found as `(key, value)`
-    /// pairs: a `HashMap<K, V>`, a `Vec<(K, V)>`, any `IntoIterator`. A key
+    /// pairs: a `HashMap<K, V>`, a `Vec<(K, V)>`, any `IntoIterator`, each
+    /// value plain or a [`Loaded`] one (its own freshness, or not stored). A key
     /// it does not return **is absent**: cached as such (for
     /// `negative_ttl` if set, else `ttl`, as
     /// [`get_or_load_optional`](Cache::get_or_load_optional)'s `Ok(None)`)
@@ -380,11 +381,12 @@ where
     ///
     /// # Differences from the single-key calls
     ///
-    /// A batch's values are stored with the call's policy: its loader
-    /// cannot choose a TTL per value ([`Loaded`](crate::Loaded) is for the
-    /// single-key calls). Everything else, the
-    /// [`soft_timeout`](crate::CallOptions::soft_timeout) included, applies
-    /// to each key as to a single call.
+    /// None in what a key's value may say: each pair's value may be a
+    /// [`Loaded`](crate::Loaded) one, with its own TTL and grace, or
+    /// [`no_store`](crate::Loaded::no_store) (answered, not stored, its
+    /// lease released at once), for its key alone. The
+    /// [`soft_timeout`](crate::CallOptions::soft_timeout) too applies to
+    /// each key as to a single call.
     ///
     /// # Cancellation
     ///
@@ -407,10 +409,15 @@ where
     /// Never because of the loader (a panic becomes
     /// [`Error::LoaderPanicked`] for the keys it was loading). Must be
     /// called within a tokio runtime.
-    pub async fn get_or_load_many<F>(&self, keys: &[K], loader: F) -> Result<HashMap<K, V>, Error>
+    pub async fn get_or_load_many<F, T>(
+        &self,
+        keys: &[K],
+        loader: F,
+    ) -> Result<HashMap<K, V>, Error>
     where
         K: Hash + Eq,
-        F: BatchLoader<K, V>,
+        F: BatchLoader<K, T>,
+        T: Into<Loaded<V>>,
     {
         self.many_values(keys, &NO_OPTIONS, loader).await
     }
@@ -447,14 +454,15 @@ where
     /// [`with_options`](Cache::with_options): [`Error::InvalidInput`]);
     /// every key's own error is in its answer, as
     /// [`get_or_load_many`](Cache::get_or_load_many) lists them.
-    pub async fn fetch_many<F>(
+    pub async fn fetch_many<F, T>(
         &self,
         keys: &[K],
         loader: F,
     ) -> Result<HashMap<K, Result<Fetched<Option<V>>, Error>>, Error>
     where
         K: Hash + Eq,
-        F: BatchLoader<K, V>,
+        F: BatchLoader<K, T>,
+        T: Into<Loaded<V>>,
     {
         self.many_answers(keys, &NO_OPTIONS, loader).await
     }

@@ -56,7 +56,7 @@ where
     }
 
     /// A batch call's values: the keys found, or the first key's error.
-    pub(super) async fn many_values<F>(
+    pub(super) async fn many_values<F, T>(
         &self,
         keys: &[K],
         options: &CallOptions,
@@ -64,7 +64,8 @@ where
     ) -> Result<HashMap<K, V>, Error>
     where
         K: Hash + Eq,
-        F: BatchLoader<K, V>,
+        F: BatchLoader<K, T>,
+        T: Into<Loaded<V>>,
     {
         for key in keys {
             self.validated(key)?;
@@ -82,7 +83,7 @@ where
     }
 
     /// A batch call's answers, each key's own.
-    pub(super) async fn many_answers<F>(
+    pub(super) async fn many_answers<F, T>(
         &self,
         keys: &[K],
         options: &CallOptions,
@@ -90,7 +91,8 @@ where
     ) -> Result<HashMap<K, Result<Fetched<Option<V>>, Error>>, Error>
     where
         K: Hash + Eq,
-        F: BatchLoader<K, V>,
+        F: BatchLoader<K, T>,
+        T: Into<Loaded<V>>,
     {
         let answers = self
             .load_many(keys, options, many::erase_many(loader))

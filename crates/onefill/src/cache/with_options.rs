@@ -125,10 +125,11 @@ where
     /// # Errors
     ///
     /// As [`Cache::get_or_load_many`].
-    pub async fn get_or_load_many<F>(self, keys: &[K], loader: F) -> Result<HashMap<K, V>, Error>
+    pub async fn get_or_load_many<F, T>(self, keys: &[K], loader: F) -> Result<HashMap<K, V>, Error>
     where
         K: Hash + Eq,
-        F: BatchLoader<K, V>,
+        F: BatchLoader<K, T>,
+        T: Into<Loaded<V>>,
     {
         self.cache.many_values(keys, self.options, loader).await
     }
@@ -138,14 +139,15 @@ where
     /// # Errors
     ///
     /// As [`Cache::fetch_many`]: invalid options fail the call as a whole.
-    pub async fn fetch_many<F>(
+    pub async fn fetch_many<F, T>(
         self,
         keys: &[K],
         loader: F,
     ) -> Result<HashMap<K, Result<Fetched<Option<V>>, Error>>, Error>
     where
         K: Hash + Eq,
-        F: BatchLoader<K, V>,
+        F: BatchLoader<K, T>,
+        T: Into<Loaded<V>>,
     {
         self.cache.many_answers(keys, self.options, loader).await
     }

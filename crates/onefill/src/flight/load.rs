@@ -105,6 +105,9 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
             Ok(loaded) => loaded,
             Err(error) => return self.after_failed_load(Some(lease), error, stale).await,
         };
+        if loaded.is_no_store() {
+            return self.release_not_stored(lease, loaded.into_value()).await;
+        }
         // The loader's choice of freshness, then the bytes that record it;
         // if they cannot be made, nothing is stored and the callers get the
         // error.
@@ -157,6 +160,30 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         Ok((value, Outcome::Loaded))
     }
 
+    /// The loader said its value must not be stored: the lease is released
+    /// at once, writing nothing (its notification wakes the waiters of
+    /// other processes, who find it free and one of whom loads), and the
+    /// callers get the value. Whatever was stored stays as it was: a stale
+    /// value (a background refresh, a soft timeout's deferred load) or a
+    /// fresh one (an early refresh) keeps its expiry, and nothing is
+    /// written over what another process stored meanwhile.
+    async fn release_not_stored(
+        &mut self,
+        lease: Lease,
+        value: Option<V>,
+    ) -> Result<Answer<V>, Error> {
+        self.not_stored = true;
+        *self.value_expires.lock() = None;
+        *self.l1_fresh.lock() = None;
+        // With the budget spent the release is not attempted here; the
+        // lease's drop then releases it in the background, at once still.
+        let _ = self
+            .budget
+            .run("release", |t| lease.release(&self.shared.calls, t, None))
+            .await;
+        Ok((value, Outcome::Loaded))
+    }
+
     /// Loads without a lease and without storing the result: a degraded
     /// load (the wait deadline passed, the backend failed, or another
     /// process holds the lease), so it can never overwrite a newer fill.
@@ -165,6 +192,8 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         match self.run_loader(Sharing::MayJoin).await {
             Ok((loaded, _)) => {
                 self.choose(&loaded);
+                // Not kept for outages either if its loader said so.
+                self.not_stored = loaded.is_no_store();
                 // A new value, not the one read before: `ttl + grace`.
                 *self.value_expires.lock() = None;
                 Ok((loaded.into_value(), Outcome::Degraded))

@@ -147,6 +147,10 @@ pub(crate) struct Flight<V> {
     /// The group this flight makes its reads, lease requests and load
     /// with (a batch's), or `None`: it makes them alone.
     group: Option<Arc<dyn Group<V>>>,
+    /// The loader said its value must not be stored
+    /// ([`Loaded::no_store`](crate::Loaded::no_store)): the answer outlives
+    /// the flight nowhere (no L1 entry, no copy for outages).
+    not_stored: bool,
 }
 
 /// A flight's answer, or where it will be published.
@@ -298,6 +302,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
             stale_grace: Mutex::new(None),
             refreshing_fresh: false,
             group: None,
+            not_stored: false,
             policy,
         }
     }
@@ -390,8 +395,12 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         answered
     }
 
-    /// Keeps an answer for outages and in the L1.
+    /// Keeps an answer for outages and in the L1, unless its loader said
+    /// it must not be stored.
     fn keep(&self, answer: &Result<Answer<V>, Error>, refreshing: bool) {
+        if self.not_stored {
+            return;
+        }
         self.remember(answer);
         self.keep_in_l1(answer, refreshing);
     }

@@ -129,6 +129,10 @@ counters! {
     loads_ok => "onefill_loads_total" { "outcome" => "ok" },
     /// Loader runs that failed: an error, a panic or the maximum load time.
     loads_error => "onefill_loads_total" { "outcome" => "error" },
+    /// Loaded values their loader said must not be stored
+    /// ([`Loaded::no_store`](crate::Loaded::no_store)): answered, never
+    /// written. A batch's loader counts one per such value.
+    loads_not_stored => "onefill_loads_not_stored_total",
     /// Loads run without a lease because the wait deadline passed or the
     /// backend failed (at most one per process per key at a time).
     degraded_loads => "onefill_degraded_loads_total",
@@ -290,6 +294,15 @@ impl Recorder {
             bump!(self, loads_error)
         }
         self.metrics.load_duration.record(took.as_secs_f64());
+    }
+    pub(crate) fn loads_not_stored(&self, values: u64) {
+        if values > 0 {
+            self.counters
+                .here()
+                .loads_not_stored
+                .fetch_add(values, Relaxed);
+            self.metrics.loads_not_stored.increment(values);
+        }
     }
     pub(crate) fn degraded_load(&self) {
         bump!(self, degraded_loads)

@@ -17,6 +17,7 @@ mod l1_memory;
 mod leases;
 mod loader_errors;
 mod loader_freshness;
+mod no_store;
 mod outage_memory;
 mod round_trip;
 mod soft_timeout;

@@ -1,5 +1,5 @@
 //! Freshness: stale-while-refresh, early refresh, negative caching,
-//! fail-safe and TTL jitter.
+//! fail-safe, TTL jitter, and a loaded value that must not be stored.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -10,10 +10,10 @@ use tokio::time::Instant;
 use super::{fetch_now, pods_with};
 use crate::backend::FillKeys;
 use crate::testing::{
-    cache, cache_with, eventually, failing_loader, herd, lease_held, unique_ns, Harness, Origin,
-    OriginError,
+    cache, cache_with, eventually, failing_loader, herd, lease_held, unique_ns, BoxFuture, Harness,
+    Origin, OriginError,
 };
-use crate::{CallOptions, Error, Outcome};
+use crate::{CallOptions, Error, LeaseTtl, Loaded, Outcome, WaitPolicy};
 
 scenarios! { $ __onefill_conformance_freshness;
 
@@ -289,5 +289,100 @@ scenarios! { $ __onefill_conformance_freshness;
             max - min >= Duration::from_secs(10),
             "spread {min:?}..{max:?}"
         );
+    }
+
+    /// A value its loader says must not be stored (`Loaded::no_store`):
+    /// the callers that shared the load get it, nothing is written, and
+    /// the lease is released at once, so the next caller loads again and
+    /// the waiters of other pods wake at the release (polls are 20 s apart,
+    /// the holder's lease is a minute long): one of them loads, the other
+    /// waits for its fill.
+    pub async fn no_store_answers_and_frees_the_lease_at_once(h: &dyn Harness) {
+        let ns = unique_ns("nostore");
+        let backend = h.backend().await;
+        let keys = FillKeys::new(&ns, "k");
+        let key = "k".to_string();
+        let holder = cache_with(h, &ns, |b| b.lease_ttl(LeaseTtl::Fixed(Duration::from_secs(60)))).await;
+        let unstored = Arc::new(AtomicUsize::new(0));
+
+        let f = holder.fetch(&key, no_store_loader(&unstored, Duration::ZERO)).await.unwrap();
+        assert_eq!((f.value.as_str(), f.outcome), ("k-unstored1", Outcome::Loaded));
+        assert_eq!(backend.get(&keys).await.unwrap(), None, "nothing written");
+        assert!(!lease_held(&*backend, &keys).await, "the lease is free");
+        let f = holder.fetch(&key, no_store_loader(&unstored, Duration::ZERO)).await.unwrap();
+        assert_eq!((f.value.as_str(), f.outcome), ("k-unstored2", Outcome::Loaded), "loaded again");
+        assert_eq!(holder.stats().loads_not_stored, 2);
+
+        let slow_polls = WaitPolicy::default()
+            .polling(Duration::from_secs(20), Duration::from_secs(20))
+            .deadline(Duration::from_secs(60));
+        let waiters = pods_with(h, &ns, 2, |b| b.wait(slow_polls)).await;
+        let load = Duration::from_millis(500);
+        let callers: Vec<_> = (0..2)
+            .map(|_| {
+                let (holder, key) = (holder.clone(), key.clone());
+                let loader = no_store_loader(&unstored, load);
+                tokio::spawn(async move { holder.fetch(&key, loader).await })
+            })
+            .collect();
+        eventually(Duration::from_secs(5), || unstored.load(Ordering::SeqCst) == 3).await;
+        let origin = Origin::default();
+        let started = Instant::now();
+        let waiting: Vec<_> = waiters
+            .iter()
+            .map(|w| {
+                let (w, key) = (w.clone(), key.clone());
+                let loader = origin.loader(Duration::from_millis(100));
+                tokio::spawn(async move { w.fetch(&key, loader).await })
+            })
+            .collect();
+        let mut coalesced = 0;
+        for c in callers {
+            let f = c.await.expect("caller task").expect("an answer");
+            assert_eq!((f.value.as_str(), f.outcome), ("k-unstored3", Outcome::Loaded));
+            coalesced += usize::from(f.coalesced);
+        }
+        assert_eq!(coalesced, 1, "the holder's callers shared one load");
+        let mut outcomes = Vec::new();
+        for w in waiting {
+            let f = w.await.expect("waiter task").expect("an answer");
+            assert_eq!(f.value, "k-v1", "the one load after the release");
+            outcomes.push(f.outcome);
+        }
+        let elapsed = started.elapsed();
+        outcomes.sort_by_key(|o| format!("{o:?}"));
+        assert_eq!(outcomes, [Outcome::Loaded, Outcome::Waited]);
+        assert_eq!(origin.count(), 1, "one waiter loaded, the other waited for it");
+        assert_eq!(unstored.load(Ordering::SeqCst), 3);
+        for w in &waiters {
+            let s = w.stats();
+            assert_eq!(s.wait_polls, 0, "woken by the release, not at a poll or the lease's expiry");
+            assert_eq!(s.lease_takeovers, 0);
+        }
+        assert!(elapsed < Duration::from_secs(20), "well before a poll: {elapsed:?}");
+        if h.paused() {
+            // The holder's load (less the moment the waiters started late),
+            // then the waiter's own load.
+            assert!(elapsed <= load + Duration::from_millis(100), "{elapsed:?}");
+        }
+        let f = holder.fetch(&key, no_store_loader(&unstored, Duration::ZERO)).await.unwrap();
+        assert_eq!((f.value.as_str(), f.outcome), ("k-v1", Outcome::Hit), "the waiter's fill stands");
+        assert!(!lease_held(&*backend, &keys).await);
+    }
+}
+
+/// A loader that counts its load into `loads`, takes `took`, and answers
+/// `"{key}-unstored{n}"`, a value that must not be stored.
+fn no_store_loader(
+    loads: &Arc<AtomicUsize>,
+    took: Duration,
+) -> impl FnOnce(String) -> BoxFuture<Result<Loaded<String>, OriginError>> + Send + 'static {
+    let loads = loads.clone();
+    move |key: String| {
+        Box::pin(async move {
+            let n = loads.fetch_add(1, Ordering::SeqCst) + 1;
+            tokio::time::sleep(took).await;
+            Ok(Loaded::new(format!("{key}-unstored{n}")).no_store())
+        })
     }
 }

@@ -8,9 +8,9 @@
 //! token checks, the adaptive TTL), waiting (the fill notification, the
 //! deadline's outcomes), loader failures (errors, panics, cancellation, a
 //! hung loader), freshness (stale-while-refresh, early refresh, negative
-//! caching, fail-safe, jitter), writes (undecodable values, fenced fills,
-//! the size limit) and regressions (the faults found by hostile tests that any backend
-//! could bring back: unreadable values, read-your-writes, unfenced no-lease
+//! caching, fail-safe, jitter, a value not stored), writes (undecodable
+//! values, fenced fills, the size limit) and regressions (the faults found
+//! by hostile tests that any backend could bring back: unreadable values, read-your-writes, unfenced no-lease
 //! fills, hostile keys, two loads in one process, a lease lost twice).
 
 // How the suite is declared: each theme's file declares its scenarios once,
