@@ -12,7 +12,7 @@ use plotters::prelude::*;
 use super::series::{Axis, Series};
 
 /// The size of one chart, px.
-const SIZE: (u32, u32) = (1100, 380);
+const SIZE: (u32, u32) = (1100, 310);
 
 /// The colours of a chart's lines, in order (then again).
 const COLOURS: [RGBColor; 8] = [
@@ -62,7 +62,9 @@ pub fn draw(chart: &Chart<'_>) -> anyhow::Result<String> {
             .flat_map(|s| s.points.iter().map(|p| p.1))
             .fold(0.0, f64::max)
             .max(1.0)
-            * 1.1;
+            // Headroom for the legend, upper left: a herd's answers come
+            // at the end of the run, high on the right.
+            * 1.3;
         let mut plot = ChartBuilder::on(&root)
             .caption(chart.title, ("sans-serif", 20))
             .margin(12)
@@ -73,6 +75,14 @@ pub fn draw(chart: &Chart<'_>) -> anyhow::Result<String> {
         plot.configure_mesh()
             .x_desc("ms after the start")
             .y_desc(chart.y_label)
+            .x_label_formatter(&|v| format!("{v:.0}"))
+            .y_label_formatter(&|v| {
+                if y_max < 10.0 {
+                    format!("{v:.1}")
+                } else {
+                    format!("{v:.0}")
+                }
+            })
             .light_line_style(WHITE.mix(0.0))
             .draw()
             .map_err(|e| failed(&e))?;
@@ -100,7 +110,7 @@ pub fn draw(chart: &Chart<'_>) -> anyhow::Result<String> {
             }
         }
         plot.configure_series_labels()
-            .position(SeriesLabelPosition::UpperRight)
+            .position(SeriesLabelPosition::UpperLeft)
             .background_style(WHITE.mix(0.85))
             .border_style(BLACK.mix(0.4))
             .draw()

@@ -100,9 +100,10 @@ fn shape(report: &FleetReport, run: &RunArgs) -> String {
         ),
     };
     format!(
-        "{} processes, {mode}, {} keys, {} ms loads, strategy {:?}",
+        "{} processes, {mode}, {} key{}, {} ms loads, strategy {:?}",
         report.processes,
         run.keys.len(),
+        if run.keys.len() == 1 { "" } else { "s" },
         run.load_ms,
         report.strategy
     )
@@ -250,9 +251,16 @@ fn summary_table(report: &FleetReport, run: &RunArgs) -> String {
             },
         ));
     }
+    // Two pairs a row: the table stays short above the charts.
     let body: String = rows
-        .iter()
-        .map(|(k, v)| format!("<tr><th>{}</th><td>{}</td></tr>\n", escape(k), escape(v)))
+        .chunks(2)
+        .map(|pairs| {
+            let cells: String = pairs
+                .iter()
+                .map(|(k, v)| format!("<th>{}</th><td>{}</td>", escape(k), escape(v)))
+                .collect();
+            format!("<tr>{cells}</tr>\n")
+        })
         .collect();
     format!("<table id=\"summary\">\n{body}</table>")
 }
