@@ -1,7 +1,8 @@
 //! Real OS processes against real, private Redis servers: the `onefill`
 //! binary's `fleet` runs worker processes; loads are counted in Redis with
 //! a set of load ids (`SADD`); commands are read from INFO commandstats; faults are real
-//! (SIGKILL of a worker, SIGSTOP/kill of the server).
+//! (SIGKILL of a worker, by hand or by `fleet --fault kill-holder` and
+//! `stop-holder`; SIGSTOP/kill of the server).
 
 use std::process::{Child, Command, Stdio};
 use std::thread;
@@ -595,5 +596,116 @@ fn a_worker_that_cannot_connect_says_why_on_its_ready_line() {
         out.stderr.is_empty(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// How long the library's default lease lives before any load was
+/// measured (a cold key): the longest a dead holder's lease blocks the
+/// others.
+fn cold_lease_expiry() -> Duration {
+    match onefill::LeaseTtl::default() {
+        onefill::LeaseTtl::Fixed(ttl) => ttl,
+        onefill::LeaseTtl::Adaptive {
+            factor,
+            floor,
+            ceiling,
+            ..
+        } => ceiling.min(floor.mul_f64(factor)),
+        other => panic!("a lease policy this test does not know: {other:?}"),
+    }
+}
+
+/// `fleet --fault kind` on a cold herd of 4 processes with every library
+/// option at its default, a 2 s load, the holder faulted at 500 ms: the
+/// dead load and one takeover (counted in Redis), every surviving caller
+/// answered without an error or a wait timeout, and (loosely, until the
+/// library notices a dead holder sooner) by the end of the takeover's load
+/// after the lease's expiry. Returns the `holder_fault` section.
+fn holder_fault_run(kind: &str) -> Value {
+    let _limit = time_limit(LIMIT);
+    let server = RedisServer::start();
+    let callers: u64 = 50;
+    let load = Duration::from_millis(2_000);
+    let r = fleet(
+        &[server.url()],
+        &[
+            "--processes",
+            "4",
+            "--callers",
+            &callers.to_string(),
+            "--load-ms",
+            &load.as_millis().to_string(),
+            "--fault",
+            kind,
+            "--fault-at-ms",
+            "500",
+        ],
+    );
+    let h = r["holder_fault"].clone();
+    let s = &h["survivors"];
+    eprintln!(
+        "--fault {kind}: fault at {:.0} ms; survivors answered by {:.0} ms (p99 {:.0} ms), \
+         takeover load at {:.0} ms; {} loads in Redis; holder {}",
+        h["fault_at_ms"].as_f64().unwrap_or(f64::NAN),
+        s["max_answer_ms"].as_f64().unwrap_or(f64::NAN),
+        s["p99_answer_ms"].as_f64().unwrap_or(f64::NAN),
+        s["takeover_load_started_ms"].as_f64().unwrap_or(f64::NAN),
+        r["loads"],
+        h["holder"]
+    );
+    assert_eq!(h["kind"], kind.replace('-', "_"), "{r}");
+    assert_eq!(n(&r, "loads"), 2, "the faulted load and one takeover: {r}");
+    assert_eq!(s["processes"].as_u64(), Some(3), "{h}");
+    assert_eq!(s["calls"].as_u64(), Some(3 * callers), "{h}");
+    assert_eq!(s["errors"].as_u64(), Some(0), "{h}");
+    assert_eq!(s["wait_timeouts"].as_u64(), Some(0), "{h}");
+    assert_eq!(s["all_answered"], true, "{h}");
+    assert_eq!(n(&r, "errors"), 0, "the survivors' sum: {r}");
+    let holder = h["holder_pid"].as_u64().expect("holder pid");
+    assert_eq!(workers(&r).len(), 3, "the holder's report is apart");
+    assert!(workers(&r)
+        .iter()
+        .all(|w| w["pid"].as_u64() != Some(holder)));
+    let fault_at = h["fault_at_ms"].as_f64().expect("fault time");
+    assert!((500.0..1_500.0).contains(&fault_at), "{h}");
+    let takeover = s["takeover_load_started_ms"]
+        .as_f64()
+        .expect("a takeover load");
+    assert!(takeover > fault_at, "{h}");
+    let answered = s["max_answer_ms"].as_f64().expect("answer time");
+    let slack = Duration::from_millis(1_000);
+    let bound = (load + cold_lease_expiry() + slack).as_secs_f64() * 1000.0;
+    assert!(
+        answered >= takeover + load.as_secs_f64() * 1000.0,
+        "answered by the takeover's load: {h}"
+    );
+    assert!(
+        answered < bound,
+        "answered by {answered:.0} ms, over {bound:.0} ms: {h}"
+    );
+    h
+}
+
+#[test]
+fn fleet_kill_holder_measures_the_takeover() {
+    let h = holder_fault_run("kill-holder");
+    assert_eq!(h["holder"]["reported"], false, "killed: {h}");
+    assert!(h["resumed_at_ms"].is_null(), "{h}");
+}
+
+#[test]
+fn fleet_stop_holder_resumes_it_and_reports_it_apart() {
+    let h = holder_fault_run("stop-holder");
+    assert_eq!(h["holder"]["reported"], true, "resumed and reported: {h}");
+    let resumed = h["resumed_at_ms"].as_f64().expect("resumed");
+    let answered = h["survivors"]["max_answer_ms"].as_f64().expect("answered");
+    assert!(
+        resumed >= answered,
+        "resumed after the others answered: {h}"
+    );
+    let holder_calls = h["holder"]["calls"].as_u64().expect("its calls");
+    assert_eq!(
+        holder_calls, 50,
+        "every caller of the holder answered once resumed: {h}"
     );
 }

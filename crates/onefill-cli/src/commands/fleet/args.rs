@@ -84,10 +84,11 @@ pub struct RunArgs {
     /// The waiters' deadline in milliseconds (default 10 s).
     #[arg(long, value_parser = clap::value_parser!(u64).range(WAIT_DEADLINE_MS))]
     pub wait_deadline_ms: Option<u64>,
-    /// Keep every call (`[started_ms, key_index, outcome_code, latency_us,
-    /// age_ms]`) and every load (`[started_ms, key_index]`) in the workers'
-    /// reports (`call_log`, `load_log`). Implied by --fault, which then
-    /// keeps only its summary unless --detail is given too.
+    /// Print every call (`[started_ms, key_index, outcome_code, latency_us,
+    /// age_ms]`) and every load (`[started_ms, key_index]`, and with its
+    /// end in `load_spans`) in the workers' reports (`call_log`,
+    /// `load_log`). The workers always send them to the parent (for
+    /// --fault and --report); without --detail it prints only their sums.
     #[arg(long)]
     #[serde(default)]
     pub detail: bool,
@@ -185,27 +186,36 @@ pub struct FleetArgs {
     #[arg(long, value_name = "N", conflicts_with = "keys",
           value_parser = clap::value_parser!(u32).range(KEY_COUNT))]
     pub key_count: Option<u32>,
-    /// Steady mode on a cluster: fault the master that owns the most of the
-    /// run's keys (the victim) at --fault-at-ms and report what callers saw
-    /// (the `fault` section). This changes the cluster: see --help.
+    /// Inject a fault at --fault-at-ms and report what callers saw. This
+    /// changes the cluster or kills a worker: see --help.
     ///
-    /// `failover` sends CLUSTER FAILOVER to a replica of the victim: the two
-    /// swap roles, and stay swapped. `kill` sends SIGKILL to the victim's
-    /// redis-server, which must run on this machine (a loopback address):
-    /// the node stays dead. `hang` sends it SIGSTOP (same machine) and
-    /// SIGCONT when the run ends, whatever happens; it then rejoins as a
-    /// replica.
+    /// Steady mode on a cluster (`failover`, `kill`, `hang`): fault the
+    /// master that owns the most of the run's keys (the victim; the
+    /// `fault` section). `failover` sends CLUSTER FAILOVER to a replica of
+    /// the victim: the two swap roles, and stay swapped. `kill` sends
+    /// SIGKILL to the victim's redis-server, which must run on this
+    /// machine (a loopback address): the node stays dead. `hang` sends it
+    /// SIGSTOP (same machine) and SIGCONT when the run ends, whatever
+    /// happens; it then rejoins as a replica. The parent then polls CLUSTER
+    /// SLOTS of a healthy master every 20 ms until the victim's slots are
+    /// served by another node (the promotion). An answer older than ttl +
+    /// grace + 250 ms counts as too old, a call slower than max(100 ms,
+    /// 2 × load, the healthy keys' p99) as slow; the victim's recovery is
+    /// the end of its last abnormal call after the promotion.
     ///
-    /// The parent then polls CLUSTER SLOTS of a healthy master every 20 ms
-    /// until the victim's slots are served by another node (the
-    /// promotion). An answer older than ttl + grace + 250 ms counts as too
-    /// old, a call slower than max(100 ms, 2 × load, the healthy keys'
-    /// p99) as slow; the victim's recovery is the end of its last abnormal
-    /// call after the promotion.
-    #[arg(long, value_enum, requires_all = ["cluster", "rate"], conflicts_with = "chaos")]
+    /// Herd mode on one server (`kill-holder`, `stop-holder`, the onefill
+    /// strategy): fault the worker process that holds the lease of the
+    /// first of the run's keys whose lease is held (the process named by
+    /// its `loads:pid` key; the `holder_fault` section). `kill-holder`
+    /// sends it SIGKILL; `stop-holder` SIGSTOP, and SIGCONT once every
+    /// other process has answered (whatever happens); its late answers are
+    /// reported apart. The report gives when the other processes' callers
+    /// were answered (max and p99, from the start) and whether every one
+    /// was answered without an error or a wait timeout.
+    #[arg(long, value_enum, conflicts_with = "chaos")]
     pub fault: Option<FaultKind>,
     /// When the fault is injected, in milliseconds after the start (less
-    /// than --duration-ms).
+    /// than --duration-ms in steady mode).
     #[arg(long, default_value_t = 5_000, requires = "fault")]
     pub fault_at_ms: u64,
     /// With --chaos: the foreign client's operations per second (a write,
@@ -229,6 +239,11 @@ pub struct FleetArgs {
     /// Print the results as JSON on stdout.
     #[arg(long)]
     pub json: bool,
+    /// Also write the run as one self-contained HTML page (charts of the
+    /// answers, latencies and loads over time, the fault window shaded,
+    /// and the summary table).
+    #[arg(long, value_name = "FILE", conflicts_with = "chaos")]
+    pub report: Option<std::path::PathBuf>,
     /// No progress messages on stderr.
     #[arg(long, short)]
     pub quiet: bool,
@@ -315,7 +330,7 @@ mod tests {
     }
 
     #[test]
-    fn fault_flags_need_a_steady_cluster_run() {
+    fn fault_flags_parse_every_kind() {
         let ok = fleet(&["--cluster", "--rate", "10", "--fault", "hang"]).expect("parses");
         assert_eq!(ok.fault, Some(FaultKind::Hang));
         assert_eq!(ok.fault_at_ms, 5_000);
@@ -330,20 +345,28 @@ mod tests {
         ])
         .expect("parses");
         assert_eq!((at.fault, at.fault_at_ms), (Some(FaultKind::Kill), 100));
-        assert!(
-            fleet(&["--rate", "10", "--fault", "kill"]).is_err(),
-            "no --cluster"
-        );
-        assert!(
-            fleet(&["--cluster", "--fault", "kill"]).is_err(),
-            "no --rate"
-        );
+        for (name, kind) in [
+            ("kill-holder", FaultKind::KillHolder),
+            ("stop-holder", FaultKind::StopHolder),
+        ] {
+            let holder = fleet(&["--fault", name, "--fault-at-ms", "500"]).expect("parses");
+            assert_eq!(holder.fault, Some(kind));
+            assert!(kind.is_holder());
+        }
         assert!(fleet(&["--cluster", "--rate", "10", "--fault", "nap"]).is_err());
         assert!(
             fleet(&["--fault-at-ms", "100"]).is_err(),
             "--fault-at-ms without --fault"
         );
+        assert!(fleet(&["--chaos", "--fault", "kill-holder"]).is_err());
         assert_eq!(fleet(&[]).expect("parses").fault, None);
+    }
+
+    #[test]
+    fn report_takes_a_file_and_not_chaos() {
+        let r = fleet(&["--report", "run.html"]).expect("parses");
+        assert_eq!(r.report.as_deref(), Some(std::path::Path::new("run.html")));
+        assert!(fleet(&["--chaos", "--report", "run.html"]).is_err());
     }
 
     #[test]

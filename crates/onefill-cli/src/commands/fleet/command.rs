@@ -3,11 +3,13 @@
 
 use std::time::Instant;
 
-use anyhow::bail;
+use anyhow::{bail, Context};
+use clap::ValueEnum;
 
-use super::args::{FleetArgs, RunArgs};
+use super::args::{FleetArgs, FleetStrategy, RunArgs};
 use super::chaos::drive::{bound, run_chaos, ChaosPlan};
-use super::fault::kind::FaultPlan;
+use super::fault::kind::{FaultKind, FaultPlan};
+use super::html::html_report;
 use super::run::{fresh_namespace, run_with};
 use crate::shared::output::print_line;
 use crate::shared::progress::Progress;
@@ -29,12 +31,19 @@ pub fn run_command(args: &FleetArgs) -> anyhow::Result<()> {
         args.processes, run_args.strategy
     ));
     if let Some(plan) = fault {
-        progress.say(format!(
-            "fault {:?} of the master owning the most of the {} keys at {} ms",
-            plan.kind,
-            run_args.keys.len(),
-            plan.at_ms
-        ));
+        progress.say(if plan.kind.is_holder() {
+            format!(
+                "fault {:?} of a lease holder at {} ms",
+                plan.kind, plan.at_ms
+            )
+        } else {
+            format!(
+                "fault {:?} of the master owning the most of the {} keys at {} ms",
+                plan.kind,
+                run_args.keys.len(),
+                plan.at_ms
+            )
+        });
     }
     let ticker = run_args
         .rate
@@ -42,11 +51,18 @@ pub fn run_command(args: &FleetArgs) -> anyhow::Result<()> {
     let report = run_with(&run_args, args.processes, &namespace, fault, progress);
     drop(ticker);
     let mut report = report?;
+    if let Some(path) = &args.report {
+        let page = html_report(&report, &run_args)?;
+        std::fs::write(path, page)
+            .with_context(|| format!("writing the report to {}", path.display()))?;
+        progress.say(format!("report written to {}", path.display()));
+    }
     if !args.run.detail {
-        // --fault alone keeps its summary, not the logs.
+        // The sums, not the logs.
         for w in &mut report.workers {
             w.call_log = Vec::new();
             w.load_log = Vec::new();
+            w.load_spans = Vec::new();
         }
     }
     if args.json {
@@ -101,8 +117,8 @@ fn chaos(
 }
 
 /// The run the workers get: `--key-count` made into a key list (16 keys
-/// by default with `--chaos`), `--detail` on with `--fault`; and the
-/// checks clap cannot make.
+/// by default with `--chaos`); and the checks clap cannot make (which
+/// run each kind of fault needs).
 fn resolve(args: &FleetArgs) -> anyhow::Result<RunArgs> {
     let mut run = args.run.clone();
     let default_keys = run.keys == ["hot"];
@@ -113,17 +129,45 @@ fn resolve(args: &FleetArgs) -> anyhow::Result<RunArgs> {
     if let Some(n) = key_count {
         run.keys = (0..n).map(|i| format!("key-{i}")).collect();
     }
-    if args.fault.is_some() {
-        if args.fault_at_ms >= run.duration_ms {
-            bail!(
-                "--fault-at-ms ({}) must be less than --duration-ms ({})",
-                args.fault_at_ms,
-                run.duration_ms
-            );
+    match args.fault {
+        Some(kind) if kind.is_holder() => {
+            if run.cluster || run.rate.is_some() {
+                bail!(
+                    "--fault {} needs a herd (no --rate) on one server (no --cluster)",
+                    fault_name(kind)
+                );
+            }
+            if run.strategy != FleetStrategy::Onefill {
+                bail!(
+                    "--fault {} needs --strategy onefill: only it takes leases",
+                    fault_name(kind)
+                );
+            }
         }
-        run.detail = true;
+        Some(kind) => {
+            if !(run.cluster && run.rate.is_some()) {
+                bail!(
+                    "--fault {} needs a steady run (--rate) on a cluster (--cluster)",
+                    fault_name(kind)
+                );
+            }
+            if args.fault_at_ms >= run.duration_ms {
+                bail!(
+                    "--fault-at-ms ({}) must be less than --duration-ms ({})",
+                    args.fault_at_ms,
+                    run.duration_ms
+                );
+            }
+        }
+        None => {}
     }
     Ok(run)
+}
+
+/// A fault's name on the command line.
+fn fault_name(kind: FaultKind) -> String {
+    kind.to_possible_value()
+        .map_or_else(|| format!("{kind:?}"), |v| v.get_name().to_owned())
 }
 
 /// The key space of `--chaos` unless `--keys` or `--key-count` says
@@ -190,7 +234,7 @@ mod tests {
         assert!(!run.detail);
         let run = resolved(&["--cluster", "--rate", "5", "--fault", "failover"]).expect("resolves");
         assert_eq!(run.keys, ["hot"]);
-        assert!(run.detail, "a fault needs the call logs");
+        assert!(!run.detail, "the workers send their logs anyway");
         let late = [
             "--cluster",
             "--rate",
@@ -204,6 +248,30 @@ mod tests {
             resolved(&late).is_err(),
             "the fault must come before the end"
         );
+        assert!(
+            resolved(&["--rate", "10", "--fault", "kill"]).is_err(),
+            "no cluster"
+        );
+        assert!(
+            resolved(&["--cluster", "--fault", "kill"]).is_err(),
+            "no rate"
+        );
+    }
+
+    #[test]
+    fn a_holder_fault_needs_a_onefill_herd_on_one_server() {
+        assert!(resolved(&["--fault", "kill-holder", "--fault-at-ms", "500"]).is_ok());
+        // A herd has no duration to fault before the end of.
+        assert!(resolved(&["--fault", "stop-holder", "--duration-ms", "100"]).is_ok());
+        for bad in [
+            &["--fault", "kill-holder", "--cluster"][..],
+            &["--fault", "kill-holder", "--rate", "10"],
+            &["--fault", "stop-holder", "--strategy", "naive"],
+            &["--fault", "stop-holder", "--strategy", "coalescing-only"],
+        ] {
+            let e = resolved(bad).expect_err("refused");
+            assert!(e.to_string().contains("holder"), "{bad:?}: {e}");
+        }
     }
 
     #[test]

@@ -7,7 +7,10 @@
 //! to the parent; the parent reads the servers directly ([`redis_admin`]).
 //! With `--cluster --fault`, a thread of the parent faults one master in the
 //! middle of a steady run and the report gets a `fault` section worked out
-//! from the workers' call logs ([`fault`], [`outcome`]). With `--chaos`,
+//! from the workers' call logs ([`fault`], [`outcome`]); with `--fault
+//! kill-holder|stop-holder` it faults the worker holding a lease in a herd,
+//! and the report gets a `holder_fault` section. With `--report FILE` the
+//! run is also written as an HTML page of charts ([`html`]). With `--chaos`,
 //! the workers read random keys through an L1 while the parent changes
 //! them, and every answer is checked against the server's history
 //! ([`chaos`]).
@@ -16,8 +19,9 @@
 //! `fault` (which reads `outcome`'s codes); then `args` (which names a
 //! fault's kind); then `report`, `redis_admin`, `connections` and
 //! `processes`; then `chaos` (which uses the connections and the fault's
-//! topology); then `worker` and `run`, which build on all of those;
-//! `command` on top, over `run` and `chaos`. Nothing here imports this
+//! topology); then `worker` and `run`, which build on all of those; `html`
+//! over `report` and `args`; `command` on top, over `run`, `html` and
+//! `chaos`. Nothing here imports this
 //! file or the command line.
 
 pub mod args;
@@ -25,6 +29,7 @@ mod chaos;
 pub mod command;
 mod connections;
 mod fault;
+mod html;
 mod outcome;
 mod processes;
 mod protocol;

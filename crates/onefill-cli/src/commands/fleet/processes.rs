@@ -19,6 +19,13 @@ pub struct Worker {
     stdout: BufReader<ChildStdout>,
 }
 
+impl Worker {
+    /// The worker's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
 impl Drop for Worker {
     fn drop(&mut self) {
         // A worker that outlives its report is killed, never orphaned.
@@ -71,21 +78,38 @@ pub fn release(workers: &mut [Worker]) -> anyhow::Result<()> {
 
 /// Reads each worker's report (one JSON line) and waits for it to exit.
 pub fn collect_reports<T: DeserializeOwned>(workers: &mut [Worker]) -> anyhow::Result<Vec<T>> {
-    let mut reports = Vec::new();
-    for w in workers {
-        let mut line = String::new();
-        w.stdout.read_line(&mut line)?;
-        let report: T = serde_json::from_str(line.trim()).with_context(|| {
-            let shown: String = line.trim().chars().take(200).collect();
-            format!("a worker's report was not JSON: {shown:?}")
-        })?;
-        reports.push(report);
-        let status = w.child.wait()?;
-        if !status.success() {
-            bail!("a worker exited with {status}");
-        }
+    workers.iter_mut().map(collect_report).collect()
+}
+
+/// Reads one worker's report (one JSON line) and waits for it to exit.
+pub fn collect_report<T: DeserializeOwned>(w: &mut Worker) -> anyhow::Result<T> {
+    match collect_faulted(w)? {
+        Some(report) => Ok(report),
+        None => bail!("a worker exited without a report"),
     }
-    Ok(reports)
+}
+
+/// Reads the report of a worker that may have been killed: `None` if its
+/// output ended without one and it did not exit by itself (a signal).
+pub fn collect_faulted<T: DeserializeOwned>(w: &mut Worker) -> anyhow::Result<Option<T>> {
+    let mut line = String::new();
+    w.stdout.read_line(&mut line)?;
+    if line.trim().is_empty() {
+        let status = w.child.wait()?;
+        if status.code().is_some() {
+            bail!("a worker exited with {status} without a report");
+        }
+        return Ok(None);
+    }
+    let report: T = serde_json::from_str(line.trim()).with_context(|| {
+        let shown: String = line.trim().chars().take(200).collect();
+        format!("a worker's report was not JSON: {shown:?}")
+    })?;
+    let status = w.child.wait()?;
+    if !status.success() {
+        bail!("a worker exited with {status}");
+    }
+    Ok(Some(report))
 }
 
 /// Starts one worker, with the run as one JSON value.

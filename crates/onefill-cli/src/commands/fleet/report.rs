@@ -5,6 +5,8 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::args::{FleetStrategy, RunArgs};
+use super::fault::holder_report::HolderFaultReport;
+use super::fault::records::{CallRecord, LoadRecord};
 use super::fault::report::FaultReport;
 
 /// The measured result of one fleet run.
@@ -30,6 +32,10 @@ pub struct FleetReport {
     /// With `--fault`: the fault and what callers saw.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fault: Option<FaultReport>,
+    /// With `--fault kill-holder` or `stop-holder`: the holder and what the
+    /// other processes saw.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub holder_fault: Option<HolderFaultReport>,
     /// Commands the server executed during the run (all nodes), excluding
     /// the parent's own CONFIG/INFO.
     pub redis_commands: u64,
@@ -45,6 +51,55 @@ pub struct FleetReport {
     pub workers: Vec<WorkerReport>,
     /// From "go" to the last report, ms.
     pub wall_ms: f64,
+    /// Every reported call and load on the parent's clock (for the HTML
+    /// report; the JSON has them per worker with `--detail`).
+    #[serde(skip)]
+    pub records: Records,
+}
+
+/// The workers' calls and loads, merged onto the parent's clock (ms after
+/// its "go").
+#[derive(Debug, Clone, Default)]
+pub struct Records {
+    /// Every reported call.
+    pub calls: Vec<CallRecord>,
+    /// Every reported load.
+    pub loads: Vec<LoadRecord>,
+}
+
+impl Records {
+    /// `report`'s logs moved onto the parent's clock: each worker's t = 0
+    /// is its own "go", a few ms after the parent's (`started_unix_ms`).
+    pub fn of_worker(report: &WorkerReport, started_unix_ms: f64) -> Records {
+        let shift = report.origin_unix_ms as f64 - started_unix_ms;
+        let calls = report
+            .call_log
+            .iter()
+            .map(|c| CallRecord {
+                started_ms: c[0] as f64 + shift,
+                key: c[1] as usize,
+                outcome: c[2],
+                latency_ms: c[3] as f64 / 1000.0,
+                age_ms: c[4],
+            })
+            .collect();
+        let loads = report
+            .load_spans
+            .iter()
+            .map(|l| LoadRecord {
+                started_ms: l[0] as f64 + shift,
+                key: l[1] as usize,
+                ended_ms: Some(l[2] as f64 + shift),
+            })
+            .collect();
+        Records { calls, loads }
+    }
+
+    /// Adds `other`'s records.
+    pub fn extend(&mut self, other: Records) {
+        self.calls.extend(other.calls);
+        self.loads.extend(other.loads);
+    }
 }
 
 impl FleetReport {
@@ -71,10 +126,14 @@ impl FleetReport {
             self.p99_ms,
             self.max_ms
         );
-        match &self.fault {
-            Some(fault) => format!("{summary}\n{}", fault.to_text()),
-            None => summary,
+        let mut text = summary;
+        if let Some(fault) = &self.fault {
+            text = format!("{text}\n{}", fault.to_text());
         }
+        if let Some(fault) = &self.holder_fault {
+            text = format!("{text}\n{}", fault.to_text());
+        }
+        text
     }
 }
 
@@ -117,14 +176,18 @@ pub struct WorkerReport {
     /// Loads this process ran, per key (in the order of the run's keys).
     #[serde(default)]
     pub local_loads_per_key: Vec<u64>,
-    /// With `--detail` (or `--fault`): every call, `[started_ms, key_index,
+    /// Every call (printed with `--detail`), `[started_ms, key_index,
     /// outcome_code, latency_us, age_ms]`, `started_ms` from this worker's
     /// t = 0, `outcome_code` 0 error, 1 hit, 2 stale, 3 loaded, 4 waited,
     /// 5 degraded, 6 naive_hit, 7 naive_load, 8 other; `age_ms` the age of
     /// the answered value (its load's completion time is in the value).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub call_log: Vec<[u64; 5]>,
-    /// With `--detail` (or `--fault`): every load, `[started_ms, key_index]`.
+    /// Every load (printed with `--detail`), `[started_ms, key_index]`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub load_log: Vec<[u64; 2]>,
+    /// Every load (printed with `--detail`), `[started_ms, key_index,
+    /// ended_ms]`: `load_log` with each load's end (or cancellation).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub load_spans: Vec<[u64; 3]>,
 }

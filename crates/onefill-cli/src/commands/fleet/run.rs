@@ -12,17 +12,21 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use anyhow::{bail, Context};
 use onefill::backend::FillKeys;
 
-use super::args::RunArgs;
+use super::args::{FleetStrategy, RunArgs};
 use super::fault::analysis::analyse;
+use super::fault::holder::{HolderInjector, HolderKeys};
+use super::fault::holder_report::{analyse_holder, SurvivorLogs};
 use super::fault::injector::Injector;
-use super::fault::kind::{FaultPlan, Injected};
-use super::fault::records::{CallRecord, LoadRecord, RunShape};
+use super::fault::kind::{FaultKind, FaultPlan, Injected};
+use super::fault::records::RunShape;
 use super::fault::report::FaultReport;
 use super::fault::topology::key_slots;
-use super::processes::{collect_reports, release, start_workers};
+use super::processes::{
+    collect_faulted, collect_report, collect_reports, release, start_workers, Worker,
+};
 use super::protocol::load_counter_key;
 use super::redis_admin::{admin, check_reachable, delete_keys, CommandCounts};
-use super::report::{FleetReport, WorkerReport};
+use super::report::{FleetReport, Records, WorkerReport};
 use crate::shared::progress::Progress;
 
 /// A namespace no earlier run used.
@@ -42,8 +46,10 @@ fn unix_ms() -> f64 {
         .map_or(0.0, |d| d.as_secs_f64() * 1000.0)
 }
 
-/// Runs one fleet, with a fault injected into the cluster if `fault` is
-/// given (`args` must then be a steady run on a cluster, with `detail`).
+/// Runs one fleet, with a fault injected if `fault` is given: into the
+/// cluster (`args` must then be a steady run on a cluster), or into the
+/// worker holding a lease (`args` must then be a herd of the onefill
+/// strategy on one server).
 pub fn run_with(
     args: &RunArgs,
     processes: u32,
@@ -51,13 +57,26 @@ pub fn run_with(
     fault: Option<FaultPlan>,
     progress: Progress,
 ) -> anyhow::Result<FleetReport> {
-    if fault.is_some() && !(args.cluster && args.rate.is_some() && args.detail) {
-        bail!("a fault needs a steady run (--rate) on a cluster (--cluster)");
+    if let Some(plan) = fault {
+        let onefill_herd_on_one_server =
+            !args.cluster && args.rate.is_none() && args.strategy == FleetStrategy::Onefill;
+        if plan.kind.is_holder() && !onefill_herd_on_one_server {
+            bail!(
+                "a holder fault needs a herd (no --rate) of the onefill strategy on one server \
+                 (no --cluster)"
+            );
+        }
+        let steady_on_a_cluster = args.cluster && args.rate.is_some();
+        if !plan.kind.is_holder() && !steady_on_a_cluster {
+            bail!("a fault of a master needs a steady run (--rate) on a cluster (--cluster)");
+        }
     }
+    let cluster_fault = fault.filter(|p| !p.kind.is_holder());
+    let holder_fault = fault.filter(|p| p.kind.is_holder());
     check_reachable(args)?;
     let mut workers = start_workers(args, processes, namespace)?;
     // The slot of each key's value key, for the victim's choice.
-    let slots = match fault {
+    let slots = match cluster_fault {
         Some(_) => {
             let value_keys: Vec<String> = args
                 .keys
@@ -72,8 +91,8 @@ pub fn run_with(
     let started = Instant::now();
     let started_unix_ms = unix_ms();
     // From here on a hung victim is resumed whatever happens: the
-    // injector's guard drops on every path out of this function.
-    let injector = fault.map(|plan| {
+    // injectors' guards drop on every path out of this function.
+    let injector = cluster_fault.map(|plan| {
         Injector::start(
             plan,
             args.redis.clone(),
@@ -83,19 +102,76 @@ pub fn run_with(
             progress,
         )
     });
+    let holder_injector = match holder_fault {
+        Some(plan) => Some(HolderInjector::start(
+            plan,
+            args.redis.first().context("no Redis URL")?.clone(),
+            holder_keys(args, namespace),
+            workers.iter().map(Worker::pid).collect(),
+            started,
+            progress,
+        )),
+        None => None,
+    };
     release(&mut workers)?;
-    let reports: Vec<WorkerReport> = collect_reports(&mut workers)?;
+    let (reports, holder) = match holder_injector {
+        None => (collect_reports(&mut workers)?, None),
+        Some(injector) => {
+            let (injected, guard) = injector.finish();
+            let injected = injected.context("faulting the lease holder")?;
+            // The others first: a stopped holder answers nothing until it
+            // is resumed, and is resumed once they have all answered.
+            let mut reports: Vec<WorkerReport> = Vec::new();
+            for w in workers.iter_mut().filter(|w| w.pid() != injected.pid) {
+                reports.push(collect_report(w)?);
+            }
+            let resumed_at_ms = (injected.kind == FaultKind::StopHolder)
+                .then(|| started.elapsed().as_secs_f64() * 1000.0);
+            drop(guard);
+            let holder: Option<WorkerReport> =
+                match workers.iter_mut().find(|w| w.pid() == injected.pid) {
+                    Some(w) => collect_faulted(w)?,
+                    None => None,
+                };
+            (reports, Some((injected, holder, resumed_at_ms)))
+        }
+    };
     let wall_ms = started.elapsed().as_secs_f64() * 1000.0;
+    let mut records = Records::default();
+    for r in &reports {
+        records.extend(Records::of_worker(r, started_unix_ms));
+    }
     let fault_report = match injector {
         Some(injector) => {
             let (injected, guard) = injector.finish();
             // Resume a hung victim before asking the nodes anything.
             drop(guard);
             let injected = injected.context("injecting the fault")?;
-            Some(fault_section(args, &injected, &reports, started_unix_ms))
+            Some(fault_section(args, &injected, &records))
         }
         None => None,
     };
+    let holder_report = holder.map(|(injected, holder, resumed_at_ms)| {
+        let holder_calls = holder.map(|h| Records::of_worker(&h, started_unix_ms).calls);
+        let survivors = SurvivorLogs {
+            processes: reports.len() as u32,
+            callers_per_process: args.callers,
+            calls: &records.calls,
+            loads: &records.loads,
+            wait_timeouts: reports
+                .iter()
+                .filter_map(|r| r.stats.as_ref())
+                .map(|s| s.wait_timeouts)
+                .sum(),
+        };
+        analyse_holder(
+            &injected,
+            &args.keys,
+            &survivors,
+            holder_calls.as_deref(),
+            resumed_at_ms,
+        )
+    });
     let redis_commands = CommandCounts::read(args)?.since(&commands_before);
     let mut loads_per_key = Vec::new();
     let mut counters = Vec::new();
@@ -133,6 +209,7 @@ pub fn run_with(
             })
             .collect(),
         fault: fault_report,
+        holder_fault: holder_report,
         redis_commands,
         calls: reports.iter().map(|r| r.calls).sum(),
         errors: reports.iter().map(|r| r.errors).sum(),
@@ -140,34 +217,25 @@ pub fn run_with(
         p99_ms: reports.iter().map(|r| r.p99_ms).fold(0.0, f64::max),
         workers: reports,
         wall_ms,
+        records,
     })
 }
 
-/// The `fault` section: the workers' logs moved onto the parent's clock
-/// (each worker's t = 0 is its own "go", a few ms after the parent's),
-/// then [`analyse`]d.
-fn fault_section(
-    args: &RunArgs,
-    injected: &Injected,
-    reports: &[WorkerReport],
-    started_unix_ms: f64,
-) -> FaultReport {
-    let mut calls = Vec::new();
-    let mut loads = Vec::new();
-    for r in reports {
-        let shift = r.origin_unix_ms as f64 - started_unix_ms;
-        calls.extend(r.call_log.iter().map(|c| CallRecord {
-            started_ms: c[0] as f64 + shift,
-            key: c[1] as usize,
-            outcome: c[2],
-            latency_ms: c[3] as f64 / 1000.0,
-            age_ms: c[4],
-        }));
-        loads.extend(r.load_log.iter().map(|l| LoadRecord {
-            started_ms: l[0] as f64 + shift,
-            key: l[1] as usize,
-        }));
-    }
+/// Where the holder of each of the run's keys is found: its lease key and
+/// the `loads:pid` key the workers write.
+fn holder_keys(args: &RunArgs, namespace: &str) -> Vec<HolderKeys> {
+    args.keys
+        .iter()
+        .map(|k| HolderKeys {
+            lock: FillKeys::new(namespace, k).lock().to_owned(),
+            pid: format!("{}:pid", load_counter_key(namespace, k)),
+        })
+        .collect()
+}
+
+/// The `fault` section: the workers' logs (on the parent's clock)
+/// [`analyse`]d.
+fn fault_section(args: &RunArgs, injected: &Injected, records: &Records) -> FaultReport {
     let shape = RunShape {
         keys: args.keys.len(),
         duration_ms: args.duration_ms,
@@ -175,5 +243,5 @@ fn fault_section(
         grace_ms: args.grace_ms,
         load_ms: args.load_ms,
     };
-    analyse(injected, &args.keys, shape, &calls, &loads)
+    analyse(injected, &args.keys, shape, &records.calls, &records.loads)
 }

@@ -298,18 +298,22 @@ mod tests {
             LoadRecord {
                 started_ms: 0.0,
                 key: 2,
+                ended_ms: None,
             },
             LoadRecord {
                 started_ms: 4_999.0,
                 key: 3,
+                ended_ms: None,
             },
             LoadRecord {
                 started_ms: 5_000.0,
                 key: 2,
+                ended_ms: None,
             },
             LoadRecord {
                 started_ms: 9_999.0,
                 key: 3,
+                ended_ms: None,
             },
         ];
         let r = analyse(&injected(None), &names(), shape(), &quiet_calls(), &loads);
@@ -331,6 +335,7 @@ mod tests {
                 loads.push(LoadRecord {
                     started_ms: i as f64 * 1_050.0,
                     key: k,
+                    ended_ms: None,
                 });
             }
         }

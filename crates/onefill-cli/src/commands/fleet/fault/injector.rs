@@ -153,6 +153,9 @@ impl Shared {
                     self.slots.len()
                 ));
             }
+            FaultKind::KillHolder | FaultKind::StopHolder => {
+                bail!("a lease holder is faulted by the holder injector, not a master's")
+            }
             kind => {
                 let pid = local_pid(&victim, &victim_url)?;
                 victim_pid = Some(pid);

@@ -1,9 +1,11 @@
-//! What `--fault` does, when, and what the injector saw doing it: the
-//! vocabulary the flags, the injector and the report share.
+//! What `--fault` does, when, and what the injectors saw doing it: the
+//! vocabulary the flags, the injectors and the reports share.
 
 use serde::{Deserialize, Serialize};
 
-/// What `--fault` does to the cluster.
+/// What `--fault` does: to a master of a cluster (`failover`, `kill`,
+/// `hang`), or to the worker process holding a lease (`kill-holder`,
+/// `stop-holder`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum FaultKind {
@@ -18,6 +20,14 @@ pub enum FaultKind {
     /// with its connections open; SIGCONT when the run ends (always, even
     /// if the fleet fails), after which it rejoins as a replica.
     Hang,
+    /// SIGKILL of the worker process holding the lease of a key (a herd on
+    /// one server): another process must take the load over.
+    KillHolder,
+    /// SIGSTOP of the worker process holding the lease of a key (a herd on
+    /// one server), a process that hangs with its lease and connections;
+    /// SIGCONT when the other processes have answered (always, even if the
+    /// fleet fails). Its late answers are reported apart.
+    StopHolder,
 }
 
 impl FaultKind {
@@ -25,9 +35,14 @@ impl FaultKind {
     pub fn signal(self) -> Option<&'static str> {
         match self {
             FaultKind::Failover => None,
-            FaultKind::Kill => Some("-KILL"),
-            FaultKind::Hang => Some("-STOP"),
+            FaultKind::Kill | FaultKind::KillHolder => Some("-KILL"),
+            FaultKind::Hang | FaultKind::StopHolder => Some("-STOP"),
         }
+    }
+
+    /// Whether it faults a lease holder (a worker) rather than a master.
+    pub fn is_holder(self) -> bool {
+        matches!(self, FaultKind::KillHolder | FaultKind::StopHolder)
     }
 }
 

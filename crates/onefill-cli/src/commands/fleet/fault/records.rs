@@ -1,5 +1,6 @@
-//! What the fault analysis reads: the workers' calls and loads on the
-//! parent's clock, and the shape of the run they are measured against.
+//! What the fault analyses and the HTML report read: the workers' calls
+//! and loads on the parent's clock, and the shape of the run they are
+//! measured against.
 
 /// Added to `ttl + grace` for the age limit of an answer: the longest a
 /// fill may take after its load ends (the default backend timeout).
@@ -29,6 +30,9 @@ pub struct LoadRecord {
     pub started_ms: f64,
     /// Index of its key in the run's keys.
     pub key: usize,
+    /// When it ended (or was dropped), ms after the parent's "go"; `None`
+    /// if its worker did not say.
+    pub ended_ms: Option<f64>,
 }
 
 /// The shape of the run the figures are measured against.

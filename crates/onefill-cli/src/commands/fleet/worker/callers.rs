@@ -3,7 +3,7 @@
 //! key, with a loader that sleeps like the origin and stamps its value.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
@@ -11,8 +11,9 @@ use onefill::backend::FillKeys;
 use onefill::Cache;
 
 use super::load_counter::{Count, LoadCounter};
+use super::load_log::LoadLog;
 use super::sampler::Sampler;
-use super::summary::{summarize, Call, MAX_LOG};
+use super::summary::{summarize, Call};
 use crate::commands::fleet::args::{RunArgs, WorkerArgs};
 use crate::commands::fleet::connections::Raw;
 use crate::commands::fleet::outcome::outcome_name;
@@ -60,10 +61,9 @@ pub async fn steady_or_herd(
     let local_loads = Arc::new(AtomicU64::new(0));
     let loads_per_key: Arc<Vec<AtomicU64>> =
         Arc::new(run.keys.iter().map(|_| AtomicU64::new(0)).collect());
-    let load_log: Arc<Mutex<Vec<[u64; 2]>>> = Arc::new(Mutex::new(Vec::new()));
-    let detail = run.detail;
     let (counts, counting) = LoadCounter::start(raw.clone());
     let origin = Instant::now();
+    let load_log = LoadLog::new(origin);
     let origin_unix_ms = unix_ms();
     let sampler = cache.clone().map(|cache| Sampler::start(cache, origin));
     let mut tasks = Vec::new();
@@ -95,12 +95,9 @@ pub async fn steady_or_herd(
                     let first = loads_per_key
                         .get(key_index)
                         .is_none_or(|count| count.fetch_add(1, Ordering::SeqCst) == 0);
-                    if detail {
-                        let mut log = load_log.lock().unwrap_or_else(|p| p.into_inner());
-                        if log.len() < MAX_LOG {
-                            log.push([origin.elapsed().as_millis() as u64, key_index as u64]);
-                        }
-                    }
+                    // Logged from here to the value (or to a cancelled
+                    // load's drop), for the parent's report.
+                    let _span = load_log.start(key_index);
                     // Counted in Redis off the loader's path: the simulated
                     // origin takes `load`, whatever state Redis is in.
                     let _ = counts.send(Count { counter, n, first });
@@ -171,7 +168,6 @@ pub async fn steady_or_herd(
         local_loads.load(Ordering::SeqCst),
         cache.map(|c| c.stats()),
         samples,
-        detail,
     );
     report.origin_unix_ms = origin_unix_ms;
     report.loads_not_counted_in_redis = not_counted;
@@ -179,7 +175,8 @@ pub async fn steady_or_herd(
         .iter()
         .map(|n| n.load(Ordering::SeqCst))
         .collect();
-    report.load_log = std::mem::take(&mut *load_log.lock().unwrap_or_else(|p| p.into_inner()));
+    report.load_spans = load_log.take();
+    report.load_log = report.load_spans.iter().map(|&[s, k, _]| [s, k]).collect();
     Ok(report)
 }
 

@@ -7,12 +7,13 @@
 //! so the parent can count loads across processes without trusting them.
 //!
 //! [`process`] is the worker's life (start, handshake, report) and drives
-//! [`callers`]; the callers use the fleet's connections, count their loads with
-//! the [`load_counter`], sample the cache with the [`sampler`] and are
-//! summed up by [`summary`].
+//! [`callers`]; the callers use the fleet's connections, count their loads
+//! with the [`load_counter`], log them in the [`load_log`], sample the
+//! cache with the [`sampler`] and are summed up by [`summary`].
 
 mod callers;
 mod load_counter;
+mod load_log;
 pub mod process;
 mod sampler;
 mod summary;

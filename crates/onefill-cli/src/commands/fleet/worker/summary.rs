@@ -1,5 +1,6 @@
 //! One worker's calls summed up into its report: outcomes, errors,
-//! latency percentiles and, with `--detail`, the call log.
+//! latency percentiles and the call log (which the parent prints with
+//! `--detail` only, but always reads).
 
 use std::time::Duration;
 
@@ -28,7 +29,6 @@ pub fn summarize(
     local_loads: u64,
     stats: Option<onefill::Stats>,
     samples: Vec<Sample>,
-    detail: bool,
 ) -> WorkerReport {
     let mut report = WorkerReport {
         pid: std::process::id(),
@@ -46,7 +46,7 @@ pub fn summarize(
     let mut latencies: Vec<Duration> = Vec::with_capacity(calls.len());
     for call in &calls {
         latencies.push(call.latency);
-        if detail && report.call_log.len() < MAX_LOG {
+        if report.call_log.len() < MAX_LOG {
             report.call_log.push([
                 call.started.as_millis() as u64,
                 call.key_index as u64,
