@@ -224,6 +224,9 @@ mod injector;
 mod run;
 mod scenario;
 mod spans;
+mod store;
+mod subscription;
+mod tracking;
 mod variants;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -266,13 +269,13 @@ fn run_seed(seed: u64, variant: Variant) -> Outcome1 {
 }
 
 /// Runs `count` seeds from `first` on two threads; stops at the first
-/// seed that breaks `stop_at`, if given. Returns the failures (seed, its
+/// seed with a violation `stop_at` picks, if given. Returns the failures (seed, its
 /// violations) and the tally.
 fn run_seeds(
     first: u64,
     count: u64,
     variant: Variant,
-    stop_at: Option<Invariant>,
+    stop_at: Option<&(dyn Fn(&Violation) -> bool + Sync)>,
 ) -> (Vec<(u64, Vec<Violation>)>, Tally) {
     let next = AtomicU64::new(first);
     let end = first + count;
@@ -294,7 +297,7 @@ fn run_seeds(
                 if out.violations.is_empty() {
                     continue;
                 }
-                if stop_at.is_some_and(|i| out.violations.iter().any(|v| v.invariant == i)) {
+                if stop_at.is_some_and(|stop| out.violations.iter().any(stop)) {
                     stopped.store(true, Ordering::SeqCst);
                 }
                 failures.lock().unwrap().push((seed, out.violations));
@@ -389,11 +392,17 @@ fn replay() {
 /// effect elsewhere (the stats, say) would pass while blind to the break
 /// itself.
 fn caught(variant: Variant, by: Invariant) {
-    let limit = 400;
-    let (failures, _) = run_seeds(0, limit, variant, Some(by));
+    caught_where(variant, by, "", 400);
+}
+
+/// As [`caught`], by a violation of `by` whose text has `what`, within
+/// `limit` seeds.
+fn caught_where(variant: Variant, by: Invariant, what: &str, limit: u64) {
+    let picks = |v: &Violation| v.invariant == by && v.what.contains(what);
+    let (failures, _) = run_seeds(0, limit, variant, Some(&picks));
     let hit = failures
         .iter()
-        .find(|(_, violations)| violations.iter().any(|v| v.invariant == by));
+        .find(|(_, violations)| violations.iter().any(picks));
     let Some((seed, violations)) = hit else {
         let seen: Vec<String> = failures
             .iter()
@@ -401,11 +410,11 @@ fn caught(variant: Variant, by: Invariant) {
             .map(|(seed, v)| format!("seed {seed}: {}", v[0]))
             .collect();
         panic!(
-            "{variant:?} was not caught by {by:?} in {limit} seeds; {} seeds failed otherwise: {seen:#?}",
+            "{variant:?} was not caught by {by:?} ({what:?}) in {limit} seeds; {} seeds failed otherwise: {seen:#?}",
             failures.len()
         );
     };
-    let violation = violations.iter().find(|v| v.invariant == by).unwrap();
+    let violation = violations.iter().find(|v| picks(v)).unwrap();
     println!(
         "{variant:?} caught at seed {seed} ({} seeds): {violation}",
         seed + 1
@@ -437,4 +446,36 @@ fn catches_acquire_without_recheck() {
 #[test]
 fn catches_waiter_without_deadline() {
     caught(Variant::WaiterNoDeadline, Invariant::BoundedCallers);
+}
+
+/// Reads that report the TTL written in the value let an L1 entry outlive
+/// a TTL another client shortened (the push drops the entry, the next read
+/// puts it back with the written TTL, and no push comes at expiry).
+#[test]
+fn catches_stamped_ttl_in_the_l1() {
+    caught_where(Variant::StampedTtl, Invariant::Copies, "an L1 copy", 10_000);
+}
+
+/// The same reads let the outage fallback's copy outlive the server's.
+#[test]
+fn catches_stamped_ttl_in_the_fallback() {
+    caught_where(
+        Variant::StampedTtl,
+        Invariant::Copies,
+        "a fallback copy",
+        10_000,
+    );
+}
+
+/// A write that tells only the L1s of its own backend object at once: the
+/// other cache of the process answers the replaced value from its L1 until
+/// the push comes.
+#[test]
+fn catches_per_backend_listeners() {
+    caught_where(
+        Variant::PerBackendListeners,
+        Invariant::WritesFinal,
+        "from the L1",
+        10_000,
+    );
 }
