@@ -109,7 +109,11 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
                         self.rec().lease_takeover();
                     }
                     self.finish_wait(waiting, false);
-                    let stale = self.stale_value(won_stale).or(stale);
+                    // The stale value to fall back on (and, fail-safe,
+                    // re-store) is what this acquire found: one read in an
+                    // earlier round may have been deleted or replaced since
+                    // (an `invalidate` frees the lease it was won from).
+                    let stale = self.stale_value(won_stale);
                     return self.load_leased(lease, stale).await;
                 }
                 Ok(Acquisition::Held { stale, lease_ttl }) => (stale, lease_ttl),
@@ -197,7 +201,9 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         };
         match self.acquire(LeaseTtl::default(), window).await {
             Ok(Acquisition::Won { lease, stale }) => {
-                let stale = self.stale_value(stale).or(known_stale);
+                // Not `known_stale`: a write between the first read and
+                // this acquire may have deleted or replaced it.
+                let stale = self.stale_value(stale);
                 self.load_leased(lease, stale).await
             }
             // Another process is refreshing the stale value read first
