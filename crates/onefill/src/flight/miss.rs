@@ -142,6 +142,9 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
                 Next::Recheck => {}
                 Next::Deadline => {
                     self.finish_wait(waiting, true);
+                    // The stale value read during the wait may have expired
+                    // since: served only while the server still keeps it.
+                    let stale = stale.filter(|_| self.value_still_lives());
                     return match self.policy.wait.at_deadline(stale) {
                         AtDeadline::Serve(value) => {
                             self.rec().stale_served();
@@ -172,7 +175,9 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         if self.policy.strict {
             return Err(Error::Backend(error));
         }
-        if let Some(value) = stale {
+        // A stale value read earlier in the flight (before a wait) is served
+        // only while the server still keeps it, as the fallback's copy is.
+        if let Some(value) = stale.filter(|_| self.value_still_lives()) {
             self.rec().stale_served();
             return Ok((value, Outcome::Stale));
         }

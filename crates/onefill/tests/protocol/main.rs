@@ -20,6 +20,7 @@ mod loader_freshness;
 mod outage_memory;
 mod round_trip;
 mod soft_timeout;
+mod stale_lives;
 mod third_party_backend;
 mod wait_pacing;
 mod writes;
