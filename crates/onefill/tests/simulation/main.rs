@@ -20,6 +20,32 @@
 //! waiting, a flight stores only under a lease it found free) is drawn per
 //! seed, shared by every instance, and used by the checker too.
 //!
+//! # L1s, change reports and a foreign writer
+//!
+//! In one seed in three every instance has an L1 (its sync bound drawn:
+//! 100 ms, 250 ms or 1 s), fed as on Redis rather than by the memory
+//! backend's own reports, which reach every listener before a write returns
+//! and could hide any fault of late reports (`tracking.rs`): each backend
+//! object has a tracking connection that delivers every change of a value
+//! key after a drawn delay of at most 5 ms, in order, confirms the sync
+//! behind the reports every `confirm_every`, reports no expiry, and may be
+//! lost for 10 to 500 ms (three instances in ten), noticed at once or not,
+//! then resets the L1; a write answered `Ok` reaches every L1 of its process
+//! before it returns. In half of those seeds instances 0 and 1 are one
+//! process: two caches of the namespace on two backend objects, ops picking
+//! either. Reads report the TTL Redis would (`store.rs`): the server's for a
+//! backend object that tracks the keys (`GET` + `PTTL`, decision 0014),
+//! else the one written in the value (the one-`GET` hit, decision 0011).
+//!
+//! In every seed a foreign writer (another client, not onefill) acts on the
+//! store at random times: a raw `SET` of a version the fleet can read (its
+//! bytes made by a cache of the fleet's type on a scratch store, its value
+//! `k<n>/F<id>`), a raw `DEL`, and `PEXPIRE` shortening the key to at most
+//! 200 ms, lengthening it, or to an hour (`PERSIST`). It touches no lease
+//! and announces no fill; tracking reports it. The foreign writer and the
+//! tracking connections draw from streams of their own, so the rest of a
+//! seed's scenario is what it was before they existed.
+//!
 //! # The fault injector
 //!
 //! A [`Backend`](onefill::backend::Backend) wrapper deciding per call, from its instance's seeded
@@ -106,7 +132,13 @@
 //!    no fill (nor fail-safe or negative entry) of a load that started
 //!    before a `set`/`invalidate` ran (in any process) lands after it. A
 //!    load's value is never stored by a plain `SET` (only by a fill or a
-//!    release fenced on its lease, `no_lease` included).
+//!    release fenced on its lease, `no_lease` included). In another cache
+//!    of the writer's process (two caches on two backend objects), only
+//!    the L1's answers are held to this (its L1 hears of the write before
+//!    the write returns; its flights, coalescer and outage fallback are its
+//!    own, as another process's are). A foreign write changes nothing here:
+//!    it touches no lease (it is no write that fences), and a version it
+//!    writes after the process's write is newer than it.
 //! 5. **The breaker is never stuck.** The circuit rejects calls only within
 //!    `open_for` plus two backend timeouts after an injected fault (a fault
 //!    surfaces up to one timeout after the call, and the probe may take one
@@ -144,18 +176,41 @@
 //!    (the outage fallback counts a value's life from its flight's answer,
 //!    which a fill that timed out may delay). A `Stale` answer given as
 //!    a load of its process fails (fail-safe) may be up to the max load
-//!    time older: the flight read that value before the load.
+//!    time older: the flight read that value before the load. A foreign
+//!    writer's version is born at its raw `SET`; a raw `PEXPIRE` may keep a
+//!    version longer than any write of the fleet would, so its life then
+//!    counts back from the expiry the server has for it.
+//! 8. **No copy outlives the server's** (decision 0014). From the log, each
+//!    version's lives on the store: from its write to its overwrite,
+//!    deletion or expiry, every TTL change applied. An answer from an L1
+//!    (told apart as the one given in the call's first poll, counted as an
+//!    L1 hit or a stale answer, with no backend call entered and none
+//!    refused by the breaker) at `t` of a version gone at `g` needs `t ≤ g
+//!    + 5 ms` (the report's delay; plus 10 ms for the timers) while the
+//!    instance's tracking connection is up, and `t ≤ g + sync_bound` if it
+//!    was lost meanwhile or the instance died; an L1 never answers a
+//!    version the store never held. Any other answer is of a version the
+//!    store held while the call ran (a coalesced one: before it ended), or
+//!    else it is the outage fallback's copy: answered no later than one
+//!    round trip (a backend timeout) after the latest expiry the server
+//!    had for that version when the instance read or wrote it (without an
+//!    L1, the expiry the read reported: the one-`GET` hit's written TTL, a
+//!    documented limit). A version never stored (a degraded load's) is
+//!    invariant 7's. Every bound comes from the scenario and the log.
 //!
 //! # Found so far
 //!
-//! Three library bugs, each fixed with a deterministic regression test
+//! Four library bugs, each fixed with a deterministic regression test
 //! (in `tests/protocol/writes.rs` and `tests/protocol/leases.rs`): `set`/`invalidate` did not detach the
 //! in-process load (seed 161; these seed numbers predate the scenario's
 //! dropped `get`/`set`/`invalidate`, other-type writes and `no_lease`); a
 //! flight filled, under its new lease, a shared load from before an
 //! `invalidate` elsewhere (seed 16: now such a flight runs a load of its
 //! own); a lease lost under a failing load was not counted in `lease_lost`
-//! (seed 72).
+//! (seed 72); a flight that waited, read a stale value, then won the lease
+//! freed by an `invalidate`, re-stored that value fail-safe when its load
+//! failed (seed 452, found by the foreign writer's short-lived values;
+//! `writes::a_failed_load_does_not_restore_a_value_deleted_while_it_waited`).
 //!
 //! # Running it
 //!
@@ -210,11 +265,18 @@
 //! - `scenario.rs`: a seed's scenario and the bounds drawn from its options;
 //! - `events.rs`: the log's events and the `World` every instance shares;
 //! - `injector.rs`: the fault-injecting backend (the tests' `FaultyBackend`, its faults drawn from the seed, with every call logged);
-//! - `run.rs`: the loaders, the operations, a run to quiescence;
+//!   `subscription.rs`: its fill notifications' faults; `store.rs`: the
+//!   store behind it (commands logged, value states logged and reported,
+//!   reads' TTLs, the broken variants);
+//! - `tracking.rs`: the change reports (tracking connections, a process's
+//!   own writes);
+//! - `run.rs`: the loaders, the operations (the foreign writer's too), a
+//!   run to quiescence, telling an L1 answer;
 //! - `spans.rs`: which flight started a load (the library's `onefill.load`
 //!   span), so a load is known to run under the lease its flight won;
 //! - `checker/`: the replay of the log (`replay.rs`) and the invariants
-//!   (`loads.rs`: 1 and 3, `calls.rs`: 2, 4, 5 and 7, `stats.rs`: 6);
+//!   (`loads.rs`: 1 and 3, `calls.rs`: 2, 4, 5 and 7, `stats.rs`: 6,
+//!   `copies.rs`: 8);
 //! - `variants.rs`: the broken variants;
 //! - this file: running seeds, the tests, replay.
 
@@ -327,7 +389,8 @@ fn simulation() {
          lease expiry {}, revocation by set/invalidate {} (of these two, {} counted by their \
          holder), a degraded load {} (of all these, {} in one process); {} injected faults, {} instance \
          deaths, {} leases won with a lost reply, {} fills or releases failed, {} calls \
-         rejected by breakers",
+         rejected by breakers; {} answers from an L1, {} copies of a version gone from the \
+         store during the call, {} changes by the foreign writer, {} tracking connections lost",
         started.elapsed(),
         tally.loads,
         tally.degraded_loads,
@@ -341,6 +404,10 @@ fn simulation() {
         tally.lost_acquires,
         tally.failed_ends,
         tally.rejected,
+        tally.l1_answers,
+        tally.copies,
+        tally.foreign_changes,
+        tally.tracking_losses,
     );
     for (seed, violations) in failures.iter().take(20) {
         println!(

@@ -113,6 +113,7 @@ impl Checker<'_> {
                 c.kind, c.key, c.inst, c.start_t
             );
             if c.l1 {
+                self.tally.l1_answers += 1;
                 let Some(gone) = of.iter().map(|l| l.to).max() else {
                     self.fail(format!(
                         "an L1 copy of a value the store never held: {call} from the L1"
@@ -145,6 +146,7 @@ impl Checker<'_> {
             }
             // Not on the store while the call ran: the outage fallback's
             // copy, which lives by the expiry the server reported.
+            self.tally.copies += 1;
             let kept = self.kept_until(c.inst, c.key, origin, t);
             if kept.is_none_or(|kept| t > kept + round_trip) {
                 let gone = of.iter().map(|l| l.to).max().unwrap_or_default();

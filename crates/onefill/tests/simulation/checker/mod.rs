@@ -68,6 +68,14 @@ pub(crate) struct Tally {
     pub(crate) failed_ends: u64,
     /// Calls the breakers rejected.
     pub(crate) rejected: u64,
+    /// Answers from an L1 (invariant 8 checks each).
+    pub(crate) l1_answers: u64,
+    /// Answers of a version the store no longer held during the call:
+    /// copies, bounded by invariant 8.
+    pub(crate) copies: u64,
+    /// The foreign writer's ops that changed a key.
+    pub(crate) foreign_changes: u64,
+    pub(crate) tracking_losses: u64,
 }
 
 impl Tally {
@@ -85,6 +93,10 @@ impl Tally {
         self.lost_acquires += o.lost_acquires;
         self.failed_ends += o.failed_ends;
         self.rejected += o.rejected;
+        self.l1_answers += o.l1_answers;
+        self.copies += o.copies;
+        self.foreign_changes += o.foreign_changes;
+        self.tracking_losses += o.tracking_losses;
     }
 }
 

@@ -174,12 +174,15 @@ impl Checker<'_> {
                     held,
                     change,
                     by,
-                } => self.values[*key].push(ValueRec {
-                    t,
-                    held: *held,
-                    change: *change,
-                    by: *by,
-                }),
+                } => {
+                    self.tally.foreign_changes += u64::from(by.is_none());
+                    self.values[*key].push(ValueRec {
+                        t,
+                        held: *held,
+                        change: *change,
+                        by: *by,
+                    });
+                }
                 Ev::Read {
                     inst,
                     key,
@@ -200,7 +203,10 @@ impl Checker<'_> {
                     self.foreign_exec.insert(*id, seq);
                 }
                 Ev::Foreign { .. } => {}
-                Ev::TrackingLost { inst, .. } => self.tracking_lost[*inst].push((t, None)),
+                Ev::TrackingLost { inst, .. } => {
+                    self.tally.tracking_losses += 1;
+                    self.tracking_lost[*inst].push((t, None));
+                }
                 Ev::TrackingBack { inst } => {
                     if let Some(last) = self.tracking_lost[*inst].last_mut() {
                         last.1 = Some(t);
