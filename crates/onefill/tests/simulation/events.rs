@@ -34,6 +34,9 @@ pub(crate) enum Fault {
     Fail(BackendErrorKind),
     RunThenFail,
     RunThenHang,
+    /// The command runs at once; its answer reaches the cache this long
+    /// after (a reply's latency: the store may change meanwhile).
+    LateReply(Duration),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -286,6 +289,9 @@ pub(crate) struct World {
     /// Per instance: backend calls entered (an answer given with none is
     /// not the backend's).
     pub(crate) entered: Vec<AtomicU64>,
+    /// Per instance: the late reply drawn for the call under way (see
+    /// `Injector::call`).
+    pub(crate) late_reply: Vec<Mutex<Option<Duration>>>,
     /// The change reports: tracking connections and own-process listeners.
     pub(crate) tracking: Tracking,
     /// The run is settling: no calls any more, the tracking connections

@@ -75,6 +75,8 @@ fn played(fault: Fault) -> Option<testing::Fault> {
         Fault::Fail(kind) => Some(testing::Fault::Fail(kind)),
         Fault::RunThenFail => Some(testing::Fault::LoseReply),
         Fault::RunThenHang => Some(testing::Fault::RunThenHang),
+        // Played by `Injector::call`, after the command ran.
+        Fault::LateReply(_) => None,
     }
 }
 
@@ -117,6 +119,9 @@ impl Injector {
             if fault != Fault::Pass {
                 let op = bop(op);
                 log.record(Ev::Fault { inst, op, fault });
+            }
+            if let Fault::LateReply(late) = fault {
+                *log.late_reply[inst].lock().unwrap() = Some(late);
             }
             played(fault)
         });
@@ -165,7 +170,15 @@ impl Injector {
             token: token.clone(),
             armed: true,
         };
+        self.world.late_reply[self.inst].lock().unwrap().take();
         let result = run.await;
+        // A late reply was drawn for this call by the wrapper's decision,
+        // made in the poll that ran the command and returned here (nothing
+        // else ran in between): its answer now waits, the command done.
+        let late = self.world.late_reply[self.inst].lock().unwrap().take();
+        if let Some(late) = late {
+            tokio::time::sleep(late).await;
+        }
         abandon.armed = false;
         let answered = match &result {
             Ok(value) => reply(value),
@@ -204,8 +217,9 @@ fn decide(
         return Fault::Pass;
     }
     let max = max_delay.as_millis() as u64;
-    match rng.random_range(0..9) {
+    match rng.random_range(0..10) {
         0 | 1 => Fault::Delay(ms(rng.random_range(1..=max))),
+        9 => Fault::LateReply(ms(rng.random_range(1..=max))),
         2 => Fault::Hang,
         3 => Fault::Fail(BackendErrorKind::Timeout),
         4 => Fault::Fail(BackendErrorKind::Connection),

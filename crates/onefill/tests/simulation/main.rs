@@ -53,8 +53,10 @@
 //! than the timeout is dropped by the cache, like a request lost on a broken
 //! connection), hang (pending forever: the cache's own timeout must end it),
 //! an error of each transport kind (`Timeout`, `Connection`, `Busy`,
-//! `Command`), or run-then-lose-reply (the command runs on the store, then
-//! the call answers a `Timeout` error or hangs). Fill notifications are
+//! `Command`), run-then-lose-reply (the command runs on the store, then
+//! the call answers a `Timeout` error or hangs), or a late reply (the
+//! command runs at once, its answer comes up to two backend timeouts
+//! later: the store may change in between, as over a real network). Fill notifications are
 //! dropped, delayed or duplicated. One instance may die: from then on its
 //! backend calls and loaders pend forever and its leases are left to expire
 //! (its own callers are excluded from the bound checks). The last operation
@@ -78,7 +80,8 @@
 //!    not extend it), or have been *revoked* by a `set`/`invalidate`
 //!    (documented: that load still answers its callers but is fenced out; a
 //!    revocation is the same loss of the lease as an expiry, caused on
-//!    purpose), or one of the two is a
+//!    purpose), or the second one's lease had expired or been revoked
+//!    before it started (its `Won` came late), or one of the two is a
 //!    *degraded* load (no lease). Two leased loads whose first lease was
 //!    deleted by another token are a violation. Two loads at once in one
 //!    process are explained alike: a flight holding a lease it just won

@@ -303,6 +303,7 @@ pub(crate) async fn simulate(seed: u64, s: &Scenario, variant: Variant) -> Arc<W
         store: store.clone(),
         written_expiry: Mutex::new(vec![None; s.keys + 1]),
         entered: (0..s.instances).map(|_| AtomicU64::new(0)).collect(),
+        late_reply: (0..s.instances).map(|_| Mutex::new(None)).collect(),
         tracking: Tracking::new(&s.process_of, seed),
         settling: AtomicBool::new(false),
     });
