@@ -188,8 +188,8 @@
 //!    deletion or expiry, every TTL change applied. An answer from an L1
 //!    (told apart as the one given in the call's first poll, counted as an
 //!    L1 hit or a stale answer, with no backend call entered and none
-//!    refused by the breaker) at `t` of a version gone at `g` needs `t ≤ g
-//!    + 5 ms` (the report's delay; plus 10 ms for the timers) while the
+//!    refused by the breaker) at `t` of a version gone at `g` needs
+//!    `t ≤ g + 5 ms` (the report's delay; plus 10 ms for the timers) while the
 //!    instance's tracking connection is up, and `t ≤ g + sync_bound` if it
 //!    was lost meanwhile or the instance died; an L1 never answers a
 //!    version the store never held. Any other answer is of a version the
