@@ -23,7 +23,7 @@
 //! # L1s, change reports and a foreign writer
 //!
 //! In one seed in three every instance has an L1 (its sync bound drawn:
-//! 100 ms, 250 ms or 1 s), fed as on Redis rather than by the memory
+//! 250 ms, 500 ms or 1 s), fed as on Redis rather than by the memory
 //! backend's own reports, which reach every listener before a write returns
 //! and could hide any fault of late reports (`tracking.rs`): each backend
 //! object has a tracking connection that delivers every change of a value

@@ -167,6 +167,7 @@ async fn run_op(world: Arc<World>, cache: Cache<String, String>, op: Op, probe_p
     };
     let from_l1 = AtomicBool::new(false);
     let call_future = first_poll(&world, &cache, op.inst, call_future, &from_l1);
+
     // A `get`, `set` or `invalidate` that would be the breaker's half-open
     // probe is dropped if it does not answer within half a backend timeout,
     // and half of them hang (the injector's next call in this process is
@@ -222,7 +223,9 @@ async fn first_poll<T>(
     from_l1: &AtomicBool,
 ) -> T {
     let mut call = std::pin::pin!(call);
-    let mut first = true;
+    // Without an L1 nothing to tell (and the stats' snapshots are not free
+    // in a debug build).
+    let mut first = world.tracking.tracks(inst);
     std::future::poll_fn(|cx| {
         let before = first.then(|| l1_marks(world, cache, inst));
         first = false;
@@ -240,7 +243,8 @@ async fn first_poll<T>(
 /// The foreign writer's op on the shared store.
 async fn foreign(
     world: &World,
-    scratch: &(Cache<String, String>, MemoryBackend),
+    s: &Scenario,
+    scratch: &mut Option<(Cache<String, String>, MemoryBackend)>,
     key: usize,
     op: ForeignOp,
 ) {
@@ -251,6 +255,10 @@ async fn foreign(
             // cache of that type writes the value on a scratch store.
             let version = world.next_id.fetch_add(1, Ordering::SeqCst);
             let name = key_name(key);
+            let scratch = scratch.get_or_insert_with(|| {
+                let store = MemoryBackend::new();
+                (s.foreign_cache(store.clone()), store)
+            });
             let written = scratch.0.set(&name, format!("{name}/F{version}")).await;
             let Some((bytes, _)) = written.ok().and_then(|()| scratch.1.get_raw(value_key)) else {
                 return;
@@ -324,8 +332,7 @@ pub(crate) async fn simulate(seed: u64, s: &Scenario, variant: Variant) -> Arc<W
         })
         .collect();
     let other = s.other_cache(store.clone());
-    let scratch_store = MemoryBackend::new();
-    let scratch = (s.foreign_cache(scratch_store.clone()), scratch_store);
+    let mut scratch = None;
     for &(inst, from, lasts, noticed) in &s.tracking_losses {
         let world = world.clone();
         tokio::spawn(async move {
@@ -362,7 +369,7 @@ pub(crate) async fn simulate(seed: u64, s: &Scenario, variant: Variant) -> Arc<W
             continue;
         }
         if let OpKind::Foreign(foreign_op) = op.kind {
-            foreign(&world, &scratch, op.key, foreign_op).await;
+            foreign(&world, s, &mut scratch, op.key, foreign_op).await;
             continue;
         }
         // A caller that peeks with a `get` before its `fetch` while the

@@ -282,7 +282,7 @@ impl Scenario {
         let life = (self.ttl + self.grace).as_millis() as u64;
         let end_ms = end.as_millis() as u64;
         if self.l1 {
-            self.sync_bound = ms(pick(rng, &[100, 250, 1000]));
+            self.sync_bound = ms(pick(rng, &[250, 500, 1000]));
             let paired_free = self.death.is_none_or(|(i, _)| i >= 2);
             if paired_free && rng.random_bool(0.5) {
                 self.process_of = (0..self.instances).map(|i| i.saturating_sub(1)).collect();

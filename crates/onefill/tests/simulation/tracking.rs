@@ -27,13 +27,11 @@
 //!   the same backend object.
 
 use std::collections::VecDeque;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use onefill::backend::ChangeListener;
-use rand::rngs::StdRng;
-use rand::{RngExt, SeedableRng};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
@@ -47,7 +45,12 @@ pub(crate) struct Tracking {
     process_of: Vec<usize>,
     /// Per process: (instance, listener) of every L1 registered there.
     listeners: Vec<Mutex<Vec<(usize, Listener)>>>,
-    links: Vec<Arc<Link>>,
+    links: Vec<Link>,
+    /// Wakes the driver when a report is queued that arrives before the
+    /// driver's next wake-up (`next_wake`).
+    wake: Notify,
+    next_wake: Mutex<Option<Instant>>,
+    driving: AtomicBool,
 }
 
 impl Tracking {
@@ -59,9 +62,12 @@ impl Tracking {
             links: (0..process_of.len())
                 .map(|i| {
                     let stream = seed ^ (i as u64 + 1).wrapping_mul(0xA24B_AED4_963E_E407);
-                    Arc::new(Link::new(StdRng::seed_from_u64(stream)))
+                    Link::new(stream)
                 })
                 .collect(),
+            wake: Notify::new(),
+            next_wake: Mutex::new(None),
+            driving: AtomicBool::new(false),
         }
     }
 
@@ -77,7 +83,16 @@ impl Tracking {
             .lock()
             .unwrap()
             .push((inst, listener.clone()));
-        self.links[inst].start(world.clone(), inst, listener, confirm_every);
+        {
+            let link = &self.links[inst];
+            *link.listener.lock().unwrap() = Some(listener);
+            let mut state = link.state.lock().unwrap();
+            state.every = confirm_every;
+            state.next_confirm = Instant::now() + confirm_every;
+        }
+        if !self.driving.swap(true, Ordering::SeqCst) {
+            tokio::spawn(drive(world.clone()));
+        }
     }
 
     /// Whether instance `inst`'s backend object tracks the fleet's prefix
@@ -88,8 +103,14 @@ impl Tracking {
 
     /// The store changed `value_key`: a report on every connection.
     pub(crate) fn report(&self, value_key: &str) {
-        for link in &self.links {
-            link.push(Item::Changed(value_key.to_owned()));
+        let first = self
+            .links
+            .iter()
+            .filter_map(|link| link.push(Item::Changed(value_key.to_owned())))
+            .min();
+        let next_wake = *self.next_wake.lock().unwrap();
+        if first.is_some_and(|first| next_wake.is_none_or(|wake| first < wake)) {
+            self.wake.notify_one();
         }
     }
 
@@ -120,6 +141,37 @@ impl Tracking {
     }
 }
 
+/// Delivers every connection's reports as they arrive and confirms each
+/// connection's sync every `confirm_every`, until the run settles (then
+/// the L1s stop serving within their bound; no call is made any more). A
+/// dead instance's connection falls silent. One task for all connections:
+/// their confirmations fall due together (their caches are built at once).
+async fn drive(world: Arc<World>) {
+    let tracking = &world.tracking;
+    loop {
+        if world.settling.load(Ordering::SeqCst) || world.closed.load(Ordering::SeqCst) {
+            return;
+        }
+        let live = |i: &usize| !world.is_dead(*i);
+        let until = (0..tracking.links.len())
+            .filter(live)
+            .filter_map(|i| tracking.links[i].next_event())
+            .min();
+        let Some(until) = until else {
+            return;
+        };
+        *tracking.next_wake.lock().unwrap() = Some(until);
+        tokio::select! {
+            () = tokio::time::sleep_until(until) => {}
+            () = tracking.wake.notified() => {}
+        }
+        let now = Instant::now();
+        for i in (0..tracking.links.len()).filter(live) {
+            tracking.links[i].deliver(now);
+        }
+    }
+}
+
 #[derive(Debug)]
 enum Item {
     Changed(String),
@@ -130,30 +182,64 @@ enum Item {
 struct Link {
     listener: Mutex<Option<Listener>>,
     state: Mutex<LinkState>,
-    wake: Notify,
 }
 
 struct LinkState {
     /// What is on its way, with when it arrives (in order).
     queue: VecDeque<(Instant, Item)>,
     up: bool,
-    rng: StdRng,
+    /// The delays' stream (splitmix64: a `StdRng` per connection cost more
+    /// than the rest of the connection in a debug build).
+    rng: u64,
     /// When the last item queued arrives: the next one arrives no earlier.
     last: Instant,
+    every: Duration,
+    /// When the next confirmation is sent, and how long its answer takes
+    /// (drawn ahead, so the driver wakes once per confirmation, when it
+    /// may arrive: it is queued, behind every report queued before it,
+    /// either then or when a report comes after it was sent).
+    next_confirm: Instant,
+    confirm_delay: Duration,
 }
 
 impl LinkState {
-    fn queue(&mut self, item: Item) {
-        let delay =
-            Duration::from_millis(self.rng.random_range(1..=PUSH_DELAY_MAX.as_millis() as u64));
-        let at = (Instant::now() + delay).max(self.last);
+    fn delay(&mut self) -> Duration {
+        self.rng = self.rng.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.rng;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        Duration::from_millis(1 + z % PUSH_DELAY_MAX.as_millis() as u64)
+    }
+
+    /// Queues `item`, sent at `sent` and taking `delay`, behind everything
+    /// queued before it.
+    fn queue_at(&mut self, sent: Instant, delay: Duration, item: Item) {
+        let at = (sent + delay).max(self.last);
         self.last = at;
         self.queue.push_back((at, item));
+    }
+
+    fn queue(&mut self, now: Instant, item: Item) {
+        let delay = self.delay();
+        self.queue_at(now, delay, item);
+    }
+
+    /// Queues the confirmations sent by `now`.
+    fn confirm_due(&mut self, now: Instant) {
+        while self.next_confirm <= now {
+            let sent = self.next_confirm;
+            if self.up {
+                self.queue_at(sent, self.confirm_delay, Item::Synced(sent));
+            }
+            self.next_confirm = sent + self.every;
+            self.confirm_delay = self.delay();
+        }
     }
 }
 
 impl Link {
-    fn new(rng: StdRng) -> Self {
+    fn new(rng: u64) -> Self {
         Link {
             listener: Mutex::new(None),
             state: Mutex::new(LinkState {
@@ -161,8 +247,10 @@ impl Link {
                 up: true,
                 rng,
                 last: Instant::now(),
+                every: Duration::MAX,
+                next_confirm: Instant::now(),
+                confirm_delay: PUSH_DELAY_MAX,
             }),
-            wake: Notify::new(),
         }
     }
 
@@ -170,21 +258,56 @@ impl Link {
         self.listener.lock().unwrap().as_ref()?.upgrade()
     }
 
-    fn push(&self, item: Item) {
-        if self.listener.lock().unwrap().is_none() {
-            return;
-        }
+    /// Queues `item` if the connection is registered and up: when it
+    /// arrives.
+    fn push(&self, item: Item) -> Option<Instant> {
+        self.listener.lock().unwrap().as_ref()?;
+        let now = Instant::now();
         let mut state = self.state.lock().unwrap();
-        if state.up {
-            state.queue(item);
-            drop(state);
-            self.wake.notify_one();
+        state.confirm_due(now);
+        if !state.up {
+            return None;
+        }
+        state.queue(now, item);
+        Some(state.last)
+    }
+
+    /// When this connection next has something to do.
+    fn next_event(&self) -> Option<Instant> {
+        self.listener.lock().unwrap().as_ref()?;
+        let state = self.state.lock().unwrap();
+        let confirmed = state.next_confirm + state.confirm_delay;
+        let due = state.queue.front().map(|(at, _)| *at);
+        Some(due.map_or(confirmed, |due| due.min(confirmed)))
+    }
+
+    /// Sends the confirmation due (behind every report queued before it)
+    /// and delivers what has arrived, in order.
+    fn deliver(&self, now: Instant) {
+        let Some(listener) = self.listening() else {
+            return;
+        };
+        let arrived = {
+            let mut state = self.state.lock().unwrap();
+            state.confirm_due(now);
+            let mut arrived = Vec::new();
+            while state.queue.front().is_some_and(|(at, _)| *at <= now) {
+                arrived.extend(state.queue.pop_front().map(|(_, item)| item));
+            }
+            arrived
+        };
+        for item in arrived {
+            match item {
+                Item::Changed(key) => listener.changed(key.as_bytes()),
+                Item::Synced(at) => listener.synced(Some(at)),
+            }
         }
     }
 
     fn lose(&self, noticed: bool) {
         {
             let mut state = self.state.lock().unwrap();
+            state.confirm_due(Instant::now());
             state.up = false;
             state.queue.clear();
         }
@@ -194,69 +317,14 @@ impl Link {
     }
 
     fn restore(&self) {
-        self.state.lock().unwrap().up = true;
+        {
+            let mut state = self.state.lock().unwrap();
+            state.confirm_due(Instant::now());
+            state.up = true;
+        }
         if let Some(listener) = self.listening() {
             listener.reset();
             listener.synced(Some(Instant::now()));
         }
-    }
-
-    /// Delivers the reports as they arrive and confirms the sync every
-    /// `confirm_every`, until the run settles (then the L1 stops serving
-    /// within its bound; no call is made any more). A dead instance's
-    /// connection falls silent.
-    fn start(
-        self: &Arc<Self>,
-        world: Arc<World>,
-        inst: usize,
-        listener: Listener,
-        every: Duration,
-    ) {
-        *self.listener.lock().unwrap() = Some(listener);
-        let link = self.clone();
-        tokio::spawn(async move {
-            let mut next_confirm = Instant::now() + every;
-            loop {
-                if world.settling.load(Ordering::SeqCst) || world.closed.load(Ordering::SeqCst) {
-                    return;
-                }
-                if world.is_dead(inst) {
-                    std::future::pending::<()>().await;
-                }
-                let due = link.state.lock().unwrap().queue.front().map(|(at, _)| *at);
-                let until = due.map_or(next_confirm, |due| due.min(next_confirm));
-                tokio::select! {
-                    () = tokio::time::sleep_until(until) => {}
-                    () = link.wake.notified() => {}
-                }
-                let now = Instant::now();
-                let arrived = {
-                    let mut state = link.state.lock().unwrap();
-                    if now >= next_confirm {
-                        next_confirm = now + every;
-                        if state.up {
-                            state.queue(Item::Synced(now));
-                        }
-                    }
-                    let mut arrived = Vec::new();
-                    while state.queue.front().is_some_and(|(at, _)| *at <= now) {
-                        arrived.extend(state.queue.pop_front().map(|(_, item)| item));
-                    }
-                    arrived
-                };
-                let Some(listener) = link.listening() else {
-                    return;
-                };
-                if world.is_dead(inst) {
-                    continue;
-                }
-                for item in arrived {
-                    match item {
-                        Item::Changed(key) => listener.changed(key.as_bytes()),
-                        Item::Synced(at) => listener.synced(Some(at)),
-                    }
-                }
-            }
-        });
     }
 }
