@@ -292,6 +292,10 @@ pub(crate) struct World {
     /// Per instance: the late reply drawn for the call under way (see
     /// `Injector::call`).
     pub(crate) late_reply: Vec<Mutex<Option<Duration>>>,
+    /// Per instance: when its latest reply arrives. Replies come in the
+    /// order their commands ran (one connection's), so none overtakes a
+    /// late one.
+    pub(crate) reply_floor: Vec<Mutex<Instant>>,
     /// The change reports: tracking connections and own-process listeners.
     pub(crate) tracking: Tracking,
     /// The run is settling: no calls any more, the tracking connections

@@ -175,9 +175,17 @@ impl Injector {
         // A late reply was drawn for this call by the wrapper's decision,
         // made in the poll that ran the command and returned here (nothing
         // else ran in between): its answer now waits, the command done.
+        // Replies keep their commands' order, as on one connection: none
+        // overtakes a late one (else a `set` answered after a later `set`
+        // would look like the newer write).
         let late = self.world.late_reply[self.inst].lock().unwrap().take();
-        if let Some(late) = late {
-            tokio::time::sleep(late).await;
+        let arrives = {
+            let mut floor = self.world.reply_floor[self.inst].lock().unwrap();
+            *floor = (*floor).max(Instant::now() + late.unwrap_or_default());
+            *floor
+        };
+        if arrives > Instant::now() {
+            tokio::time::sleep_until(arrives).await;
         }
         abandon.armed = false;
         let answered = match &result {

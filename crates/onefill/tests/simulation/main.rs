@@ -56,7 +56,9 @@
 //! `Command`), run-then-lose-reply (the command runs on the store, then
 //! the call answers a `Timeout` error or hangs), or a late reply (the
 //! command runs at once, its answer comes up to two backend timeouts
-//! later: the store may change in between, as over a real network). Fill notifications are
+//! later: the store may change in between, as over a real network).
+//! Replies keep their commands' order per instance, as on one connection:
+//! none overtakes a late one. Fill notifications are
 //! dropped, delayed or duplicated. One instance may die: from then on its
 //! backend calls and loaders pend forever and its leases are left to expire
 //! (its own callers are excluded from the bound checks). The last operation

@@ -312,6 +312,9 @@ pub(crate) async fn simulate(seed: u64, s: &Scenario, variant: Variant) -> Arc<W
         written_expiry: Mutex::new(vec![None; s.keys + 1]),
         entered: (0..s.instances).map(|_| AtomicU64::new(0)).collect(),
         late_reply: (0..s.instances).map(|_| Mutex::new(None)).collect(),
+        reply_floor: (0..s.instances)
+            .map(|_| Mutex::new(Instant::now()))
+            .collect(),
         tracking: Tracking::new(&s.process_of, seed),
         settling: AtomicBool::new(false),
     });
