@@ -241,18 +241,26 @@
 //! # Proving it can fail
 //!
 //! [`Variant`](variants::Variant) breaks the protocol on purpose, in the
-//! injector or the policy: release by bare `DEL` (whatever the token), a
+//! store or the policy: release by bare `DEL` (whatever the token), a
 //! fill not fenced on the token, an `acquire` without the re-check (it
-//! never answers `Fresh`), and a waiter without a deadline (an hour,
-//! checked against the scenario's deadline). One test per variant asserts it
-//! is caught within 400 seeds by the invariant it breaks, and prints how
-//! many seeds it took: the bare `DEL` by invariant 1 (a duplicate load
-//! whose first lease another token deleted), 11 seeds at the time of
-//! writing; the unfenced fill by invariant 4 (a fill from before a write
-//! landing after it), 6; the missing re-check by invariant 1 (a lease won
-//! over a fresh value), 1; the waiter without a deadline by invariant 2
-//! (a caller answered past its bound), about 40 (it moves by a seed or two
-//! between runs).
+//! never answers `Fresh`), a waiter without a deadline (an hour,
+//! checked against the scenario's deadline), reads that report the TTL
+//! written in the value for every key (`stamped-ttl`: the L1 and the
+//! outage fallback then keep a copy for a TTL another client shortened),
+//! and a write told at once only to the L1s of the backend object that
+//! made it (`per-backend-listeners`: another cache of the process hears
+//! of it by the push). One test per variant asserts it is caught by the
+//! invariant it breaks (within 400 seeds; the last two within the default
+//! 10,000), and prints how many seeds it took, at the time of writing
+//! (they move by a seed or two between runs): the bare `DEL` by invariant
+//! 1 (a duplicate load whose first lease another token deleted), 19; the
+//! unfenced fill by invariant 4 (a fill from before a write landing after
+//! it), 6; the missing re-check by invariant 1 (a lease won over a fresh
+//! value), 1; the waiter without a deadline by invariant 2 (a caller
+//! answered past its bound), 40; the stamped TTL by invariant 8 twice, an
+//! L1 copy past the server's expiry in 87 seeds and a fallback copy in
+//! 1,667; the per-backend listeners by invariant 4 (another cache's L1
+//! answering the replaced value after the write returned), 12.
 //!
 //! Ten library bugs fixed earlier (the conformance suite's `regressions`
 //! and `tests/protocol/outage_memory.rs` keep their cases), each reintroduced in
@@ -264,6 +272,19 @@
 //! unfenced-write check (4); a lost `acquire` reply's lease not released
 //! (3); a value outliving its life (7); two loads at once in one process
 //! (1); the stats (6). A tenth, cluster slots, needs a cluster: not here.
+//!
+//! The copies' guards in `src/`, each broken by hand one at a time, are
+//! caught in 10,000 seeds, by invariant 8 unless said (the first failing
+//! seed in brackets): an L1 insert that ignores the change reports since
+//! its read began (the ticket; 776: it needs the late replies, a read and
+//! its insert otherwise happen in one poll); an L1 that serves without the
+//! backend vouching for it (37); a `reset` that does not empty it (1198);
+//! trust for four sync bounds (37); an entry kept past the value's hard
+//! expiry (68); the fallback's copy kept for the policy's TTL instead of
+//! the server's, on the hit path (37, by invariant 7; 91 by invariant 8)
+//! or a flight's (71). The library's Redis-only guards (reads of a tracked
+//! prefix with `GET` + `PTTL`, one registry of own-process listeners) are
+//! broken in the simulated store instead: the variants above.
 //!
 //! # Where things are
 //!
