@@ -292,6 +292,9 @@ pub(crate) struct World {
     /// Per instance: the late reply drawn for the call under way (see
     /// `Injector::call`).
     pub(crate) late_reply: Vec<Mutex<Option<Duration>>>,
+    /// Per instance: the store is unreachable (its tracking connection is
+    /// lost with the rest: every call fails).
+    pub(crate) unreachable: Vec<AtomicBool>,
     /// Per instance: when its latest reply arrives. Replies come in the
     /// order their commands ran (one connection's), so none overtakes a
     /// late one.

@@ -220,6 +220,9 @@ fn decide(
     if world.hang_next[inst].swap(false, Ordering::SeqCst) {
         return Fault::Hang;
     }
+    if world.unreachable[inst].load(Ordering::SeqCst) {
+        return Fault::Fail(BackendErrorKind::Connection);
+    }
     let mut rng = rng.lock().unwrap();
     if !rng.random_bool(fault_rate) {
         return Fault::Pass;

@@ -29,8 +29,9 @@
 //! object has a tracking connection that delivers every change of a value
 //! key after a drawn delay of at most 5 ms, in order, confirms the sync
 //! behind the reports every `confirm_every`, reports no expiry, and may be
-//! lost for 10 to 500 ms (three instances in ten), noticed at once or not,
-//! then resets the L1; a write answered `Ok` reaches every L1 of its process
+//! lost for 10 to 500 ms (three instances in ten), noticed at once (then
+//! the store is out of reach for that instance meanwhile: its calls fail
+//! too) or not, then resets the L1; a write answered `Ok` reaches every L1 of its process
 //! before it returns. In half of those seeds instances 0 and 1 are one
 //! process: two caches of the namespace on two backend objects, ops picking
 //! either. Reads report the TTL Redis would (`store.rs`): the server's for a
@@ -259,7 +260,7 @@
 //! value), 1; the waiter without a deadline by invariant 2 (a caller
 //! answered past its bound), 40; the stamped TTL by invariant 8 twice, an
 //! L1 copy past the server's expiry in 87 seeds and a fallback copy in
-//! 1,667; the per-backend listeners by invariant 4 (another cache's L1
+//! 1,130; the per-backend listeners by invariant 4 (another cache's L1
 //! answering the replaced value after the write returned), 12.
 //!
 //! Ten library bugs fixed earlier (the conformance suite's `regressions`

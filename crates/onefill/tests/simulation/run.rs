@@ -315,6 +315,7 @@ pub(crate) async fn simulate(seed: u64, s: &Scenario, variant: Variant) -> Arc<W
         reply_floor: (0..s.instances)
             .map(|_| Mutex::new(Instant::now()))
             .collect(),
+        unreachable: (0..s.instances).map(|_| AtomicBool::new(false)).collect(),
         tracking: Tracking::new(&s.process_of, seed),
         settling: AtomicBool::new(false),
     });
@@ -342,7 +343,12 @@ pub(crate) async fn simulate(seed: u64, s: &Scenario, variant: Variant) -> Arc<W
             tokio::time::sleep_until(world.t0 + from).await;
             world.record(Ev::TrackingLost { inst, noticed });
             world.tracking.lose(inst, noticed);
+            // A loss the backend notices at once is the store's outage for
+            // this instance: its calls fail too (the L1 stops serving, the
+            // outage fallback answers).
+            world.unreachable[inst].store(noticed, Ordering::SeqCst);
             tokio::time::sleep(lasts).await;
+            world.unreachable[inst].store(false, Ordering::SeqCst);
             world.tracking.restore(inst);
             world.record(Ev::TrackingBack { inst });
         });

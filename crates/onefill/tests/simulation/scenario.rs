@@ -58,7 +58,8 @@ pub(crate) struct Scenario {
     pub(crate) process_of: Vec<usize>,
     /// With an L1: the losses of an instance's tracking connection
     /// (instance, from, how long, whether the backend notices at once and
-    /// says it is out of sync, or falls silent).
+    /// says it is out of sync, or falls silent). A noticed loss is an
+    /// outage: the instance's calls fail meanwhile too.
     pub(crate) tracking_losses: Vec<(usize, Duration, Duration, bool)>,
     /// Per instance: probability that a backend call is faulted, and that a
     /// notification is.
