@@ -198,7 +198,7 @@
 //!    version the store never held. Any other answer is of a version the
 //!    store held while the call ran (a coalesced one: before it ended), or
 //!    else it is the outage fallback's copy: answered no later than one
-//!    round trip (a backend timeout) after the latest expiry the server
+//!    round trip (a backend timeout) after the furthest expiry the server
 //!    had for that version when the instance read or wrote it (without an
 //!    L1, the expiry the read reported: the one-`GET` hit's written TTL, a
 //!    documented limit). A version never stored (a degraded load's) is

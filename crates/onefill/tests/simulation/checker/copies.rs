@@ -59,7 +59,7 @@ impl Checker<'_> {
             .any(|&(from, back)| from <= t && back.is_none_or(|back| back + PUSH_DELAY_MAX >= gone))
     }
 
-    /// The latest expiry of `origin` (of `key`) as the server had it when
+    /// The furthest expiry of `origin` (of `key`) as the server had it when
     /// `inst` read or wrote it before `t`: how long its outage fallback may
     /// keep it. A backend object that tracks the fleet's keys reads the
     /// server's TTL; one that does not (no L1) may read the TTL written in
@@ -151,7 +151,7 @@ impl Checker<'_> {
             if kept.is_none_or(|kept| t > kept + round_trip) {
                 let gone = of.iter().map(|l| l.to).max().unwrap_or_default();
                 self.fail(format!(
-                    "a fallback copy outlived the server's: {call}, not on the store since {gone:?}; the expiry the server had for it when this instance last read or wrote it: {kept:?} (+ one round trip {round_trip:?})"
+                    "a fallback copy outlived the server's: {call}, not on the store since {gone:?}; the furthest expiry the server had for it when this instance read or wrote it: {kept:?} (+ one round trip {round_trip:?})"
                 ));
             }
         }
