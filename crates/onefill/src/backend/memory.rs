@@ -213,6 +213,72 @@ impl MemoryBackend {
             .get(key, Instant::now())
             .map(|s| (s.bytes, s.ttl))
     }
+
+    /// Deletes a backend key, bypassing the protocol (another client's
+    /// `DEL`: no lease is touched, no fill notification is sent). The
+    /// change is reported to the L1s listening, as Redis's tracking
+    /// reports a `DEL`. Returns whether the key was live.
+    ///
+    /// Only with the `test-support` feature.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    ///
+    /// let store = onefill::MemoryBackend::new();
+    /// store.put_raw("k", b"v", Duration::from_secs(5));
+    /// assert!(store.delete_raw("k"));
+    /// assert!(store.get_raw("k").is_none());
+    /// assert!(!store.delete_raw("k"));
+    /// ```
+    #[cfg(feature = "test-support")]
+    pub fn delete_raw(&self, key: &str) -> bool {
+        let live = {
+            let mut state = self.state();
+            let live = state.live(key, Instant::now()).is_some();
+            state.entries.remove(key);
+            live
+        };
+        if live {
+            self.changed(key);
+        }
+        live
+    }
+
+    /// Sets the remaining TTL of a live backend key, bypassing the protocol
+    /// (another client's `PEXPIRE`, which may shorten or lengthen it; a
+    /// very long TTL stands for `PERSIST`). The bytes are left as they
+    /// are, so a TTL recorded in them no longer tells the key's. The change
+    /// is reported to the L1s listening, as Redis's tracking reports a
+    /// `PEXPIRE`. Returns whether the key was live (a missing key is left
+    /// missing).
+    ///
+    /// Only with the `test-support` feature.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    ///
+    /// let store = onefill::MemoryBackend::new();
+    /// store.put_raw("k", b"v", Duration::from_secs(60));
+    /// assert!(store.expire_raw("k", Duration::from_secs(1)));
+    /// assert!(store.get_raw("k").unwrap().1 <= Duration::from_secs(1));
+    /// assert!(!store.expire_raw("missing", Duration::from_secs(1)));
+    /// ```
+    #[cfg(feature = "test-support")]
+    pub fn expire_raw(&self, key: &str, ttl: Duration) -> bool {
+        let live = {
+            let now = Instant::now();
+            let mut state = self.state();
+            state.live(key, now).is_some()
+                && state.entries.get_mut(key).is_some_and(|e| {
+                    e.expires_at = now + ttl;
+                    true
+                })
+        };
+        if live {
+            self.changed(key);
+        }
+        live
+    }
 }
 
 fn is_fresh(stored: &Stored, refresh_window: Duration) -> bool {

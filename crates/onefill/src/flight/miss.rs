@@ -109,7 +109,11 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
                         self.rec().lease_takeover();
                     }
                     self.finish_wait(waiting, false);
-                    let stale = self.stale_value(won_stale).or(stale);
+                    // The stale value to fall back on (and, fail-safe,
+                    // re-store) is what this acquire found: one read in an
+                    // earlier round may have been deleted or replaced since
+                    // (an `invalidate` frees the lease it was won from).
+                    let stale = self.stale_value(won_stale);
                     return self.load_leased(lease, stale).await;
                 }
                 Ok(Acquisition::Held { stale, lease_ttl }) => (stale, lease_ttl),
@@ -138,6 +142,9 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
                 Next::Recheck => {}
                 Next::Deadline => {
                     self.finish_wait(waiting, true);
+                    // The stale value read during the wait may have expired
+                    // since: served only while the server still keeps it.
+                    let stale = stale.filter(|_| self.value_still_lives());
                     return match self.policy.wait.at_deadline(stale) {
                         AtDeadline::Serve(value) => {
                             self.rec().stale_served();
@@ -168,7 +175,9 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         if self.policy.strict {
             return Err(Error::Backend(error));
         }
-        if let Some(value) = stale {
+        // A stale value read earlier in the flight (before a wait) is served
+        // only while the server still keeps it, as the fallback's copy is.
+        if let Some(value) = stale.filter(|_| self.value_still_lives()) {
             self.rec().stale_served();
             return Ok((value, Outcome::Stale));
         }
@@ -197,7 +206,9 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         };
         match self.acquire(LeaseTtl::default(), window).await {
             Ok(Acquisition::Won { lease, stale }) => {
-                let stale = self.stale_value(stale).or(known_stale);
+                // Not `known_stale`: a write between the first read and
+                // this acquire may have deleted or replaced it.
+                let stale = self.stale_value(stale);
                 self.load_leased(lease, stale).await
             }
             // Another process is refreshing the stale value read first

@@ -21,6 +21,7 @@ mod no_store;
 mod outage_memory;
 mod round_trip;
 mod soft_timeout;
+mod stale_lives;
 mod third_party_backend;
 mod wait_pacing;
 mod writes;

@@ -281,6 +281,64 @@ async fn a_failed_early_refresh_leaves_the_fresh_value_alone() {
     }
 }
 
+/// A flight waits on another process's lease and, re-checking, reads a
+/// stale value (another client wrote it, past its TTL, in grace); then an
+/// `invalidate` deletes the value and the lease. The flight wins the lease
+/// over nothing and its load fails. It used to fall back on the stale value
+/// read before the invalidate and re-store it as the fail-safe entry, so a
+/// `get` after the invalidate had returned found the deleted value again
+/// (the simulation's foreign writer found it). The stale value to fall back
+/// on is the one the winning `acquire` read, if any.
+#[tokio::test(start_paused = true)]
+async fn a_failed_load_does_not_restore_a_value_deleted_while_it_waited() {
+    let ns = "restore";
+    let build = |backend: &MemoryBackend| {
+        Cache::<String, String>::builder()
+            .namespace(ns)
+            .backend(backend.clone())
+            .ttl(Duration::from_secs(1))
+            .grace(Duration::from_secs(60))
+            .jitter(0.0)
+            .fail_safe(true)
+            .wait(
+                onefill::WaitPolicy::default()
+                    .deadline(Duration::from_secs(10))
+                    .polling(Duration::from_millis(10), Duration::from_millis(10)),
+            )
+            .no_l1()
+            .build()
+            .unwrap()
+    };
+    let backend = MemoryBackend::new();
+    let cache = build(&backend);
+    let keys = onefill::backend::FillKeys::new(ns, "k");
+    // Another process's lease: the waiter re-checks when it runs out (at
+    // 20 ms), by when its holder has extended it.
+    backend.put_raw(keys.lock(), b"another process", Duration::from_millis(20));
+    let waiter = {
+        let cache = cache.clone();
+        tokio::spawn(async move {
+            let failing = |_| async { Err::<String, _>(std::io::Error::other("origin down")) };
+            cache.fetch("k", failing).await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    // Another client writes "old" for less than its grace: stale at once.
+    let scratch = MemoryBackend::new();
+    build(&scratch).set("k", "old".to_owned()).await.unwrap();
+    let (bytes, _) = scratch.get_raw(keys.value()).unwrap();
+    backend.put_raw(keys.value(), &bytes, Duration::from_secs(30));
+    backend.put_raw(keys.lock(), b"another process", Duration::from_secs(30));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    cache.invalidate("k").await.unwrap();
+    let _ = waiter.await.unwrap();
+    assert_eq!(
+        cache.get("k").await.unwrap(),
+        None,
+        "the invalidated value came back"
+    );
+}
+
 /// A remote invalidate is not undone by a load from before it shared in
 /// this process.
 mod shared_loads {

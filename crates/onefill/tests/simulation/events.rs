@@ -6,11 +6,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use onefill::backend::FillKeys;
-use onefill::{BackendErrorKind, Outcome, Stats};
+use onefill::{BackendErrorKind, MemoryBackend, Outcome, Stats};
 use tokio::time::Instant;
 
-use crate::scenario::ms;
+use crate::scenario::{ms, ForeignOp};
 use crate::spans::LoadSpans;
+use crate::tracking::Tracking;
 use crate::variants::Variant;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,6 +34,9 @@ pub(crate) enum Fault {
     Fail(BackendErrorKind),
     RunThenFail,
     RunThenHang,
+    /// The command runs at once; its answer reaches the cache this long
+    /// after (a reply's latency: the store may change meanwhile).
+    LateReply(Duration),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,11 +57,24 @@ pub(crate) enum Reply {
     Err,
 }
 
-/// Where a value (or a loader failure) comes from: load `n` or set `n`.
+/// Where a value (or a loader failure) comes from: load `n`, set `n`, or
+/// the foreign writer's raw `SET` `n`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) enum Origin {
     Load(u64),
     Set(u64),
+    Foreign(u64),
+}
+
+/// How a value key changed on the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Change {
+    /// Written (a fill, an entry, a `set`, a raw `SET`).
+    Write,
+    /// Deleted (`invalidate`, a raw `DEL`).
+    Delete,
+    /// Its TTL changed (a raw `PEXPIRE`).
+    Ttl,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -136,6 +153,8 @@ pub(crate) enum Ev {
         answer: Answer,
         rejected: u64,
         closed: bool,
+        /// Answered from the L1 (see `run.rs`).
+        l1: bool,
     },
     CallDropped {
         call: usize,
@@ -194,6 +213,45 @@ pub(crate) enum Ev {
         token: Option<String>,
         task: Option<tokio::task::Id>,
     },
+    /// A value key changed on the store: what it holds now (the version,
+    /// `None` for a value the fleet cannot read; and when the server drops
+    /// it, since the run began), or nothing. `by`: the instance whose
+    /// command changed it (`None`: another client).
+    Value {
+        key: usize,
+        held: Option<(Option<Origin>, Duration)>,
+        change: Change,
+        by: Option<usize>,
+    },
+    /// Instance `inst` read a version of a value key: when the server
+    /// drops it (`expires`, since the run began), and the expiry the read
+    /// reported (`reported`: the TTL written in the value, on a read that
+    /// reports that one).
+    Read {
+        inst: usize,
+        key: usize,
+        origin: Origin,
+        expires: Duration,
+        reported: Duration,
+    },
+    /// The foreign writer acted on a value key (its `Value` follows, if
+    /// the key changed).
+    Foreign {
+        key: usize,
+        op: ForeignOp,
+        version: Option<u64>,
+    },
+    /// Instance `inst`'s tracking connection is lost (`noticed`: the
+    /// backend says at once that it is out of sync).
+    TrackingLost {
+        inst: usize,
+        noticed: bool,
+    },
+    /// Instance `inst`'s tracking connection is back (`reset`, then in
+    /// sync).
+    TrackingBack {
+        inst: usize,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -223,6 +281,29 @@ pub(crate) struct World {
     pub(crate) key_names: Vec<String>,
     pub(crate) final_stats: Mutex<Vec<Option<Stats>>>,
     pub(crate) load_spans: Arc<LoadSpans>,
+    /// The shared store.
+    pub(crate) store: MemoryBackend,
+    /// Per key: the expiry written in its value (what a one-`GET` hit
+    /// reports; a raw `PEXPIRE` leaves it as it was), since `t0`.
+    pub(crate) written_expiry: Mutex<Vec<Option<Duration>>>,
+    /// Per instance: backend calls entered (an answer given with none is
+    /// not the backend's).
+    pub(crate) entered: Vec<AtomicU64>,
+    /// Per instance: the late reply drawn for the call under way (see
+    /// `Injector::call`).
+    pub(crate) late_reply: Vec<Mutex<Option<Duration>>>,
+    /// Per instance: the store is unreachable (its tracking connection is
+    /// lost with the rest: every call fails).
+    pub(crate) unreachable: Vec<AtomicBool>,
+    /// Per instance: when its latest reply arrives. Replies come in the
+    /// order their commands ran (one connection's), so none overtakes a
+    /// late one.
+    pub(crate) reply_floor: Vec<Mutex<Instant>>,
+    /// The change reports: tracking connections and own-process listeners.
+    pub(crate) tracking: Tracking,
+    /// The run is settling: no calls any more, the tracking connections
+    /// stop confirming.
+    pub(crate) settling: AtomicBool,
 }
 
 impl World {
@@ -242,15 +323,47 @@ impl World {
             .position(|k| k == keys.value())
             .expect("a key of the scenario")
     }
+    pub(crate) fn since_t0(&self) -> Duration {
+        Instant::now() - self.t0
+    }
+
+    /// The value key `key` changed on the store, by `by`'s command (or
+    /// another client's): logs what it holds now, keeps the expiry written
+    /// in it, and queues the change report on every tracking connection
+    /// (the store's own synchronous reports reach no L1 here: see
+    /// `tracking.rs`).
+    pub(crate) fn value_changed(&self, key: usize, change: Change, by: Option<usize>) {
+        let name = &self.key_names[key];
+        let now = self.since_t0();
+        let held = self
+            .store
+            .get_raw(name)
+            .map(|(bytes, ttl)| (origin_of_envelope(&bytes), now + ttl));
+        {
+            let mut written = self.written_expiry.lock().unwrap();
+            match change {
+                Change::Write => written[key] = held.map(|(_, expires)| expires),
+                Change::Delete => written[key] = None,
+                Change::Ttl => {}
+            }
+        }
+        self.record(Ev::Value {
+            key,
+            held,
+            change,
+            by,
+        });
+        self.tracking.report(name);
+    }
 }
 
 /// Parses the origin out of a value or an error message: the last
-/// `/L<n>` or `/S<n>` in it.
+/// `/L<n>`, `/S<n>` or `/F<n>` in it.
 pub(crate) fn origin_of(text: &str) -> Option<Origin> {
     let bytes = text.as_bytes();
     let mut found = None;
     for i in 0..bytes.len().saturating_sub(2) {
-        if bytes[i] != b'/' || !matches!(bytes[i + 1], b'L' | b'S') {
+        if bytes[i] != b'/' || !matches!(bytes[i + 1], b'L' | b'S' | b'F') {
             continue;
         }
         let digits: String = text[i + 2..]
@@ -258,10 +371,10 @@ pub(crate) fn origin_of(text: &str) -> Option<Origin> {
             .take_while(|c| c.is_ascii_digit())
             .collect();
         if let Ok(n) = digits.parse() {
-            found = Some(if bytes[i + 1] == b'L' {
-                Origin::Load(n)
-            } else {
-                Origin::Set(n)
+            found = Some(match bytes[i + 1] {
+                b'L' => Origin::Load(n),
+                b'S' => Origin::Set(n),
+                _ => Origin::Foreign(n),
             });
         }
     }

@@ -20,6 +20,33 @@
 //! waiting, a flight stores only under a lease it found free) is drawn per
 //! seed, shared by every instance, and used by the checker too.
 //!
+//! # L1s, change reports and a foreign writer
+//!
+//! In one seed in three every instance has an L1 (its sync bound drawn:
+//! 250 ms, 500 ms or 1 s), fed as on Redis rather than by the memory
+//! backend's own reports, which reach every listener before a write returns
+//! and could hide any fault of late reports (`tracking.rs`): each backend
+//! object has a tracking connection that delivers every change of a value
+//! key after a drawn delay of at most 5 ms, in order, confirms the sync
+//! behind the reports every `confirm_every`, reports no expiry, and may be
+//! lost for 10 to 500 ms (three instances in ten), noticed at once (then
+//! the store is out of reach for that instance meanwhile: its calls fail
+//! too) or not, then resets the L1; a write answered `Ok` reaches every L1 of its process
+//! before it returns. In half of those seeds instances 0 and 1 are one
+//! process: two caches of the namespace on two backend objects, ops picking
+//! either. Reads report the TTL Redis would (`store.rs`): the server's for a
+//! backend object that tracks the keys (`GET` + `PTTL`, decision 0014),
+//! else the one written in the value (the one-`GET` hit, decision 0011).
+//!
+//! In every seed a foreign writer (another client, not onefill) acts on the
+//! store at random times: a raw `SET` of a version the fleet can read (its
+//! bytes made by a cache of the fleet's type on a scratch store, its value
+//! `k<n>/F<id>`), a raw `DEL`, and `PEXPIRE` shortening the key to at most
+//! 200 ms, lengthening it, or to an hour (`PERSIST`). It touches no lease
+//! and announces no fill; tracking reports it. The foreign writer and the
+//! tracking connections draw from streams of their own, so the rest of a
+//! seed's scenario is what it was before they existed.
+//!
 //! # The fault injector
 //!
 //! A [`Backend`](onefill::backend::Backend) wrapper deciding per call, from its instance's seeded
@@ -27,8 +54,12 @@
 //! than the timeout is dropped by the cache, like a request lost on a broken
 //! connection), hang (pending forever: the cache's own timeout must end it),
 //! an error of each transport kind (`Timeout`, `Connection`, `Busy`,
-//! `Command`), or run-then-lose-reply (the command runs on the store, then
-//! the call answers a `Timeout` error or hangs). Fill notifications are
+//! `Command`), run-then-lose-reply (the command runs on the store, then
+//! the call answers a `Timeout` error or hangs), or a late reply (the
+//! command runs at once, its answer comes up to two backend timeouts
+//! later: the store may change in between, as over a real network).
+//! Replies keep their commands' order per instance, as on one connection:
+//! none overtakes a late one. Fill notifications are
 //! dropped, delayed or duplicated. One instance may die: from then on its
 //! backend calls and loaders pend forever and its leases are left to expire
 //! (its own callers are excluded from the bound checks). The last operation
@@ -52,7 +83,8 @@
 //!    not extend it), or have been *revoked* by a `set`/`invalidate`
 //!    (documented: that load still answers its callers but is fenced out; a
 //!    revocation is the same loss of the lease as an expiry, caused on
-//!    purpose), or one of the two is a
+//!    purpose), or the second one's lease had expired or been revoked
+//!    before it started (its `Won` came late), or one of the two is a
 //!    *degraded* load (no lease). Two leased loads whose first lease was
 //!    deleted by another token are a violation. Two loads at once in one
 //!    process are explained alike: a flight holding a lease it just won
@@ -106,7 +138,13 @@
 //!    no fill (nor fail-safe or negative entry) of a load that started
 //!    before a `set`/`invalidate` ran (in any process) lands after it. A
 //!    load's value is never stored by a plain `SET` (only by a fill or a
-//!    release fenced on its lease, `no_lease` included).
+//!    release fenced on its lease, `no_lease` included). In another cache
+//!    of the writer's process (two caches on two backend objects), only
+//!    the L1's answers are held to this (its L1 hears of the write before
+//!    the write returns; its flights, coalescer and outage fallback are its
+//!    own, as another process's are). A foreign write changes nothing here:
+//!    it touches no lease (it is no write that fences), and a version it
+//!    writes after the process's write is newer than it.
 //! 5. **The breaker is never stuck.** The circuit rejects calls only within
 //!    `open_for` plus two backend timeouts after an injected fault (a fault
 //!    surfaces up to one timeout after the call, and the probe may take one
@@ -144,18 +182,41 @@
 //!    (the outage fallback counts a value's life from its flight's answer,
 //!    which a fill that timed out may delay). A `Stale` answer given as
 //!    a load of its process fails (fail-safe) may be up to the max load
-//!    time older: the flight read that value before the load.
+//!    time older: the flight read that value before the load. A foreign
+//!    writer's version is born at its raw `SET`; a raw `PEXPIRE` may keep a
+//!    version longer than any write of the fleet would, so its life then
+//!    counts back from the expiry the server has for it.
+//! 8. **No copy outlives the server's** (decision 0014). From the log, each
+//!    version's lives on the store: from its write to its overwrite,
+//!    deletion or expiry, every TTL change applied. An answer from an L1
+//!    (told apart as the one given in the call's first poll, counted as an
+//!    L1 hit or a stale answer, with no backend call entered and none
+//!    refused by the breaker) at `t` of a version gone at `g` needs
+//!    `t ≤ g + 5 ms` (the report's delay; plus 10 ms for the timers) while the
+//!    instance's tracking connection is up, and `t ≤ g + sync_bound` if it
+//!    was lost meanwhile or the instance died; an L1 never answers a
+//!    version the store never held. Any other answer is of a version the
+//!    store held while the call ran (a coalesced one: before it ended), or
+//!    else it is the outage fallback's copy: answered no later than one
+//!    round trip (a backend timeout) after the furthest expiry the server
+//!    had for that version when the instance read or wrote it (without an
+//!    L1, the expiry the read reported: the one-`GET` hit's written TTL, a
+//!    documented limit). A version never stored (a degraded load's) is
+//!    invariant 7's. Every bound comes from the scenario and the log.
 //!
 //! # Found so far
 //!
-//! Three library bugs, each fixed with a deterministic regression test
+//! Four library bugs, each fixed with a deterministic regression test
 //! (in `tests/protocol/writes.rs` and `tests/protocol/leases.rs`): `set`/`invalidate` did not detach the
 //! in-process load (seed 161; these seed numbers predate the scenario's
 //! dropped `get`/`set`/`invalidate`, other-type writes and `no_lease`); a
 //! flight filled, under its new lease, a shared load from before an
 //! `invalidate` elsewhere (seed 16: now such a flight runs a load of its
 //! own); a lease lost under a failing load was not counted in `lease_lost`
-//! (seed 72).
+//! (seed 72); a flight that waited, read a stale value, then won the lease
+//! freed by an `invalidate`, re-stored that value fail-safe when its load
+//! failed (seed 452, found by the foreign writer's short-lived values;
+//! `writes::a_failed_load_does_not_restore_a_value_deleted_while_it_waited`).
 //!
 //! # Running it
 //!
@@ -181,18 +242,26 @@
 //! # Proving it can fail
 //!
 //! [`Variant`](variants::Variant) breaks the protocol on purpose, in the
-//! injector or the policy: release by bare `DEL` (whatever the token), a
+//! store or the policy: release by bare `DEL` (whatever the token), a
 //! fill not fenced on the token, an `acquire` without the re-check (it
-//! never answers `Fresh`), and a waiter without a deadline (an hour,
-//! checked against the scenario's deadline). One test per variant asserts it
-//! is caught within 400 seeds by the invariant it breaks, and prints how
-//! many seeds it took: the bare `DEL` by invariant 1 (a duplicate load
-//! whose first lease another token deleted), 11 seeds at the time of
-//! writing; the unfenced fill by invariant 4 (a fill from before a write
-//! landing after it), 6; the missing re-check by invariant 1 (a lease won
-//! over a fresh value), 1; the waiter without a deadline by invariant 2
-//! (a caller answered past its bound), about 40 (it moves by a seed or two
-//! between runs).
+//! never answers `Fresh`), a waiter without a deadline (an hour,
+//! checked against the scenario's deadline), reads that report the TTL
+//! written in the value for every key (`stamped-ttl`: the L1 and the
+//! outage fallback then keep a copy for a TTL another client shortened),
+//! and a write told at once only to the L1s of the backend object that
+//! made it (`per-backend-listeners`: another cache of the process hears
+//! of it by the push). One test per variant asserts it is caught by the
+//! invariant it breaks (within 400 seeds; the last two within the default
+//! 10,000), and prints how many seeds it took, at the time of writing
+//! (they move by a seed or two between runs): the bare `DEL` by invariant
+//! 1 (a duplicate load whose first lease another token deleted), 19; the
+//! unfenced fill by invariant 4 (a fill from before a write landing after
+//! it), 6; the missing re-check by invariant 1 (a lease won over a fresh
+//! value), 1; the waiter without a deadline by invariant 2 (a caller
+//! answered past its bound), 40; the stamped TTL by invariant 8 twice, an
+//! L1 copy past the server's expiry in 87 seeds and a fallback copy in
+//! 1,130; the per-backend listeners by invariant 4 (another cache's L1
+//! answering the replaced value after the write returned), 12.
 //!
 //! Ten library bugs fixed earlier (the conformance suite's `regressions`
 //! and `tests/protocol/outage_memory.rs` keep their cases), each reintroduced in
@@ -205,16 +274,36 @@
 //! (3); a value outliving its life (7); two loads at once in one process
 //! (1); the stats (6). A tenth, cluster slots, needs a cluster: not here.
 //!
+//! The copies' guards in `src/`, each broken by hand one at a time, are
+//! caught in 10,000 seeds, by invariant 8 unless said (the first failing
+//! seed in brackets): an L1 insert that ignores the change reports since
+//! its read began (the ticket; 776: it needs the late replies, a read and
+//! its insert otherwise happen in one poll); an L1 that serves without the
+//! backend vouching for it (37); a `reset` that does not empty it (1198);
+//! trust for four sync bounds (37); an entry kept past the value's hard
+//! expiry (68); the fallback's copy kept for the policy's TTL instead of
+//! the server's, on the hit path (37, by invariant 7; 91 by invariant 8)
+//! or a flight's (71). The library's Redis-only guards (reads of a tracked
+//! prefix with `GET` + `PTTL`, one registry of own-process listeners) are
+//! broken in the simulated store instead: the variants above.
+//!
 //! # Where things are
 //!
 //! - `scenario.rs`: a seed's scenario and the bounds drawn from its options;
 //! - `events.rs`: the log's events and the `World` every instance shares;
 //! - `injector.rs`: the fault-injecting backend (the tests' `FaultyBackend`, its faults drawn from the seed, with every call logged);
-//! - `run.rs`: the loaders, the operations, a run to quiescence;
+//!   `subscription.rs`: its fill notifications' faults; `store.rs`: the
+//!   store behind it (commands logged, value states logged and reported,
+//!   reads' TTLs, the broken variants);
+//! - `tracking.rs`: the change reports (tracking connections, a process's
+//!   own writes);
+//! - `run.rs`: the loaders, the operations (the foreign writer's too), a
+//!   run to quiescence, telling an L1 answer;
 //! - `spans.rs`: which flight started a load (the library's `onefill.load`
 //!   span), so a load is known to run under the lease its flight won;
 //! - `checker/`: the replay of the log (`replay.rs`) and the invariants
-//!   (`loads.rs`: 1 and 3, `calls.rs`: 2, 4, 5 and 7, `stats.rs`: 6);
+//!   (`loads.rs`: 1 and 3, `calls.rs`: 2, 4, 5 and 7, `stats.rs`: 6,
+//!   `copies.rs`: 8);
 //! - `variants.rs`: the broken variants;
 //! - this file: running seeds, the tests, replay.
 
@@ -224,6 +313,9 @@ mod injector;
 mod run;
 mod scenario;
 mod spans;
+mod store;
+mod subscription;
+mod tracking;
 mod variants;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -266,13 +358,13 @@ fn run_seed(seed: u64, variant: Variant) -> Outcome1 {
 }
 
 /// Runs `count` seeds from `first` on two threads; stops at the first
-/// seed that breaks `stop_at`, if given. Returns the failures (seed, its
+/// seed with a violation `stop_at` picks, if given. Returns the failures (seed, its
 /// violations) and the tally.
 fn run_seeds(
     first: u64,
     count: u64,
     variant: Variant,
-    stop_at: Option<Invariant>,
+    stop_at: Option<&(dyn Fn(&Violation) -> bool + Sync)>,
 ) -> (Vec<(u64, Vec<Violation>)>, Tally) {
     let next = AtomicU64::new(first);
     let end = first + count;
@@ -294,7 +386,7 @@ fn run_seeds(
                 if out.violations.is_empty() {
                     continue;
                 }
-                if stop_at.is_some_and(|i| out.violations.iter().any(|v| v.invariant == i)) {
+                if stop_at.is_some_and(|stop| out.violations.iter().any(stop)) {
                     stopped.store(true, Ordering::SeqCst);
                 }
                 failures.lock().unwrap().push((seed, out.violations));
@@ -324,7 +416,8 @@ fn simulation() {
          lease expiry {}, revocation by set/invalidate {} (of these two, {} counted by their \
          holder), a degraded load {} (of all these, {} in one process); {} injected faults, {} instance \
          deaths, {} leases won with a lost reply, {} fills or releases failed, {} calls \
-         rejected by breakers",
+         rejected by breakers; {} answers from an L1, {} copies of a version gone from the \
+         store during the call, {} changes by the foreign writer, {} tracking connections lost",
         started.elapsed(),
         tally.loads,
         tally.degraded_loads,
@@ -338,6 +431,10 @@ fn simulation() {
         tally.lost_acquires,
         tally.failed_ends,
         tally.rejected,
+        tally.l1_answers,
+        tally.copies,
+        tally.foreign_changes,
+        tally.tracking_losses,
     );
     for (seed, violations) in failures.iter().take(20) {
         println!(
@@ -389,11 +486,17 @@ fn replay() {
 /// effect elsewhere (the stats, say) would pass while blind to the break
 /// itself.
 fn caught(variant: Variant, by: Invariant) {
-    let limit = 400;
-    let (failures, _) = run_seeds(0, limit, variant, Some(by));
+    caught_where(variant, by, "", 400);
+}
+
+/// As [`caught`], by a violation of `by` whose text has `what`, within
+/// `limit` seeds.
+fn caught_where(variant: Variant, by: Invariant, what: &str, limit: u64) {
+    let picks = |v: &Violation| v.invariant == by && v.what.contains(what);
+    let (failures, _) = run_seeds(0, limit, variant, Some(&picks));
     let hit = failures
         .iter()
-        .find(|(_, violations)| violations.iter().any(|v| v.invariant == by));
+        .find(|(_, violations)| violations.iter().any(picks));
     let Some((seed, violations)) = hit else {
         let seen: Vec<String> = failures
             .iter()
@@ -401,11 +504,11 @@ fn caught(variant: Variant, by: Invariant) {
             .map(|(seed, v)| format!("seed {seed}: {}", v[0]))
             .collect();
         panic!(
-            "{variant:?} was not caught by {by:?} in {limit} seeds; {} seeds failed otherwise: {seen:#?}",
+            "{variant:?} was not caught by {by:?} ({what:?}) in {limit} seeds; {} seeds failed otherwise: {seen:#?}",
             failures.len()
         );
     };
-    let violation = violations.iter().find(|v| v.invariant == by).unwrap();
+    let violation = violations.iter().find(|v| picks(v)).unwrap();
     println!(
         "{variant:?} caught at seed {seed} ({} seeds): {violation}",
         seed + 1
@@ -437,4 +540,36 @@ fn catches_acquire_without_recheck() {
 #[test]
 fn catches_waiter_without_deadline() {
     caught(Variant::WaiterNoDeadline, Invariant::BoundedCallers);
+}
+
+/// Reads that report the TTL written in the value let an L1 entry outlive
+/// a TTL another client shortened (the push drops the entry, the next read
+/// puts it back with the written TTL, and no push comes at expiry).
+#[test]
+fn catches_stamped_ttl_in_the_l1() {
+    caught_where(Variant::StampedTtl, Invariant::Copies, "an L1 copy", 10_000);
+}
+
+/// The same reads let the outage fallback's copy outlive the server's.
+#[test]
+fn catches_stamped_ttl_in_the_fallback() {
+    caught_where(
+        Variant::StampedTtl,
+        Invariant::Copies,
+        "a fallback copy",
+        10_000,
+    );
+}
+
+/// A write that tells only the L1s of its own backend object at once: the
+/// other cache of the process answers the replaced value from its L1 until
+/// the push comes.
+#[test]
+fn catches_per_backend_listeners() {
+    caught_where(
+        Variant::PerBackendListeners,
+        Invariant::WritesFinal,
+        "from the L1",
+        10_000,
+    );
 }

@@ -5,6 +5,7 @@ use std::future::Future;
 use std::panic;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Once};
+use std::task::Poll;
 use std::time::Duration;
 
 use onefill::backend::FillKeys;
@@ -13,9 +14,10 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 use tokio::time::Instant;
 
-use crate::events::{Answer, CallKind, Ev, Exec, LoadEnd, World};
+use crate::events::{Answer, CallKind, Change, Ev, Exec, LoadEnd, World};
 use crate::injector::Injector;
-use crate::scenario::{LoadResult, LoadSpec, Op, OpKind, Scenario, NS};
+use crate::scenario::{ForeignOp, LoadResult, LoadSpec, Op, OpKind, Scenario, NS};
+use crate::tracking::Tracking;
 use crate::variants::Variant;
 
 #[derive(Debug)]
@@ -128,7 +130,7 @@ async fn run_op(world: Arc<World>, cache: Cache<String, String>, op: Op, probe_p
         OpKind::Get => CallKind::Get,
         OpKind::Set => CallKind::Set,
         OpKind::Invalidate => CallKind::Invalidate,
-        OpKind::SetOther => unreachable!("run by `simulate`"),
+        OpKind::SetOther | OpKind::Foreign(_) => unreachable!("run by `simulate`"),
     };
     let set_id =
         matches!(op.kind, OpKind::Set).then(|| world.next_id.fetch_add(1, Ordering::SeqCst));
@@ -160,9 +162,12 @@ async fn run_op(world: Arc<World>, cache: Cache<String, String>, op: Op, probe_p
                 answer_of(cache.set(&name, value).await.map(|()| Answer::Done))
             }
             OpKind::Invalidate => answer_of(cache.invalidate(&name).await.map(|()| Answer::Done)),
-            OpKind::SetOther => unreachable!("run by `simulate`"),
+            OpKind::SetOther | OpKind::Foreign(_) => unreachable!("run by `simulate`"),
         }
     };
+    let from_l1 = AtomicBool::new(false);
+    let call_future = first_poll(&world, &cache, op.inst, call_future, &from_l1);
+
     // A `get`, `set` or `invalidate` that would be the breaker's half-open
     // probe is dropped if it does not answer within half a backend timeout,
     // and half of them hang (the injector's next call in this process is
@@ -190,7 +195,93 @@ async fn run_op(world: Arc<World>, cache: Cache<String, String>, op: Op, probe_p
         answer,
         rejected: cache.stats().circuit_rejected,
         closed: cache.circuit_state() == CircuitState::Closed,
+        l1: from_l1.load(Ordering::SeqCst),
     });
+}
+
+/// What tells an L1 answer: counted as an L1 hit (or a stale answer), with
+/// no backend call entered and none refused by the breaker.
+fn l1_marks(world: &World, cache: &Cache<String, String>, inst: usize) -> (u64, u64, u64) {
+    let stats = cache.stats();
+    (
+        stats.l1_hits + stats.stale_served,
+        stats.circuit_rejected,
+        world.entered[inst].load(Ordering::SeqCst),
+    )
+}
+
+/// `call`, noting in `from_l1` whether it was answered from the L1: an L1
+/// answers in the call's first poll, without a backend call (on this
+/// one-thread runtime nothing else runs during a poll, so the counters
+/// moved for this call); anything else answers after a backend call, or
+/// after the breaker refused one.
+async fn first_poll<T>(
+    world: &World,
+    cache: &Cache<String, String>,
+    inst: usize,
+    call: impl Future<Output = T>,
+    from_l1: &AtomicBool,
+) -> T {
+    let mut call = std::pin::pin!(call);
+    // Without an L1 nothing to tell (and the stats' snapshots are not free
+    // in a debug build).
+    let mut first = world.tracking.tracks(inst);
+    std::future::poll_fn(|cx| {
+        let before = first.then(|| l1_marks(world, cache, inst));
+        first = false;
+        let polled = call.as_mut().poll(cx);
+        if let (Some(before), Poll::Ready(_)) = (before, &polled) {
+            let after = l1_marks(world, cache, inst);
+            let l1 = after.0 > before.0 && after.1 == before.1 && after.2 == before.2;
+            from_l1.store(l1, Ordering::SeqCst);
+        }
+        polled
+    })
+    .await
+}
+
+/// The foreign writer's op on the shared store.
+async fn foreign(
+    world: &World,
+    s: &Scenario,
+    scratch: &mut Option<(Cache<String, String>, MemoryBackend)>,
+    key: usize,
+    op: ForeignOp,
+) {
+    let value_key = &world.key_names[key];
+    let (version, change) = match op {
+        ForeignOp::Set { ttl } => {
+            // Valid bytes of the fleet's type, made the supported way: a
+            // cache of that type writes the value on a scratch store.
+            let version = world.next_id.fetch_add(1, Ordering::SeqCst);
+            let name = key_name(key);
+            let scratch = scratch.get_or_insert_with(|| {
+                let store = MemoryBackend::new();
+                (s.foreign_cache(store.clone()), store)
+            });
+            let written = scratch.0.set(&name, format!("{name}/F{version}")).await;
+            let Some((bytes, _)) = written.ok().and_then(|()| scratch.1.get_raw(value_key)) else {
+                return;
+            };
+            world.store.put_raw(value_key, &bytes, ttl);
+            (Some(version), Some(Change::Write))
+        }
+        ForeignOp::Delete => (
+            None,
+            world.store.delete_raw(value_key).then_some(Change::Delete),
+        ),
+        ForeignOp::Expire { ttl } => (
+            None,
+            world
+                .store
+                .expire_raw(value_key, ttl)
+                .then_some(Change::Ttl),
+        ),
+    };
+    world.record(Ev::Foreign { key, op, version });
+    if let Some(change) = change {
+        world.value_changed(key, change, None);
+    }
 }
 
 fn answer_of(result: Result<Answer, Error>) -> Answer {
@@ -217,6 +308,16 @@ pub(crate) async fn simulate(seed: u64, s: &Scenario, variant: Variant) -> Arc<W
         key_names,
         final_stats: Mutex::new(vec![None; s.instances]),
         load_spans: Arc::default(),
+        store: store.clone(),
+        written_expiry: Mutex::new(vec![None; s.keys + 1]),
+        entered: (0..s.instances).map(|_| AtomicU64::new(0)).collect(),
+        late_reply: (0..s.instances).map(|_| Mutex::new(None)).collect(),
+        reply_floor: (0..s.instances)
+            .map(|_| Mutex::new(Instant::now()))
+            .collect(),
+        unreachable: (0..s.instances).map(|_| AtomicBool::new(false)).collect(),
+        tracking: Tracking::new(&s.process_of, seed),
+        settling: AtomicBool::new(false),
     });
     let _spans = world.load_spans.install();
     let caches: Vec<Cache<String, String>> = (0..s.instances)
@@ -235,6 +336,23 @@ pub(crate) async fn simulate(seed: u64, s: &Scenario, variant: Variant) -> Arc<W
         })
         .collect();
     let other = s.other_cache(store.clone());
+    let mut scratch = None;
+    for &(inst, from, lasts, noticed) in &s.tracking_losses {
+        let world = world.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep_until(world.t0 + from).await;
+            world.record(Ev::TrackingLost { inst, noticed });
+            world.tracking.lose(inst, noticed);
+            // A loss the backend notices at once is the store's outage for
+            // this instance: its calls fail too (the L1 stops serving, the
+            // outage fallback answers).
+            world.unreachable[inst].store(noticed, Ordering::SeqCst);
+            tokio::time::sleep(lasts).await;
+            world.unreachable[inst].store(false, Ordering::SeqCst);
+            world.tracking.restore(inst);
+            world.record(Ev::TrackingBack { inst });
+        });
+    }
     let t0 = world.t0;
     let mut death = s.death;
     for op in &s.ops {
@@ -255,7 +373,12 @@ pub(crate) async fn simulate(seed: u64, s: &Scenario, variant: Variant) -> Arc<W
                     key: op.key,
                     exec: Exec::Set { origin: None },
                 });
+                world.value_changed(op.key, Change::Write, None);
             }
+            continue;
+        }
+        if let OpKind::Foreign(foreign_op) = op.kind {
+            foreign(&world, s, &mut scratch, op.key, foreign_op).await;
             continue;
         }
         // A caller that peeks with a `get` before its `fetch` while the
@@ -302,6 +425,7 @@ pub(crate) async fn simulate(seed: u64, s: &Scenario, variant: Variant) -> Arc<W
     // Quiescence: every flight, load, refresh, deferred fill and lease is
     // over long before this.
     let settle = (s.fetch_bound() + s.longest_lease + s.ttl + s.grace + s.fail_safe_throttle) * 3;
+    world.settling.store(true, Ordering::SeqCst);
     tokio::time::sleep(settle).await;
     let stats = caches.iter().map(|c| Some(c.stats())).collect();
     *world.final_stats.lock().unwrap() = stats;

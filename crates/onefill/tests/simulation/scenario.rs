@@ -15,6 +15,9 @@ pub(crate) const NS: &str = "sim";
 /// Timer tolerance: tokio's timers have a 1 ms resolution and round up, and
 /// a flight chains a few of them.
 pub(crate) const TICK: Duration = Duration::from_millis(10);
+/// The longest a change report (or a sync confirmation) takes to reach an
+/// L1 over a healthy tracking connection (see `tracking.rs`).
+pub(crate) const PUSH_DELAY_MAX: Duration = Duration::from_millis(5);
 
 pub(crate) fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
@@ -46,6 +49,18 @@ pub(crate) struct Scenario {
     /// Every instance has an L1 (kept coherent by the store's change
     /// reports): one seed in three.
     pub(crate) l1: bool,
+    /// The L1's sync bound (`L1::sync_bound`), with an L1.
+    pub(crate) sync_bound: Duration,
+    /// The process of each instance (a `Cache` on a backend object of its
+    /// own). With an L1, one seed in two runs instances 0 and 1 in one
+    /// process: two caches of the fleet's namespace on two backend objects,
+    /// whose writes must reach each other's L1 before they return.
+    pub(crate) process_of: Vec<usize>,
+    /// With an L1: the losses of an instance's tracking connection
+    /// (instance, from, how long, whether the backend notices at once and
+    /// says it is out of sync, or falls silent). A noticed loss is an
+    /// outage: the instance's calls fail meanwhile too.
+    pub(crate) tracking_losses: Vec<(usize, Duration, Duration, bool)>,
     /// Per instance: probability that a backend call is faulted, and that a
     /// notification is.
     pub(crate) fault_rates: Vec<(f64, f64)>,
@@ -77,6 +92,21 @@ pub(crate) enum OpKind {
     /// A `set` by another version of the application: a value of another
     /// type (`Vec<u64>`) under the same key, unreadable to the fleet.
     SetOther,
+    /// Another client acting on the store directly, not through onefill.
+    Foreign(ForeignOp),
+}
+
+/// What another client of the store does to a value key (no lease is
+/// touched, no fill is announced; Redis's tracking reports each change).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum ForeignOp {
+    /// A raw `SET` of a value the fleet can read (a new version), with a TTL.
+    Set { ttl: Duration },
+    /// A raw `DEL`.
+    Delete,
+    /// `PEXPIRE`: the live key's TTL becomes `ttl` (shorter, longer, or an
+    /// hour, standing for `PERSIST`).
+    Expire { ttl: Duration },
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -171,6 +201,9 @@ impl Scenario {
             strict: rng.random_bool(0.1),
             no_lease: false,
             l1: false,
+            sync_bound: ms(250),
+            process_of: (0..instances).collect(),
+            tracking_losses: Vec::new(),
             fault_rates,
             death: None,
             ops: Vec::new(),
@@ -236,7 +269,65 @@ impl Scenario {
         // Drawn last: the rest of a seed's scenario is what it was before
         // the L1 existed.
         s.l1 = rng.random_bool(1.0 / 3.0);
+        s.generate_foreign(seed, at, n_ops);
         s
+    }
+
+    /// What came with the L1s fed by change reports and the foreign writer,
+    /// from a stream of its own: the rest of a seed's scenario is what it
+    /// was before (the foreign ops are merged in by time, after the fleet's
+    /// ops of the same instant).
+    fn generate_foreign(&mut self, seed: u64, end: Duration, n_ops: usize) {
+        let mut rng = StdRng::seed_from_u64(seed ^ 0x0F0E_1A2B_3C4D_5E6F);
+        let rng = &mut rng;
+        let life = (self.ttl + self.grace).as_millis() as u64;
+        let end_ms = end.as_millis() as u64;
+        if self.l1 {
+            self.sync_bound = ms(pick(rng, &[250, 500, 1000]));
+            let paired_free = self.death.is_none_or(|(i, _)| i >= 2);
+            if paired_free && rng.random_bool(0.5) {
+                self.process_of = (0..self.instances).map(|i| i.saturating_sub(1)).collect();
+            }
+            for inst in 0..self.instances {
+                if rng.random_bool(0.3) {
+                    let from = ms(rng.random_range(0..=end_ms));
+                    let lasts = range_ms(rng, 10, 500);
+                    self.tracking_losses
+                        .push((inst, from, lasts, rng.random_bool(0.5)));
+                }
+            }
+        }
+        for _ in 0..rng.random_range(0..=n_ops / 4) {
+            let op = match rng.random_range(0..10) {
+                0..=3 => ForeignOp::Set {
+                    ttl: range_ms(rng, 1, life),
+                },
+                4 | 5 => ForeignOp::Delete,
+                6 | 7 => ForeignOp::Expire {
+                    ttl: range_ms(rng, 1, 200),
+                },
+                8 => ForeignOp::Expire {
+                    ttl: range_ms(rng, life, 2 * life),
+                },
+                _ => ForeignOp::Expire {
+                    ttl: Duration::from_secs(3600),
+                },
+            };
+            self.ops.push(Op {
+                at: ms(rng.random_range(0..=end_ms)),
+                inst: 0,
+                key: rng.random_range(0..self.keys),
+                kind: OpKind::Foreign(op),
+                drop_after: None,
+                probe_hangs: false,
+            });
+        }
+        self.ops.sort_by_key(|op| op.at);
+    }
+
+    /// Whether instances `a` and `b` are caches of one process.
+    pub(crate) fn same_process(&self, a: usize, b: usize) -> bool {
+        self.process_of[a] == self.process_of[b]
     }
 
     pub(crate) fn cache(&self, backend: Injector, variant: Variant) -> Cache<String, String> {
@@ -261,7 +352,7 @@ impl Scenario {
             .circuit_breaker(self.breaker)
             .strict(self.strict);
         let builder = if self.l1 {
-            builder.l1(onefill::L1::new(64))
+            builder.l1(onefill::L1::new(64).sync_bound(self.sync_bound))
         } else {
             builder
         };
@@ -287,6 +378,19 @@ impl Scenario {
             .ttl(self.ttl)
             .grace(self.grace)
             .jitter(self.jitter)
+            .build()
+            .expect("valid scenario options")
+    }
+
+    /// The foreign writer's way to valid bytes of the fleet's type: a cache
+    /// of that type on a scratch store, whose stored bytes it copies.
+    pub(crate) fn foreign_cache(&self, scratch: MemoryBackend) -> Cache<String, String> {
+        Cache::builder()
+            .namespace(NS)
+            .backend(scratch)
+            .ttl(self.ttl)
+            .grace(self.grace)
+            .no_l1()
             .build()
             .expect("valid scenario options")
     }

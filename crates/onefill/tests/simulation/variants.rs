@@ -13,6 +13,14 @@ pub(crate) enum Variant {
     NoRecheck,
     /// Waiters wait up to an hour; the checker keeps the scenario's deadline.
     WaiterNoDeadline,
+    /// Every read reports the TTL written in the value, even for a key an
+    /// L1 keeps (the L1 entry and the outage fallback's copy then outlive
+    /// a TTL another client shortened).
+    StampedTtl,
+    /// A write tells synchronously only the L1s registered through the
+    /// backend object that made it; another cache of the process hears of
+    /// it by the tracking push.
+    PerBackendListeners,
 }
 
 impl Variant {
@@ -22,6 +30,8 @@ impl Variant {
             Ok("unfenced-fill") => Variant::UnfencedFill,
             Ok("no-recheck") => Variant::NoRecheck,
             Ok("waiter-no-deadline") => Variant::WaiterNoDeadline,
+            Ok("stamped-ttl") => Variant::StampedTtl,
+            Ok("per-backend-listeners") => Variant::PerBackendListeners,
             _ => Variant::Correct,
         }
     }
@@ -33,6 +43,8 @@ impl Variant {
             Variant::UnfencedFill => Some("unfenced-fill"),
             Variant::NoRecheck => Some("no-recheck"),
             Variant::WaiterNoDeadline => Some("waiter-no-deadline"),
+            Variant::StampedTtl => Some("stamped-ttl"),
+            Variant::PerBackendListeners => Some("per-backend-listeners"),
         }
     }
     pub(crate) fn replay_command(self, seed: u64) -> String {

@@ -7,7 +7,7 @@ use std::time::Duration;
 use super::{CallInfo, Checker};
 use onefill::Outcome;
 
-use crate::events::{origin_of, Answer, CallKind, LoadEnd, Origin};
+use crate::events::{origin_of, Answer, CallKind, Change, LoadEnd, Origin};
 use crate::scenario::TICK;
 
 impl Checker<'_> {
@@ -77,8 +77,12 @@ impl Checker<'_> {
                 ));
                 continue;
             };
+            // In the writer's cache every answer; in another cache of its
+            // process the L1's (its flights and outage fallback are its own,
+            // as another process's are; its L1 hears of the write before the
+            // write returns).
             for c in calls.iter().filter(|c| {
-                c.inst == x.inst
+                (c.inst == x.inst || (self.s.same_process(c.inst, x.inst) && c.l1))
                     && c.key == x.key
                     && c.start > *x_end
                     && matches!(c.kind, CallKind::Fetch | CallKind::Get)
@@ -98,8 +102,8 @@ impl Checker<'_> {
                 let older = self.origin_seq(origin).is_none_or(|o| o < executed);
                 if older {
                     self.fail(format!(
-                        "stale read after a write: {:?} of k{} in instance {} returned at {x_end_t:?}; a later call (started {:?}) answered at {t:?} with {answer:?}, which predates it",
-                        x.kind, x.key, x.inst, c.start_t
+                        "stale read after a write: {:?} of k{} in instance {} returned at {x_end_t:?}; a later call (instance {}, started {:?}{}) answered at {t:?} with {answer:?}, which predates it",
+                        x.kind, x.key, x.inst, c.inst, c.start_t, if c.l1 { ", from the L1" } else { "" }
                     ));
                 }
             }
@@ -203,6 +207,21 @@ impl Checker<'_> {
                     let b = born.entry(origin).or_insert(t);
                     *b = (*b).max(t);
                 }
+            }
+            // The foreign writer's versions are born at its raw `SET`; a
+            // raw `PEXPIRE` may keep a version longer than any write of the
+            // fleet would: its life then counts back from its expiry.
+            for v in &self.values[key] {
+                let Some((Some(origin), expires)) = v.held else {
+                    continue;
+                };
+                let from = if v.by.is_none() && v.change == Change::Write {
+                    v.t
+                } else {
+                    expires.saturating_sub(self.s.value_life())
+                };
+                let b = born.entry(origin).or_insert(from);
+                *b = (*b).max(from);
             }
         }
         let calls: Vec<_> = self.calls.iter().map(|(id, c)| (*id, c.clone())).collect();

@@ -57,10 +57,25 @@ impl Checker<'_> {
             }
             self.tally.overlaps_in_process += 1;
         }
-        let (Some(t1), Some(_)) = (&l1.leased, &l2.leased) else {
+        let (Some(t1), Some(t2)) = (&l1.leased, &l2.leased) else {
             self.tally.overlaps_degraded += 1;
             return;
         };
+        // The second one's `Won` came late (a reply's latency): its lease
+        // had already expired or been revoked when its load started.
+        match self.leases[t2].end {
+            Some((at, LeaseEnd::Expired)) if at <= l2.start_t => {
+                self.tally.overlaps_expiry += 1;
+                self.counted_lost(l2.inst, t2);
+                return;
+            }
+            Some((at, LeaseEnd::Revoked)) if at <= l2.start_t => {
+                self.tally.overlaps_revoked += 1;
+                self.counted_lost(l2.inst, t2);
+                return;
+            }
+            _ => {}
+        }
         match self.leases[t1].end {
             Some((at, LeaseEnd::Expired)) if at <= l2.start_t => self.tally.overlaps_expiry += 1,
             Some((at, LeaseEnd::Revoked)) if at <= l2.start_t => self.tally.overlaps_revoked += 1,

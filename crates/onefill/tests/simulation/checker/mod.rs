@@ -2,6 +2,7 @@
 //! checks the invariants (see the crate docs).
 
 mod calls;
+mod copies;
 mod loads;
 mod replay;
 mod stats;
@@ -9,7 +10,7 @@ mod stats;
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-use crate::events::{Answer, CallKind, LoadEnd, Origin, Rec, World};
+use crate::events::{Answer, CallKind, Change, LoadEnd, Origin, Rec, World};
 use crate::scenario::Scenario;
 
 /// The invariants, numbered as in the crate docs.
@@ -29,6 +30,8 @@ pub(crate) enum Invariant {
     Stats,
     /// 7: no answer outlives its value.
     ValueLife,
+    /// 8: no copy (an L1 entry, the outage fallback's) outlives the server's.
+    Copies,
 }
 
 /// A broken invariant, and what broke it.
@@ -65,6 +68,14 @@ pub(crate) struct Tally {
     pub(crate) failed_ends: u64,
     /// Calls the breakers rejected.
     pub(crate) rejected: u64,
+    /// Answers from an L1 (invariant 8 checks each).
+    pub(crate) l1_answers: u64,
+    /// Answers of a version the store no longer held during the call:
+    /// copies, bounded by invariant 8.
+    pub(crate) copies: u64,
+    /// The foreign writer's ops that changed a key.
+    pub(crate) foreign_changes: u64,
+    pub(crate) tracking_losses: u64,
 }
 
 impl Tally {
@@ -82,6 +93,10 @@ impl Tally {
         self.lost_acquires += o.lost_acquires;
         self.failed_ends += o.failed_ends;
         self.rejected += o.rejected;
+        self.l1_answers += o.l1_answers;
+        self.copies += o.copies;
+        self.foreign_changes += o.foreign_changes;
+        self.tracking_losses += o.tracking_losses;
     }
 }
 
@@ -96,6 +111,28 @@ struct CallInfo {
     rejected_start: u64,
     end: Option<(usize, Duration, Answer, u64, bool)>,
     dropped: bool,
+    /// Answered from the L1.
+    l1: bool,
+}
+
+/// A value key's state after a change on the store (see `Ev::Value`).
+#[derive(Debug, Clone)]
+struct ValueRec {
+    t: Duration,
+    held: Option<(Option<Origin>, Duration)>,
+    change: Change,
+    by: Option<usize>,
+}
+
+/// A read of a version by an instance (see `Ev::Read`).
+#[derive(Debug, Clone)]
+struct ReadRec {
+    inst: usize,
+    key: usize,
+    t: Duration,
+    origin: Origin,
+    expires: Duration,
+    reported: Duration,
 }
 
 #[derive(Debug, Clone)]
@@ -174,6 +211,13 @@ struct Checker<'a> {
     failed_ends: Vec<(usize, usize, Duration, String)>,
     /// (seq, instance, time, token) of every release sent.
     release_entries: Vec<(usize, usize, Duration, String)>,
+    /// Per key: its states on the store, in order.
+    values: Vec<Vec<ValueRec>>,
+    reads: Vec<ReadRec>,
+    /// Seq of each foreign version's raw `SET`.
+    foreign_exec: HashMap<u64, usize>,
+    /// Per instance: its tracking connection's losses (from, back).
+    tracking_lost: Vec<Vec<(Duration, Option<Duration>)>>,
 }
 
 impl<'a> Checker<'a> {
@@ -205,6 +249,10 @@ impl<'a> Checker<'a> {
             lost_replies: Vec::new(),
             failed_ends: Vec::new(),
             release_entries: Vec::new(),
+            values: vec![Vec::new(); s.keys + 1],
+            reads: Vec::new(),
+            foreign_exec: HashMap::new(),
+            tracking_lost: vec![Vec::new(); s.instances],
         }
     }
 
@@ -227,6 +275,7 @@ impl<'a> Checker<'a> {
         match origin {
             Origin::Load(id) => self.load_index.get(&id).map(|&i| self.loads[i].start),
             Origin::Set(id) => self.set_exec.get(&id).copied(),
+            Origin::Foreign(id) => self.foreign_exec.get(&id).copied(),
         }
     }
 
@@ -259,6 +308,8 @@ pub(crate) fn check(s: &Scenario, world: &World) -> (Vec<Violation>, Tally) {
     c.check_writes();
     c.checking = Invariant::ValueLife;
     c.check_ages();
+    c.checking = Invariant::Copies;
+    c.check_copies();
     c.checking = Invariant::Breaker;
     c.check_breaker();
     c.checking = Invariant::Stats;

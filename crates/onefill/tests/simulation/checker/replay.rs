@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use super::{CallInfo, Checker, LeaseEnd, LeaseInfo, LoadInfo};
+use super::{CallInfo, Checker, LeaseEnd, LeaseInfo, LoadInfo, ReadRec, ValueRec};
 use crate::events::{BOp, Ev, Exec, Origin, Reply};
 
 impl Checker<'_> {
@@ -35,6 +35,7 @@ impl Checker<'_> {
                             rejected_start: *rejected,
                             end: None,
                             dropped: false,
+                            l1: false,
                         },
                     );
                 }
@@ -43,9 +44,11 @@ impl Checker<'_> {
                     answer,
                     rejected,
                     closed,
+                    l1,
                 } => {
                     if let Some(c) = self.calls.get_mut(call) {
                         c.end = Some((seq, t, answer.clone(), *rejected, *closed));
+                        c.l1 = *l1;
                     }
                 }
                 Ev::CallDropped { call } => {
@@ -166,6 +169,49 @@ impl Checker<'_> {
                     self.failed_ends.push((seq, *inst, t, token.clone()));
                 }
                 Ev::Abandoned { .. } => {}
+                Ev::Value {
+                    key,
+                    held,
+                    change,
+                    by,
+                } => {
+                    self.tally.foreign_changes += u64::from(by.is_none());
+                    self.values[*key].push(ValueRec {
+                        t,
+                        held: *held,
+                        change: *change,
+                        by: *by,
+                    });
+                }
+                Ev::Read {
+                    inst,
+                    key,
+                    origin,
+                    expires,
+                    reported,
+                } => self.reads.push(ReadRec {
+                    inst: *inst,
+                    key: *key,
+                    t,
+                    origin: *origin,
+                    expires: *expires,
+                    reported: *reported,
+                }),
+                Ev::Foreign {
+                    version: Some(id), ..
+                } => {
+                    self.foreign_exec.insert(*id, seq);
+                }
+                Ev::Foreign { .. } => {}
+                Ev::TrackingLost { inst, .. } => {
+                    self.tally.tracking_losses += 1;
+                    self.tracking_lost[*inst].push((t, None));
+                }
+                Ev::TrackingBack { inst } => {
+                    if let Some(last) = self.tracking_lost[*inst].last_mut() {
+                        last.1 = Some(t);
+                    }
+                }
                 Ev::Exec { inst, key, exec } => {
                     let slot = &mut lock[*key];
                     expire(slot, t, &mut self.leases);

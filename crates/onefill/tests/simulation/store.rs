@@ -1,0 +1,331 @@
+//! The shared store as one instance's commands reach it, past the fault
+//! injector (`injector.rs`): each command runs and is logged with what it
+//! did, the value key's state after every change is logged and reported
+//! on the tracking connections (`tracking.rs`), reads report the TTL Redis
+//! would, and the broken variants break the protocol here.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use onefill::backend::{Acquired, Backend, FillKeys, FillSubscription, Stored};
+use onefill::{BackendError, LeaseToken, MemoryBackend};
+
+use crate::events::{grace_of, origin_of_envelope, Change, Ev, Exec, Reply, World};
+use crate::injector::frozen_if_dead;
+use crate::variants::Variant;
+
+/// The shared store as one instance's commands reach it, past the faults:
+/// each command runs (unless the instance died meanwhile, as during a
+/// delay) and is logged with what it did.
+#[derive(Clone)]
+pub(crate) struct Store {
+    pub(crate) inst: usize,
+    pub(crate) inner: MemoryBackend,
+    pub(crate) world: Arc<World>,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Store({})", self.inst)
+    }
+}
+
+impl Store {
+    /// This instance's command changed the value key (see
+    /// [`World::value_changed`]).
+    fn value_changed(&self, keys: &FillKeys, change: Change) {
+        let key = self.world.key_of(keys);
+        self.world.value_changed(key, change, Some(self.inst));
+    }
+
+    /// Runs a step on the store and logs what it did, if it answered.
+    async fn logged<T>(
+        &self,
+        key: usize,
+        step: impl Future<Output = Result<T, BackendError>>,
+        what: impl FnOnce(&T) -> Exec,
+    ) -> Result<T, BackendError> {
+        frozen_if_dead(&self.world, self.inst).await;
+        let result = step.await;
+        if let Ok(value) = &result {
+            self.world.record(Ev::Exec {
+                inst: self.inst,
+                key,
+                exec: what(value),
+            });
+        }
+        result
+    }
+
+    /// A step fenced on the token (fill, release), logged. If `unfenced()`
+    /// says so when it runs (a broken variant), the token is first made to
+    /// hold the lease, whatever held it.
+    async fn fenced(
+        &self,
+        keys: &FillKeys,
+        token: &LeaseToken,
+        unfenced: impl Fn() -> bool,
+        step: impl Future<Output = Result<bool, BackendError>>,
+        what: impl FnOnce(bool) -> Exec,
+    ) -> Result<bool, BackendError> {
+        let key = self.world.key_of(keys);
+        frozen_if_dead(&self.world, self.inst).await;
+        if unfenced() {
+            self.inner
+                .put_raw(keys.lock(), token.as_bytes(), Duration::from_secs(60));
+        }
+        self.logged(key, step, |&ok| what(ok)).await
+    }
+
+    /// Logs a read of a version the fleet can read.
+    fn read(&self, key: usize, bytes: &[u8], expires: Duration, reported: Duration) {
+        if let Some(origin) = origin_of_envelope(bytes) {
+            self.world.record(Ev::Read {
+                inst: self.inst,
+                key,
+                origin,
+                expires,
+                reported,
+            });
+        }
+    }
+
+    /// Logs the stored value an `acquire` answered with (the script reads
+    /// the server's TTL).
+    fn acquire_read(&self, key: usize, acquired: &Acquired) {
+        let stored = match acquired {
+            Acquired::Fresh(stored) => Some(stored),
+            Acquired::Held { stale, .. } | Acquired::Won { stale } => stale.as_ref(),
+        };
+        if let Some(stored) = stored {
+            let expires = self.world.since_t0() + stored.ttl;
+            self.read(key, &stored.bytes, expires, expires);
+        }
+    }
+
+    /// Whether the stored value is fresh beyond `window` (the test of the
+    /// backends' `acquire`).
+    fn fresh_beyond(&self, keys: &FillKeys, window: Duration) -> bool {
+        self.inner
+            .get_raw(keys.value())
+            .is_some_and(|(bytes, ttl)| {
+                grace_of(&bytes).is_some_and(|grace| ttl > grace.saturating_add(window))
+            })
+    }
+
+    /// Whether the stored value is fresh and one of the fleet's own (a
+    /// value or failure with an origin, not another type's).
+    fn fresh_and_readable(&self, keys: &FillKeys) -> bool {
+        self.inner
+            .get_raw(keys.value())
+            .is_some_and(|(bytes, ttl)| {
+                origin_of_envelope(&bytes).is_some()
+                    && grace_of(&bytes).is_some_and(|grace| ttl > grace)
+            })
+    }
+
+    /// `acquire` without the re-check (the `NoRecheck` variant): a fresh
+    /// value does not stop `SET NX`.
+    async fn acquire_without_recheck(
+        &self,
+        keys: &FillKeys,
+        token: &LeaseToken,
+        lease_ttl: Duration,
+    ) -> Result<Acquired, BackendError> {
+        let stale = self.inner.get(keys).await?;
+        Ok(match self.inner.get_raw(keys.lock()) {
+            Some((_, ttl)) => Acquired::Held {
+                stale,
+                lease_ttl: ttl,
+            },
+            None => {
+                self.inner.put_raw(keys.lock(), token.as_bytes(), lease_ttl);
+                Acquired::Won { stale }
+            }
+        })
+    }
+}
+
+#[async_trait]
+impl Backend for Store {
+    /// A read as Redis's: the TTL the server has, for a key whose prefix
+    /// this backend object tracks (`GET` + `PTTL`, decision 0014); else the
+    /// one written in the value, as the one-`GET` hit reports (decision
+    /// 0011), which a raw `PEXPIRE` may have made wrong. The `StampedTtl`
+    /// variant reports the written one for every read.
+    async fn get(&self, keys: &FillKeys) -> Result<Option<Stored>, BackendError> {
+        frozen_if_dead(&self.world, self.inst).await;
+        let Some(mut stored) = self.inner.get(keys).await? else {
+            return Ok(None);
+        };
+        let key = self.world.key_of(keys);
+        let now = self.world.since_t0();
+        let expires = now + stored.ttl;
+        let stamped =
+            self.world.variant == Variant::StampedTtl || !self.world.tracking.tracks(self.inst);
+        let written = self.world.written_expiry.lock().unwrap()[key];
+        if let (true, Some(written)) = (stamped, written.filter(|w| *w > now)) {
+            stored.ttl = written - now;
+        }
+        self.read(key, &stored.bytes, expires, now + stored.ttl);
+        Ok(Some(stored))
+    }
+
+    async fn acquire(
+        &self,
+        keys: &FillKeys,
+        token: &LeaseToken,
+        lease_ttl: Duration,
+        refresh_window: Duration,
+    ) -> Result<Acquired, BackendError> {
+        let key = self.world.key_of(keys);
+        let run = async {
+            // An unbounded window asks for the lease regardless of an
+            // unreadable value (another type or version), in a flight's
+            // first `acquire` (its `get` found one; a fill may land in
+            // between) or after an `acquire` that found one. A flight that
+            // asks so again after losing the lease to a holder would win
+            // it from under that holder's fresh fill:
+            // a duplicate of a fresh value.
+            let task = tokio::task::try_id();
+            let again = task.is_some_and(|task| {
+                self.world.saw_unreadable.lock().unwrap().get(&task) == Some(&false)
+            });
+            let fresh_before = if refresh_window == Duration::MAX {
+                again && self.fresh_and_readable(keys)
+            } else {
+                self.fresh_beyond(keys, refresh_window)
+            };
+            let acquired = async {
+                if self.world.variant == Variant::NoRecheck && fresh_before {
+                    self.acquire_without_recheck(keys, token, lease_ttl).await
+                } else {
+                    self.inner
+                        .acquire(keys, token, lease_ttl, refresh_window)
+                        .await
+                }
+            };
+            let acquired = async {
+                let acquired = acquired.await;
+                if let Ok(a) = &acquired {
+                    self.acquire_read(key, a);
+                }
+                if let (Some(task), Ok(a)) = (task, &acquired) {
+                    let unreadable = matches!(a, Acquired::Fresh(stored) if origin_of_envelope(&stored.bytes).is_none());
+                    self.world
+                        .saw_unreadable
+                        .lock()
+                        .unwrap()
+                        .insert(task, unreadable);
+                }
+                acquired
+            };
+            self.logged(key, acquired, |a| Exec::Acquire {
+                token: token.as_str().to_owned(),
+                ttl: lease_ttl,
+                window: refresh_window,
+                fresh_before,
+                reply: acquired_reply(a),
+            })
+            .await
+        };
+        run.await
+    }
+
+    async fn fill(
+        &self,
+        keys: &FillKeys,
+        token: &LeaseToken,
+        bytes: &[u8],
+        ttl: Duration,
+    ) -> Result<bool, BackendError> {
+        // The UnfencedFill variant: whatever held the lease.
+        let unfenced = || self.world.variant == Variant::UnfencedFill;
+        let filled = self.inner.fill(keys, token, bytes, ttl);
+        let filled = self
+            .fenced(keys, token, unfenced, filled, |ok| Exec::Fill {
+                token: token.as_str().to_owned(),
+                ok,
+                origin: origin_of_envelope(bytes),
+            })
+            .await;
+        if let Ok(true) = filled {
+            self.value_changed(keys, Change::Write);
+        }
+        filled
+    }
+
+    async fn release(
+        &self,
+        keys: &FillKeys,
+        token: &LeaseToken,
+        entry: Option<(&[u8], Duration)>,
+    ) -> Result<bool, BackendError> {
+        // The BareDelRelease variant: DEL whatever holds the lease.
+        let unfenced = || {
+            self.world.variant == Variant::BareDelRelease
+                && self.inner.get_raw(keys.lock()).is_some()
+        };
+        let released = self.inner.release(keys, token, entry);
+        let released = self
+            .fenced(keys, token, unfenced, released, |ok| Exec::Release {
+                token: token.as_str().to_owned(),
+                ok,
+                entry: entry.and_then(|(bytes, _)| origin_of_envelope(bytes)),
+            })
+            .await;
+        if let (Ok(true), Some(_)) = (&released, entry) {
+            self.value_changed(keys, Change::Write);
+        }
+        released
+    }
+
+    async fn extend(
+        &self,
+        keys: &FillKeys,
+        token: &LeaseToken,
+        lease_ttl: Duration,
+    ) -> Result<bool, BackendError> {
+        let key = self.world.key_of(keys);
+        let extended = self.inner.extend(keys, token, lease_ttl);
+        self.logged(key, extended, |&ok| Exec::Extend {
+            token: token.as_str().to_owned(),
+            ttl: lease_ttl,
+            ok,
+        })
+        .await
+    }
+
+    async fn set(&self, keys: &FillKeys, bytes: &[u8], ttl: Duration) -> Result<(), BackendError> {
+        let key = self.world.key_of(keys);
+        self.logged(key, self.inner.set(keys, bytes, ttl), |()| Exec::Set {
+            origin: origin_of_envelope(bytes),
+        })
+        .await?;
+        self.value_changed(keys, Change::Write);
+        Ok(())
+    }
+
+    async fn invalidate(&self, keys: &FillKeys) -> Result<(), BackendError> {
+        let key = self.world.key_of(keys);
+        self.logged(key, self.inner.invalidate(keys), |()| Exec::Invalidate)
+            .await?;
+        self.value_changed(keys, Change::Delete);
+        Ok(())
+    }
+
+    async fn subscribe(&self, keys: &FillKeys) -> Result<Box<dyn FillSubscription>, BackendError> {
+        frozen_if_dead(&self.world, self.inst).await;
+        self.inner.subscribe(keys).await
+    }
+}
+
+pub(crate) fn acquired_reply(a: &Acquired) -> Reply {
+    match a {
+        Acquired::Won { .. } => Reply::Won,
+        Acquired::Held { .. } => Reply::Held,
+        Acquired::Fresh(_) => Reply::Fresh,
+    }
+}
