@@ -37,6 +37,9 @@
 //! either. Reads report the TTL Redis would (`store.rs`): the server's for a
 //! backend object that tracks the keys (`GET` + `PTTL`, decision 0014),
 //! else the one written in the value (the one-`GET` hit, decision 0011).
+//! One `fetch` in five of those seeds passes call options (the cache's own
+//! TTL, so nothing else changes), which the L1 does not serve: its answer
+//! comes from the backend, or in an outage from the fallback.
 //!
 //! In every seed a foreign writer (another client, not onefill) acts on the
 //! store at random times: a raw `SET` of a version the fleet can read (its
@@ -252,7 +255,9 @@
 //! made it (`per-backend-listeners`: another cache of the process hears
 //! of it by the push). One test per variant asserts it is caught by the
 //! invariant it breaks (within 400 seeds; the last two within the default
-//! 10,000), and prints how many seeds it took, at the time of writing
+//! 10,000, and the stamped TTL's fallback copy within 20,000, counting only
+//! the seeds with an L1, the others being ones the L1 variants cannot
+//! change), and prints how many seeds it took, at the time of writing
 //! (they move by a seed or two between runs): the bare `DEL` by invariant
 //! 1 (a duplicate load whose first lease another token deleted), 19; the
 //! unfenced fill by invariant 4 (a fill from before a write landing after
@@ -260,7 +265,10 @@
 //! value), 1; the waiter without a deadline by invariant 2 (a caller
 //! answered past its bound), 40; the stamped TTL by invariant 8 twice, an
 //! L1 copy past the server's expiry in 87 seeds and a fallback copy in
-//! 1,130; the per-backend listeners by invariant 4 (another cache's L1
+//! 19,671 (the fallback hears the change reports too, so the written TTL
+//! survives only in a copy read after another client shortened it, and
+//! only while no report came since); the per-backend listeners by
+//! invariant 4 (another cache's L1
 //! answering the replaced value after the write returned), 12.
 //!
 //! Ten library bugs fixed earlier (the conformance suite's `regressions`
@@ -380,6 +388,9 @@ fn run_seeds(
                 let seed = next.fetch_add(1, Ordering::SeqCst);
                 if seed >= end {
                     return;
+                }
+                if !variant.can_differ(&Scenario::generate(seed)) {
+                    continue;
                 }
                 let out = run_seed(seed, variant);
                 tally.lock().unwrap().add(&out.tally);
@@ -557,7 +568,7 @@ fn catches_stamped_ttl_in_the_fallback() {
         Variant::StampedTtl,
         Invariant::Copies,
         "a fallback copy",
-        10_000,
+        20_000,
     );
 }
 

@@ -145,7 +145,10 @@ async fn run_op(world: Arc<World>, cache: Cache<String, String>, op: Op, probe_p
     let call_future = async {
         match op.kind {
             OpKind::Fetch { load } => {
-                let options = CallOptions::new();
+                let options = match op.past_l1 {
+                    Some(ttl) => CallOptions::new().ttl(ttl),
+                    None => CallOptions::new(),
+                };
                 let loader = loader(&world, op.inst, op.key, load);
                 match cache.with_options(&options).fetch(&name, loader).await {
                     Ok(f) => Answer::Fetched {
@@ -418,6 +421,7 @@ pub(crate) async fn simulate(seed: u64, s: &Scenario, variant: Variant) -> Arc<W
                 kind: OpKind::Get,
                 drop_after: None,
                 probe_hangs: false,
+                past_l1: None,
             };
             run_op(world.clone(), cache.clone(), probe, s.backend_timeout * 4).await;
         }

@@ -79,6 +79,11 @@ pub(crate) struct Op {
     /// If this `get`, `set` or `invalidate` is the breaker's half-open
     /// probe, its backend call hangs.
     pub(crate) probe_hangs: bool,
+    /// This fetch passes call options (this TTL, the cache's own, so that
+    /// nothing changes but that), which a cache's L1 does not serve: its
+    /// answer comes from the backend, or in an outage from the fallback,
+    /// whose copies the L1 would otherwise mostly answer for.
+    pub(crate) past_l1: Option<Duration>,
 }
 
 #[derive(Debug, Clone)]
@@ -259,6 +264,7 @@ impl Scenario {
                 kind,
                 drop_after,
                 probe_hangs: rng.random_bool(0.5),
+                past_l1: None,
             });
         }
         s.no_lease = rng.random_bool(0.1);
@@ -320,7 +326,16 @@ impl Scenario {
                 kind: OpKind::Foreign(op),
                 drop_after: None,
                 probe_hangs: false,
+                past_l1: None,
             });
+        }
+        // Drawn after the foreign ops, which stay what they were.
+        if self.l1 {
+            for op in &mut self.ops {
+                if matches!(op.kind, OpKind::Fetch { .. }) {
+                    op.past_l1 = rng.random_bool(0.2).then_some(self.ttl);
+                }
+            }
         }
         self.ops.sort_by_key(|op| op.at);
     }

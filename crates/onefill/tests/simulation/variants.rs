@@ -1,6 +1,8 @@
 //! Broken variants of the protocol, to prove the checker can fail (see
 //! "Proving it can fail" in the crate docs).
 
+use crate::scenario::Scenario;
+
 /// The protocol as the library implements it, or broken on purpose.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Variant {
@@ -24,6 +26,18 @@ pub(crate) enum Variant {
 }
 
 impl Variant {
+    /// Whether the variant can behave unlike the protocol in `scenario`:
+    /// the L1 variants only where the instances have an L1 (without one,
+    /// reads report the written TTL and no listener waits for a write, in
+    /// the protocol too). Proving a variant is caught skips the seeds it
+    /// cannot change.
+    pub(crate) fn can_differ(self, scenario: &Scenario) -> bool {
+        match self {
+            Variant::StampedTtl | Variant::PerBackendListeners => scenario.l1,
+            _ => true,
+        }
+    }
+
     pub(crate) fn from_env() -> Variant {
         match std::env::var("ONEFILL_SIM_VARIANT").as_deref() {
             Ok("bare-del-release") => Variant::BareDelRelease,
