@@ -86,6 +86,11 @@ fn assert_checked(report: &Value, duration_s: u64) {
         );
     }
     assert!(n(report, "l1_invalidations") > 0, "{report}");
+    // Within the bound is not enough: a push reaches an L1 within about a
+    // millisecond here, so an answer 100 ms late (reports applied at the
+    // next confirmation, say) means something changed.
+    let worst = report["worst_lag_ms"].as_f64().unwrap_or(0.0);
+    assert!(worst < 100.0, "an answer {worst} ms after its version left");
 }
 
 #[test]

@@ -29,12 +29,9 @@ impl<V: Clone + Send + Sync + 'static> ChangeListener for Shared<V> {
         let Some(key) = l1.changed(value_key) else {
             return;
         };
-        let Ok(value_key) = std::str::from_utf8(value_key) else {
-            return;
-        };
-        let epoch = self.epoch.fetch_add(1, Ordering::SeqCst) + 1;
-        let until = Instant::now() + self.policy.longest_flight();
-        self.fallback.forget_kept(value_key, until, epoch);
+        if let Ok(value_key) = std::str::from_utf8(value_key) {
+            self.fallback.forget_kept(value_key);
+        }
         // A call from now on must not join a flight that read (or loaded)
         // before the change: it would answer what the change replaced, or
         // a load whose fill the change fenced out. The flights under way
@@ -86,13 +83,11 @@ impl<V: Clone + Send + Sync + 'static> Shared<V> {
         if changed() {
             return;
         }
-        self.fallback.record(value_key, value, usable_until, epoch);
+        let kept = self.fallback.record(value_key, value, usable_until, epoch);
         // A report that came in during the record found nothing to forget
         // yet (or an entry the record then replaced): it is seen here.
-        if changed() {
-            let epoch = self.epoch.fetch_add(1, Ordering::SeqCst) + 1;
-            let until = Instant::now() + self.policy.longest_flight();
-            self.fallback.forget_kept(value_key, until, epoch);
+        if let Some(kept) = kept.filter(|_| changed()) {
+            self.fallback.take_back(value_key, kept);
         }
     }
 }

@@ -54,6 +54,9 @@ pub(crate) struct Fallback<V> {
     floor: Arc<AtomicU64>,
 }
 
+/// An entry [`Fallback::record`] kept, to be taken back by identity.
+pub(crate) struct Kept<V>(Arc<Entry<V>>);
+
 #[derive(Debug)]
 struct Entry<V> {
     /// `None`: a tombstone left by `invalidate` (never served).
@@ -104,21 +107,27 @@ impl<V> Fallback<V> {
     /// keeps a tombstone until `until` so older flights cannot record it.
     pub(crate) fn forget(&self, key: &str, until: Instant, epoch: u64) {
         if let Some(entries) = &self.entries {
-            self.put(entries, key, None, until, epoch);
+            let _ = self.put(entries, key, None, until, epoch);
         }
     }
 
     /// Another writer changed the key (the backend reported it): a value
-    /// kept for it gives way to a tombstone, as [`forget`](Self::forget)
-    /// does. A key with no value kept gets nothing: reports cover the whole
-    /// namespace, most of which this process never reads, and a tombstone
-    /// for each would evict the values it does keep. (A flight that records
-    /// after the report sees it in the L1's ticket instead.)
-    pub(crate) fn forget_kept(&self, key: &str, until: Instant, epoch: u64) {
+    /// kept for it goes (a tombstone of this process's `invalidate` stays).
+    /// Nothing takes its place: a flight that read before the report and
+    /// records after it is refused by the L1's ticket instead (see
+    /// `coherence.rs`), so the write epoch, and with it a hit's check for
+    /// a value already kept, is left alone.
+    pub(crate) fn forget_kept(&self, key: &str) {
         if let Some(entries) = &self.entries {
-            if entries.peek(key).is_some_and(|e| e.value.is_some()) {
-                self.put(entries, key, None, until, epoch);
-            }
+            entries.remove_if(key, |entry| entry.value.is_some());
+        }
+    }
+
+    /// Takes back what [`record`](Self::record) kept, if it is still
+    /// there (not what a later record replaced it with).
+    pub(crate) fn take_back(&self, key: &str, kept: Kept<V>) {
+        if let Some(entries) = &self.entries {
+            entries.remove_if(key, |entry| Arc::ptr_eq(entry, &kept.0));
         }
     }
 
@@ -138,7 +147,7 @@ impl<V> Fallback<V> {
         value: Option<Option<V>>,
         usable_until: Instant,
         epoch: u64,
-    ) {
+    ) -> Option<Kept<V>> {
         let mut new = Some(Arc::new(Entry {
             value,
             usable_until,
@@ -146,12 +155,16 @@ impl<V> Fallback<V> {
         }));
         // Under the key's shard lock: keep a newer write, else replace (the
         // old entry is dropped after the lock is released).
+        let mut inserted = None;
         let kept = entries.entry(key, None, |_, old| {
             let entry = new.as_ref().expect("the callback runs at most once");
             if old.epoch > entry.epoch || entry.below(&self.floor) {
                 return EntryAction::Retain(None);
             }
-            EntryAction::Retain(new.take().map(|entry| std::mem::replace(old, entry)))
+            EntryAction::Retain(new.take().map(|entry| {
+                inserted = Some(Kept(entry.clone()));
+                std::mem::replace(old, entry)
+            }))
         });
         match kept {
             EntryResult::Retained(replaced) => drop(replaced),
@@ -162,12 +175,14 @@ impl<V> Fallback<V> {
             // was placed, under the same lock: the floor it raised is seen.
             EntryResult::Vacant(slot) => {
                 if let Some(entry) = new.take().filter(|new| !new.below(&self.floor)) {
+                    inserted = Some(Kept(entry.clone()));
                     let _ = slot.insert(entry);
                 }
             }
             // Removals, replacement guards and timeouts are never asked for.
             EntryResult::Removed(..) | EntryResult::Replaced(..) | EntryResult::Timeout => {}
         }
+        inserted
     }
 }
 
@@ -179,14 +194,19 @@ impl<V: Clone> Fallback<V> {
     /// Remembers `value`, read or loaded at `epoch`, until `usable_until`
     /// (counted from when it was read or loaded, never renewed by serving
     /// it). Ignored if a newer write of the key is already recorded.
-    pub(crate) fn record(&self, key: &str, value: &Option<V>, usable_until: Instant, epoch: u64) {
-        let Some(entries) = &self.entries else {
-            return;
-        };
+    /// What it kept, if it kept anything (see [`take_back`](Self::take_back)).
+    pub(crate) fn record(
+        &self,
+        key: &str,
+        value: &Option<V>,
+        usable_until: Instant,
+        epoch: u64,
+    ) -> Option<Kept<V>> {
+        let entries = self.entries.as_ref()?;
         // The floor only grows: a value below it now is below it for good
         // (checked again under the lock), and is not even cloned.
         if epoch < self.floor.load(Ordering::Acquire) {
-            return;
+            return None;
         }
         // Another hit on the value already kept (same write epoch, the same
         // expiry on the server within a rounding): nothing to copy. Every
@@ -199,10 +219,10 @@ impl<V: Clone> Fallback<V> {
                 usable_until - old.usable_until
             } < SAME_EXPIRY;
             if old.epoch == epoch && old.value.is_some() && same_expiry {
-                return;
+                return None;
             }
         }
-        self.put(entries, key, Some(value.clone()), usable_until, epoch);
+        self.put(entries, key, Some(value.clone()), usable_until, epoch)
     }
 
     /// The key's last value, if still usable.

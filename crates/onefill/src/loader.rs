@@ -88,7 +88,8 @@ impl<V> Loaded<V> {
         self.grace = Some(grace);
         self
     }
-    /// This value must not be stored (Varnish's "hit-for-pass"): an error
+    /// This value must not be stored (the idea of Varnish's "hit-for-pass",
+    /// without its memory of the pass: the next load asks again): an error
     /// page, a partial result. The callers that shared the load get it
     /// ([`Outcome::Loaded`](crate::Outcome::Loaded)), and nothing outlives
     /// the load: no fill (the lease is released at once, so waiters in

@@ -101,7 +101,7 @@ impl State {
             key.to_owned(),
             Entry {
                 bytes,
-                expires_at: now + ttl,
+                expires_at: expiry(now, ttl),
             },
         );
     }
@@ -270,7 +270,7 @@ impl MemoryBackend {
             let mut state = self.state();
             state.live(key, now).is_some()
                 && state.entries.get_mut(key).is_some_and(|e| {
-                    e.expires_at = now + ttl;
+                    e.expires_at = expiry(now, ttl);
                     true
                 })
         };
@@ -279,6 +279,14 @@ impl MemoryBackend {
         }
         live
     }
+}
+
+/// When a key written at `now` for `ttl` expires; a TTL past what the
+/// clock can count (a test's "forever") is a century.
+fn expiry(now: Instant, ttl: Duration) -> Instant {
+    now.checked_add(ttl)
+        .or_else(|| now.checked_add(Duration::from_secs(100 * 365 * 24 * 3600)))
+        .unwrap_or(now)
 }
 
 fn is_fresh(stored: &Stored, refresh_window: Duration) -> bool {
@@ -438,10 +446,7 @@ impl Backend for MemoryBackend {
     ) -> Result<(), BackendError> {
         if let Some(live) = listener.upgrade() {
             let now = Instant::now();
-            let forever = now
-                .checked_add(Duration::from_secs(100 * 365 * 24 * 3600))
-                .unwrap_or(now + Duration::from_secs(365 * 24 * 3600));
-            live.synced(Some(forever));
+            live.synced(Some(expiry(now, Duration::MAX)));
         }
         self.inner.listeners.register(prefix, listener);
         Ok(())

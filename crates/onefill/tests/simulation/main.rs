@@ -255,9 +255,9 @@
 //! made it (`per-backend-listeners`: another cache of the process hears
 //! of it by the push). One test per variant asserts it is caught by the
 //! invariant it breaks (within 400 seeds; the last two within the default
-//! 10,000, and the stamped TTL's fallback copy within 20,000, counting only
-//! the seeds with an L1, the others being ones the L1 variants cannot
-//! change), and prints how many seeds it took, at the time of writing
+//! 10,000, and the stamped TTL's fallback copy within the first 20,000, of
+//! which only the seeds with an L1 are run: the L1 variants cannot change
+//! the others), and prints how many seeds it took, at the time of writing
 //! (they move by a seed or two between runs): the bare `DEL` by invariant
 //! 1 (a duplicate load whose first lease another token deleted), 19; the
 //! unfenced fill by invariant 4 (a fill from before a write landing after

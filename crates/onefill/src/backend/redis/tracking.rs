@@ -7,9 +7,9 @@
 //! whoever changed it (onefill anywhere, `redis-cli`, an expiry, an
 //! eviction); a `FLUSHALL` or `FLUSHDB` is a `nil` invalidation.
 //!
-//! A `PING` on the same connection every `confirm_every` is the sync
-//! confirmation: its answer comes after every invalidation the server sent
-//! before handling it, so once the answer is in and the pushes received
+//! A `PING` (on a cluster `WAIT 0 0`, see below) on the same connection
+//! every `confirm_every` is the sync confirmation: its answer comes after
+//! every invalidation the server sent before handling it, so once the answer is in and the pushes received
 //! so far are handled, every change before the `PING` was sent has been
 //! reported. (In `BCAST` mode the server sends a change's invalidations at
 //! the end of the event-loop iteration that made it, in the same write as
@@ -31,9 +31,11 @@
 //! a replica. A master demoted by a failover still answers `PING`s and
 //! still pushes what it replicates from the new master (late, or never if
 //! its link is cut), and L1 hits send no command that a `MOVED` could
-//! answer, so without it the L1 served on the old master's word; now the
-//! refusal stops the L1 and asks for the slot map again, which brings the
-//! new master's tracking.
+//! answer, so without it the L1 served on the old master's word. Now the
+//! refusal stops the L1; the calls it no longer answers meet the `MOVED`
+//! that teaches the router the new master, whose tracking the supervisor
+//! then starts. (Until then the refused connection reconnects with its
+//! backoff, and each reconnection resets the L1 and the outage fallback.)
 
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
