@@ -92,6 +92,17 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         }
     }
 
+    /// Releases our lease (leaving `entry`, a cached failure or a
+    /// fail-safe re-store, if given) within the flight's budget; what
+    /// becomes of a release that fails or finds the budget spent is the
+    /// lease's business (`lease.rs`).
+    async fn release(&self, lease: Lease, entry: Option<(&[u8], Duration)>) {
+        let _ = self
+            .budget
+            .run("release", |t| lease.release(&self.shared.calls, t, entry))
+            .await;
+    }
+
     /// After a load under our lease: fills (fenced on the token) or
     /// releases, and answers.
     pub(super) async fn store_loaded(
@@ -121,10 +132,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         let bytes = match encoded {
             Ok(bytes) => bytes,
             Err(error) => {
-                let _ = self
-                    .budget
-                    .run("release", |t| lease.release(&self.shared.calls, t, None))
-                    .await;
+                self.release(lease, None).await;
                 return Err(error);
             }
         };
@@ -177,10 +185,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         *self.l1_fresh.lock() = None;
         // With the budget spent the release is not attempted here; the
         // lease's drop then releases it in the background, at once still.
-        let _ = self
-            .budget
-            .run("release", |t| lease.release(&self.shared.calls, t, None))
-            .await;
+        self.release(lease, None).await;
         Ok((value, Outcome::Loaded))
     }
 
@@ -217,10 +222,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
             // re-store would replace it, shortening or stretching its
             // life). Nobody waits for this answer.
             if let Some(lease) = lease {
-                let _ = self
-                    .budget
-                    .run("release", |t| lease.release(&self.shared.calls, t, None))
-                    .await;
+                self.release(lease, None).await;
             }
             return Err(error);
         }
@@ -249,10 +251,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
                     .ok()
                     .map(|bytes| (bytes, policy.fail_safe_throttle + policy.grace));
                 let entry = throttled.as_ref().map(|(b, t)| (b.as_slice(), *t));
-                let _ = self
-                    .budget
-                    .run("release", |t| lease.release(&self.shared.calls, t, entry))
-                    .await;
+                self.release(lease, entry).await;
             }
             tracing::warn!(key = self.keys.value(), %error, "loader failed; serving the stale value (fail-safe)");
             self.rec().stale_served();
@@ -277,10 +276,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
                 _ => None,
             };
             let entry = negative.as_ref().map(|(b, t)| (b.as_slice(), *t));
-            let _ = self
-                .budget
-                .run("release", |t| lease.release(&self.shared.calls, t, entry))
-                .await;
+            self.release(lease, entry).await;
         }
         Err(error)
     }
