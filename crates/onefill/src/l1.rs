@@ -17,6 +17,9 @@
 //!   value's own freshness ends;
 //! - **emptied** by the backend's reports: a changed key is dropped, a
 //!   reset drops everything.
+//!
+//! (A little over 600 lines, its unit tests included: the entry's whole
+//! lifecycle, the public configuration and the store, belong together.)
 
 use std::fmt;
 use std::hash::{Hash, Hasher};

@@ -5,7 +5,8 @@
 //! or a [`Loaded<V>`](crate::Loaded) that chooses its freshness; options
 //! come through [`Cache::with_options`]. Every verb is a few lines over
 //! one of three private primitives: `load_one` (`one.rs`), `load_many`
-//! (`many.rs`) and `write`.
+//! (`many.rs`) and `write`. (A little over 600 lines, most of them the
+//! verbs' rustdoc and examples: the face users read is one page.)
 
 use std::borrow::Borrow;
 use std::collections::HashMap;

@@ -1,5 +1,7 @@
 //! The chaos run's verdict: each key's history rebuilt from what the run
-//! recorded, and every answer held against it. A pure function.
+//! recorded, and every answer held against it. A pure function. (A little
+//! over 600 lines with its unit tests, which build histories by hand: the
+//! rules and the cases that pin them are read together.)
 //!
 //! # The history of a version
 //!
