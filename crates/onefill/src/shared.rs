@@ -248,7 +248,8 @@ impl<V: Clone + 'static> Shared<V> {
 /// command may still land), the key's flight and load are detached and the
 /// outage fallback forgets the key (a tombstone that older flights cannot
 /// overwrite), so nothing from before the write answers after it. Only a
-/// `set` known to have landed records its own value instead.
+/// `set` known to have landed, in a cache without an L1, records its own
+/// value instead.
 pub(crate) struct Writing<'a, V: Clone + 'static> {
     shared: &'a Shared<V>,
     key: &'a str,
@@ -268,8 +269,17 @@ impl<'a, V: Clone + 'static> Writing<'a, V> {
     }
 
     /// The write of `value`, stored for `ttl` (grace included), is known to
-    /// have landed: it is what the outage fallback remembers of the key now.
+    /// have landed: it is what the outage fallback remembers of the key now
+    /// (without an L1). With an L1 the key is forgotten as after a failed
+    /// write, and the next read keeps what the server holds: another
+    /// writer's change that lands between this write and its reply is
+    /// reported before the reply is seen, and recording this value after
+    /// it would put back what the change replaced (the L1 keeps nothing of
+    /// its own writes either).
     pub(crate) fn landed(mut self, value: &Option<V>, ttl: Duration) {
+        if self.shared.l1.is_some() {
+            return;
+        }
         self.armed = false;
         let epoch = self.shared.written(self.key, self.keys);
         let usable_until = Instant::now() + ttl;

@@ -204,8 +204,12 @@
 //!    round trip (a backend timeout) after the furthest expiry the server
 //!    had for that version when the instance read or wrote it (without an
 //!    L1, the expiry the read reported: the one-`GET` hit's written TTL, a
-//!    documented limit). A version never stored (a degraded load's) is
-//!    invariant 7's. Every bound comes from the scenario and the log.
+//!    documented limit), and, in a seed with an L1, never once a change of
+//!    the key (an overwrite or a delete, not an expiry) had been reported
+//!    to the instance before the call began (the report's delay past, its
+//!    tracking up meanwhile; a coalesced call is spared). A version never
+//!    stored (a degraded load's) is invariant 7's. Every bound comes from
+//!    the scenario and the log.
 //!
 //! # Found so far
 //!
@@ -291,7 +295,15 @@
 //! trust for four sync bounds (37); an entry kept past the value's hard
 //! expiry (68); the fallback's copy kept for the policy's TTL instead of
 //! the server's, on the hit path (37, by invariant 7; 91 by invariant 8)
-//! or a flight's (71). The library's Redis-only guards (reads of a tracked
+//! or a flight's (71); a fallback that does not hear the change reports
+//! (`coherence.rs` not forgetting a reported key: 48 seeds); a `set` that
+//! records its own value in a cache with an L1 (5 of 200,000 seeds, the
+//! first at 53,775: another writer's change lands between the write and
+//! its late reply, is reported first, and the record puts the replaced
+//! value back; found by the wide run and fixed in `Writing::landed`). Not
+//! caught: a reported change that leaves the key's flight attached (a
+//! later call joining a flight from before the change); the real-Redis
+//! test of two caches of a process guards it. The library's Redis-only guards (reads of a tracked
 //! prefix with `GET` + `PTTL`, one registry of own-process listeners) are
 //! broken in the simulated store instead: the variants above.
 //!

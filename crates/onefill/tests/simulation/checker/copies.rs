@@ -4,7 +4,8 @@
 //! holds, give or take how late the server's change report may come (a
 //! push while the tracking connection is up, the L1's sync bound when it
 //! is not), or, for the fallback, the version's expiry as the server had
-//! it when the instance last read or wrote it. An answer read from the
+//! it when the instance last read or wrote it, and never after a change of
+//! the key the instance heard of (its tracking up). An answer read from the
 //! backend is of a version the server held while the call ran.
 
 use std::time::Duration;
@@ -20,6 +21,9 @@ struct Life {
     origin: Origin,
     from: Duration,
     to: Duration,
+    /// Ended by a change of the key (reported to every tracking instance),
+    /// not by its expiry (never reported).
+    changed: bool,
 }
 
 impl Checker<'_> {
@@ -32,6 +36,7 @@ impl Checker<'_> {
                 let mut open: Option<Life> = None;
                 for state in states {
                     if let Some(mut life) = open.take() {
+                        life.changed = state.t < life.to;
                         life.to = life.to.min(state.t);
                         lives.push(life);
                     }
@@ -40,6 +45,7 @@ impl Checker<'_> {
                             origin,
                             from: state.t,
                             to: expires,
+                            changed: false,
                         });
                     }
                 }
@@ -145,8 +151,22 @@ impl Checker<'_> {
                 continue;
             }
             // Not on the store while the call ran: the outage fallback's
-            // copy, which lives by the expiry the server reported.
+            // copy, which lives by the expiry the server reported, and, in
+            // an instance with an L1, gives way to a change the instance
+            // heard of before the call (its tracking up from the change to
+            // the call's start, the report's delay past).
             self.tally.copies += 1;
+            let last = of.iter().max_by_key(|l| l.to).copied();
+            if let Some(last) = last.filter(|l| self.s.l1 && l.changed && !coalesced) {
+                let heard = last.to + push_bound;
+                if heard < c.start_t && !self.tracking_unsure(c.inst, last.to, c.start_t) {
+                    self.fail(format!(
+                        "a fallback copy of a version whose change the instance had heard of: {call}; the key changed at {:?}, reported by {heard:?}",
+                        last.to
+                    ));
+                    continue;
+                }
+            }
             let kept = self.kept_until(c.inst, c.key, origin, t);
             if kept.is_none_or(|kept| t > kept + round_trip) {
                 let gone = of.iter().map(|l| l.to).max().unwrap_or_default();
