@@ -18,6 +18,7 @@ use crate::support::{
     counting_loader, fetch_now, fixed_lease, pod, spawn_fetch, switched, two_pods, Switched,
     Switches, COMMAND, HANG, HANG_FROM_THIRD, HEALTHY, LOSE_ACQUIRE_REPLY, REFUSE,
 };
+use onefill::testing::{Fault, Op};
 use onefill::{BackendErrorKind, Cache, CallOptions, CircuitState, Error, Outcome};
 use tokio::time::Instant;
 
@@ -293,6 +294,35 @@ async fn invalidate_keeps_its_value_out_of_the_fallback() {
     c.invalidate(&key).await.unwrap();
     assert_eq!(slow.await.unwrap().unwrap().value, "k-v1");
     assert_the_fallback_forgot(&backend, &c, &loads, "the invalidated value is not served").await;
+}
+
+/// Regression: with an L1, a `set` whose reply came late recorded its own
+/// value in the outage fallback after another process's write, which had
+/// landed in between, was reported; a later outage answered the value that
+/// write had replaced. With an L1 a `set` now leaves the key to the next
+/// read.
+#[tokio::test(start_paused = true)]
+async fn a_late_set_reply_keeps_nothing_another_write_replaced_meanwhile() {
+    let [(a, pod_a), (_, pod_b)] = two_pods(|b| b.l1(onefill::L1::new(100)));
+    let loads = Arc::new(AtomicUsize::new(0));
+    let key = "k".to_string();
+    a.faults().set([Op::Set], Fault::Gated);
+    let writing = tokio::spawn({
+        let (pod_a, key) = (pod_a.clone(), key.clone());
+        async move { pod_a.set(&key, "from-a".to_owned()).await }
+    });
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    pod_b.set(&key, "from-b".to_owned()).await.unwrap();
+    a.faults().open_gate(1);
+    writing.await.unwrap().unwrap();
+    a.set_mode(REFUSE);
+    let f = fetch_now(&pod_a, &key, &loads).await;
+    assert_eq!(
+        f.outcome,
+        Outcome::Degraded,
+        "{:?}: the value B's write replaced",
+        f.value
+    );
 }
 
 /// Regression: a backend that hangs in the middle of a flight used to cost a
