@@ -1,5 +1,7 @@
 //! The L1: decoded values in this process, in front of the backend, kept
 //! coherent by the backend's change reports (see `backend/tracking.rs`).
+//! (A little over 600 lines, its unit tests included: the entry's whole
+//! lifecycle, the public configuration and the store, belong together.)
 //!
 //! [`L1`] is the public configuration; [`Local`] is the store one cache
 //! owns. Its whole lifecycle lives here:
@@ -17,9 +19,7 @@
 //!   value's own freshness ends;
 //! - **emptied** by the backend's reports: a changed key is dropped, a
 //!   reset drops everything.
-//!
-//! (A little over 600 lines, its unit tests included: the entry's whole
-//! lifecycle, the public configuration and the store, belong together.)
+
 
 use std::fmt;
 use std::hash::{Hash, Hasher};
