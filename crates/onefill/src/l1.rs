@@ -20,7 +20,6 @@
 //! - **emptied** by the backend's reports: a changed key is dropped, a
 //!   reset drops everything.
 
-
 use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
