@@ -189,6 +189,25 @@ fn tracking_connection(server: &RedisServer) -> String {
     tracking.into_iter().next().unwrap()
 }
 
+/// Kills the server's tracking connection and deletes `value_key` in one
+/// server round, so the deletion's invalidation is lost for sure.
+async fn lose_tracking_and_delete(server: &RedisServer, value_key: &str) {
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let _: () = redis::pipe()
+        .cmd("CLIENT")
+        .arg("KILL")
+        .arg("ID")
+        .arg(tracking_connection(server))
+        .ignore()
+        .cmd("DEL")
+        .arg(value_key)
+        .ignore()
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+}
+
 /// The tracking connection is killed and the key deleted in the same
 /// server round (so its invalidation is lost for sure): the L1 stops
 /// serving at once (or within the sync bound), and once tracking is back
@@ -206,20 +225,7 @@ async fn a_lost_tracking_connection_empties_the_l1_before_it_serves_again() {
     let old = until_l1_serves(&b, key, &loads).await;
     let resets = b.stats().l1_resets;
 
-    let client = redis::Client::open(server.url()).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-    let _: () = redis::pipe()
-        .cmd("CLIENT")
-        .arg("KILL")
-        .arg("ID")
-        .arg(tracking_connection(&server))
-        .ignore()
-        .cmd("DEL")
-        .arg(&value_key)
-        .ignore()
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    lose_tracking_and_delete(&server, &value_key).await;
     // Past the sync bound (250 ms), whatever happened to the connection,
     // the old value is not served.
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -254,20 +260,7 @@ async fn a_change_missed_while_tracking_was_lost_never_comes_back_from_the_fallb
     let old = until_l1_serves(&b, key, &loads).await;
     let resets = b.stats().l1_resets;
 
-    let client = redis::Client::open(server.url()).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-    let _: () = redis::pipe()
-        .cmd("CLIENT")
-        .arg("KILL")
-        .arg("ID")
-        .arg(tracking_connection(&server))
-        .ignore()
-        .cmd("DEL")
-        .arg(&value_key)
-        .ignore()
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    lose_tracking_and_delete(&server, &value_key).await;
     let lost = std::time::Instant::now();
     while b.stats().l1_resets == resets {
         assert!(lost.elapsed() < Duration::from_secs(10), "tracking is back");
