@@ -150,7 +150,8 @@ fn six_second_loader_across_processes_is_one_load() {
         .iter()
         .map(|w| w["stats"]["lease_extended"].as_u64().unwrap())
         .sum();
-    assert!(extended >= 3, "the watchdog renewed the lease: {extended}");
+    // A watched holder's lease lasts 10 s, renewed every third of it.
+    assert!(extended >= 1, "the watchdog renewed the lease: {extended}");
     for w in workers(&r) {
         assert_eq!(w["stats"]["wait_timeouts"].as_u64(), Some(0));
         assert_eq!(w["stats"]["lease_lost"].as_u64(), Some(0));

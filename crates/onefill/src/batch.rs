@@ -210,12 +210,13 @@ where
     fn acquire(
         &self,
         keys: &FillKeys,
+        token: LeaseToken,
         lease_ttl: Duration,
         refresh_window: Duration,
         timeout: Duration,
         reply: Reply<Result<Acquisition, BackendError>>,
     ) {
-        let request = LeaseRequest::new(keys.clone(), LeaseToken::random(), refresh_window);
+        let request = LeaseRequest::new(keys.clone(), token, refresh_window);
         self.queue.lock().acquires.push(AcquireStep {
             request,
             lease_ttl,

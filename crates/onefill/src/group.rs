@@ -19,7 +19,7 @@ use tokio::sync::oneshot;
 use crate::backend::Stored;
 use crate::error::{BackendError, Error};
 use crate::key::FillKeys;
-use crate::lease::Acquisition;
+use crate::lease::{Acquisition, LeaseToken};
 use crate::loader::Done;
 
 /// Where a step's answer goes.
@@ -43,11 +43,13 @@ pub(crate) trait Group<V>: Send + Sync {
     );
 
     /// Asks for the lease of `keys` (as
-    /// [`Backend::acquire`](crate::Backend::acquire), with a fresh token)
-    /// within `timeout`.
+    /// [`Backend::acquire`](crate::Backend::acquire), with `token`, fresh
+    /// for this request) within `timeout`.
+    #[allow(clippy::too_many_arguments)]
     fn acquire(
         &self,
         keys: &FillKeys,
+        token: LeaseToken,
         lease_ttl: Duration,
         refresh_window: Duration,
         timeout: Duration,

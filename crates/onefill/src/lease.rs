@@ -18,30 +18,80 @@ use crate::key::FillKeys;
 use crate::loader::LoadTimes;
 use crate::stats::Recorder;
 
-/// A random 128-bit lease token, fresh for every acquisition.
+/// A lease token: 128 random bits, fresh for every acquisition, and
+/// optionally the name of the holder that took it.
+///
+/// A backend that can tell whether a lease's holder is alive (see
+/// [`Backend::watch_holder`](crate::backend::Backend::watch_holder)) makes
+/// its tokens with [`for_holder`](LeaseToken::for_holder), so that a waiter
+/// who finds the lease held can tell whom to watch from the lease alone.
 #[derive(Clone, PartialEq, Eq, Hash)]
-pub struct LeaseToken([u8; 32]);
+pub struct LeaseToken(Box<str>);
+
+/// The most bytes a holder's name may have in a token.
+const MAX_HOLDER: usize = 64;
 
 impl LeaseToken {
-    /// A new token from the thread-local CSPRNG.
+    /// A new token from the thread-local CSPRNG: 32 lowercase hex digits.
     pub fn random() -> Self {
-        let raw: u128 = rand::random();
-        let mut hex = [0u8; 32];
-        const DIGITS: &[u8; 16] = b"0123456789abcdef";
-        for (i, byte) in raw.to_be_bytes().iter().enumerate() {
-            hex[2 * i] = DIGITS[(byte >> 4) as usize];
-            hex[2 * i + 1] = DIGITS[(byte & 0xf) as usize];
-        }
-        LeaseToken(hex)
+        LeaseToken(random_hex().into())
     }
-    /// The token as stored in the lease key: 32 lowercase hex digits.
+
+    /// A new token naming `holder`: `holder`, a `.`, then 32 random
+    /// lowercase hex digits. A name that is empty, longer than 64 bytes or
+    /// not made of ASCII letters, digits, `-` and `_` is left out (the
+    /// token is then as [`random`](LeaseToken::random)'s).
+    pub fn for_holder(holder: &str) -> Self {
+        if !valid_holder(holder) {
+            return LeaseToken::random();
+        }
+        LeaseToken(format!("{holder}.{}", random_hex()).into())
+    }
+
+    /// The token a backend read back from a lease (the bytes another
+    /// process stored), if they are a token of this shape: `None` for
+    /// foreign bytes.
+    pub fn from_stored(bytes: &[u8]) -> Option<LeaseToken> {
+        let text = std::str::from_utf8(bytes).ok()?;
+        let (holder, random) = match text.split_once('.') {
+            Some((holder, random)) => (Some(holder), random),
+            None => (None, text),
+        };
+        let random_ok = random.len() == 32
+            && random
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+        let holder_ok = holder.is_none_or(valid_holder);
+        (random_ok && holder_ok).then(|| LeaseToken(text.into()))
+    }
+
+    /// The holder the token names, if it names one.
+    pub fn holder(&self) -> Option<&str> {
+        self.0.split_once('.').map(|(holder, _)| holder)
+    }
+
+    /// The token as stored in the lease key.
     pub fn as_bytes(&self) -> &[u8] {
-        &self.0
+        self.0.as_bytes()
     }
     /// The token as a string.
     pub fn as_str(&self) -> &str {
-        std::str::from_utf8(&self.0).unwrap_or_default()
+        &self.0
     }
+}
+
+fn valid_holder(holder: &str) -> bool {
+    !holder.is_empty()
+        && holder.len() <= MAX_HOLDER
+        && holder
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+/// 128 bits from the thread-local CSPRNG, as 32 lowercase hex digits.
+fn random_hex() -> String {
+    let raw: u128 = rand::random();
+    format!("{raw:032x}")
 }
 
 impl fmt::Debug for LeaseToken {
@@ -82,6 +132,13 @@ impl Default for LeaseTtl {
     }
 }
 
+/// The shortest adaptive lease whose holder the backend watches. Its
+/// waiters learn of the holder's death or freeze from the watch, within a
+/// second, so its TTL only bounds what the watch cannot see (a waiter
+/// whose own watch lost its signal); a longer lease needs fewer renewals
+/// (one every few seconds instead of one a second).
+pub(crate) const WATCHED_LEASE: Duration = Duration::from_secs(10);
+
 /// The smallest lease TTL accepted: the watchdog extends every third of it.
 pub(crate) const MIN_LEASE_TTL: Duration = Duration::from_millis(30);
 /// The largest lease TTL accepted.
@@ -121,8 +178,11 @@ impl LeaseTtl {
         }
     }
 
-    /// The TTL for the next acquisition, given recent load times.
-    pub(crate) fn ttl(&self, load_times: &LoadTimes) -> Duration {
+    /// The TTL for the next acquisition, given recent load times and
+    /// whether the backend watches the lease's holder (its token names
+    /// it): an adaptive lease is then at least [`WATCHED_LEASE`] (within
+    /// its ceiling).
+    pub(crate) fn ttl(&self, load_times: &LoadTimes, watched: bool) -> Duration {
         match *self {
             LeaseTtl::Fixed(d) => d,
             LeaseTtl::Adaptive {
@@ -131,7 +191,12 @@ impl LeaseTtl {
                 ceiling,
             } => {
                 let base = load_times.p99().unwrap_or(floor);
-                base.mul_f64(factor).clamp(floor, ceiling)
+                let ttl = base.mul_f64(factor).clamp(floor, ceiling);
+                if watched {
+                    ttl.max(WATCHED_LEASE.min(ceiling))
+                } else {
+                    ttl
+                }
             }
         }
     }
@@ -153,6 +218,8 @@ pub(crate) enum Acquisition {
         stale: Option<Stored>,
         /// The holder's lease's remaining TTL.
         lease_ttl: Duration,
+        /// The holder's token, if the backend read it back.
+        holder: Option<LeaseToken>,
     },
 }
 
@@ -173,7 +240,15 @@ impl Acquisition {
     ) -> Result<Acquisition, BackendError> {
         match answer {
             Ok(Acquired::Fresh(stored)) => Ok(Acquisition::Fresh(stored)),
-            Ok(Acquired::Held { stale, lease_ttl }) => Ok(Acquisition::Held { stale, lease_ttl }),
+            Ok(Acquired::Held {
+                stale,
+                lease_ttl,
+                holder,
+            }) => Ok(Acquisition::Held {
+                stale,
+                lease_ttl,
+                holder,
+            }),
             Ok(Acquired::Won { stale }) => Ok(Acquisition::Won {
                 lease: Lease::won(calls, keys, token, lease_ttl),
                 stale,
@@ -232,17 +307,17 @@ struct Held {
 }
 
 impl Lease {
-    /// Asks for the lease of `keys` with a fresh token (`SET lock token NX
-    /// PX lease_ttl` unless the value is fresh beyond `refresh_window`). If
-    /// won, the watchdog starts extending it at once.
+    /// Asks for the lease of `keys` with `token`, fresh for this request
+    /// (`SET lock token NX PX lease_ttl` unless the value is fresh beyond
+    /// `refresh_window`). If won, the watchdog starts extending it at once.
     pub(crate) async fn acquire(
         calls: &Calls,
         keys: &FillKeys,
+        token: LeaseToken,
         lease_ttl: Duration,
         refresh_window: Duration,
         timeout: Duration,
     ) -> Result<Acquisition, BackendError> {
-        let token = LeaseToken::random();
         let acquired = calls
             .call(
                 keys,
@@ -251,6 +326,30 @@ impl Lease {
                 calls
                     .backend
                     .acquire(keys, &token, lease_ttl, refresh_window),
+            )
+            .await;
+        Acquisition::of_answer(calls, keys, token, lease_ttl, acquired)
+    }
+
+    /// As [`acquire`](Lease::acquire), but a lease still held by `gone`
+    /// (a holder judged dead or frozen) counts as free.
+    pub(crate) async fn take_over(
+        calls: &Calls,
+        keys: &FillKeys,
+        gone: &LeaseToken,
+        token: LeaseToken,
+        lease_ttl: Duration,
+        refresh_window: Duration,
+        timeout: Duration,
+    ) -> Result<Acquisition, BackendError> {
+        let acquired = calls
+            .call(
+                keys,
+                timeout,
+                "take over",
+                calls
+                    .backend
+                    .take_over(keys, gone, &token, lease_ttl, refresh_window),
             )
             .await;
         Acquisition::of_answer(calls, keys, token, lease_ttl, acquired)
@@ -485,21 +584,59 @@ mod tests {
             ceiling: Duration::from_secs(30),
         };
         let times = LoadTimes::default();
-        assert_eq!(policy.ttl(&times), Duration::from_secs(3));
+        assert_eq!(policy.ttl(&times, false), Duration::from_secs(3));
+        // A watched holder's lease is at least 10 s.
+        assert_eq!(policy.ttl(&times, true), WATCHED_LEASE);
         for _ in 0..99 {
             times.record(Duration::from_millis(100));
         }
         times.record(Duration::from_secs(2));
         // p99 of 100 samples is the 99th smallest: 100 ms -> 300 ms -> floor.
-        assert_eq!(policy.ttl(&times), Duration::from_secs(1));
+        assert_eq!(policy.ttl(&times, false), Duration::from_secs(1));
         for _ in 0..10 {
             times.record(Duration::from_secs(4));
         }
-        assert_eq!(policy.ttl(&times), Duration::from_secs(12));
+        assert_eq!(policy.ttl(&times, false), Duration::from_secs(12));
+        assert_eq!(policy.ttl(&times, true), Duration::from_secs(12));
         for _ in 0..50 {
             times.record(Duration::from_secs(60));
         }
-        assert_eq!(policy.ttl(&times), Duration::from_secs(30));
+        assert_eq!(policy.ttl(&times, false), Duration::from_secs(30));
+    }
+
+    #[test]
+    fn a_watched_lease_stays_within_the_ceiling_and_a_fixed_one_is_kept() {
+        let low_ceiling = LeaseTtl::Adaptive {
+            factor: 3.0,
+            floor: Duration::from_secs(1),
+            ceiling: Duration::from_secs(4),
+        };
+        let times = LoadTimes::default();
+        assert_eq!(low_ceiling.ttl(&times, true), Duration::from_secs(4));
+        let fixed = LeaseTtl::Fixed(Duration::from_secs(2));
+        assert_eq!(fixed.ttl(&times, true), Duration::from_secs(2));
+    }
+
+    #[test]
+    fn tokens_name_their_holder_and_read_back() {
+        let named = LeaseToken::for_holder("00ff00ff00ff00ff");
+        assert_eq!(named.holder(), Some("00ff00ff00ff00ff"));
+        assert_eq!(
+            LeaseToken::from_stored(named.as_bytes()),
+            Some(named.clone())
+        );
+        let anonymous = LeaseToken::random();
+        assert_eq!(anonymous.holder(), None);
+        assert_eq!(
+            LeaseToken::from_stored(anonymous.as_bytes()),
+            Some(anonymous)
+        );
+        // A bad name is left out; foreign bytes are no token.
+        assert_eq!(LeaseToken::for_holder("a.b").holder(), None);
+        assert_eq!(LeaseToken::for_holder("").holder(), None);
+        assert_eq!(LeaseToken::from_stored(b"not a token"), None);
+        assert_eq!(LeaseToken::from_stored(b"x.0123"), None);
+        assert_eq!(LeaseToken::from_stored(&[0xff; 32]), None);
     }
 
     #[test]

@@ -35,7 +35,9 @@
 //! | `onefill_refreshes_total` | counter | `reason="stale"` | background refreshes started while a stale value was served | `background_refreshes` |
 //! | `onefill_leases_acquired_total` | counter | | leases this process won | `lease_acquired` |
 //! | `onefill_lease_contentions_total` | counter | | acquire attempts that found another holder's lease | `lease_contended` |
-//! | `onefill_lease_takeovers_total` | counter | | leases won by a waiter once the previous holder's lease had run out, with no notice that it ended: the holder died or stalled | `lease_takeovers` |
+//! | `onefill_lease_takeovers_total` | counter | | leases won by a waiter from a holder that died or stalled: judged gone, or its lease run out with no notice that it ended | `lease_takeovers` |
+//! | `onefill_holders_gone_total` | counter | `verdict="dead"` | holders a waiter judged dead (their connections closed) and took over from before their lease expired | `holders_dead` |
+//! | `onefill_holders_gone_total` | counter | `verdict="frozen"` | holders a waiter judged frozen (alive but silent for about a second) and took over from | `holders_frozen` |
 //! | `onefill_leases_lost_total` | counter | | leases lost before their fill or release (expired or invalidated mid-load): each is a possible duplicate load; should stay near 0 | `lease_lost` |
 //! | `onefill_fills_fenced_total` | counter | | fills refused because the lease was no longer this process's: nothing was written | `fills_fenced` |
 //! | `onefill_lease_renewals_total` | counter | `outcome="ok"` | watchdog renewals that extended the lease | `lease_extended` |
@@ -108,6 +110,7 @@ described! {
     "onefill_leases_acquired_total" Counter Count "Leases this process won.",
     "onefill_lease_contentions_total" Counter Count "Acquire attempts that found another process's lease.",
     "onefill_lease_takeovers_total" Counter Count "Leases won by a waiter after the previous holder's lease ran out with no notice that it ended (holder died or stalled).",
+    "onefill_holders_gone_total" Counter Count "Lease holders a waiter judged gone and took over from, by verdict (dead: connections closed; frozen: silent for about a second).",
     "onefill_leases_lost_total" Counter Count "Leases lost before their fill or release (expired or invalidated mid-load): possible duplicate loads.",
     "onefill_fills_fenced_total" Counter Count "Fills refused because the lease was no longer this process's; nothing was written.",
     "onefill_lease_renewals_total" Counter Count "Watchdog lease renewals, by outcome (ok, error: failed or timed out).",

@@ -13,9 +13,10 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::backend::FillSubscription;
+use crate::backend::{FillSubscription, Gone, HolderWatch};
 use crate::backoff::{jittered, Backoff};
 use crate::error::{Error, InvalidOption};
+use crate::lease::LeaseToken;
 use crate::stats::{Recorder, Waiting};
 use tracing::Instrument;
 
@@ -187,6 +188,10 @@ pub(crate) struct Wait {
     backoff: Backoff,
     /// The safety-net interval of a subscribed waiter.
     safety_poll: Duration,
+    /// The holder being watched (the token found in its lease) and its
+    /// watch, while the backend can tell whether it is alive: no re-check
+    /// at its lease's expiry then.
+    watch: Option<(LeaseToken, Box<dyn HolderWatch>)>,
     /// Counts this wait in the `onefill_lease_waiters` gauge while it lives.
     _waiting: Waiting,
     /// `onefill.wait`, a child of the flight's call span: open from the
@@ -198,13 +203,16 @@ pub(crate) struct Wait {
 }
 
 /// What to do after [`Wait::until_recheck`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Next {
     /// The key's fill channel fired: re-check (the fill has most likely
     /// landed).
     Notified,
     /// A poll tick or the holder's lease expiry: re-check (acquire again).
     Recheck,
+    /// The watched holder is gone: take its lease over (the token is the
+    /// one found in it).
+    Gone(Gone, LeaseToken),
     /// The deadline passed.
     Deadline,
 }
@@ -227,6 +235,7 @@ impl Wait {
             deadline: started + policy.deadline,
             backoff: Backoff::new(policy.poll_initial, policy.poll_max),
             safety_poll: policy.safety_poll,
+            watch: None,
             _waiting: waiting,
             notified: 0,
             polls: 0,
@@ -239,42 +248,93 @@ impl Wait {
         }
     }
 
+    /// Watches `holder` (the token found in the lease) with `watch` from
+    /// now on, in place of any holder watched before.
+    pub(crate) fn watch(&mut self, holder: LeaseToken, watch: Box<dyn HolderWatch>) {
+        self.watch = Some((holder, watch));
+    }
+
+    /// The holder being watched, if any.
+    pub(crate) fn watched(&self) -> Option<&LeaseToken> {
+        self.watch.as_ref().map(|(holder, _)| holder)
+    }
+
+    /// Stops watching the holder (its lease moved on).
+    pub(crate) fn unwatch(&mut self) {
+        self.watch = None;
+    }
+
     /// Waits until the next re-check is due, counting from the last one:
-    /// the fill is announced; the holder's lease (`holder_ttl` left at the
-    /// last re-check) would expire, so a dead holder is taken over without
-    /// delay; or the next poll tick comes, which for a subscribed waiter is
-    /// only the safety net ([`WaitPolicy::safety_poll`]) and for one
-    /// without a subscription the fast backoff. Returns [`Next::Deadline`]
-    /// once the deadline has passed.
+    /// the fill is announced; the watched holder is gone; the holder's
+    /// lease (`holder_ttl` left at the last re-check) would expire, unless
+    /// the holder is watched, so a dead holder is taken over without delay
+    /// either way; or the next poll tick comes, which for a subscribed
+    /// waiter is only the safety net ([`WaitPolicy::safety_poll`]) and for
+    /// one without a subscription the fast backoff. Returns
+    /// [`Next::Deadline`] once the deadline has passed.
     pub(crate) async fn until_recheck(
         &mut self,
         recorder: &Recorder,
         holder_ttl: Duration,
     ) -> Next {
-        let now = Instant::now();
-        if now >= self.deadline {
-            return Next::Deadline;
-        }
-        let tick = match self.subscription {
-            Some(_) => jittered(self.safety_poll),
-            None => self.backoff.next_interval(),
-        };
-        let nap = tick
-            .min(holder_ttl.saturating_add(Duration::from_millis(1)))
-            .min(self.deadline - now);
-        let nap = async {
-            match self.subscription.as_mut() {
-                Some(sub) => tokio::select! {
-                    _ = sub.notified() => true,
-                    _ = tokio::time::sleep(nap) => false,
-                },
-                None => {
-                    tokio::time::sleep(nap).await;
-                    false
-                }
+        loop {
+            let now = Instant::now();
+            if now >= self.deadline {
+                return Next::Deadline;
             }
-        };
-        let notified = nap.instrument(self.span.clone()).await;
+            let left = self.deadline - now;
+            let tick = match (&self.subscription, &self.watch) {
+                // A holder watched alive announces its fill, or the loss of
+                // its lease, on the channel its beats come through: nothing
+                // is left for a safety poll to find.
+                (Some(_), Some(_)) => left,
+                (Some(_), None) => jittered(self.safety_poll),
+                (None, _) => self.backoff.next_interval(),
+            };
+            let mut nap = tick.min(left);
+            if self.watch.is_none() {
+                nap = nap.min(holder_ttl.saturating_add(Duration::from_millis(1)));
+            }
+            let (subscription, watch) = (&mut self.subscription, &mut self.watch);
+            let woken = async {
+                let notified = async {
+                    match subscription.as_mut() {
+                        Some(sub) => sub.notified().await,
+                        None => std::future::pending().await,
+                    }
+                };
+                let gone = async {
+                    match watch.as_mut() {
+                        Some((_, watch)) => watch.gone().await,
+                        None => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    () = notified => Woken::Notified,
+                    gone = gone => Woken::Watch(gone),
+                    () = tokio::time::sleep(nap) => Woken::Tick,
+                }
+            };
+            let notified = match woken.instrument(self.span.clone()).await {
+                Woken::Notified => true,
+                Woken::Tick => false,
+                Woken::Watch(Some(gone)) => match self.watch.take() {
+                    Some((holder, _)) => return Next::Gone(gone, holder),
+                    None => continue,
+                },
+                Woken::Watch(None) => {
+                    // The watch lost its signal: the lease's expiry is the
+                    // bound again, from the next nap on.
+                    self.watch = None;
+                    continue;
+                }
+            };
+            return self.woken(recorder, notified);
+        }
+    }
+
+    /// A nap ended by a notification or a tick: counted, and a re-check.
+    fn woken(&mut self, recorder: &Recorder, notified: bool) -> Next {
         recorder.wait_poll(notified);
         // Recorded in the span once, at the end (an OpenTelemetry span
         // keeps every value recorded, not the last).
@@ -298,6 +358,13 @@ impl Wait {
             .record("timed_out", timed_out);
         recorder.wait_finished(self.started.elapsed(), timed_out);
     }
+}
+
+/// What ended one nap of a wait.
+enum Woken {
+    Notified,
+    Watch(Option<Gone>),
+    Tick,
 }
 
 #[cfg(test)]

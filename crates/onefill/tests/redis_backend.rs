@@ -133,11 +133,14 @@ async fn lease_lifecycle(backend: &RedisBackend, raw: &dyn Raw) {
         Acquired::Held {
             stale: None,
             lease_ttl,
+            holder,
         } => {
             assert!(
                 lease_ttl > Duration::from_secs(9) && lease_ttl <= LEASE,
                 "{lease_ttl:?}"
-            )
+            );
+            // The holder's token comes back, so a waiter can watch it.
+            assert_eq!(holder, Some(a.clone()));
         }
         other => panic!("expected Held, got {other:?}"),
     }

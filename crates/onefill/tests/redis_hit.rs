@@ -107,11 +107,12 @@ async fn a_fresh_hit_is_one_get_and_tells_no_more_than_the_server() {
             "{stored:?} vs PTTL {after}"
         );
     }
-    // A clock sample (`GET` + `TIME`) at first and then at most once a
-    // second; every other hit was a `GET` alone; no `PTTL` but the test's.
+    // The clock was sampled when the backend connected; a hit carries a
+    // sample (`GET` + `TIME`) at most every ten seconds; every other hit
+    // was a `GET` alone; no `PTTL` but the test's.
     let samples = calls(&server, "time");
     assert!(
-        samples >= 1 && samples <= start.elapsed().as_secs() + 1,
+        samples <= start.elapsed().as_secs() / 10 + 1,
         "{samples} samples"
     );
     assert_eq!(calls(&server, "get"), HITS);
@@ -258,7 +259,8 @@ async fn a_server_that_refuses_time_still_answers_hits() {
         assert!(stored.ttl <= Duration::from_secs(60), "{stored:?}");
     }
     // Without a sample no `GET` went alone: every hit was answered by the
-    // pair (after the refused sample's `GET`).
+    // pair (the sample refused when the backend connected is not tried
+    // again for ten seconds).
     assert_eq!(calls(&server, "pttl"), 3);
-    assert_eq!(calls(&server, "get"), 4);
+    assert_eq!(calls(&server, "get"), 3);
 }

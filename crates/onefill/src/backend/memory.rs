@@ -122,6 +122,7 @@ impl State {
             Some(lease) => Acquired::Held {
                 stale: value,
                 lease_ttl: lease.ttl,
+                holder: LeaseToken::from_stored(&lease.bytes),
             },
             None => {
                 self.put(keys.lock(), token.as_bytes().to_vec(), lease_ttl, now);
@@ -315,6 +316,24 @@ impl Backend for MemoryBackend {
             .acquire(keys, token, lease_ttl, refresh_window, now))
     }
 
+    /// One step: the gone holder's lease is deleted if it still holds
+    /// `gone`, then the acquire runs.
+    async fn take_over(
+        &self,
+        keys: &FillKeys,
+        gone: &LeaseToken,
+        token: &LeaseToken,
+        lease_ttl: Duration,
+        refresh_window: Duration,
+    ) -> Result<Acquired, BackendError> {
+        let now = Instant::now();
+        let mut state = self.state();
+        if state.holds(keys.lock(), gone, now) {
+            state.entries.remove(keys.lock());
+        }
+        Ok(state.acquire(keys, token, lease_ttl, refresh_window, now))
+    }
+
     /// Every key under one lock: one step, as one pipeline is on Redis.
     async fn get_many(&self, keys: &[FillKeys]) -> Vec<Result<Option<Stored>, BackendError>> {
         let now = Instant::now();
@@ -346,6 +365,8 @@ impl Backend for MemoryBackend {
         {
             let mut state = self.state();
             if !state.holds(keys.lock(), token, now) {
+                drop(state);
+                self.publish(keys.channel());
                 return Ok(false);
             }
             state.put(keys.value(), bytes.to_vec(), ttl, now);
@@ -389,6 +410,8 @@ impl Backend for MemoryBackend {
         let now = Instant::now();
         let mut state = self.state();
         if !state.holds(keys.lock(), token, now) {
+            drop(state);
+            self.publish(keys.channel());
             return Ok(false);
         }
         if let Some(e) = state.entries.get_mut(keys.lock()) {

@@ -9,9 +9,9 @@
 //! | --- | --- |
 //! | [`get`](Backend::get) | the value and its TTL (Redis: a `GET`, plus `PTTL` unless the server-stamped expiry tells it, decision 0011) |
 //! | [`acquire`](Backend::acquire) | fresh value? return it : `SET lock token NX PX ttl` |
-//! | [`fill`](Backend::fill) | lock == token ? write value, delete lock, publish : nothing |
+//! | [`fill`](Backend::fill) | lock == token ? write value, delete lock, publish : publish the loss |
 //! | [`release`](Backend::release) | lock == token ? delete lock (+ optional short entry), publish : nothing |
-//! | [`extend`](Backend::extend) | lock == token ? `PEXPIRE lock ttl` : nothing |
+//! | [`extend`](Backend::extend) | lock == token ? `PEXPIRE lock ttl` : publish the loss |
 //! | [`set`](Backend::set) / [`invalidate`](Backend::invalidate) | write / delete the value and delete any lease, publish |
 //! | [`get_many`](Backend::get_many) / [`acquire_many`](Backend::acquire_many) | `get` / `acquire` of each key, sent together (each key's step atomic on its own) |
 //!
@@ -29,8 +29,10 @@ pub use crate::error::{BackendError, BackendErrorKind};
 pub use crate::key::FillKeys;
 pub use crate::lease::LeaseToken;
 
+mod liveness;
 pub mod memory;
 mod tracking;
+pub use liveness::{Gone, HolderWatch, Watch};
 pub use tracking::ChangeListener;
 pub(crate) use tracking::Listeners;
 #[cfg(feature = "redis")]
@@ -62,6 +64,9 @@ pub enum Acquired {
         stale: Option<Stored>,
         /// The lease's remaining TTL.
         lease_ttl: Duration,
+        /// The holder's token, if the backend reads it back (a waiter
+        /// watches the holder it names: [`Backend::watch_holder`]).
+        holder: Option<LeaseToken>,
     },
 }
 
@@ -165,7 +170,9 @@ pub trait Backend: Debug + Send + Sync + 'static {
 
     /// If the lease still holds `token`: stores `bytes` with TTL `ttl`,
     /// deletes the lease and announces the fill. Returns whether the lease was
-    /// ours (false: nothing was written).
+    /// ours (false: nothing was written, and the loss is announced on the
+    /// key's channel all the same, so waiters who watch this holder alive
+    /// re-check rather than wait for a fill that never comes).
     async fn fill(
         &self,
         keys: &FillKeys,
@@ -185,7 +192,8 @@ pub trait Backend: Debug + Send + Sync + 'static {
     ) -> Result<bool, BackendError>;
 
     /// If the lease still holds `token`: sets its TTL to `lease_ttl`. Returns
-    /// whether the lease was ours.
+    /// whether the lease was ours; if not, announces the loss on the key's
+    /// channel (as [`fill`](Backend::fill) does).
     async fn extend(
         &self,
         keys: &FillKeys,
@@ -203,6 +211,50 @@ pub trait Backend: Debug + Send + Sync + 'static {
 
     /// Subscribes to the key's fill notifications.
     async fn subscribe(&self, keys: &FillKeys) -> Result<Box<dyn FillSubscription>, BackendError>;
+
+    /// A fresh token for a lease this backend's caller is about to ask
+    /// for. A backend that watches holders names itself in it
+    /// ([`LeaseToken::for_holder`]). Default: [`LeaseToken::random`].
+    fn new_token(&self) -> LeaseToken {
+        LeaseToken::random()
+    }
+
+    /// Starts watching the holder that `holder` (a token found in `keys`'
+    /// lease) names, for a waiter that has subscribed to the key's fills:
+    /// [`Watch::Moved`] if the lease no longer holds `holder`, so the
+    /// waiter re-checks the key at once; [`Watch::Gone`] if the holder is
+    /// gone already; else [`Watch::Alive`]. See the `liveness` section of
+    /// the module docs of [`HolderWatch`].
+    ///
+    /// Default: [`Watch::Unsupported`] (waiters re-check at the lease's
+    /// expiry).
+    async fn watch_holder(
+        &self,
+        keys: &FillKeys,
+        holder: &LeaseToken,
+    ) -> Result<Watch, BackendError> {
+        let _ = (keys, holder);
+        Ok(Watch::Unsupported)
+    }
+
+    /// [`acquire`](Backend::acquire), but a lease that still holds `gone`
+    /// (the token of a holder judged gone) counts as free: it is replaced
+    /// by `token`. Of several waiters that judged the same holder gone,
+    /// one wins; the others find the winner's lease.
+    ///
+    /// Default: `acquire` (the gone holder's lease then holds until it
+    /// expires).
+    async fn take_over(
+        &self,
+        keys: &FillKeys,
+        gone: &LeaseToken,
+        token: &LeaseToken,
+        lease_ttl: Duration,
+        refresh_window: Duration,
+    ) -> Result<Acquired, BackendError> {
+        let _ = gone;
+        self.acquire(keys, token, lease_ttl, refresh_window).await
+    }
 
     /// The failure domain that holds `keys`: the part of the store that
     /// fails as one (a Redis Cluster master). The cache keeps one circuit

@@ -8,9 +8,10 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use crate::answer::{Answer, Outcome};
+use crate::backend::Watch;
 use crate::error::{BackendError, Error};
 use crate::group::step_dropped;
-use crate::lease::{Acquisition, Lease, LeaseTtl};
+use crate::lease::{Acquisition, Lease, LeaseToken, LeaseTtl};
 use crate::shared::Read;
 use crate::wait::{AtDeadline, Next, Wait};
 
@@ -32,6 +33,9 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         // over from a holder that died or stalled.
         let mut holder_expires: Option<Instant> = None;
         let mut told = false;
+        // The token of a holder judged gone: the next acquire takes its
+        // lease over if it still holds that token.
+        let mut gone_holder: Option<LeaseToken> = None;
         loop {
             // Notified: the fill has most likely landed, and a plain read
             // (`GET` + `PTTL`, as a hit) is cheaper than the acquire script.
@@ -75,8 +79,12 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
             } else {
                 Duration::ZERO
             };
-            let acquired = self.acquire(lease, window).await;
-            let (held_stale, holder_ttl) = match acquired {
+            let taking_over = gone_holder.is_some();
+            let acquired = match gone_holder.take() {
+                Some(gone) => self.take_over(lease, window, &gone).await,
+                None => self.acquire(lease, window).await,
+            };
+            let (held_stale, holder_ttl, holder) = match acquired {
                 Err(e) => {
                     self.finish_wait(waiting, false);
                     return self.degrade(e, stale).await;
@@ -105,7 +113,8 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
                     lease,
                     stale: won_stale,
                 }) => {
-                    if !told && holder_expires.is_some_and(|at| Instant::now() >= at) {
+                    if taking_over || !told && holder_expires.is_some_and(|at| Instant::now() >= at)
+                    {
                         self.rec().lease_takeover();
                     }
                     self.finish_wait(waiting, false);
@@ -116,7 +125,11 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
                     let stale = self.stale_value(won_stale);
                     return self.load_leased(lease, stale).await;
                 }
-                Ok(Acquisition::Held { stale, lease_ttl }) => (stale, lease_ttl),
+                Ok(Acquisition::Held {
+                    stale,
+                    lease_ttl,
+                    holder,
+                }) => (stale, lease_ttl, holder),
             };
             holder_expires = Some(Instant::now() + holder_ttl);
             told = false;
@@ -124,10 +137,11 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
             if let Some(value) = self.stale_value(held_stale) {
                 stale = Some(value);
             }
-            let Some(wait) = waiting.as_mut() else {
+            let first = waiting.is_none();
+            if first {
                 // First contention: serve stale if there is one (the holder is
-                // refreshing it), else subscribe and re-check at once, so a
-                // fill between this acquire and the subscription is not lost.
+                // refreshing it), else subscribe, then re-check, so a fill
+                // between this acquire and the subscription is not lost.
                 if let Some(value) = stale.take() {
                     self.rec().stale_served();
                     return Ok((value, Outcome::Stale));
@@ -135,11 +149,46 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
                 let subscribe = self.shared.calls.backend.subscribe(&self.keys);
                 let subscription = self.call("subscribe", subscribe).await.ok();
                 waiting = Some(Wait::start(self.rec(), &self.policy.wait, subscription));
+            }
+            let Some(wait) = waiting.as_mut() else {
                 continue;
             };
+            // Watch a holder not watched yet. Its watch re-checks the lease
+            // too (after the subscription), so a first contention whose
+            // holder is alive needs no second acquire.
+            // (A token that names no holder cannot be watched.)
+            match holder.filter(|h| h.holder().is_some() && wait.watched() != Some(h)) {
+                Some(holder) => {
+                    let watch = self.shared.calls.backend.watch_holder(&self.keys, &holder);
+                    match self.call("watch holder", watch).await {
+                        Ok(Watch::Alive(watch)) => wait.watch(holder, watch),
+                        Ok(Watch::Gone(gone)) => {
+                            self.rec().holder_gone(gone);
+                            gone_holder = Some(holder);
+                            continue;
+                        }
+                        Ok(Watch::Moved) => {
+                            wait.unwatch();
+                            continue;
+                        }
+                        Ok(_) | Err(_) => {
+                            wait.unwatch();
+                            if first {
+                                continue;
+                            }
+                        }
+                    }
+                }
+                None if first => continue,
+                None => {}
+            }
             match wait.until_recheck(self.rec(), holder_ttl).await {
                 Next::Notified => notified = true,
                 Next::Recheck => {}
+                Next::Gone(gone, holder) => {
+                    self.rec().holder_gone(gone);
+                    gone_holder = Some(holder);
+                }
                 Next::Deadline => {
                     self.finish_wait(waiting, true);
                     // The stale value read during the wait may have expired
@@ -231,22 +280,47 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         }
     }
 
-    /// Asks for the lease, with a TTL sized from recent load times.
+    /// Takes over the lease of a holder judged gone (its token `gone`), if
+    /// its lease still holds it; else as [`acquire`](Self::acquire). Sent
+    /// on its own even in a batch: takeovers are rare.
+    async fn take_over(
+        &self,
+        lease: LeaseTtl,
+        refresh_window: Duration,
+        gone: &LeaseToken,
+    ) -> Result<Acquisition, BackendError> {
+        let (shared, keys) = (&self.shared, &self.keys);
+        self.budget
+            .run("take over", |timeout| {
+                let token = shared.calls.backend.new_token();
+                let lease_ttl = lease.ttl(&shared.load_times, token.holder().is_some());
+                let calls = &shared.calls;
+                Lease::take_over(calls, keys, gone, token, lease_ttl, refresh_window, timeout)
+            })
+            .await
+    }
+
+    /// Asks for the lease, with a TTL sized from recent load times (and
+    /// for whether the backend watches its holder).
     pub(super) async fn acquire(
         &self,
         lease: LeaseTtl,
         refresh_window: Duration,
     ) -> Result<Acquisition, BackendError> {
-        let lease_ttl = lease.ttl(&self.shared.load_times);
         let (shared, keys) = (&self.shared, &self.keys);
         self.budget
             .run("acquire", |timeout| async move {
+                // A fresh token for every try (a try that timed out has its
+                // token released behind it), and the lease sized for it.
+                let token = shared.calls.backend.new_token();
+                let lease_ttl = lease.ttl(&shared.load_times, token.holder().is_some());
                 let Some(group) = &self.group else {
-                    return Lease::acquire(&shared.calls, keys, lease_ttl, refresh_window, timeout)
+                    let calls = &shared.calls;
+                    return Lease::acquire(calls, keys, token, lease_ttl, refresh_window, timeout)
                         .await;
                 };
                 let (reply, answer) = oneshot::channel();
-                group.acquire(keys, lease_ttl, refresh_window, timeout, reply);
+                group.acquire(keys, token, lease_ttl, refresh_window, timeout, reply);
                 answer.await.unwrap_or_else(|_| Err(step_dropped()))
             })
             .await

@@ -144,11 +144,19 @@ counters! {
     lease_acquired => "onefill_leases_acquired_total",
     /// Acquire attempts that found another holder's lease.
     lease_contended => "onefill_lease_contentions_total",
-    /// Leases won by a waiter of this process once the previous holder's
-    /// lease had run out (as its last re-check saw it) with no notification
-    /// that it ended: the holder died or stalled. A stalled holder's load
-    /// then runs twice.
+    /// Leases won by a waiter of this process from a holder that died or
+    /// stalled: taken over once the holder was judged gone (see
+    /// `holders_dead`, `holders_frozen`), or once its lease had run out (as
+    /// the last re-check saw it) with no notification that it ended. A
+    /// stalled holder's load then runs twice.
     lease_takeovers => "onefill_lease_takeovers_total",
+    /// Holders a waiter of this process judged dead (their connections to
+    /// the store closed) and took the lease over from, before it expired.
+    holders_dead => "onefill_holders_gone_total" { "verdict" => "dead" },
+    /// Holders a waiter of this process judged frozen (alive, but silent
+    /// for about a second) and took the lease over from. A holder judged
+    /// frozen wrongly loads once more than needed; its fill is fenced.
+    holders_frozen => "onefill_holders_gone_total" { "verdict" => "frozen" },
     /// Leases lost before the fill or release (expired or invalidated
     /// mid-load): each is a possible duplicate load. Should stay near zero.
     lease_lost => "onefill_leases_lost_total",
@@ -331,6 +339,14 @@ impl Recorder {
     /// A waiter won the lease after its holder's had run out unannounced.
     pub(crate) fn lease_takeover(&self) {
         bump!(self, lease_takeovers)
+    }
+    /// A waiter judged its holder gone (the takeover that follows is
+    /// counted by [`lease_takeover`](Self::lease_takeover) if it wins).
+    pub(crate) fn holder_gone(&self, gone: crate::backend::Gone) {
+        match gone {
+            crate::backend::Gone::Dead => bump!(self, holders_dead),
+            crate::backend::Gone::Frozen => bump!(self, holders_frozen),
+        }
     }
     /// A fill found the lease no longer ours: nothing was written.
     pub(crate) fn fill_fenced(&self) {

@@ -136,9 +136,10 @@ impl Store {
     ) -> Result<Acquired, BackendError> {
         let stale = self.inner.get(keys).await?;
         Ok(match self.inner.get_raw(keys.lock()) {
-            Some((_, ttl)) => Acquired::Held {
+            Some((token, ttl)) => Acquired::Held {
                 stale,
                 lease_ttl: ttl,
+                holder: LeaseToken::from_stored(&token),
             },
             None => {
                 self.inner.put_raw(keys.lock(), token.as_bytes(), lease_ttl);

@@ -9,13 +9,15 @@ use redis::aio::ConnectionManagerConfig;
 use redis::cluster::ClusterClientBuilder;
 use redis::{Client, ProtocolVersion};
 use tokio::sync::mpsc::unbounded_channel;
+use tokio::time::Instant;
 
 use super::cluster::ClusterRouter;
 use super::errors::{classify, with_deadline};
+use super::liveness::Liveness;
 use super::options::{check_url_and_tls, connect_deadline, open_client, RedisOptions};
 use super::push;
 use super::scripts::{Scripts, CLUSTER_SCRIPTS, STANDALONE_SCRIPTS};
-use super::server_clock::ServerClock;
+use super::server_clock::{Plan, ServerClock};
 use super::subscriber::{ClusterLink, Link, PubSubShared, SingleLink};
 use super::urls::redact;
 use super::{Conn, Inner, RedisBackend};
@@ -70,14 +72,23 @@ impl RedisBackend {
         let mut link = SingleLink::new(sub_client.clone(), options.clone());
         link.push.connect().await?;
 
-        Ok(Self::assemble(
-            Conn::Single(manager),
+        let backend = Self::assemble(
+            Conn::Single(manager.clone()),
             Some(sub_client),
             &STANDALONE_SCRIPTS,
             Link::Single(Box::new(link)),
-            options,
+            options.clone(),
             redact(url),
-        ))
+        );
+        backend.sample_clock().await;
+        let liveness = Liveness::start(
+            backend.inner.pubsub.clone(),
+            manager,
+            options.response_timeout,
+        )
+        .await;
+        let _ = backend.inner.liveness.set(liveness);
+        Ok(backend)
     }
 
     /// Connects to a Redis Cluster with the default [`RedisOptions`].
@@ -140,6 +151,28 @@ impl RedisBackend {
         ))
     }
 
+    /// Takes the first sample of the server's clock (see
+    /// `server_clock.rs`), so the first hits need no `TIME` of their own. A
+    /// server that does not answer or refuses is left to the hits, which
+    /// sample on their own.
+    async fn sample_clock(&self) {
+        let Conn::Single(manager) = &self.inner.conn else {
+            return;
+        };
+        let Plan::Sample(sampling) = self.inner.clock.plan(Instant::now()) else {
+            return;
+        };
+        let (cmd, mut conn) = (redis::cmd("TIME"), manager.clone());
+        let time = cmd.query_async::<(u64, u64)>(&mut conn);
+        match with_deadline("connect", self.inner.options.response_timeout, time).await {
+            Ok((seconds, micros)) => {
+                sampling.record(seconds, micros);
+            }
+            Err(e) if !e.is_transient() => sampling.refused(),
+            Err(_) => {}
+        }
+    }
+
     fn assemble(
         conn: Conn,
         resp3: Option<Client>,
@@ -156,6 +189,7 @@ impl RedisBackend {
                 clock: ServerClock::default(),
                 kept: Default::default(),
                 pubsub: PubSubShared::start(link, options.clone()),
+                liveness: std::sync::OnceLock::new(),
                 options,
                 target,
             }),

@@ -9,9 +9,9 @@
 //! | step | server side |
 //! | --- | --- |
 //! | `acquire` | value readable and `PTTL > grace + window`? return it : `SET lock token NX PX ttl` |
-//! | `fill` | `GET lock == token`? `SET value PXAT at`, `DEL lock`, publish |
+//! | `fill` | `GET lock == token`? `SET value PXAT at`, `DEL lock`, publish : publish the loss |
 //! | `release` | `GET lock == token`? `DEL lock` (+ `SET value PXAT at`), publish |
-//! | `extend` | `GET lock == token`? `PEXPIRE lock ttl` |
+//! | `extend` | `GET lock == token`? `PEXPIRE lock ttl` : publish the loss |
 //! | `set` / `invalidate` | `SET value PXAT at` / `DEL value`, `DEL lock`, publish |
 //!
 //! The scripts read the grace period from the envelope header; bytes that
@@ -21,8 +21,8 @@
 //!
 //! # The hit
 //!
-//! A standalone backend estimates the server's clock from a `TIME` that
-//! rides on a hit about once a second (the answer and when it was asked and
+//! A standalone backend estimates the server's clock from a `TIME` sent
+//! when it connects and then riding on a hit every ten seconds (the answer and when it was asked and
 //! answered, on the local monotonic clock; no wall clock is read). A hit
 //! then sends `GET` alone: if the value records its expiry and the latest
 //! the server's clock can read says it is fresh, that is its TTL (never
@@ -140,14 +140,16 @@ use tokio::time::Instant;
 use super::Listeners;
 use super::{
     Acquired, Backend, BackendError, ChangeListener, FillKeys, FillSubscription, LeaseRequest,
-    LeaseToken, Stored,
+    LeaseToken, Stored, Watch,
 };
 use crate::error::BackendErrorKind;
 
+mod acquire;
 mod batch;
 mod cluster;
 mod connect;
 mod errors;
+mod liveness;
 mod options;
 mod push;
 mod read;
@@ -161,13 +163,15 @@ mod urls;
 pub use options::RedisOptions;
 pub use ttl::NO_EXPIRY_TTL;
 
+use acquire::{acquired_from, AcquireAnswer};
 use cluster::{slot_of, ClusterRouter};
 use errors::{classify, with_deadline};
+use liveness::Liveness;
 use read::stored;
 use scripts::{ScriptCall, Scripts};
 use server_clock::ServerClock;
 use subscriber::PubSubShared;
-use ttl::{ms_ceil, px, ttl_from_ms};
+use ttl::{ms_ceil, px};
 
 /// A [`Backend`] on Redis: standalone or Redis Cluster.
 ///
@@ -232,6 +236,9 @@ struct Inner {
     /// Prefixes an L1 keeps: their hits read the server's TTL.
     kept: read::KeptPrefixes,
     pubsub: Arc<PubSubShared>,
+    /// Standalone: whether this backend's lease holders are alive
+    /// (`liveness.rs`); set once connected.
+    liveness: std::sync::OnceLock<Arc<Liveness>>,
     /// Where we are connected, without credentials (for `Debug`).
     target: String,
 }
@@ -385,35 +392,6 @@ enum Unconditional<'a> {
     Invalidate,
 }
 
-/// The acquire script's reply: status, value, value PTTL, lease PTTL.
-type AcquireAnswer = (i64, Option<Vec<u8>>, i64, i64);
-
-/// The acquire script's reply (see `scripts/acquire.lua`) as an [`Acquired`].
-fn acquired_from(
-    (status, bytes, value_ttl, lease_ms): AcquireAnswer,
-) -> Result<Acquired, BackendError> {
-    let value = stored(bytes, value_ttl);
-    match status {
-        0 => value.map(Acquired::Fresh).ok_or_else(|| {
-            BackendError::new(
-                BackendErrorKind::Protocol,
-                "acquire: the script answered fresh without a value",
-            )
-        }),
-        1 => Ok(Acquired::Won { stale: value }),
-        2 => Ok(Acquired::Held {
-            stale: value,
-            // The lease vanished between the `SET NX` and the `PTTL`
-            // only if it had expired: report it as expiring now.
-            lease_ttl: ttl_from_ms(lease_ms).unwrap_or(Duration::ZERO),
-        }),
-        other => Err(BackendError::new(
-            BackendErrorKind::Protocol,
-            format!("acquire: unknown status {other} from the script"),
-        )),
-    }
-}
-
 /// An invocation of `script` on the key's value, lock and channel: the
 /// `KEYS` of every script that announces a change, in that order.
 fn announcing<'a>(script: &'a Script, keys: &FillKeys) -> ScriptCall<'a> {
@@ -444,16 +422,21 @@ impl Backend for RedisBackend {
         lease_ttl: Duration,
         refresh_window: Duration,
     ) -> Result<Acquired, BackendError> {
-        let mut invocation = ScriptCall::new(&self.inner.scripts.acquire);
-        invocation
-            .key(keys.value())
-            .key(keys.lock())
-            .arg(token.as_bytes())
-            .arg(px(lease_ttl))
-            .arg(ms_ceil(refresh_window))
-            .arg(NO_EXPIRY_TTL.as_millis() as u64);
-        let answer: AcquireAnswer = self.eval("acquire", keys, &invocation).await?;
-        acquired_from(answer)
+        self.acquire_replacing(keys, None, token, lease_ttl, refresh_window)
+            .await
+    }
+
+    /// The acquire script, told the gone holder's token.
+    async fn take_over(
+        &self,
+        keys: &FillKeys,
+        gone: &LeaseToken,
+        token: &LeaseToken,
+        lease_ttl: Duration,
+        refresh_window: Duration,
+    ) -> Result<Acquired, BackendError> {
+        self.acquire_replacing(keys, Some(gone), token, lease_ttl, refresh_window)
+            .await
     }
 
     /// One pipeline of `GET` + `PTTL` per key (per master on a cluster,
@@ -512,11 +495,8 @@ impl Backend for RedisBackend {
         token: &LeaseToken,
         lease_ttl: Duration,
     ) -> Result<bool, BackendError> {
-        let mut invocation = ScriptCall::new(&self.inner.scripts.extend);
-        invocation
-            .key(keys.lock())
-            .arg(token.as_bytes())
-            .arg(px(lease_ttl));
+        let mut invocation = announcing(&self.inner.scripts.extend, keys);
+        invocation.arg(token.as_bytes()).arg(px(lease_ttl));
         self.eval_flag("extend", keys, &invocation).await
     }
 
@@ -543,6 +523,27 @@ impl Backend for RedisBackend {
     async fn subscribe(&self, keys: &FillKeys) -> Result<Box<dyn FillSubscription>, BackendError> {
         let channel = keys.channel().to_owned();
         Ok(self.inner.pubsub.subscribe(channel).await)
+    }
+
+    /// Standalone: a token naming this backend (see `liveness.rs`).
+    fn new_token(&self) -> LeaseToken {
+        match self.inner.liveness.get() {
+            Some(liveness) => liveness.new_token(),
+            None => LeaseToken::random(),
+        }
+    }
+
+    /// Standalone: the holder's beats and presence (see `liveness.rs`);
+    /// a cluster cannot tell.
+    async fn watch_holder(
+        &self,
+        keys: &FillKeys,
+        holder: &LeaseToken,
+    ) -> Result<Watch, BackendError> {
+        match self.inner.liveness.get() {
+            Some(liveness) => liveness.watch(keys, holder).await,
+            None => Ok(Watch::Unsupported),
+        }
     }
 
     /// `CLIENT TRACKING ... BCAST PREFIX prefix` on a RESP3 connection of

@@ -84,6 +84,11 @@ pub(super) struct PushConnection {
     ping_at_connect: bool,
     /// What is sent as the `PING` (see [`health_check`](Self::health_check)).
     check: Cmd,
+    /// Skip a `PING` when a push came since the last one (see
+    /// [`ping_when_quiet`](Self::ping_when_quiet)).
+    when_quiet: bool,
+    /// A push came since the last `PING` was due.
+    heard: bool,
 }
 
 impl PushConnection {
@@ -112,7 +117,19 @@ impl PushConnection {
             ping: ping_interval(ping_every, false),
             ping_at_connect: false,
             check: redis::cmd("PING"),
+            when_quiet: false,
+            heard: false,
         }
+    }
+
+    /// A `PING` only when no push came during the last interval: pushes
+    /// arriving show the connection works, for an owner that needs no more
+    /// of the `PING` than that (a subscriber, whose messages are the
+    /// pushes; not the L1's tracking, which counts its `PING`s as
+    /// confirmations).
+    pub(super) fn ping_when_quiet(mut self) -> PushConnection {
+        self.when_quiet = true;
+        self
     }
 
     /// `cmd` is sent in place of each `PING`: a command answered at once,
@@ -152,13 +169,22 @@ impl PushConnection {
             tokio::time::sleep_until(self.retry_at).await;
             return Due::Connect;
         };
-        let received = tokio::select! {
-            push = pushes.recv() => Some(push),
-            _ = self.ping.tick() => None,
+        let received = loop {
+            let received = tokio::select! {
+                push = pushes.recv() => Some(push),
+                _ = self.ping.tick() => None,
+            };
+            if received.is_none() && self.when_quiet && std::mem::take(&mut self.heard) {
+                continue;
+            }
+            break received;
         };
         match received {
             None => Due::Ping,
-            Some(Some(push)) if push.kind != PushKind::Disconnection => Due::Push(push),
+            Some(Some(push)) if push.kind != PushKind::Disconnection => {
+                self.heard = true;
+                Due::Push(push)
+            }
             Some(_) => {
                 self.lost();
                 Due::Lost
@@ -178,6 +204,7 @@ impl PushConnection {
                 // The next loss of this connection is retried quickly again.
                 self.backoff.reset();
                 self.ping = ping_interval(self.ping_every, self.ping_at_connect);
+                self.heard = false;
                 Ok(())
             }
             Err(e) => {

@@ -9,10 +9,13 @@
 //! least `time + (now − received)`. Only the upper bound is used to read a
 //! TTL, so a figure is never fresher than the server's own `PTTL`; the
 //! difference (the sample's round trip plus the drift allowance) is how
-//! much less fresh it can look. Samples ride on a hit (a pipelined
-//! `GET` + `TIME`, one round trip, at most one in flight) once the
-//! last one was sent a second ago; the tighter of the kept and the new is
-//! kept.
+//! much less fresh it can look. The first sample is taken when the
+//! backend connects; later ones ride on a hit (a pipelined `GET` + `TIME`,
+//! one round trip, at most one in flight) once the last one was sent ten
+//! seconds ago, when the drift allowance has grown to 5 ms: a figure a few
+//! milliseconds less fresh than `PTTL` costs nothing, a `TIME` a second per
+//! process is a command the fleet pays for; the tighter of the kept and
+//! the new is kept.
 //! No client wall clock is read anywhere.
 
 use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
@@ -21,7 +24,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 /// A sample older than this is renewed by the next hit.
-const RESAMPLE_AFTER: Duration = Duration::from_secs(1);
+const RESAMPLE_AFTER: Duration = Duration::from_secs(10);
 
 /// How fast the server's clock may run against the local monotonic clock:
 /// 500 ppm (1 in 2,000), the most NTP slews a clock by (crystals are
@@ -180,7 +183,7 @@ impl Sampling<'_> {
         sample.server_us
     }
 
-    /// The server refused the sample: try again a second later, not at
+    /// The server refused the sample: try again ten seconds later, not at
     /// every hit.
     pub(super) fn refused(self) {
         let old = self.clock.load();

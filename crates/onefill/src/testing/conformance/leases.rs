@@ -160,6 +160,18 @@ scenarios! { $ __onefill_conformance_leases;
             .await
             .unwrap()
         {
+            // A backend that watches its holders (its tokens name them)
+            // gets a lease of at least 10 s: the watch, not the TTL, tells
+            // its waiters of a dead holder.
+            Acquired::Held {
+                lease_ttl, holder, ..
+            } if holder.as_ref().and_then(|h| h.holder()).is_some() => {
+                assert!(
+                    lease_ttl > Duration::from_millis(9_500)
+                        && lease_ttl <= Duration::from_secs(10),
+                    "lease ttl {lease_ttl:?} should be the watched lease's 10 s"
+                );
+            }
             Acquired::Held { lease_ttl, .. } => {
                 assert!(
                     lease_ttl > Duration::from_millis(900) && lease_ttl <= Duration::from_millis(1300),

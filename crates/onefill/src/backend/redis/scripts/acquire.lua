@@ -1,15 +1,23 @@
 -- acquire: return the value if it is fresh, else try to take the lease.
 --
 -- KEYS: value, lock.
--- ARGV: token, lease ms, refresh window ms, the ms that stand for "no expiry".
--- Returns {status, value or nil, value PTTL, lease PTTL};
+-- ARGV: token, lease ms, refresh window ms, the ms that stand for "no expiry",
+-- and, to take over, the token of a holder judged gone (else '').
+-- Returns {status, value or nil, value PTTL, lease PTTL, holder's token};
 -- status 0 fresh, 1 won, 2 held.
+--
+-- A lease that still holds the gone holder's token counts as free: of the
+-- waiters that judged that holder gone, the first replaces it, and the
+-- others find the new token.
 --
 -- The grace period is read from the envelope header: byte 1 is the magic
 -- 0xF1 (241), byte 2 the version (1, or 2 with the server's expiry in
 -- bytes 17..24), byte 3 the kind (0..2), bytes 5..12 the grace in
 -- big-endian milliseconds. Bytes that are not such an envelope are never
 -- fresh.
+if ARGV[5] ~= nil and ARGV[5] ~= '' and redis.call('GET', KEYS[2]) == ARGV[5] then
+  redis.call('DEL', KEYS[2])
+end
 local v = redis.call('GET', KEYS[1])
 local vttl = -2
 if v then
@@ -26,11 +34,14 @@ if v then
       left = tonumber(ARGV[4])
     end
     if left > grace + tonumber(ARGV[3]) then
-      return {0, v, vttl, 0}
+      return {0, v, vttl, 0, false}
     end
   end
 end
-if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  return {1, v, vttl, 0}
+-- With NX, GET answers the holder's token, or nil when the lease was free
+-- and is ours now (Redis 7.0).
+local holder = redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2], 'GET')
+if not holder then
+  return {1, v, vttl, 0, false}
 end
-return {2, v, vttl, redis.call('PTTL', KEYS[2])}
+return {2, v, vttl, redis.call('PTTL', KEYS[2]), holder}

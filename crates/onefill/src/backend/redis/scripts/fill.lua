@@ -2,7 +2,8 @@
 --
 -- KEYS: value, lock, channel. ARGV: token, bytes, ttl ms.
 -- Returns 1 if the lease was ours (value written, lease deleted, fill
--- announced), else 0 (nothing written).
+-- announced), else 0 (nothing written, and the loss announced: waiters who
+-- watch this holder alive would otherwise wait for a fill that never comes).
 -- The publish command is filled in when the script is loaded: PUBLISH, or
 -- SPUBLISH (sharded) on a cluster. The value is stored as an envelope of
 -- version 2, stamped with the server's expiry (`stamp`, stamp.lua).
@@ -13,4 +14,5 @@ if redis.call('GET', KEYS[2]) == ARGV[1] then
   redis.call('__PUBLISH__', KEYS[3], 'fill')
   return 1
 end
+redis.call('__PUBLISH__', KEYS[3], 'lost')
 return 0

@@ -63,7 +63,7 @@ impl SingleLink {
         };
         let (every, timeout) = (options.ping_interval, options.response_timeout);
         SingleLink {
-            push: PushConnection::new(client, options, names, every, timeout),
+            push: PushConnection::new(client, options, names, every, timeout).ping_when_quiet(),
             response_timeout: timeout,
         }
     }

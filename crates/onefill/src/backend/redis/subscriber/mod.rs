@@ -176,6 +176,16 @@ impl PubSubShared {
     /// subscriber is disconnected (then it fires once the channel is
     /// subscribed again).
     pub(super) async fn subscribe(self: &Arc<Self>, channel: String) -> Box<dyn FillSubscription> {
+        Box::new(self.subscription(channel).await)
+    }
+
+    /// Whether the server confirmed `channel` (and has not lost it since).
+    pub(super) fn confirmed(&self, channel: &str) -> bool {
+        RedisSubscription::confirmed(self, channel)
+    }
+
+    /// As [`subscribe`](Self::subscribe), the subscription itself.
+    pub(super) async fn subscription(self: &Arc<Self>, channel: String) -> RedisSubscription {
         let (subscription, confirmed) = {
             let mut state = self.state.lock();
             let connected = state.connected;
@@ -223,11 +233,12 @@ impl PubSubShared {
                 }
             }
         }
-        Box::new(subscription)
+        subscription
     }
 }
 
-struct RedisSubscription {
+/// One subscription to a channel (see [`PubSubShared::subscribe`]).
+pub(super) struct RedisSubscription {
     shared: Arc<PubSubShared>,
     channel: String,
     rx: Option<watch::Receiver<u64>>,
@@ -236,6 +247,12 @@ struct RedisSubscription {
 }
 
 impl RedisSubscription {
+    /// Whether this subscription's channel is confirmed (see
+    /// [`confirmed`](Self::confirmed)).
+    pub(super) fn is_confirmed(&self) -> bool {
+        Self::confirmed(&self.shared, &self.channel)
+    }
+
     /// Whether the server confirmed the channel (and has not lost it
     /// since), and the cluster's slot map has not changed just now.
     fn confirmed(shared: &PubSubShared, channel: &str) -> bool {

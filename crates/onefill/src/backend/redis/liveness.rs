@@ -1,0 +1,302 @@
+//! Whether a lease's holder is alive, on a standalone server (decision
+//! 0015): a waiter learns that the process holding a lease died within
+//! about a beat, and that it froze within [`FROZEN_AFTER`], instead of
+//! when its lease expires.
+//!
+//! Redis tells nobody when a connection closes, but it knows at once: a
+//! `PUBLISH` answers how many connections are subscribed to the channel.
+//! So each backend names itself in its lease tokens (a random id) and
+//! keeps its subscriber connection subscribed to a *presence* channel of
+//! its own, which nobody else subscribes to. A waiter
+//!
+//! 1. subscribes to the holder's *beats* channel, then sends `GET lock` and
+//!    a `PUBLISH` to the holder's presence channel in one round trip: the
+//!    lease moved on (re-check), or nobody received it (the holder's
+//!    connection is closed: dead), or the holder now knows someone waits;
+//! 2. the holder, told so by that message, publishes a beat every
+//!    [`BEAT`] for as long as someone receives them (its beats answer how
+//!    many do), and stops when nobody does;
+//! 3. a beat later than [`BEAT`] + [`BEAT_SLACK`] makes the waiter publish
+//!    to the presence channel again: nobody received it, dead; else the
+//!    holder is alive but slow, and if its beats stay away for
+//!    [`FROZEN_AFTER`], frozen (a stopped process, a stalled machine).
+//!
+//! Costs: nothing while nobody waits; a beat per [`BEAT`] per holding
+//! process while any process waits for it, whatever the number of waiters
+//! and leases; two commands and one subscription per waiting process.
+//!
+//! A lease names its holder only while the holder's presence channel is
+//! confirmed, so a waiter never finds a holder "dead" because it had not
+//! subscribed yet. A holder whose subscriber connection drops (a network
+//! blip) is taken for dead: its lease is taken over and its fill fenced,
+//! one more load at most, as for a holder whose lease expired.
+
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use parking_lot::Mutex;
+use redis::aio::ConnectionManager;
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+use super::errors::with_deadline;
+use super::subscriber::{PubSubShared, RedisSubscription};
+use crate::backend::{BackendError, FillKeys, FillSubscription, Gone, HolderWatch, Watch};
+use crate::lease::LeaseToken;
+
+/// How often a holder beats while someone waits for it.
+pub(super) const BEAT: Duration = Duration::from_millis(90);
+/// How late a beat may be before a waiter asks whether the holder's
+/// connection is still there.
+pub(super) const BEAT_SLACK: Duration = Duration::from_millis(10);
+/// How long a holder whose connection is there may stay silent before it
+/// is taken for frozen.
+pub(super) const FROZEN_AFTER: Duration = Duration::from_secs(1);
+/// How long `connect` waits for the presence channel's confirmation
+/// before it returns anyway (leases are anonymous until it comes).
+const PRESENCE_PATIENCE: Duration = Duration::from_millis(500);
+
+/// What a waiter publishes on a holder's presence channel.
+const ASK: &str = "waiting";
+
+/// The presence channel of the backend named `id`.
+fn presence(id: &str) -> String {
+    format!("onefill:holder:{id}")
+}
+
+/// The beats channel of the backend named `id`.
+fn beats(id: &str) -> String {
+    format!("onefill:holder:{id}:beats")
+}
+
+/// One standalone backend's liveness: its name, its presence, its beats.
+pub(super) struct Liveness {
+    id: String,
+    pubsub: Arc<PubSubShared>,
+    conn: ConnectionManager,
+    response_timeout: Duration,
+    beating: Mutex<Beating>,
+    /// Dropped with the backend: ends the presence task.
+    _stop: oneshot::Sender<()>,
+}
+
+#[derive(Default)]
+struct Beating {
+    /// A beat task runs.
+    running: bool,
+    /// Someone asked since the last beat.
+    asked: bool,
+}
+
+impl Liveness {
+    /// Names the backend and subscribes its presence channel (waiting up
+    /// to half a second for the confirmation).
+    pub(super) async fn start(
+        pubsub: Arc<PubSubShared>,
+        conn: ConnectionManager,
+        response_timeout: Duration,
+    ) -> Arc<Liveness> {
+        let id = format!("{:016x}", rand::random::<u64>());
+        let (stop, stopped) = oneshot::channel();
+        let liveness = Arc::new(Liveness {
+            id,
+            pubsub,
+            conn,
+            response_timeout,
+            beating: Mutex::new(Beating::default()),
+            _stop: stop,
+        });
+        let subscription = liveness.pubsub.subscription(presence(&liveness.id)).await;
+        tokio::spawn(answer_asks(
+            Arc::downgrade(&liveness),
+            subscription,
+            stopped,
+        ));
+        let confirmed = async {
+            while !liveness.pubsub.confirmed(&presence(&liveness.id)) {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        };
+        let _ = tokio::time::timeout(PRESENCE_PATIENCE, confirmed).await;
+        liveness
+    }
+
+    /// A token naming this backend, while its presence channel is
+    /// confirmed; else an anonymous one (its waiters then rely on the
+    /// lease's expiry).
+    pub(super) fn new_token(&self) -> LeaseToken {
+        if self.pubsub.confirmed(&presence(&self.id)) {
+            LeaseToken::for_holder(&self.id)
+        } else {
+            LeaseToken::random()
+        }
+    }
+
+    /// Starts watching the holder `holder` names (see the module docs).
+    pub(super) async fn watch(
+        &self,
+        keys: &FillKeys,
+        holder: &LeaseToken,
+    ) -> Result<Watch, BackendError> {
+        let Some(id) = holder.holder() else {
+            return Ok(Watch::Unsupported);
+        };
+        let beats = self.pubsub.subscription(beats(id)).await;
+        let mut pipe = redis::pipe();
+        pipe.cmd("GET")
+            .arg(keys.lock())
+            .cmd("PUBLISH")
+            .arg(presence(id))
+            .arg(ASK);
+        let mut conn = self.conn.clone();
+        let (lock, receivers): (Option<Vec<u8>>, i64) = with_deadline(
+            "watch holder",
+            self.response_timeout,
+            pipe.query_async(&mut conn),
+        )
+        .await?;
+        if lock.as_deref() != Some(holder.as_bytes()) {
+            return Ok(Watch::Moved);
+        }
+        if receivers == 0 {
+            return Ok(Watch::Gone(Gone::Dead));
+        }
+        Ok(Watch::Alive(Box::new(Watching {
+            beats,
+            presence: presence(id),
+            conn: self.conn.clone(),
+            response_timeout: self.response_timeout,
+            last_beat: Instant::now(),
+            asked_since_beat: false,
+        })))
+    }
+
+    /// Someone waits for this backend: beat until nobody receives the
+    /// beats.
+    fn asked(self: &Arc<Self>) {
+        let mut beating = self.beating.lock();
+        beating.asked = true;
+        if beating.running {
+            return;
+        }
+        beating.running = true;
+        tokio::spawn(beat(Arc::downgrade(self)));
+    }
+}
+
+/// The presence task: answers every message on the presence channel by
+/// beating; ends with the backend.
+async fn answer_asks(
+    liveness: Weak<Liveness>,
+    mut presence: RedisSubscription,
+    mut stopped: oneshot::Receiver<()>,
+) {
+    loop {
+        tokio::select! {
+            _ = &mut stopped => return,
+            () = presence.notified() => {}
+        }
+        // A wake-up while the channel is unconfirmed is the subscriber's
+        // polling, not a message.
+        if !presence.is_confirmed() {
+            continue;
+        }
+        let Some(liveness) = liveness.upgrade() else {
+            return;
+        };
+        liveness.asked();
+    }
+}
+
+/// The beat task: a beat every [`BEAT`] while someone receives them or
+/// asked since the last one.
+async fn beat(liveness: Weak<Liveness>) {
+    let mut every = tokio::time::interval(BEAT);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        every.tick().await;
+        let Some(live) = liveness.upgrade() else {
+            return;
+        };
+        live.beating.lock().asked = false;
+        let mut conn = live.conn.clone();
+        let publish = redis::cmd("PUBLISH").arg(beats(&live.id)).arg("").clone();
+        let receivers: Result<i64, _> = with_deadline(
+            "beat",
+            live.response_timeout,
+            publish.query_async(&mut conn),
+        )
+        .await;
+        let mut beating = live.beating.lock();
+        // A beat that failed reached nobody: waiting processes cannot be
+        // told anything while the server does not answer, and a server
+        // that is down is not sent a beat every tenth of a second.
+        if !matches!(receivers, Ok(n) if n > 0) && !beating.asked {
+            beating.running = false;
+            return;
+        }
+    }
+}
+
+/// A waiter's watch of one holder.
+struct Watching {
+    beats: RedisSubscription,
+    presence: String,
+    conn: ConnectionManager,
+    response_timeout: Duration,
+    last_beat: Instant,
+    /// Asked the holder's presence since its last beat (it was there).
+    asked_since_beat: bool,
+}
+
+impl Watching {
+    /// Whether the holder's connection is still subscribed to its presence
+    /// channel (`None`: the server did not answer).
+    async fn present(&self) -> Option<bool> {
+        let mut conn = self.conn.clone();
+        let publish = redis::cmd("PUBLISH").arg(&self.presence).arg(ASK).clone();
+        let asked: Result<i64, _> = with_deadline(
+            "watch holder",
+            self.response_timeout,
+            publish.query_async(&mut conn),
+        )
+        .await;
+        asked.ok().map(|receivers| receivers > 0)
+    }
+}
+
+#[async_trait]
+impl HolderWatch for Watching {
+    async fn gone(&mut self) -> Option<Gone> {
+        loop {
+            let due = if self.asked_since_beat {
+                self.last_beat + FROZEN_AFTER
+            } else {
+                self.last_beat + BEAT + BEAT_SLACK
+            };
+            tokio::select! {
+                () = self.beats.notified() => {
+                    if self.beats.is_confirmed() {
+                        self.last_beat = Instant::now();
+                        self.asked_since_beat = false;
+                    }
+                    continue;
+                }
+                () = tokio::time::sleep_until(due) => {}
+            }
+            // Silence is a verdict only if the beats could have come.
+            if !self.beats.is_confirmed() {
+                return None;
+            }
+            if self.asked_since_beat {
+                return Some(Gone::Frozen);
+            }
+            match self.present().await {
+                Some(true) => self.asked_since_beat = true,
+                Some(false) => return Some(Gone::Dead),
+                None => return None,
+            }
+        }
+    }
+}
