@@ -182,9 +182,10 @@ fn waiters_in_other_processes_are_woken_by_the_fill_notification() {
     assert!(waiting >= 2, "most processes waited: {r}");
 }
 
-/// SIGKILL the process that holds the lease mid-load: another process takes
-/// over when the lease expires; 2 loads in all; every surviving caller is
-/// answered, none by a timeout.
+/// SIGKILL the process that holds a fixed 1 s lease mid-load: another
+/// process takes over (as soon as its watch finds the holder dead, at the
+/// latest when the lease expires); 2 loads in all; every surviving caller
+/// is answered, none by a timeout.
 #[test]
 fn killing_the_lease_holder_mid_load_hands_over_to_another_process() {
     let _limit = time_limit(LIMIT);
@@ -600,28 +601,13 @@ fn a_worker_that_cannot_connect_says_why_on_its_ready_line() {
     );
 }
 
-/// How long the library's default lease lives before any load was
-/// measured (a cold key): the longest a dead holder's lease blocks the
-/// others.
-fn cold_lease_expiry() -> Duration {
-    match onefill::LeaseTtl::default() {
-        onefill::LeaseTtl::Fixed(ttl) => ttl,
-        onefill::LeaseTtl::Adaptive {
-            factor,
-            floor,
-            ceiling,
-            ..
-        } => ceiling.min(floor.mul_f64(factor)),
-        other => panic!("a lease policy this test does not know: {other:?}"),
-    }
-}
-
 /// `fleet --fault kind` on a cold herd of 4 processes with every library
 /// option at its default, a 2 s load, the holder faulted at 500 ms: the
 /// dead load and one takeover (counted in Redis), every surviving caller
-/// answered without an error or a wait timeout, and (loosely, until the
-/// library notices a dead holder sooner) by the end of the takeover's load
-/// after the lease's expiry. Returns the `holder_fault` section.
+/// answered without an error or a wait timeout, the takeover made when the
+/// holder's watch says it is gone (dead or frozen), and the survivors
+/// answered by the end of the takeover's load. Returns the `holder_fault`
+/// section.
 fn holder_fault_run(kind: &str) -> Value {
     let _limit = time_limit(LIMIT);
     let server = RedisServer::start();
@@ -674,12 +660,23 @@ fn holder_fault_run(kind: &str) -> Value {
         .expect("a takeover load");
     assert!(takeover > fault_at, "{h}");
     let answered = s["max_answer_ms"].as_f64().expect("answer time");
-    let slack = Duration::from_millis(1_000);
-    let bound = (load + cold_lease_expiry() + slack).as_secs_f64() * 1000.0;
     assert!(
         answered >= takeover + load.as_secs_f64() * 1000.0,
         "answered by the takeover's load: {h}"
     );
+    // Taken over when the watch says the holder is gone (dead: within a
+    // beat, 90 ms, plus the 10 ms it may be late; frozen: after a second
+    // of silence), not when its lease expires (10 s for a watched holder).
+    let (earliest, latest) = match kind {
+        "kill-holder" => (0.0, 600.0),
+        _ => (800.0, 2_000.0),
+    };
+    let after = takeover - fault_at;
+    assert!(
+        (earliest..latest).contains(&after),
+        "taken over {after:.0} ms after the fault, expected {earliest:.0}..{latest:.0}: {h}"
+    );
+    let bound = fault_at + latest + load.as_secs_f64() * 1000.0 + 500.0;
     assert!(
         answered < bound,
         "answered by {answered:.0} ms, over {bound:.0} ms: {h}"
