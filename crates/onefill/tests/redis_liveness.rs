@@ -1,0 +1,313 @@
+//! A lease holder's liveness on real Redis, every option at its default.
+//! Two runtimes stand for two processes, each with a backend of its own:
+//! the holder's is shut down (its connections close, as a killed process's
+//! do) or blocked (its connections stay open and say nothing, as a stopped
+//! process's do), and the waiter must take the lease over when its watch
+//! says so, not when the lease (10 s for a watched holder) expires. A live
+//! holder is waited for without re-checks, and a holder that learns it lost
+//! its lease says so, so nobody waits for a fill that never comes.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use onefill::backend::FillKeys;
+use onefill::redis::RedisBackend;
+use onefill::Cache;
+use onefill_testkit::{time_limit, RedisServer, Reply};
+use tokio::runtime::Runtime;
+
+/// Each test waits out a load of a few seconds; past this it hangs.
+const LIMIT: Duration = Duration::from_secs(60);
+
+fn unique_ns(name: &str) -> String {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    format!(
+        "live-{}-{}-{name}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// A runtime standing for one process.
+fn process(threads: usize) -> Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// A cache with every option at its default, on a backend of its own.
+fn cache(rt: &Runtime, server: &RedisServer, ns: &str) -> Cache<String, String> {
+    rt.block_on(async {
+        let backend = RedisBackend::connect(&server.url()).await.unwrap();
+        Cache::builder()
+            .namespace(ns)
+            .backend(backend)
+            .build()
+            .unwrap()
+    })
+}
+
+/// When each load began, by the cache that ran it.
+#[derive(Clone, Default)]
+struct Loads(Arc<Mutex<Vec<(&'static str, Instant)>>>);
+
+impl Loads {
+    fn started(&self, who: &'static str) {
+        self.0.lock().unwrap().push((who, Instant::now()));
+    }
+    fn all(&self) -> Vec<(&'static str, Instant)> {
+        self.0.lock().unwrap().clone()
+    }
+    fn of(&self, who: &str) -> Option<Instant> {
+        self.all()
+            .into_iter()
+            .find(|(w, _)| *w == who)
+            .map(|(_, at)| at)
+    }
+    /// Waits (polling) until `who` has started a load.
+    fn wait_for(&self, who: &str) -> Instant {
+        let until = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(at) = self.of(who) {
+                return at;
+            }
+            assert!(Instant::now() < until, "{who} never loaded");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+}
+
+/// The waiter's call: a 50 ms load answering `waiter`.
+fn waiter_call(
+    rt: &Runtime,
+    cache: &Cache<String, String>,
+    loads: &Loads,
+) -> tokio::task::JoinHandle<String> {
+    let (cache, loads) = (cache.clone(), loads.clone());
+    rt.spawn(async move {
+        cache
+            .get_or_load(&"k".to_owned(), move |_| async move {
+                loads.started("waiter");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                Ok::<_, std::io::Error>("waiter".to_owned())
+            })
+            .await
+            .unwrap()
+    })
+}
+
+/// Waits until the cache counts one waiting flight (it has watched the
+/// holder), at most 5 s.
+fn until_waiting(cache: &Cache<String, String>) {
+    let until = Instant::now() + Duration::from_secs(5);
+    while cache.stats().waits == 0 {
+        assert!(Instant::now() < until, "the waiter never waited");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    // Its watch is made right after the wait starts.
+    std::thread::sleep(Duration::from_millis(50));
+}
+
+#[test]
+fn a_holder_whose_process_dies_is_taken_over_within_a_beat() {
+    let _limit = time_limit(LIMIT);
+    let server = RedisServer::start();
+    let ns = unique_ns("dies");
+    let (holder_rt, waiter_rt) = (process(1), process(2));
+    let (holder, waiter) = (
+        cache(&holder_rt, &server, &ns),
+        cache(&waiter_rt, &server, &ns),
+    );
+    let loads = Loads::default();
+    let l = loads.clone();
+    let h = holder.clone();
+    holder_rt.spawn(async move {
+        let _ = h
+            .get_or_load(&"k".to_owned(), move |_| async move {
+                l.started("holder");
+                std::future::pending::<()>().await;
+                Ok::<_, std::io::Error>("never".to_owned())
+            })
+            .await;
+    });
+    loads.wait_for("holder");
+    let answer = waiter_call(&waiter_rt, &waiter, &loads);
+    until_waiting(&waiter);
+    // The holder's process dies: its tasks are dropped where they stand
+    // and its connections close; nothing releases its lease.
+    let died = Instant::now();
+    holder_rt.shutdown_background();
+    let taken = loads.wait_for("waiter");
+    assert_eq!(waiter_rt.block_on(answer).unwrap(), "waiter");
+    let after = taken - died;
+    // Within a beat (90 ms) and the 10 ms it may be late, and a round trip
+    // to take the lease over; slack for a busy machine, far below the
+    // watched lease's 10 s.
+    assert!(
+        after < Duration::from_millis(600),
+        "taken over after {after:?}"
+    );
+    let stats = waiter.stats();
+    assert_eq!(
+        (
+            stats.holders_dead,
+            stats.holders_frozen,
+            stats.lease_takeovers
+        ),
+        (1, 0, 1),
+        "{stats:?}"
+    );
+    assert_eq!(loads.all().len(), 2);
+}
+
+#[test]
+fn a_frozen_holder_is_taken_over_after_a_second_of_silence_and_its_fill_is_fenced() {
+    let _limit = time_limit(LIMIT);
+    let server = RedisServer::start();
+    let ns = unique_ns("frozen");
+    let (holder_rt, waiter_rt) = (process(1), process(2));
+    let (holder, waiter) = (
+        cache(&holder_rt, &server, &ns),
+        cache(&waiter_rt, &server, &ns),
+    );
+    let loads = Loads::default();
+    let frozen_at = Arc::new(Mutex::new(None::<Instant>));
+    let (l, f) = (loads.clone(), frozen_at.clone());
+    let h = holder.clone();
+    let held = holder_rt.spawn(async move {
+        h.get_or_load(&"k".to_owned(), move |_| async move {
+            l.started("holder");
+            // Responsive long enough for the waiter to watch it and for
+            // its beats to start, then the whole process stops (its one
+            // worker thread blocked): no beat, connections open.
+            tokio::time::sleep(Duration::from_millis(400)).await;
+            *f.lock().unwrap() = Some(Instant::now());
+            std::thread::sleep(Duration::from_millis(3_000));
+            Ok::<_, std::io::Error>("holder".to_owned())
+        })
+        .await
+    });
+    loads.wait_for("holder");
+    let answer = waiter_call(&waiter_rt, &waiter, &loads);
+    until_waiting(&waiter);
+    let taken = loads.wait_for("waiter");
+    assert_eq!(waiter_rt.block_on(answer).unwrap(), "waiter");
+    let froze = frozen_at.lock().unwrap().expect("the holder froze");
+    let after = taken - froze;
+    // A second of silence since the last beat (which came at most a beat
+    // before the freeze); the holder's lease had 10 s left.
+    assert!(
+        after >= Duration::from_millis(850) && after < Duration::from_millis(2_500),
+        "taken over {after:?} after the freeze"
+    );
+    let stats = waiter.stats();
+    assert_eq!(
+        (
+            stats.holders_dead,
+            stats.holders_frozen,
+            stats.lease_takeovers
+        ),
+        (0, 1, 1),
+        "{stats:?}"
+    );
+    // Thawed, the holder answers its own callers but stores nothing: its
+    // lease is the waiter's now.
+    assert_eq!(holder_rt.block_on(held).unwrap().unwrap(), "holder");
+    assert_eq!(holder.stats().fills_fenced, 1, "{:?}", holder.stats());
+    let keys = FillKeys::new(&ns, "k");
+    let stored = server.query(&["GET", keys.value()]);
+    assert!(
+        matches!(&stored, Reply::Bulk(Some(bytes)) if bytes.ends_with(b"\"waiter\"")),
+        "{stored:?}"
+    );
+}
+
+#[test]
+fn a_live_holder_is_waited_for_without_a_re_check() {
+    let _limit = time_limit(LIMIT);
+    let server = RedisServer::start();
+    let ns = unique_ns("alive");
+    let (holder_rt, waiter_rt) = (process(1), process(2));
+    let (holder, waiter) = (
+        cache(&holder_rt, &server, &ns),
+        cache(&waiter_rt, &server, &ns),
+    );
+    let loads = Loads::default();
+    let l = loads.clone();
+    let h = holder.clone();
+    // Longer than the safety poll (3 s ±25 %) and than the lease an
+    // unwatched holder gets (3 s before any load was measured).
+    holder_rt.spawn(async move {
+        h.get_or_load(&"k".to_owned(), move |_| async move {
+            l.started("holder");
+            tokio::time::sleep(Duration::from_millis(4_500)).await;
+            Ok::<_, std::io::Error>("holder".to_owned())
+        })
+        .await
+    });
+    loads.wait_for("holder");
+    let answer = waiter_call(&waiter_rt, &waiter, &loads);
+    assert_eq!(waiter_rt.block_on(answer).unwrap(), "holder");
+    let stats = waiter.stats();
+    // Woken once, by the fill; no poll, no verdict, no load of its own.
+    assert_eq!(
+        (
+            stats.wait_notified,
+            stats.wait_polls,
+            stats.holders_dead + stats.holders_frozen
+        ),
+        (1, 0, 0),
+        "{stats:?}"
+    );
+    assert_eq!(loads.all().len(), 1);
+}
+
+/// A holder whose lease is deleted behind its back (another client, an
+/// eviction) says so when its watchdog next finds it gone, or its fill
+/// does: its waiters re-check then, rather than wait (alive, watched) for
+/// a fill that never comes.
+#[test]
+fn a_holder_that_finds_its_lease_gone_says_so_to_its_waiters() {
+    let _limit = time_limit(LIMIT);
+    for (load_ms, told_by) in [(6_000, "the watchdog"), (2_000, "the fenced fill")] {
+        let server = RedisServer::start();
+        let ns = unique_ns("lost");
+        let (holder_rt, waiter_rt) = (process(1), process(2));
+        let (holder, waiter) = (
+            cache(&holder_rt, &server, &ns),
+            cache(&waiter_rt, &server, &ns),
+        );
+        let loads = Loads::default();
+        let l = loads.clone();
+        let h = holder.clone();
+        holder_rt.spawn(async move {
+            h.get_or_load(&"k".to_owned(), move |_| async move {
+                l.started("holder");
+                tokio::time::sleep(Duration::from_millis(load_ms)).await;
+                Ok::<_, std::io::Error>("holder".to_owned())
+            })
+            .await
+        });
+        let started = loads.wait_for("holder");
+        let answer = waiter_call(&waiter_rt, &waiter, &loads);
+        until_waiting(&waiter);
+        let keys = FillKeys::new(&ns, "k");
+        server.query(&["DEL", keys.lock()]);
+        let taken = loads.wait_for("waiter") - started;
+        assert_eq!(waiter_rt.block_on(answer).unwrap(), "waiter");
+        // The watchdog renews a watched holder's 10 s lease every third
+        // of it (3.3 s); the fill comes at the end of the load. Without a
+        // word from the holder the waiter would wait for its deadline
+        // (10 s).
+        let by = match load_ms {
+            6_000 => Duration::from_millis(4_500),
+            _ => Duration::from_millis(3_000),
+        };
+        assert!(taken < by, "{told_by}: the waiter loaded after {taken:?}");
+        assert_eq!(waiter.stats().degraded_loads, 0, "{told_by}");
+        drop(holder_rt);
+    }
+}
