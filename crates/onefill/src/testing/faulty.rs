@@ -13,7 +13,7 @@ use parking_lot::Mutex;
 use tokio::sync::Semaphore;
 
 use crate::backend::{
-    Acquired, Backend, ChangeListener, FillKeys, FillSubscription, LeaseRequest, Stored,
+    Acquired, Backend, ChangeListener, FillKeys, FillSubscription, LeaseRequest, Stored, Watch,
 };
 use crate::{BackendError, BackendErrorKind, LeaseToken};
 
@@ -545,6 +545,32 @@ impl<B: Backend + ?Sized> Backend for FaultyBackend<B> {
     async fn invalidate(&self, keys: &FillKeys) -> Result<(), BackendError> {
         let call = self.inner.invalidate(keys);
         self.faults.pass(Op::Invalidate, Some(keys), call).await
+    }
+    /// The inner backend's, without faults.
+    fn new_token(&self) -> LeaseToken {
+        self.inner.new_token()
+    }
+    /// The inner backend's, without faults.
+    async fn watch_holder(
+        &self,
+        keys: &FillKeys,
+        holder: &LeaseToken,
+    ) -> Result<Watch, BackendError> {
+        self.inner.watch_holder(keys, holder).await
+    }
+    /// The inner backend's, under the faults of [`Op::Acquire`].
+    async fn take_over(
+        &self,
+        keys: &FillKeys,
+        gone: &LeaseToken,
+        token: &LeaseToken,
+        lease_ttl: Duration,
+        refresh_window: Duration,
+    ) -> Result<Acquired, BackendError> {
+        let call = self
+            .inner
+            .take_over(keys, gone, token, lease_ttl, refresh_window);
+        self.faults.pass(Op::Acquire, Some(keys), call).await
     }
     async fn subscribe(&self, keys: &FillKeys) -> Result<Box<dyn FillSubscription>, BackendError> {
         let deaf = self.faults.fault_of(Op::Subscribe) == Some(Fault::Deaf);

@@ -169,8 +169,10 @@ use crate::{Cache, CacheBuilder, CallOptions, Error, Fetched, LeaseToken};
 
 pub mod conformance;
 pub mod faulty;
+pub mod processes;
 
 pub use faulty::{Fault, Faults, FaultyBackend, Op};
+pub use processes::{ProcessBackend, Processes};
 
 /// Gives the suite backends that share one store. See the
 /// [module docs](self#what-a-harness-provides).

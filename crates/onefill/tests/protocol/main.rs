@@ -15,6 +15,7 @@ mod guard_rails;
 mod input;
 mod l1_memory;
 mod leases;
+mod liveness;
 mod loader_errors;
 mod loader_freshness;
 mod no_store;

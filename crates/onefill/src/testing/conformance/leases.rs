@@ -87,6 +87,58 @@ scenarios! { $ __onefill_conformance_leases;
         }
     }
 
+    /// `take_over` replaces a lease only while it holds the token of the
+    /// holder judged gone: a second waiter that judged the same holder
+    /// finds the winner's lease. A backend whose tokens name their holder
+    /// (so its waiters watch them) must implement it; one that does not
+    /// may keep `acquire`'s answer (the lease then holds until it expires).
+    pub async fn take_over_replaces_only_the_gone_holders_lease(h: &dyn Harness) {
+        let backend = h.backend().await;
+        let keys = FillKeys::new(&unique_ns("takeover"), "k");
+        let ttl = Duration::from_secs(10);
+        let gone = backend.new_token();
+        assert!(matches!(
+            backend.acquire(&keys, &gone, ttl, Duration::ZERO).await.unwrap(),
+            Acquired::Won { .. }
+        ));
+        let holder_of = |answer: &Acquired| match answer {
+            Acquired::Held { holder, .. } => holder.clone(),
+            other => panic!("expected the lease held, got {other:?}"),
+        };
+        // Another token judged gone: the lease stays the holder's.
+        let stranger = LeaseToken::random();
+        let first = backend.new_token();
+        let answer = backend
+            .take_over(&keys, &stranger, &first, ttl, Duration::ZERO)
+            .await
+            .unwrap();
+        let reported = holder_of(&answer);
+        assert!(reported.is_none() || reported == Some(gone.clone()), "{answer:?}");
+        // The holder judged gone: the first waiter wins...
+        let answer = backend
+            .take_over(&keys, &gone, &first, ttl, Duration::ZERO)
+            .await
+            .unwrap();
+        let named = gone.holder().is_some();
+        match answer {
+            Acquired::Won { .. } => {
+                // ...the second finds the first's lease, not a free one.
+                let second = backend.new_token();
+                let answer = backend
+                    .take_over(&keys, &gone, &second, ttl, Duration::ZERO)
+                    .await
+                    .unwrap();
+                let reported = holder_of(&answer);
+                assert!(reported.is_none() || reported == Some(first.clone()), "{answer:?}");
+                assert!(backend.release(&keys, &first, None).await.unwrap());
+            }
+            other => {
+                assert!(!named, "a backend that names its holders takes over: {other:?}");
+                assert!(backend.release(&keys, &gone, None).await.unwrap());
+            }
+        }
+    }
+
     /// Release and extend are compare-and-X: a wrong token changes nothing.
     pub async fn wrong_token_cannot_release_or_extend(h: &dyn Harness) {
         let backend = h.backend().await;

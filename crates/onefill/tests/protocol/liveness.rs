@@ -1,0 +1,201 @@
+//! Waiting on a holder whose liveness the backend watches: the waiter makes
+//! no re-check while the holder is alive, takes the lease over at once
+//! when the holder is judged dead or frozen (one waiter wins, the others
+//! watch the winner), a holder judged wrongly is fenced, and a watch that
+//! loses its signal falls back on the lease's expiry. The memory backend
+//! with simulated processes (`onefill::testing::Processes`), every option
+//! at its default, in paused time.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::support::loaders::Loading;
+use onefill::testing::{ProcessBackend, Processes};
+use onefill::{Cache, Error, Fetched, MemoryBackend, Outcome};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+fn cache(backend: ProcessBackend) -> Cache<String, String> {
+    Cache::builder()
+        .namespace("live")
+        .backend(backend)
+        .build()
+        .unwrap()
+}
+
+/// A loader answering `name` after `load`, counting into `loads`.
+fn loader(
+    name: &str,
+    load: Duration,
+    loads: &Arc<AtomicUsize>,
+) -> impl FnOnce(String) -> Loading + Send + 'static {
+    let (loads, name) = (loads.clone(), name.to_owned());
+    move |_k: String| -> Loading {
+        Box::pin(async move {
+            loads.fetch_add(1, Ordering::SeqCst);
+            tokio::time::sleep(load).await;
+            Ok(name)
+        })
+    }
+}
+
+/// `cache`'s call of the key, loading `name` after `load`.
+fn call(
+    cache: &Cache<String, String>,
+    name: &'static str,
+    load: Duration,
+    loads: &Arc<AtomicUsize>,
+) -> Call {
+    let (cache, loader) = (cache.clone(), loader(name, load, loads));
+    Call(tokio::spawn(async move {
+        cache.fetch(&"k".to_owned(), loader).await
+    }))
+}
+
+/// A call under way.
+struct Call(JoinHandle<Result<Fetched<String>, Error>>);
+
+impl Call {
+    /// Its answer and how it was answered.
+    async fn answer(self) -> (String, Outcome) {
+        let fetched = self.0.await.unwrap().unwrap();
+        (fetched.value, fetched.outcome)
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_live_holder_is_waited_for_without_a_re_check() {
+    let processes = Processes::new(MemoryBackend::new());
+    let (a, b) = (cache(processes.process("a")), cache(processes.process("b")));
+    let loads = Arc::new(AtomicUsize::new(0));
+    // Longer than the safety poll (3 s ±25 %), shorter than the deadline.
+    let holder = call(&a, "a", Duration::from_secs(8), &loads);
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let waiter = call(&b, "b", Duration::ZERO, &loads);
+    assert_eq!(waiter.answer().await, ("a".to_owned(), Outcome::Waited));
+    holder.answer().await;
+    let s = b.stats();
+    assert_eq!(
+        (s.wait_notified, s.wait_polls, s.lease_takeovers),
+        (1, 0, 0),
+        "{s:?}"
+    );
+    assert_eq!(loads.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_killed_holder_is_taken_over_the_moment_its_watch_says_so() {
+    let processes = Processes::new(MemoryBackend::new());
+    let (a, b) = (cache(processes.process("a")), cache(processes.process("b")));
+    let loads = Arc::new(AtomicUsize::new(0));
+    let _holder = call(&a, "a", Duration::from_secs(3_600), &loads);
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let start = Instant::now();
+    let waiter = call(&b, "b", Duration::from_millis(100), &loads);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    processes.kill("a");
+    assert_eq!(waiter.answer().await, ("b".to_owned(), Outcome::Loaded));
+    // Taken over at the kill, then a 100 ms load: not at the holder's
+    // lease expiry (10 s for a watched holder).
+    assert_eq!(start.elapsed(), Duration::from_millis(600));
+    let s = b.stats();
+    assert_eq!(
+        (
+            s.holders_dead,
+            s.holders_frozen,
+            s.lease_takeovers,
+            s.wait_polls
+        ),
+        (1, 0, 1, 0),
+        "{s:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_holder_dead_before_the_waiter_watches_it_is_taken_over_without_a_wait() {
+    let processes = Processes::new(MemoryBackend::new());
+    let (a, b) = (cache(processes.process("a")), cache(processes.process("b")));
+    let loads = Arc::new(AtomicUsize::new(0));
+    let _holder = call(&a, "a", Duration::from_secs(3_600), &loads);
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    processes.kill("a");
+    let start = Instant::now();
+    let waiter = call(&b, "b", Duration::from_millis(100), &loads);
+    assert_eq!(waiter.answer().await, ("b".to_owned(), Outcome::Loaded));
+    assert_eq!(start.elapsed(), Duration::from_millis(100));
+    assert_eq!(b.stats().holders_dead, 1);
+}
+
+/// A holder judged frozen wrongly (it was only slow) loads once more than
+/// needed, and no more: its fill is fenced, its callers still get its
+/// value, and the store keeps the waiter's.
+#[tokio::test(start_paused = true)]
+async fn a_holder_judged_frozen_is_fenced_when_it_wakes() {
+    let processes = Processes::new(MemoryBackend::new());
+    let (a, b) = (cache(processes.process("a")), cache(processes.process("b")));
+    let loads = Arc::new(AtomicUsize::new(0));
+    let holder = call(&a, "a", Duration::from_secs(2), &loads);
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let waiter = call(&b, "b", Duration::from_millis(100), &loads);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    processes.freeze("a");
+    assert_eq!(waiter.answer().await, ("b".to_owned(), Outcome::Loaded));
+    assert_eq!(holder.answer().await, ("a".to_owned(), Outcome::Loaded));
+    assert_eq!(loads.load(Ordering::SeqCst), 2);
+    assert_eq!((a.stats().fills_fenced, b.stats().holders_frozen), (1, 1));
+    // The store keeps the waiter's value: a third process hits it.
+    let c = cache(processes.process("c"));
+    let third = call(&c, "c", Duration::ZERO, &loads);
+    assert_eq!(third.answer().await, ("b".to_owned(), Outcome::Hit));
+}
+
+/// Two waiting processes judge the same holder dead: one takes its lease
+/// over, the other finds the winner's lease and waits for its fill.
+#[tokio::test(start_paused = true)]
+async fn of_two_waiters_that_judge_the_holder_dead_one_takes_over() {
+    let processes = Processes::new(MemoryBackend::new());
+    let (a, b, c) = (
+        cache(processes.process("a")),
+        cache(processes.process("b")),
+        cache(processes.process("c")),
+    );
+    let loads = Arc::new(AtomicUsize::new(0));
+    let _holder = call(&a, "a", Duration::from_secs(3_600), &loads);
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let (wb, wc) = (
+        call(&b, "b", Duration::from_millis(300), &loads),
+        call(&c, "c", Duration::from_millis(300), &loads),
+    );
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    processes.kill("a");
+    let (rb, rc) = (wb.answer().await, wc.answer().await);
+    assert_eq!(
+        loads.load(Ordering::SeqCst),
+        2,
+        "the dead load and one takeover"
+    );
+    assert_eq!(rb.0, rc.0, "both answered by the winner");
+    let takeovers = b.stats().lease_takeovers + c.stats().lease_takeovers;
+    assert_eq!(takeovers, 1);
+}
+
+/// A watch whose signal is gone (here: the registry forgot the holder)
+/// leaves the waiter to the lease's expiry and its safety poll again.
+#[tokio::test(start_paused = true)]
+async fn a_watch_that_loses_its_signal_falls_back_on_re_checks() {
+    let processes = Processes::new(MemoryBackend::new());
+    let (a, b) = (cache(processes.process("a")), cache(processes.process("b")));
+    let loads = Arc::new(AtomicUsize::new(0));
+    let holder = call(&a, "a", Duration::from_secs(6), &loads);
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let waiter = call(&b, "b", Duration::ZERO, &loads);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    processes.forget("a");
+    assert_eq!(waiter.answer().await, ("a".to_owned(), Outcome::Waited));
+    holder.answer().await;
+    // At least the safety poll (3 s ±25 %) after the signal was lost.
+    let s = b.stats();
+    assert!(s.wait_polls >= 1, "{s:?}");
+    assert_eq!(s.holders_dead + s.holders_frozen, 0);
+}
