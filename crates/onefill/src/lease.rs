@@ -102,8 +102,11 @@ impl fmt::Debug for LeaseToken {
 
 /// How long a lease lives before it must be extended.
 ///
-/// Short enough that a dead holder is detected quickly; the watchdog extends
-/// it every third of its TTL while the loader really runs.
+/// Where the backend cannot tell whether a holder is alive, short enough
+/// that a dead holder's lease is gone soon; where it can (a standalone
+/// Redis), an adaptive lease is at least 10 s, since the waiters' watch
+/// tells them of a dead holder. The watchdog extends it every third of its
+/// TTL while the loader really runs.
 #[derive(Debug, Clone, Copy, PartialEq)]
 #[non_exhaustive]
 pub enum LeaseTtl {
@@ -122,7 +125,8 @@ pub enum LeaseTtl {
 }
 
 impl Default for LeaseTtl {
-    /// Adaptive: 3 × p99, at least 1 s, at most 30 s.
+    /// Adaptive: 3 × p99, at least 1 s (10 s for a holder its waiters
+    /// watch), at most 30 s.
     fn default() -> Self {
         LeaseTtl::Adaptive {
             factor: 3.0,

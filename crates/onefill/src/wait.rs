@@ -1,10 +1,13 @@
 //! How a process that lost the lease race waits: bounded, woken by the fill
-//! notification, with polling only as a safety net.
+//! notification or by its watch of the holder, with polling only as a
+//! safety net.
 //!
 //! The policy ([`WaitPolicy`], [`OnWaitTimeout`]) and the state machine of
 //! one wait ([`Wait`]): subscribe to the key's fill channel first, then
-//! re-check (the flight's `acquire`) at every notification, at the moment
-//! the holder's lease would expire, and at a poll tick, until the deadline;
+//! re-check (the flight's `acquire`) at every notification; while the
+//! backend watches the holder, take its lease over when the watch says it
+//! is gone and re-check at nothing else; otherwise at the moment the
+//! holder's lease would expire and at a poll tick; until the deadline,
 //! then the configured outcome ([`WaitPolicy::at_deadline`]). A subscribed
 //! waiter's poll tick is the slow safety net ([`WaitPolicy::safety_poll`]);
 //! only a waiter without a subscription polls at the fast backoff.
@@ -42,15 +45,19 @@ pub enum OnWaitTimeout {
 /// A waiter subscribes to the key's fill notifications, then re-checks the
 /// key (one `acquire`, which also takes the lease if it is free):
 ///
-/// - when notified of the fill (or of a release or an invalidation): the
-///   normal wake-up, about a round trip after the fill;
-/// - at the moment the holder's lease would expire, as the last re-check
-///   saw it: a live holder's watchdog has extended it by then (the re-check
-///   learns the new expiry and the next one waits for it), a dead holder's
-///   lease is gone, so the waiter takes over within the lease TTL;
-/// - otherwise, while subscribed, only every [`safety_poll`] (default 3 s
-///   ±25 %) after its last re-check: a safety net for a notification
-///   lost on the way, not the way a waiter learns of a fill;
+/// - when notified of the fill (or of a release, an invalidation, or the
+///   holder's word that it lost its lease): the normal wake-up, about a
+///   round trip after the fill;
+/// - where the backend watches the holder (a standalone Redis), when the
+///   watch says it is gone: it takes the lease over at once, and makes no
+///   other re-check while the holder is alive;
+/// - otherwise at the moment the holder's lease would expire, as the last
+///   re-check saw it: a live holder's watchdog has extended it by then (the
+///   re-check learns the new expiry and the next one waits for it), a dead
+///   holder's lease is gone, so the waiter takes over within the lease TTL;
+/// - and, while subscribed, every [`safety_poll`] (default 3 s ±25 %)
+///   after its last re-check: a safety net for a notification lost on the
+///   way, not the way a waiter learns of a fill;
 /// - without a subscription (subscribing failed), it polls instead from
 ///   [`poll_initial`] doubling to [`poll_max`] (20 ms → 500 ms by default,
 ///   ±25 %).
@@ -76,7 +83,9 @@ pub struct WaitPolicy {
     pub poll_max: Duration,
     /// The longest a subscribed waiter goes without re-checking (±25 %),
     /// in case a notification was lost. It also re-checks at every
-    /// notification and when the holder's lease would expire.
+    /// notification and when the holder's lease would expire. Not used
+    /// while the backend watches the holder alive: its beats come over the
+    /// connection its notifications would.
     pub safety_poll: Duration,
     /// What happens at the deadline.
     pub on_timeout: OnWaitTimeout,
@@ -285,8 +294,8 @@ impl Wait {
             let left = self.deadline - now;
             let tick = match (&self.subscription, &self.watch) {
                 // A holder watched alive announces its fill, or the loss of
-                // its lease, on the channel its beats come through: nothing
-                // is left for a safety poll to find.
+                // its lease, over the connection its beats come through:
+                // nothing is left for a safety poll to find.
                 (Some(_), Some(_)) => left,
                 (Some(_), None) => jittered(self.safety_poll),
                 (None, _) => self.backoff.next_interval(),

@@ -1,36 +1,7 @@
-//! How a waiter learns that the process holding a lease is gone, before
-//! the lease expires.
-//!
-//! A lease's TTL bounds how long a dead holder can block a key, but a TTL
-//! long enough for a slow load is long to wait for a holder that died
-//! half a second into it. A backend that can tell whether a holder is
-//! alive says so through three methods of [`Backend`](super::Backend):
-//!
-//! - [`new_token`](super::Backend::new_token) makes the tokens of this
-//!   backend's leases name it ([`LeaseToken::for_holder`]), so a waiter
-//!   knows whom to watch from the lease alone;
-//! - [`watch_holder`](super::Backend::watch_holder) starts watching the
-//!   holder named by the token a waiter found in the lease (made after the
-//!   waiter subscribed to the key's fills, and re-checking that the lease
-//!   still holds that token);
-//! - [`take_over`](super::Backend::take_over) replaces a lease only if it
-//!   still holds the token of the holder judged gone, so of the waiters
-//!   that judged it, one wins.
-//!
-//! A waiter whose holder is watched makes no re-check at the lease's
-//! expiry; its holder's fill notification, its watch, its safety poll and
-//! its deadline wake it. A holder judged gone wrongly (a reconnection, a
-//! stall) is fenced as a holder whose lease expired is: its fill finds
-//! another token and stores nothing, so a wrong verdict costs at most one
-//! more load.
-//!
-//! The defaults watch nothing: a backend without them keeps the lease
-//! expiry as its waiters' way to learn of a dead holder.
+//! Whether a lease's holder is alive: the types of the three `Backend`
+//! methods that tell (see [`HolderWatch`]).
 
 use async_trait::async_trait;
-
-#[allow(unused_imports)] // named by the docs
-use crate::lease::LeaseToken;
 
 /// Why a watched holder is taken to be gone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,8 +14,39 @@ pub enum Gone {
     Frozen,
 }
 
-/// What the watch tells a waiting process: resolves once the holder is
-/// gone, or once the watch can no longer tell.
+/// How a waiter learns that the process holding a lease is gone, before
+/// the lease expires.
+///
+/// A lease's TTL bounds how long a dead holder can block a key, but a TTL
+/// long enough for a slow load is long to wait for a holder that died
+/// half a second into it. A backend that can tell whether a holder is
+/// alive says so through three methods of [`Backend`](super::Backend):
+///
+/// - [`new_token`](super::Backend::new_token) makes the tokens of this
+///   backend's leases name it ([`LeaseToken::for_holder`](crate::LeaseToken::for_holder)), so a waiter
+///   knows whom to watch from the lease alone;
+/// - [`watch_holder`](super::Backend::watch_holder) starts watching the
+///   holder named by the token a waiter found in the lease (made after the
+///   waiter subscribed to the key's fills, and re-checking that the lease
+///   still holds that token);
+/// - [`take_over`](super::Backend::take_over) replaces a lease only if it
+///   still holds the token of the holder judged gone, so of the waiters
+///   that judged it, one wins.
+///
+/// A waiter whose holder is watched makes no re-check at the lease's
+/// expiry and no safety poll: its holder's fill notification (or its word
+/// that it lost the lease, which [`fill`](super::Backend::fill) and
+/// [`extend`](super::Backend::extend) announce), its watch and its
+/// deadline wake it. A holder judged gone wrongly (a reconnection, a
+/// stall) is fenced as a holder whose lease expired is: its fill finds
+/// another token and stores nothing, so a wrong verdict costs at most one
+/// more load.
+///
+/// The defaults watch nothing: a backend without them keeps the lease
+/// expiry as its waiters' way to learn of a dead holder.
+///
+/// A `HolderWatch` is what the watch tells a waiting process: it resolves
+/// once the holder is gone, or once the watch can no longer tell.
 #[async_trait]
 pub trait HolderWatch: Send {
     /// Resolves when the holder is judged gone (`Some`), or when the watch

@@ -223,8 +223,7 @@ pub trait Backend: Debug + Send + Sync + 'static {
     /// lease) names, for a waiter that has subscribed to the key's fills:
     /// [`Watch::Moved`] if the lease no longer holds `holder`, so the
     /// waiter re-checks the key at once; [`Watch::Gone`] if the holder is
-    /// gone already; else [`Watch::Alive`]. See the `liveness` section of
-    /// the module docs of [`HolderWatch`].
+    /// gone already; else [`Watch::Alive`]. See [`HolderWatch`].
     ///
     /// Default: [`Watch::Unsupported`] (waiters re-check at the lease's
     /// expiry).

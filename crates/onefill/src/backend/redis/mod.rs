@@ -87,6 +87,20 @@
 //! delays only its own channels, which are retried every half second; a
 //! slot that migrates relies on the `redis` crate moving its subscriptions.
 //!
+//! # Lease holders' liveness
+//!
+//! On a standalone server a waiter watches the process holding the lease
+//! (`liveness.rs`, decision 0015): each backend names itself in its lease
+//! tokens and keeps its notification connection subscribed to
+//! `onefill:holder:<id>`; a waiter subscribes to `onefill:holder:<id>:beats`
+//! and publishes to the presence channel (nobody received it: the holder's
+//! connection closed, it is dead); the holder then beats every 90 ms while
+//! anyone listens. A late beat makes the waiter ask again, a second of
+//! silence makes the holder frozen; either way the waiter takes the lease
+//! over (the acquire script, told the gone token). An ACL must let the
+//! backend publish and subscribe to `onefill:holder:*` as well as to its
+//! namespaces' channels. A cluster's waiters rely on the lease's expiry.
+//!
 //! # L1 coherence
 //!
 //! A cache built with an [`L1`](crate::L1) on this backend gets a RESP3
@@ -159,6 +173,7 @@ mod subscriber;
 mod tracking;
 mod ttl;
 mod urls;
+mod write;
 
 pub use options::RedisOptions;
 pub use ttl::NO_EXPIRY_TTL;
@@ -172,6 +187,7 @@ use scripts::{ScriptCall, Scripts};
 use server_clock::ServerClock;
 use subscriber::PubSubShared;
 use ttl::{ms_ceil, px};
+use write::Unconditional;
 
 /// A [`Backend`] on Redis: standalone or Redis Cluster.
 ///
@@ -292,83 +308,6 @@ impl RedisBackend {
         }
     }
 
-    /// An unconditional write (`set`, `invalidate`): its script. On a
-    /// cluster, while the key's slot migrates, the script is refused with
-    /// `TRYAGAIN` for as long as the migration lasts (its keys are split
-    /// between the two nodes, or the lock and the channel are missing on the
-    /// importing one); the write then runs as single-key commands
-    /// ([`write_apart`](Self::write_apart)), which a migration never refuses.
-    async fn write(
-        &self,
-        op: &'static str,
-        keys: &FillKeys,
-        invocation: &ScriptCall<'_>,
-        apart: Unconditional<'_>,
-    ) -> Result<(), BackendError> {
-        let Conn::Cluster(router) = &self.inner.conn else {
-            return self.eval_flag(op, keys, invocation).await.map(drop);
-        };
-        let slot = slot_of(keys.value().as_bytes());
-        let scripts = self.inner.scripts;
-        let answer: Result<i64, _> = router
-            .run_unless_split(slot, |mut c, asking| async move {
-                invocation.invoke(scripts, &mut c, asking).await
-            })
-            .await;
-        match answer {
-            Err(e) if cluster::is_try_again(&e) => self.write_apart(router, op, keys, apart).await,
-            answer => answer.map(drop).map_err(|e| classify(op, e)),
-        }
-    }
-
-    /// The steps of an unconditional write as single-key commands, each
-    /// routed on its own (through `ASK` to the importing node once the key
-    /// moved there): the lease first, so that a fill in flight is fenced out
-    /// before the value changes, then the value, then the announcement. The
-    /// value is written as the codec encoded it (envelope version 1, without
-    /// the server's expiry, which only a script can stamp): readers take its
-    /// TTL from the server.
-    async fn write_apart(
-        &self,
-        router: &ClusterRouter,
-        op: &'static str,
-        keys: &FillKeys,
-        apart: Unconditional<'_>,
-    ) -> Result<(), BackendError> {
-        let slot = slot_of(keys.value().as_bytes());
-        let one = |cmd: redis::Cmd| async move {
-            let cmd = &cmd;
-            router
-                .run(slot, |mut c, asking| async move {
-                    if asking {
-                        let mut pipe = redis::pipe();
-                        pipe.cmd("ASKING").ignore().add_command(cmd.clone());
-                        let (reply,): (redis::Value,) = pipe.query_async(&mut c).await?;
-                        Ok(reply)
-                    } else {
-                        cmd.query_async::<redis::Value>(&mut c).await
-                    }
-                })
-                .await
-                .map_err(|e| classify(op, e))
-        };
-        one(redis::cmd("DEL").arg(keys.lock()).clone()).await?;
-        match apart {
-            Unconditional::Set { bytes, ttl } => {
-                let mut set = redis::cmd("SET");
-                set.arg(keys.value()).arg(bytes).arg("PX").arg(px(ttl));
-                one(set).await?;
-            }
-            Unconditional::Invalidate => {
-                one(redis::cmd("DEL").arg(keys.value()).clone()).await?;
-            }
-        }
-        // The write has landed: a lost announcement only leaves the
-        // waiters of the key to their next poll, so it does not fail it.
-        let _ = one(redis::cmd("SPUBLISH").arg(keys.channel()).arg(op).clone()).await;
-        Ok(())
-    }
-
     async fn eval_flag(
         &self,
         op: &'static str,
@@ -384,12 +323,6 @@ impl RedisBackend {
             )),
         }
     }
-}
-
-/// What an unconditional write does, for its single-key form.
-enum Unconditional<'a> {
-    Set { bytes: &'a [u8], ttl: Duration },
-    Invalidate,
 }
 
 /// An invocation of `script` on the key's value, lock and channel: the
