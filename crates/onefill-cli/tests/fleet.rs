@@ -98,7 +98,7 @@ fn four_processes_one_load_and_commands_grow_with_processes_not_callers() {
 fn a_cold_herd_and_a_six_second_load_cost_few_redis_commands() {
     let _limit = time_limit(LIMIT);
     let server = RedisServer::start();
-    // A server that served onefill before (one extension at 1 s).
+    // A server that served onefill before (its scripts loaded).
     let warm = fleet(
         &[server.url()],
         &["--processes", "1", "--callers", "1", "--load-ms", "1100"],

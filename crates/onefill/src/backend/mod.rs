@@ -220,7 +220,10 @@ pub trait Backend: Debug + Send + Sync + 'static {
     }
 
     /// Starts watching the holder that `holder` (a token found in `keys`'
-    /// lease) names, for a waiter that has subscribed to the key's fills:
+    /// lease) names, for a waiter that subscribes to the key's fills (the
+    /// cache calls it together with [`subscribe`](Backend::subscribe), so
+    /// both can share a round trip; its check of the lease must come after
+    /// that subscription is in place):
     /// [`Watch::Moved`] if the lease no longer holds `holder`, so the
     /// waiter re-checks the key at once; [`Watch::Gone`] if the holder is
     /// gone already; else [`Watch::Alive`]. See [`HolderWatch`].

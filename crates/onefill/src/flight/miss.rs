@@ -137,50 +137,72 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
             if let Some(value) = self.stale_value(held_stale) {
                 stale = Some(value);
             }
+            // A holder not watched yet, named by its token (a token that
+            // names none cannot be watched).
+            let unwatched = holder.filter(|h| {
+                h.holder().is_some() && waiting.as_ref().and_then(Wait::watched) != Some(h)
+            });
+            let backend = &self.shared.calls.backend;
             let first = waiting.is_none();
+            let mut watched = None;
             if first {
                 // First contention: serve stale if there is one (the holder is
                 // refreshing it), else subscribe, then re-check, so a fill
-                // between this acquire and the subscription is not lost.
+                // between this acquire and the subscription is not lost. The
+                // holder's watch is the re-check where the backend has one:
+                // asked for with the subscription (one round trip on Redis,
+                // the watch waiting for the subscription's confirmation), so
+                // a first contention whose holder is alive needs no second
+                // acquire.
                 if let Some(value) = stale.take() {
                     self.rec().stale_served();
                     return Ok((value, Outcome::Stale));
                 }
-                let subscribe = self.shared.calls.backend.subscribe(&self.keys);
-                let subscription = self.call("subscribe", subscribe).await.ok();
-                waiting = Some(Wait::start(self.rec(), &self.policy.wait, subscription));
+                let subscribe = self.call("subscribe", backend.subscribe(&self.keys));
+                let watch = async {
+                    match &unwatched {
+                        Some(h) => Some(
+                            self.call("watch holder", backend.watch_holder(&self.keys, h))
+                                .await,
+                        ),
+                        None => None,
+                    }
+                };
+                let (subscription, watch) = tokio::join!(subscribe, watch);
+                waiting = Some(Wait::start(
+                    self.rec(),
+                    &self.policy.wait,
+                    subscription.ok(),
+                ));
+                watched = watch;
+            } else if let Some(h) = &unwatched {
+                watched = Some(
+                    self.call("watch holder", backend.watch_holder(&self.keys, h))
+                        .await,
+                );
             }
             let Some(wait) = waiting.as_mut() else {
                 continue;
             };
-            // Watch a holder not watched yet. Its watch re-checks the lease
-            // too (after the subscription), so a first contention whose
-            // holder is alive needs no second acquire.
-            // (A token that names no holder cannot be watched.)
-            match holder.filter(|h| h.holder().is_some() && wait.watched() != Some(h)) {
-                Some(holder) => {
-                    let watch = self.shared.calls.backend.watch_holder(&self.keys, &holder);
-                    match self.call("watch holder", watch).await {
-                        Ok(Watch::Alive(watch)) => wait.watch(holder, watch),
-                        Ok(Watch::Gone(gone)) => {
-                            self.rec().holder_gone(gone);
-                            gone_holder = Some(holder);
-                            continue;
-                        }
-                        Ok(Watch::Moved) => {
-                            wait.unwatch();
-                            continue;
-                        }
-                        Ok(_) | Err(_) => {
-                            wait.unwatch();
-                            if first {
-                                continue;
-                            }
-                        }
+            match (unwatched, watched) {
+                (Some(holder), Some(Ok(Watch::Alive(watch)))) => wait.watch(holder, watch),
+                (Some(holder), Some(Ok(Watch::Gone(gone)))) => {
+                    self.rec().holder_gone(gone);
+                    gone_holder = Some(holder);
+                    continue;
+                }
+                (_, Some(Ok(Watch::Moved))) => {
+                    wait.unwatch();
+                    continue;
+                }
+                (_, Some(_)) => {
+                    wait.unwatch();
+                    if first {
+                        continue;
                     }
                 }
-                None if first => continue,
-                None => {}
+                (_, None) if first => continue,
+                (_, None) => {}
             }
             match wait.until_recheck(self.rec(), holder_ttl).await {
                 Next::Notified => notified = true,

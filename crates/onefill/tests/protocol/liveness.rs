@@ -1,5 +1,5 @@
 //! Waiting on a holder whose liveness the backend watches: the waiter makes
-//! no re-check while the holder is alive, takes the lease over at once
+//! no re-check while the holder is alive and renews its lease, takes the lease over at once
 //! when the holder is judged dead or frozen (one waiter wins, the others
 //! watch the winner), a holder judged wrongly is fenced, and a watch that
 //! loses its signal falls back on the lease's expiry. The memory backend

@@ -9,7 +9,8 @@
 //! keeps its subscriber connection subscribed to a *presence* channel of
 //! its own, which nobody else subscribes to. A waiter
 //!
-//! 1. subscribes to the holder's *beats* channel, then sends `GET lock` and
+//! 1. subscribes to the holder's *beats* channel (with the key's fill
+//!    channel: one `SUBSCRIBE`), then sends `GET lock` and
 //!    a `PUBLISH` to the holder's presence channel in one round trip: the
 //!    lease moved on (re-check), or nobody received it (the holder's
 //!    connection is closed: dead), or the holder now knows someone waits;
@@ -142,7 +143,11 @@ impl Liveness {
         let Some(id) = holder.holder() else {
             return Ok(Watch::Unsupported);
         };
+        // Subscribed with the key's channel (the waiter asks for both at
+        // once: one `SUBSCRIBE`), and the lease read only once both are in
+        // place, so a fill announced after the read is heard.
         let beats = self.pubsub.subscription(beats(id)).await;
+        self.pubsub.confirmation(keys.channel()).await;
         let mut pipe = redis::pipe();
         pipe.cmd("GET")
             .arg(keys.lock())

@@ -184,6 +184,26 @@ impl PubSubShared {
         RedisSubscription::confirmed(self, channel)
     }
 
+    /// Waits, as [`subscribe`](Self::subscribe) does (a round trip
+    /// normally, at most [`CONFIRM_PATIENCE`]), for the confirmation of
+    /// `channel` if a subscription to it awaits one; returns at once if it
+    /// is confirmed or nobody subscribes to it.
+    pub(super) async fn confirmation(&self, channel: &str) {
+        let confirmed = {
+            let mut state = self.state.lock();
+            let Some(chan) = state.channels.get_mut(channel) else {
+                return;
+            };
+            if chan.confirmed {
+                return;
+            }
+            let (tx, rx) = oneshot::channel();
+            chan.waiters.push(tx);
+            rx
+        };
+        let _ = tokio::time::timeout(CONFIRM_PATIENCE, confirmed).await;
+    }
+
     /// As [`subscribe`](Self::subscribe), the subscription itself.
     pub(super) async fn subscription(self: &Arc<Self>, channel: String) -> RedisSubscription {
         let (subscription, confirmed) = {
@@ -217,6 +237,11 @@ impl PubSubShared {
             (subscription, confirmed)
         };
         if let Some(confirmed) = confirmed {
+            // One turn of the caller's task before the subscriber task is
+            // woken: a caller subscribing to two channels at once (a waiter:
+            // the key's channel and its holder's beats) registers both
+            // first, and they go out in one `SUBSCRIBE`.
+            tokio::task::yield_now().await;
             let _ = self.wake.send(());
             // An error means the subscriber lost its connection meanwhile:
             // the channel is marked to fire once it is subscribed again.
