@@ -50,10 +50,11 @@ use crate::coalesce::{Awaiter, Joined};
 use crate::error::{Error, LoaderError};
 use crate::flight::Flight;
 use crate::group::{Group, Reply};
-use crate::lease::{Acquisition, LeaseToken};
+use crate::lease::Acquisition;
 use crate::loader::{self, Done, Load, Loaded};
 use crate::options::Policy;
 use crate::shared::Shared;
+use crate::token::LeaseToken;
 
 /// The caller's batch loader, type-erased: the keys to load, and what it
 /// found, each value with the freshness its loader chose (a key it did not

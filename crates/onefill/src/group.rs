@@ -19,8 +19,9 @@ use tokio::sync::oneshot;
 use crate::backend::Stored;
 use crate::error::{BackendError, Error};
 use crate::key::FillKeys;
-use crate::lease::{Acquisition, LeaseToken};
+use crate::lease::Acquisition;
 use crate::loader::Done;
+use crate::token::LeaseToken;
 
 /// Where a step's answer goes.
 pub(crate) type Reply<T> = oneshot::Sender<T>;

@@ -6,7 +6,6 @@
 //! per acquisition; it is released by compare-and-delete and extended by
 //! compare-and-`PEXPIRE`, so a process can only ever touch its own lease.
 
-use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,88 +16,7 @@ use crate::error::{BackendError, BackendErrorKind, InvalidOption};
 use crate::key::FillKeys;
 use crate::loader::LoadTimes;
 use crate::stats::Recorder;
-
-/// A lease token: 128 random bits, fresh for every acquisition, and
-/// optionally the name of the holder that took it.
-///
-/// A backend that can tell whether a lease's holder is alive (see
-/// [`Backend::watch_holder`](crate::backend::Backend::watch_holder)) makes
-/// its tokens with [`for_holder`](LeaseToken::for_holder), so that a waiter
-/// who finds the lease held can tell whom to watch from the lease alone.
-#[derive(Clone, PartialEq, Eq, Hash)]
-pub struct LeaseToken(Box<str>);
-
-/// The most bytes a holder's name may have in a token.
-const MAX_HOLDER: usize = 64;
-
-impl LeaseToken {
-    /// A new token from the thread-local CSPRNG: 32 lowercase hex digits.
-    pub fn random() -> Self {
-        LeaseToken(random_hex().into())
-    }
-
-    /// A new token naming `holder`: `holder`, a `.`, then 32 random
-    /// lowercase hex digits. A name that is empty, longer than 64 bytes or
-    /// not made of ASCII letters, digits, `-` and `_` is left out (the
-    /// token is then as [`random`](LeaseToken::random)'s).
-    pub fn for_holder(holder: &str) -> Self {
-        if !valid_holder(holder) {
-            return LeaseToken::random();
-        }
-        LeaseToken(format!("{holder}.{}", random_hex()).into())
-    }
-
-    /// The token a backend read back from a lease (the bytes another
-    /// process stored), if they are a token of this shape: `None` for
-    /// foreign bytes.
-    pub fn from_stored(bytes: &[u8]) -> Option<LeaseToken> {
-        let text = std::str::from_utf8(bytes).ok()?;
-        let (holder, random) = match text.split_once('.') {
-            Some((holder, random)) => (Some(holder), random),
-            None => (None, text),
-        };
-        let random_ok = random.len() == 32
-            && random
-                .bytes()
-                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
-        let holder_ok = holder.is_none_or(valid_holder);
-        (random_ok && holder_ok).then(|| LeaseToken(text.into()))
-    }
-
-    /// The holder the token names, if it names one.
-    pub fn holder(&self) -> Option<&str> {
-        self.0.split_once('.').map(|(holder, _)| holder)
-    }
-
-    /// The token as stored in the lease key.
-    pub fn as_bytes(&self) -> &[u8] {
-        self.0.as_bytes()
-    }
-    /// The token as a string.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-fn valid_holder(holder: &str) -> bool {
-    !holder.is_empty()
-        && holder.len() <= MAX_HOLDER
-        && holder
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-}
-
-/// 128 bits from the thread-local CSPRNG, as 32 lowercase hex digits.
-fn random_hex() -> String {
-    let raw: u128 = rand::random();
-    format!("{raw:032x}")
-}
-
-impl fmt::Debug for LeaseToken {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "LeaseToken({})", self.as_str())
-    }
-}
+use crate::token::LeaseToken;
 
 /// How long a lease lives before it must be extended.
 ///
@@ -206,6 +124,16 @@ impl LeaseTtl {
     }
 }
 
+/// One request for a lease (see [`Lease::acquire`]).
+pub(crate) struct Ask<'a> {
+    /// Fresh for this request.
+    pub(crate) token: LeaseToken,
+    pub(crate) lease_ttl: Duration,
+    pub(crate) refresh_window: Duration,
+    /// The token of a holder judged gone, whose lease counts as free.
+    pub(crate) gone: Option<&'a LeaseToken>,
+}
+
 /// What an acquisition found.
 pub(crate) enum Acquisition {
     /// The value is fresh beyond the refresh window: no lease was taken.
@@ -311,51 +239,35 @@ struct Held {
 }
 
 impl Lease {
-    /// Asks for the lease of `keys` with `token`, fresh for this request
-    /// (`SET lock token NX PX lease_ttl` unless the value is fresh beyond
-    /// `refresh_window`). If won, the watchdog starts extending it at once.
+    /// Asks for the lease of `keys` as `ask` says: with its token, fresh
+    /// for this request (`SET lock token NX PX lease_ttl` unless the value
+    /// is fresh beyond the refresh window), a lease still held by its
+    /// `gone` token (a holder judged dead or frozen) counting as free. If
+    /// won, the watchdog starts extending it at once.
     pub(crate) async fn acquire(
         calls: &Calls,
         keys: &FillKeys,
-        token: LeaseToken,
-        lease_ttl: Duration,
-        refresh_window: Duration,
+        ask: Ask<'_>,
         timeout: Duration,
     ) -> Result<Acquisition, BackendError> {
-        let acquired = calls
-            .call(
-                keys,
-                timeout,
+        let Ask {
+            token,
+            lease_ttl,
+            refresh_window,
+            gone,
+        } = ask;
+        let backend = &calls.backend;
+        let (op, answer) = match gone {
+            None => (
                 "acquire",
-                calls
-                    .backend
-                    .acquire(keys, &token, lease_ttl, refresh_window),
-            )
-            .await;
-        Acquisition::of_answer(calls, keys, token, lease_ttl, acquired)
-    }
-
-    /// As [`acquire`](Lease::acquire), but a lease still held by `gone`
-    /// (a holder judged dead or frozen) counts as free.
-    pub(crate) async fn take_over(
-        calls: &Calls,
-        keys: &FillKeys,
-        gone: &LeaseToken,
-        token: LeaseToken,
-        lease_ttl: Duration,
-        refresh_window: Duration,
-        timeout: Duration,
-    ) -> Result<Acquisition, BackendError> {
-        let acquired = calls
-            .call(
-                keys,
-                timeout,
+                backend.acquire(keys, &token, lease_ttl, refresh_window),
+            ),
+            Some(gone) => (
                 "take over",
-                calls
-                    .backend
-                    .take_over(keys, gone, &token, lease_ttl, refresh_window),
-            )
-            .await;
+                backend.take_over(keys, gone, &token, lease_ttl, refresh_window),
+            ),
+        };
+        let acquired = calls.call(keys, timeout, op, answer).await;
         Acquisition::of_answer(calls, keys, token, lease_ttl, acquired)
     }
 
@@ -572,15 +484,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn tokens_are_fresh_and_hex() {
-        let a = LeaseToken::random();
-        let b = LeaseToken::random();
-        assert_ne!(a, b);
-        assert_eq!(a.as_str().len(), 32);
-        assert!(a.as_str().bytes().all(|c| c.is_ascii_hexdigit()));
-    }
-
-    #[test]
     fn adaptive_ttl_follows_p99_within_bounds() {
         let policy = LeaseTtl::Adaptive {
             factor: 3.0,
@@ -619,28 +522,6 @@ mod tests {
         assert_eq!(low_ceiling.ttl(&times, true), Duration::from_secs(4));
         let fixed = LeaseTtl::Fixed(Duration::from_secs(2));
         assert_eq!(fixed.ttl(&times, true), Duration::from_secs(2));
-    }
-
-    #[test]
-    fn tokens_name_their_holder_and_read_back() {
-        let named = LeaseToken::for_holder("00ff00ff00ff00ff");
-        assert_eq!(named.holder(), Some("00ff00ff00ff00ff"));
-        assert_eq!(
-            LeaseToken::from_stored(named.as_bytes()),
-            Some(named.clone())
-        );
-        let anonymous = LeaseToken::random();
-        assert_eq!(anonymous.holder(), None);
-        assert_eq!(
-            LeaseToken::from_stored(anonymous.as_bytes()),
-            Some(anonymous)
-        );
-        // A bad name is left out; foreign bytes are no token.
-        assert_eq!(LeaseToken::for_holder("a.b").holder(), None);
-        assert_eq!(LeaseToken::for_holder("").holder(), None);
-        assert_eq!(LeaseToken::from_stored(b"not a token"), None);
-        assert_eq!(LeaseToken::from_stored(b"x.0123"), None);
-        assert_eq!(LeaseToken::from_stored(&[0xff; 32]), None);
     }
 
     #[test]

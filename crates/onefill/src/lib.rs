@@ -185,6 +185,7 @@ mod shared;
 mod stats;
 #[cfg(feature = "test-support")]
 pub mod testing;
+mod token;
 mod wait;
 
 /// The guide: markdown pages under `docs/guide/`, rendered by rustdoc
@@ -236,8 +237,9 @@ pub use error::{
     IntoLoaderError, LoaderError,
 };
 pub use l1::L1;
-pub use lease::{LeaseToken, LeaseTtl};
+pub use lease::LeaseTtl;
 pub use loader::{BatchLoader, Loaded, Loader};
 pub use options::{CallOptions, MAX_TTL};
 pub use stats::Stats;
+pub use token::LeaseToken;
 pub use wait::{OnWaitTimeout, WaitPolicy};

@@ -19,8 +19,8 @@ use tokio::time::Instant;
 use crate::backend::{FillSubscription, Gone, HolderWatch};
 use crate::backoff::{jittered, Backoff};
 use crate::error::{Error, InvalidOption};
-use crate::lease::LeaseToken;
 use crate::stats::{Recorder, Waiting};
+use crate::token::LeaseToken;
 use tracing::Instrument;
 
 /// What a waiter does when its deadline passes without a fill.

@@ -27,7 +27,7 @@ use async_trait::async_trait;
 
 pub use crate::error::{BackendError, BackendErrorKind};
 pub use crate::key::FillKeys;
-pub use crate::lease::LeaseToken;
+pub use crate::token::LeaseToken;
 
 mod liveness;
 pub mod memory;

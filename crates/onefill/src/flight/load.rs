@@ -352,7 +352,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         // Without the lease policy the refresh still needs a free lease: it
         // fences the write, and nobody waits for it anyway.
         let lease = self.policy.lease_ttl.unwrap_or_default();
-        match self.acquire(lease, window).await {
+        match self.acquire(lease, window, None).await {
             Ok(Acquisition::Won { lease, stale }) => {
                 // Counted when it starts for real (not at each attempt that
                 // found the lease held).

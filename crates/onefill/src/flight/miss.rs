@@ -8,11 +8,12 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use crate::answer::{Answer, Outcome};
-use crate::backend::Watch;
+use crate::backend::{Gone, Watch};
 use crate::error::{BackendError, Error};
 use crate::group::step_dropped;
-use crate::lease::{Acquisition, Lease, LeaseToken, LeaseTtl};
+use crate::lease::{Acquisition, Ask, Lease, LeaseTtl};
 use crate::shared::Read;
+use crate::token::LeaseToken;
 use crate::wait::{AtDeadline, Next, Wait};
 
 use super::Flight;
@@ -80,10 +81,8 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
                 Duration::ZERO
             };
             let taking_over = gone_holder.is_some();
-            let acquired = match gone_holder.take() {
-                Some(gone) => self.take_over(lease, window, &gone).await,
-                None => self.acquire(lease, window).await,
-            };
+            let gone = gone_holder.take();
+            let acquired = self.acquire(lease, window, gone.as_ref()).await;
             let (held_stale, holder_ttl, holder) = match acquired {
                 Err(e) => {
                     self.finish_wait(waiting, false);
@@ -187,7 +186,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
             match (unwatched, watched) {
                 (Some(holder), Some(Ok(Watch::Alive(watch)))) => wait.watch(holder, watch),
                 (Some(holder), Some(Ok(Watch::Gone(gone)))) => {
-                    self.rec().holder_gone(gone);
+                    self.judged(gone);
                     gone_holder = Some(holder);
                     continue;
                 }
@@ -208,7 +207,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
                 Next::Notified => notified = true,
                 Next::Recheck => {}
                 Next::Gone(gone, holder) => {
-                    self.rec().holder_gone(gone);
+                    self.judged(gone);
                     gone_holder = Some(holder);
                 }
                 Next::Deadline => {
@@ -226,6 +225,14 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
                     };
                 }
             }
+        }
+    }
+
+    /// Counts a verdict on the holder.
+    fn judged(&self, gone: Gone) {
+        match gone {
+            Gone::Dead => self.rec().holder_dead(),
+            Gone::Frozen => self.rec().holder_frozen(),
         }
     }
 
@@ -275,7 +282,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         } else {
             Duration::ZERO
         };
-        match self.acquire(LeaseTtl::default(), window).await {
+        match self.acquire(LeaseTtl::default(), window, None).await {
             Ok(Acquisition::Won { lease, stale }) => {
                 // Not `known_stale`: a write between the first read and
                 // this acquire may have deleted or replaced it.
@@ -302,47 +309,40 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         }
     }
 
-    /// Takes over the lease of a holder judged gone (its token `gone`), if
-    /// its lease still holds it; else as [`acquire`](Self::acquire). Sent
-    /// on its own even in a batch: takeovers are rare.
-    async fn take_over(
-        &self,
-        lease: LeaseTtl,
-        refresh_window: Duration,
-        gone: &LeaseToken,
-    ) -> Result<Acquisition, BackendError> {
-        let (shared, keys) = (&self.shared, &self.keys);
-        self.budget
-            .run("take over", |timeout| {
-                let token = shared.calls.backend.new_token();
-                let lease_ttl = lease.ttl(&shared.load_times, token.holder().is_some());
-                let calls = &shared.calls;
-                Lease::take_over(calls, keys, gone, token, lease_ttl, refresh_window, timeout)
-            })
-            .await
-    }
-
     /// Asks for the lease, with a TTL sized from recent load times (and
-    /// for whether the backend watches its holder).
+    /// for whether the backend watches its holder); with `gone`, the token
+    /// of a holder judged gone, takes that holder's lease over if it still
+    /// holds it (sent on its own even in a batch: takeovers are rare).
     pub(super) async fn acquire(
         &self,
         lease: LeaseTtl,
         refresh_window: Duration,
+        gone: Option<&LeaseToken>,
     ) -> Result<Acquisition, BackendError> {
         let (shared, keys) = (&self.shared, &self.keys);
+        let op = if gone.is_some() {
+            "take over"
+        } else {
+            "acquire"
+        };
         self.budget
-            .run("acquire", |timeout| async move {
+            .run(op, |timeout| async move {
                 // A fresh token for every try (a try that timed out has its
                 // token released behind it), and the lease sized for it.
                 let token = shared.calls.backend.new_token();
                 let lease_ttl = lease.ttl(&shared.load_times, token.holder().is_some());
-                let Some(group) = &self.group else {
-                    let calls = &shared.calls;
-                    return Lease::acquire(calls, keys, token, lease_ttl, refresh_window, timeout)
-                        .await;
+                let ask = Ask {
+                    token,
+                    lease_ttl,
+                    refresh_window,
+                    gone,
+                };
+                let group = self.group.as_ref().filter(|_| gone.is_none());
+                let Some(group) = group else {
+                    return Lease::acquire(&shared.calls, keys, ask, timeout).await;
                 };
                 let (reply, answer) = oneshot::channel();
-                group.acquire(keys, token, lease_ttl, refresh_window, timeout, reply);
+                group.acquire(keys, ask.token, lease_ttl, refresh_window, timeout, reply);
                 answer.await.unwrap_or_else(|_| Err(step_dropped()))
             })
             .await

@@ -340,13 +340,14 @@ impl Recorder {
     pub(crate) fn lease_takeover(&self) {
         bump!(self, lease_takeovers)
     }
-    /// A waiter judged its holder gone (the takeover that follows is
+    /// A waiter judged its holder dead (the takeover that follows is
     /// counted by [`lease_takeover`](Self::lease_takeover) if it wins).
-    pub(crate) fn holder_gone(&self, gone: crate::backend::Gone) {
-        match gone {
-            crate::backend::Gone::Dead => bump!(self, holders_dead),
-            crate::backend::Gone::Frozen => bump!(self, holders_frozen),
-        }
+    pub(crate) fn holder_dead(&self) {
+        bump!(self, holders_dead)
+    }
+    /// A waiter judged its holder frozen (as for a dead one).
+    pub(crate) fn holder_frozen(&self) {
+        bump!(self, holders_frozen)
     }
     /// A fill found the lease no longer ours: nothing was written.
     pub(crate) fn fill_fenced(&self) {

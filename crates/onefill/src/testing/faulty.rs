@@ -1,6 +1,8 @@
 //! A fault-injecting wrapper around any [`Backend`]: the one tests use to
 //! play a server that hangs, refuses, fails a command, loses a reply or
-//! answers late, instead of each test writing a wrapper of its own.
+//! answers late, instead of each test writing a wrapper of its own. (Just
+//! over 600 lines: it wraps every `Backend` method, each through its
+//! faults, and splitting the wrapper would split one `impl`.)
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -102,8 +104,9 @@ struct Decider(Mutex<Option<Decide>>);
 
 impl std::fmt::Debug for Decider {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let set = self.0.lock().is_some();
-        f.debug_tuple("Decider").field(&set).finish()
+        f.debug_tuple("Decider")
+            .field(&self.0.lock().is_some())
+            .finish()
     }
 }
 
@@ -131,7 +134,6 @@ struct State {
 
 #[derive(Debug)]
 struct GateSemaphore(Semaphore);
-
 impl Default for GateSemaphore {
     fn default() -> Self {
         GateSemaphore(Semaphore::new(0))
@@ -546,11 +548,11 @@ impl<B: Backend + ?Sized> Backend for FaultyBackend<B> {
         let call = self.inner.invalidate(keys);
         self.faults.pass(Op::Invalidate, Some(keys), call).await
     }
-    /// The inner backend's, without faults.
+    // The liveness calls are the inner backend's: `take_over` under the
+    // faults of `Op::Acquire`, the others without faults.
     fn new_token(&self) -> LeaseToken {
         self.inner.new_token()
     }
-    /// The inner backend's, without faults.
     async fn watch_holder(
         &self,
         keys: &FillKeys,
@@ -558,7 +560,6 @@ impl<B: Backend + ?Sized> Backend for FaultyBackend<B> {
     ) -> Result<Watch, BackendError> {
         self.inner.watch_holder(keys, holder).await
     }
-    /// The inner backend's, under the faults of [`Op::Acquire`].
     async fn take_over(
         &self,
         keys: &FillKeys,

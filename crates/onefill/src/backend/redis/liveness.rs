@@ -44,7 +44,7 @@ use tokio::time::Instant;
 use super::errors::with_deadline;
 use super::subscriber::{PubSubShared, RedisSubscription};
 use crate::backend::{BackendError, FillKeys, FillSubscription, Gone, HolderWatch, Watch};
-use crate::lease::LeaseToken;
+use crate::token::LeaseToken;
 
 /// How often a holder beats while someone waits for it.
 pub(super) const BEAT: Duration = Duration::from_millis(90);
