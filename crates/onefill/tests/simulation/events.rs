@@ -5,10 +5,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use onefill::backend::FillKeys;
+use onefill::backend::{FillKeys, Gone};
 use onefill::{BackendErrorKind, MemoryBackend, Outcome, Stats};
 use tokio::time::Instant;
 
+use crate::liveness::Liveness;
 use crate::scenario::{ms, ForeignOp};
 use crate::spans::LoadSpans;
 use crate::tracking::Tracking;
@@ -24,6 +25,10 @@ pub(crate) enum BOp {
     Set,
     Invalidate,
     Subscribe,
+    /// `watch_holder` (logged with the holder's token).
+    Watch,
+    /// `take_over`.
+    TakeOver,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,12 +54,22 @@ pub(crate) enum NotifyFault {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Reply {
     Won,
-    Held,
+    /// Another token holds the lease, for this long still (as the holder's
+    /// lease TTL the answer reported).
+    Held(Duration),
     Fresh,
     True,
     False,
     Done,
     Err,
+    /// `watch_holder`: the holder is alive (a watch follows).
+    Alive,
+    /// `watch_holder`: the holder is gone already.
+    Judged(Gone),
+    /// `watch_holder`: the lease no longer holds the holder's token.
+    Moved,
+    /// `watch_holder`: the holder cannot be watched.
+    Unsupported,
 }
 
 /// Where a value (or a loader failure) comes from: load `n`, set `n`, or
@@ -80,6 +95,17 @@ pub(crate) enum Change {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Exec {
     Acquire {
+        token: String,
+        ttl: Duration,
+        window: Duration,
+        fresh_before: bool,
+        reply: Reply,
+    },
+    /// An acquire in which a lease still holding `gone` (a holder judged
+    /// gone) counts as free: `replaced` if it held it and was deleted.
+    TakeOver {
+        gone: String,
+        replaced: bool,
         token: String,
         ttl: Duration,
         window: Duration,
@@ -252,6 +278,16 @@ pub(crate) enum Ev {
     TrackingBack {
         inst: usize,
     },
+    /// A watch of the holder of token `holder` (on `key`), made by
+    /// instance `inst`, ended: the holder judged gone (`Some`) or the
+    /// signal lost (`None`). A `watch_holder` that answers the holder gone
+    /// at once is a `Delivered` reply (`Reply::Judged`).
+    Verdict {
+        inst: usize,
+        key: usize,
+        holder: String,
+        gone: Option<Gone>,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -304,6 +340,11 @@ pub(crate) struct World {
     /// The run is settling: no calls any more, the tracking connections
     /// stop confirming.
     pub(crate) settling: AtomicBool,
+    /// Whether the store watches lease holders, and how it tells.
+    pub(crate) liveness: Liveness,
+    /// An instance to die this long into the next load it starts (see
+    /// `Scenario::dies_in_load`).
+    pub(crate) doomed: Mutex<Option<(usize, Duration)>>,
 }
 
 impl World {
@@ -316,6 +357,12 @@ impl World {
     }
     pub(crate) fn is_dead(&self, inst: usize) -> bool {
         self.dead[inst].load(Ordering::SeqCst)
+    }
+    /// Instance `inst` dies now.
+    pub(crate) fn die(&self, inst: usize) {
+        self.dead[inst].store(true, Ordering::SeqCst);
+        self.record(Ev::Death { inst });
+        self.liveness.died(inst);
     }
     pub(crate) fn key_of(&self, keys: &FillKeys) -> usize {
         self.key_names

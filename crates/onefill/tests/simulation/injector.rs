@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use onefill::backend::{Acquired, Backend, FillKeys, FillSubscription, Stored};
+use onefill::backend::{Acquired, Backend, FillKeys, FillSubscription, Stored, Watch};
 use onefill::testing::{self, FaultyBackend, Op};
 use onefill::{BackendError, BackendErrorKind, LeaseToken, MemoryBackend};
 use rand::rngs::StdRng;
@@ -34,6 +34,8 @@ pub(crate) struct Injector {
     pub(crate) world: Arc<World>,
     pub(crate) rng: Arc<Mutex<StdRng>>,
     pub(crate) notify_rate: f64,
+    fault_rate: f64,
+    max_delay: Duration,
     faulty: FaultyBackend<Store>,
 }
 
@@ -115,21 +117,16 @@ impl Injector {
         });
         let (drawn, log) = (rng.clone(), world.clone());
         faulty.faults().decide_with(move |op, _keys| {
-            let fault = decide(&log, inst, &drawn, fault_rate, max_delay);
-            if fault != Fault::Pass {
-                let op = bop(op);
-                log.record(Ev::Fault { inst, op, fault });
-            }
-            if let Fault::LateReply(late) = fault {
-                *log.late_reply[inst].lock().unwrap() = Some(late);
-            }
-            played(fault)
+            // `take_over` meets the faults of `acquire` (logged as one).
+            played(draw(&log, inst, &drawn, (fault_rate, max_delay), bop(op)))
         });
         Injector {
             inst,
             world,
             rng,
             notify_rate,
+            fault_rate,
+            max_delay,
             faulty,
         }
     }
@@ -205,6 +202,51 @@ impl Injector {
     }
 }
 
+/// The fault of one call of kind `op`, drawn and logged (a late reply is
+/// left for `Injector::call` to play).
+fn draw(
+    world: &World,
+    inst: usize,
+    rng: &Mutex<StdRng>,
+    (fault_rate, max_delay): (f64, Duration),
+    op: BOp,
+) -> Fault {
+    let fault = decide(world, inst, rng, fault_rate, max_delay);
+    if fault != Fault::Pass {
+        world.record(Ev::Fault { inst, op, fault });
+    }
+    if let Fault::LateReply(late) = fault {
+        *world.late_reply[inst].lock().unwrap() = Some(late);
+    }
+    fault
+}
+
+/// Plays a drawn fault on a call the wrapper passes without faults
+/// (`watch_holder`), as the wrapper plays it on the others.
+async fn play<T>(
+    fault: Fault,
+    call: impl Future<Output = Result<T, BackendError>>,
+) -> Result<T, BackendError> {
+    let lost = || BackendError::new(BackendErrorKind::Timeout, "reply lost (injected)");
+    match fault {
+        Fault::Pass | Fault::LateReply(_) => call.await,
+        Fault::Delay(wait) => {
+            tokio::time::sleep(wait).await;
+            call.await
+        }
+        Fault::Hang => std::future::pending().await,
+        Fault::Fail(kind) => Err(BackendError::new(kind, format!("{kind} (injected)"))),
+        Fault::RunThenFail => {
+            let _ = call.await;
+            Err(lost())
+        }
+        Fault::RunThenHang => {
+            let _ = call.await;
+            std::future::pending().await
+        }
+    }
+}
+
 /// The fault of one call, drawn from the instance's stream (none once the
 /// run's healthy tail began; a hang if the scenario asked for one next).
 fn decide(
@@ -245,6 +287,15 @@ fn decide(
 pub(crate) async fn frozen_if_dead(world: &World, inst: usize) {
     if world.is_dead(inst) {
         std::future::pending::<()>().await;
+    }
+}
+
+fn watch_reply(watch: &Watch) -> Reply {
+    match watch {
+        Watch::Alive(_) => Reply::Alive,
+        Watch::Gone(gone) => Reply::Judged(*gone),
+        Watch::Moved => Reply::Moved,
+        _ => Reply::Unsupported,
     }
 }
 
@@ -294,6 +345,43 @@ impl Backend for Injector {
         let key = self.world.key_of(keys);
         let acquired = self.faulty.acquire(keys, token, lease_ttl, refresh_window);
         self.call(BOp::Acquire, key, Some(token), acquired, acquired_reply)
+            .await
+    }
+
+    fn new_token(&self) -> LeaseToken {
+        self.faulty.new_token()
+    }
+
+    /// Through the faults drawn as for any call (the wrapper passes it
+    /// without faults).
+    async fn watch_holder(
+        &self,
+        keys: &FillKeys,
+        holder: &LeaseToken,
+    ) -> Result<Watch, BackendError> {
+        let key = self.world.key_of(keys);
+        let watched = async {
+            let drawn = (self.fault_rate, self.max_delay);
+            let fault = draw(&self.world, self.inst, &self.rng, drawn, BOp::Watch);
+            play(fault, self.faulty.watch_holder(keys, holder)).await
+        };
+        self.call(BOp::Watch, key, Some(holder), watched, watch_reply)
+            .await
+    }
+
+    async fn take_over(
+        &self,
+        keys: &FillKeys,
+        gone: &LeaseToken,
+        token: &LeaseToken,
+        lease_ttl: Duration,
+        refresh_window: Duration,
+    ) -> Result<Acquired, BackendError> {
+        let key = self.world.key_of(keys);
+        let taken = self
+            .faulty
+            .take_over(keys, gone, token, lease_ttl, refresh_window);
+        self.call(BOp::TakeOver, key, Some(token), taken, acquired_reply)
             .await
     }
 

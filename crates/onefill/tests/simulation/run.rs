@@ -16,6 +16,7 @@ use tokio::time::Instant;
 
 use crate::events::{Answer, CallKind, Change, Ev, Exec, LoadEnd, World};
 use crate::injector::Injector;
+use crate::liveness::Liveness;
 use crate::scenario::{ForeignOp, LoadResult, LoadSpec, Op, OpKind, Scenario, NS};
 use crate::tracking::Tracking;
 use crate::variants::Variant;
@@ -90,6 +91,7 @@ fn loader(
                 key,
                 flight,
             });
+            doom(&world, inst);
             let mut guard = LoadGuard {
                 world: world.clone(),
                 load,
@@ -116,6 +118,23 @@ fn loader(
             }
         })
     }
+}
+
+/// A load of a doomed instance started: it dies a while into it (unless
+/// the run's healthy tail began meanwhile).
+fn doom(world: &Arc<World>, inst: usize) {
+    let mut doomed = world.doomed.lock().unwrap();
+    let Some((_, into)) = doomed.filter(|(i, _)| *i == inst) else {
+        return;
+    };
+    *doomed = None;
+    let world = world.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(into).await;
+        if !world.healthy.load(Ordering::SeqCst) {
+            world.die(inst);
+        }
+    });
 }
 
 fn key_name(key: usize) -> String {
@@ -321,6 +340,8 @@ pub(crate) async fn simulate(seed: u64, s: &Scenario, variant: Variant) -> Arc<W
         unreachable: (0..s.instances).map(|_| AtomicBool::new(false)).collect(),
         tracking: Tracking::new(&s.process_of, seed),
         settling: AtomicBool::new(false),
+        liveness: Liveness::new(s.liveness, s.instances, seed),
+        doomed: Mutex::new(None),
     });
     let _spans = world.load_spans.install();
     let caches: Vec<Cache<String, String>> = (0..s.instances)
@@ -361,8 +382,10 @@ pub(crate) async fn simulate(seed: u64, s: &Scenario, variant: Variant) -> Arc<W
     for op in &s.ops {
         tokio::time::sleep_until(t0 + op.at).await;
         if let Some((inst, _)) = death.filter(|(_, at)| *at <= op.at) {
-            world.dead[inst].store(true, Ordering::SeqCst);
-            world.record(Ev::Death { inst });
+            match s.dies_in_load {
+                Some(into) => *world.doomed.lock().unwrap() = Some((inst, into)),
+                None => world.die(inst),
+            }
             death = None;
         }
         if let OpKind::SetOther = op.kind {

@@ -9,6 +9,7 @@ use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 
 use crate::injector::Injector;
+use crate::liveness::WatchRates;
 use crate::variants::Variant;
 
 pub(crate) const NS: &str = "sim";
@@ -65,6 +66,14 @@ pub(crate) struct Scenario {
     /// notification is.
     pub(crate) fault_rates: Vec<(f64, f64)>,
     pub(crate) death: Option<(usize, Duration)>,
+    /// In one seed with a death in two, the instance dies this long into
+    /// the first load it starts from the drawn time on (none: it dies at
+    /// that time): a holder dying with its lease, the case that holder
+    /// liveness is for.
+    pub(crate) dies_in_load: Option<Duration>,
+    /// The store watches lease holders (one seed in two), its watches
+    /// going wrong at these rates.
+    pub(crate) liveness: Option<WatchRates>,
     pub(crate) ops: Vec<Op>,
 }
 
@@ -211,6 +220,8 @@ impl Scenario {
             tracking_losses: Vec::new(),
             fault_rates,
             death: None,
+            dies_in_load: None,
+            liveness: None,
             ops: Vec::new(),
         };
         let n_ops = rng.random_range(10..=40);
@@ -276,7 +287,26 @@ impl Scenario {
         // the L1 existed.
         s.l1 = rng.random_bool(1.0 / 3.0);
         s.generate_foreign(seed, at, n_ops);
+        s.generate_liveness(seed);
         s
+    }
+
+    /// Whether the store watches lease holders, how often a watch loses
+    /// its signal or judges a live holder frozen, and whether a death comes
+    /// in a load: from a stream of its own, so the rest of a seed's
+    /// scenario is what it was before.
+    fn generate_liveness(&mut self, seed: u64) {
+        let mut rng = StdRng::seed_from_u64(seed ^ 0x1F1E_D00D_5EED_B0B0);
+        let rng = &mut rng;
+        if self.death.is_some() && rng.random_bool(0.5) {
+            self.dies_in_load = Some(range_ms(rng, 0, 100));
+        }
+        if rng.random_bool(0.5) {
+            self.liveness = Some(WatchRates {
+                lost: pick(rng, &[0.0, 0.02, 0.1]),
+                frozen: pick(rng, &[0.0, 0.02, 0.1]),
+            });
+        }
     }
 
     /// What came with the L1s fed by change reports and the foreign writer,

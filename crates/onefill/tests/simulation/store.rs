@@ -9,11 +9,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use onefill::backend::{Acquired, Backend, FillKeys, FillSubscription, Stored};
+use onefill::backend::{Acquired, Backend, FillKeys, FillSubscription, Gone, Stored, Watch};
 use onefill::{BackendError, LeaseToken, MemoryBackend};
 
 use crate::events::{grace_of, origin_of_envelope, Change, Ev, Exec, Reply, World};
 use crate::injector::frozen_if_dead;
+use crate::liveness::{self, holder_name, holder_of};
 use crate::variants::Variant;
 
 /// The shared store as one instance's commands reach it, past the faults:
@@ -147,6 +148,100 @@ impl Store {
             }
         })
     }
+
+    /// Whether `keys`' lease holds `token` now.
+    fn lease_holds(&self, keys: &FillKeys, token: &LeaseToken) -> bool {
+        self.inner
+            .get_raw(keys.lock())
+            .is_some_and(|(held, _)| held == token.as_bytes())
+    }
+
+    /// An `acquire`, or with `gone` a `take_over` (a lease still holding
+    /// `gone` counts as free), logged with whether the value was fresh
+    /// before it and what it answered. The `NoRecheck` variant breaks the
+    /// `acquire`, the `TakeOverAny` variant the `take_over` (any lease
+    /// counts as free).
+    async fn lease_step(
+        &self,
+        keys: &FillKeys,
+        gone: Option<&LeaseToken>,
+        token: &LeaseToken,
+        lease_ttl: Duration,
+        refresh_window: Duration,
+    ) -> Result<Acquired, BackendError> {
+        let key = self.world.key_of(keys);
+        // An unbounded window asks for the lease regardless of an
+        // unreadable value (another type or version), in a flight's first
+        // `acquire` (its `get` found one; a fill may land in between) or
+        // after an `acquire` that found one. A flight that asks so again
+        // after losing the lease to a holder would win it from under that
+        // holder's fresh fill: a duplicate of a fresh value.
+        let task = tokio::task::try_id();
+        let again = task.is_some_and(|task| {
+            self.world.saw_unreadable.lock().unwrap().get(&task) == Some(&false)
+        });
+        let fresh_before = if refresh_window == Duration::MAX {
+            again && self.fresh_and_readable(keys)
+        } else {
+            self.fresh_beyond(keys, refresh_window)
+        };
+        let replaced = gone.is_some_and(|gone| self.lease_holds(keys, gone));
+        let acquired = async {
+            let acquired = match gone {
+                None if self.world.variant == Variant::NoRecheck && fresh_before => {
+                    self.acquire_without_recheck(keys, token, lease_ttl).await
+                }
+                None => {
+                    self.inner
+                        .acquire(keys, token, lease_ttl, refresh_window)
+                        .await
+                }
+                Some(gone) => {
+                    if self.world.variant == Variant::TakeOverAny {
+                        self.inner.delete_raw(keys.lock());
+                    }
+                    self.inner
+                        .take_over(keys, gone, token, lease_ttl, refresh_window)
+                        .await
+                }
+            };
+            if let Ok(a) = &acquired {
+                self.acquire_read(key, a);
+            }
+            if let (Some(task), Ok(a)) = (task, &acquired) {
+                let unreadable = matches!(a, Acquired::Fresh(stored) if origin_of_envelope(&stored.bytes).is_none());
+                self.world
+                    .saw_unreadable
+                    .lock()
+                    .unwrap()
+                    .insert(task, unreadable);
+            }
+            acquired
+        };
+        self.logged(key, acquired, |a| {
+            let (token, ttl, window) = (token.as_str().to_owned(), lease_ttl, refresh_window);
+            let reply = acquired_reply(a);
+            match gone {
+                None => Exec::Acquire {
+                    token,
+                    ttl,
+                    window,
+                    fresh_before,
+                    reply,
+                },
+                Some(gone) => Exec::TakeOver {
+                    gone: gone.as_str().to_owned(),
+                    replaced,
+                    token,
+                    ttl,
+                    window,
+                    fresh_before,
+                    reply,
+                },
+            }
+        })
+        .await
+    }
 }
 
 #[async_trait]
@@ -181,58 +276,51 @@ impl Backend for Store {
         lease_ttl: Duration,
         refresh_window: Duration,
     ) -> Result<Acquired, BackendError> {
-        let key = self.world.key_of(keys);
-        let run = async {
-            // An unbounded window asks for the lease regardless of an
-            // unreadable value (another type or version), in a flight's
-            // first `acquire` (its `get` found one; a fill may land in
-            // between) or after an `acquire` that found one. A flight that
-            // asks so again after losing the lease to a holder would win
-            // it from under that holder's fresh fill:
-            // a duplicate of a fresh value.
-            let task = tokio::task::try_id();
-            let again = task.is_some_and(|task| {
-                self.world.saw_unreadable.lock().unwrap().get(&task) == Some(&false)
-            });
-            let fresh_before = if refresh_window == Duration::MAX {
-                again && self.fresh_and_readable(keys)
-            } else {
-                self.fresh_beyond(keys, refresh_window)
-            };
-            let acquired = async {
-                if self.world.variant == Variant::NoRecheck && fresh_before {
-                    self.acquire_without_recheck(keys, token, lease_ttl).await
-                } else {
-                    self.inner
-                        .acquire(keys, token, lease_ttl, refresh_window)
-                        .await
-                }
-            };
-            let acquired = async {
-                let acquired = acquired.await;
-                if let Ok(a) = &acquired {
-                    self.acquire_read(key, a);
-                }
-                if let (Some(task), Ok(a)) = (task, &acquired) {
-                    let unreadable = matches!(a, Acquired::Fresh(stored) if origin_of_envelope(&stored.bytes).is_none());
-                    self.world
-                        .saw_unreadable
-                        .lock()
-                        .unwrap()
-                        .insert(task, unreadable);
-                }
-                acquired
-            };
-            self.logged(key, acquired, |a| Exec::Acquire {
-                token: token.as_str().to_owned(),
-                ttl: lease_ttl,
-                window: refresh_window,
-                fresh_before,
-                reply: acquired_reply(a),
-            })
+        self.lease_step(keys, None, token, lease_ttl, refresh_window)
             .await
+    }
+
+    /// A token of this instance (naming it, if the store watches holders).
+    fn new_token(&self) -> LeaseToken {
+        if self.world.liveness.on() {
+            LeaseToken::for_holder(&holder_name(self.inst))
+        } else {
+            LeaseToken::random()
+        }
+    }
+
+    /// The lease re-checked, then the holder's instance: dead already, or
+    /// alive and watched (`liveness.rs`).
+    async fn watch_holder(
+        &self,
+        keys: &FillKeys,
+        holder: &LeaseToken,
+    ) -> Result<Watch, BackendError> {
+        frozen_if_dead(&self.world, self.inst).await;
+        if !self.lease_holds(keys, holder) {
+            return Ok(Watch::Moved);
+        }
+        let Some(of) = holder_of(holder).filter(|_| self.world.liveness.on()) else {
+            return Ok(Watch::Unsupported);
         };
-        run.await
+        if self.world.is_dead(of) {
+            return Ok(Watch::Gone(Gone::Dead));
+        }
+        let key = self.world.key_of(keys);
+        let watch = liveness::watch_holder(&self.world, self.inst, key, holder, of);
+        Ok(Watch::Alive(watch))
+    }
+
+    async fn take_over(
+        &self,
+        keys: &FillKeys,
+        gone: &LeaseToken,
+        token: &LeaseToken,
+        lease_ttl: Duration,
+        refresh_window: Duration,
+    ) -> Result<Acquired, BackendError> {
+        self.lease_step(keys, Some(gone), token, lease_ttl, refresh_window)
+            .await
     }
 
     async fn fill(
@@ -326,7 +414,7 @@ impl Backend for Store {
 pub(crate) fn acquired_reply(a: &Acquired) -> Reply {
     match a {
         Acquired::Won { .. } => Reply::Won,
-        Acquired::Held { .. } => Reply::Held,
+        Acquired::Held { lease_ttl, .. } => Reply::Held(*lease_ttl),
         Acquired::Fresh(_) => Reply::Fresh,
     }
 }

@@ -1,6 +1,9 @@
 //! Broken variants of the protocol, to prove the checker can fail (see
-//! "Proving it can fail" in the crate docs).
+//! "Proving it can fail" in the crate docs), and the tests that each is
+//! caught.
 
+use crate::checker::{Invariant, Violation};
+use crate::run_seeds;
 use crate::scenario::Scenario;
 
 /// The protocol as the library implements it, or broken on purpose.
@@ -23,17 +26,23 @@ pub(crate) enum Variant {
     /// backend object that made it; another cache of the process hears of
     /// it by the tracking push.
     PerBackendListeners,
+    /// `take_over` deletes whatever lease it finds, not only the gone
+    /// holder's.
+    TakeOverAny,
 }
 
 impl Variant {
     /// Whether the variant can behave unlike the protocol in `scenario`:
     /// the L1 variants only where the instances have an L1 (without one,
     /// reads report the written TTL and no listener waits for a write, in
-    /// the protocol too). Proving a variant is caught skips the seeds it
+    /// the protocol too), the takeover variant where the store watches
+    /// holders. Proving a variant is caught skips the seeds it
     /// cannot change.
     pub(crate) fn can_differ(self, scenario: &Scenario) -> bool {
         match self {
             Variant::StampedTtl | Variant::PerBackendListeners => scenario.l1,
+            // Takeovers happen only where the store watches holders.
+            Variant::TakeOverAny => scenario.liveness.is_some(),
             _ => true,
         }
     }
@@ -46,6 +55,7 @@ impl Variant {
             Ok("waiter-no-deadline") => Variant::WaiterNoDeadline,
             Ok("stamped-ttl") => Variant::StampedTtl,
             Ok("per-backend-listeners") => Variant::PerBackendListeners,
+            Ok("take-over-any") => Variant::TakeOverAny,
             _ => Variant::Correct,
         }
     }
@@ -59,6 +69,7 @@ impl Variant {
             Variant::WaiterNoDeadline => Some("waiter-no-deadline"),
             Variant::StampedTtl => Some("stamped-ttl"),
             Variant::PerBackendListeners => Some("per-backend-listeners"),
+            Variant::TakeOverAny => Some("take-over-any"),
         }
     }
     pub(crate) fn replay_command(self, seed: u64) -> String {
@@ -70,4 +81,110 @@ impl Variant {
             "{variant}ONEFILL_SIM_SEED={seed} cargo test -p onefill --test simulation replay -- --nocapture"
         )
     }
+}
+
+/// A broken variant must be caught within a few hundred seeds, by the
+/// invariant it breaks: a checker that flagged it only through a side
+/// effect elsewhere (the stats, say) would pass while blind to the break
+/// itself.
+fn caught(variant: Variant, by: Invariant) {
+    caught_where(variant, by, "", 400);
+}
+
+/// As [`caught`], by a violation of `by` whose text has `what`, within
+/// `limit` seeds.
+fn caught_where(variant: Variant, by: Invariant, what: &str, limit: u64) {
+    let picks = |v: &Violation| v.invariant == by && v.what.contains(what);
+    let (failures, _) = run_seeds(0, limit, variant, Some(&picks));
+    let hit = failures
+        .iter()
+        .find(|(_, violations)| violations.iter().any(picks));
+    let Some((seed, violations)) = hit else {
+        let seen: Vec<String> = failures
+            .iter()
+            .take(5)
+            .map(|(seed, v)| format!("seed {seed}: {}", v[0]))
+            .collect();
+        panic!(
+            "{variant:?} was not caught by {by:?} ({what:?}) in {limit} seeds; {} seeds failed otherwise: {seen:#?}",
+            failures.len()
+        );
+    };
+    let violation = violations.iter().find(|v| picks(v)).unwrap();
+    println!(
+        "{variant:?} caught at seed {seed} ({} seeds): {violation}",
+        seed + 1
+    );
+}
+
+/// Another token's `DEL` ends a running load's lease, so a second leased
+/// load starts beside it with nothing to explain it.
+#[test]
+fn catches_release_by_bare_del() {
+    caught(Variant::BareDelRelease, Invariant::OneLoader);
+}
+
+/// A fill that ignores the token lands after a write that revoked its
+/// lease.
+#[test]
+fn catches_unfenced_fill() {
+    caught(Variant::UnfencedFill, Invariant::WritesFinal);
+}
+
+/// Without the re-check, a lease is won over a fresh value: a duplicate
+/// load.
+#[test]
+fn catches_acquire_without_recheck() {
+    caught(Variant::NoRecheck, Invariant::OneLoader);
+}
+
+/// A waiter without a deadline outlives its caller's bound.
+#[test]
+fn catches_waiter_without_deadline() {
+    caught(Variant::WaiterNoDeadline, Invariant::BoundedCallers);
+}
+
+/// Reads that report the TTL written in the value let an L1 entry outlive
+/// a TTL another client shortened (the push drops the entry, the next read
+/// puts it back with the written TTL, and no push comes at expiry).
+#[test]
+fn catches_stamped_ttl_in_the_l1() {
+    caught_where(Variant::StampedTtl, Invariant::Copies, "an L1 copy", 10_000);
+}
+
+/// The same reads let the outage fallback's copy outlive the server's.
+#[test]
+fn catches_stamped_ttl_in_the_fallback() {
+    caught_where(
+        Variant::StampedTtl,
+        Invariant::Copies,
+        "a fallback copy",
+        20_000,
+    );
+}
+
+/// A write that tells only the L1s of its own backend object at once: the
+/// other cache of the process answers the replaced value from its L1 until
+/// the push comes.
+#[test]
+fn catches_per_backend_listeners() {
+    caught_where(
+        Variant::PerBackendListeners,
+        Invariant::WritesFinal,
+        "from the L1",
+        10_000,
+    );
+}
+
+/// A take-over that deletes whatever lease it finds (not only the one
+/// still holding the gone holder's token) ends a live holder's lease
+/// nobody judged: a second leased load starts beside its load.
+#[test]
+fn catches_take_over_of_any_lease() {
+    caught_where(
+        Variant::TakeOverAny,
+        Invariant::OneLoader,
+        "unexplained duplicate load",
+        10_000,
+    );
 }

@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use onefill::OnWaitTimeout;
 
+use onefill::backend::Gone;
+
 use super::{Checker, LeaseEnd, LoadInfo};
 use crate::events::CallKind;
 use crate::scenario::TICK;
@@ -36,8 +38,8 @@ impl Checker<'_> {
     }
 
     /// Two loads of a key at once, in the fleet or in one process, are
-    /// explained alike: the first one's lease expired or was revoked before
-    /// the second started, or one of them is degraded. In one process a
+    /// explained alike: the first one's lease expired, was revoked or was
+    /// taken over before the second started, or one of them is degraded. In one process a
     /// flight that just won a lease runs a load of its own (a load under
     /// way may predate the write that revoked that load's lease), but a
     /// degraded load shares the one under way: it runs its own only if that
@@ -62,24 +64,17 @@ impl Checker<'_> {
             return;
         };
         // The second one's `Won` came late (a reply's latency): its lease
-        // had already expired or been revoked when its load started.
-        match self.leases[t2].end {
-            Some((at, LeaseEnd::Expired)) if at <= l2.start_t => {
-                self.tally.overlaps_expiry += 1;
-                self.counted_lost(l2.inst, t2);
-                return;
-            }
-            Some((at, LeaseEnd::Revoked)) if at <= l2.start_t => {
-                self.tally.overlaps_revoked += 1;
-                self.counted_lost(l2.inst, t2);
-                return;
-            }
-            _ => {}
+        // had already expired, been revoked or been taken over when its
+        // load started.
+        if let Some(tally) = self.lease_lost_by(t2, l2.start_t) {
+            *tally += 1;
+            self.counted_lost(l2.inst, t2);
+            return;
         }
-        match self.leases[t1].end {
-            Some((at, LeaseEnd::Expired)) if at <= l2.start_t => self.tally.overlaps_expiry += 1,
-            Some((at, LeaseEnd::Revoked)) if at <= l2.start_t => self.tally.overlaps_revoked += 1,
-            end => {
+        match self.lease_lost_by(t1, l2.start_t) {
+            Some(tally) => *tally += 1,
+            None => {
+                let end = self.leases[t1].end;
                 let scope = if l1.inst == l2.inst {
                     "two loads at once in one process"
                 } else {
@@ -92,6 +87,60 @@ impl Checker<'_> {
             }
         }
         self.counted_lost(l1.inst, t1);
+    }
+
+    /// If the lease of `token` was lost by `at` (expired, revoked by a
+    /// write, or taken over from its holder judged gone), the tally of
+    /// overlaps that explains.
+    fn lease_lost_by(&mut self, token: &str, at: Duration) -> Option<&mut u64> {
+        match self.leases[token].end {
+            Some((end, how)) if end <= at => match how {
+                LeaseEnd::Expired => Some(&mut self.tally.overlaps_expiry),
+                LeaseEnd::Revoked => Some(&mut self.tally.overlaps_revoked),
+                LeaseEnd::TakenOver => Some(&mut self.tally.overlaps_taken_over),
+                LeaseEnd::Own | LeaseEnd::Foreign => None,
+            },
+            _ => None,
+        }
+    }
+
+    /// A take-over follows a verdict: the holder whose token it names was
+    /// judged gone before it ran, by a watch (or a `watch_holder` answer)
+    /// in the taker's instance. The store's watches judge a holder dead
+    /// only once its instance died (checked too: a wrong one would be the
+    /// model's); a holder judged frozen is alive, a wrong verdict whose
+    /// cost (a second load, a fenced fill) invariants 1, 4 and 6 bound.
+    pub(super) fn check_takeovers(&mut self) {
+        for (seq, _, t, holder, gone) in self.verdicts.clone() {
+            let Some(lease) = self.leases.get(&holder) else {
+                self.fail(format!(
+                    "checker: a holder judged {gone:?} at {t:?} by a token that never held a lease"
+                ));
+                continue;
+            };
+            if gone == Gone::Dead && !self.dead_before(lease.inst, seq) {
+                self.fail(format!(
+                    "checker: instance {} judged dead at {t:?} while alive",
+                    lease.inst
+                ));
+            }
+        }
+        for (seq, inst, key, t, gone, replaced) in self.takeovers.clone() {
+            let judged = self
+                .verdicts
+                .iter()
+                .any(|(at, by, _, holder, _)| *at < seq && *by == inst && *holder == gone);
+            if !judged {
+                self.fail(format!(
+                    "take-over without a verdict: instance {inst} took over k{key}'s lease at {t:?} from {gone}, which no watch of its own had judged gone"
+                ));
+            }
+            if replaced {
+                self.tally.takeovers += 1;
+                let holder = self.leases[&gone].inst;
+                self.tally.takeovers_of_live += u64::from(!self.dead_before(holder, seq));
+            }
+        }
     }
 
     /// Whether `l1` left its process's coalescer before `l2` started:

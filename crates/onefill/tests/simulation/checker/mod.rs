@@ -10,6 +10,8 @@ mod stats;
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
+use onefill::backend::Gone;
+
 use crate::events::{Answer, CallKind, Change, LoadEnd, Origin, Rec, World};
 use crate::scenario::Scenario;
 
@@ -54,6 +56,9 @@ pub(crate) struct Tally {
     pub(crate) loads: u64,
     pub(crate) overlaps_expiry: u64,
     pub(crate) overlaps_revoked: u64,
+    /// Overlaps explained by a takeover of the first load's lease (or of
+    /// the second's, before its load started).
+    pub(crate) overlaps_taken_over: u64,
     pub(crate) overlaps_degraded: u64,
     /// Of the overlaps above, those within one process.
     pub(crate) overlaps_in_process: u64,
@@ -76,6 +81,12 @@ pub(crate) struct Tally {
     /// The foreign writer's ops that changed a key.
     pub(crate) foreign_changes: u64,
     pub(crate) tracking_losses: u64,
+    /// Take-overs that replaced a gone holder's lease.
+    pub(crate) takeovers: u64,
+    /// Of those, the leases of live holders (judged wrongly).
+    pub(crate) takeovers_of_live: u64,
+    /// Watches that lost their signal.
+    pub(crate) signals_lost: u64,
 }
 
 impl Tally {
@@ -84,6 +95,7 @@ impl Tally {
         self.loads += o.loads;
         self.overlaps_expiry += o.overlaps_expiry;
         self.overlaps_revoked += o.overlaps_revoked;
+        self.overlaps_taken_over += o.overlaps_taken_over;
         self.overlaps_degraded += o.overlaps_degraded;
         self.overlaps_in_process += o.overlaps_in_process;
         self.overlaps_counted += o.overlaps_counted;
@@ -97,6 +109,9 @@ impl Tally {
         self.copies += o.copies;
         self.foreign_changes += o.foreign_changes;
         self.tracking_losses += o.tracking_losses;
+        self.takeovers += o.takeovers;
+        self.takeovers_of_live += o.takeovers_of_live;
+        self.signals_lost += o.signals_lost;
     }
 }
 
@@ -153,6 +168,8 @@ enum LeaseEnd {
     Expired,
     /// Deleted by a `set` or `invalidate`.
     Revoked,
+    /// Deleted by a take-over from a holder judged gone.
+    TakenOver,
     /// Deleted by another token's release or fill.
     Foreign,
 }
@@ -218,6 +235,13 @@ struct Checker<'a> {
     foreign_exec: HashMap<u64, usize>,
     /// Per instance: its tracking connection's losses (from, back).
     tracking_lost: Vec<Vec<(Duration, Option<Duration>)>>,
+    /// (seq, instance, time, holder's token, verdict) of every holder
+    /// judged gone, by a watch or a `watch_holder` answer, in the instance
+    /// that watched.
+    verdicts: Vec<(usize, usize, Duration, String, Gone)>,
+    /// (seq, instance, key, time, gone token, whether it held the lease)
+    /// of every take-over run on the store.
+    takeovers: Vec<(usize, usize, usize, Duration, String, bool)>,
 }
 
 impl<'a> Checker<'a> {
@@ -253,6 +277,8 @@ impl<'a> Checker<'a> {
             reads: Vec::new(),
             foreign_exec: HashMap::new(),
             tracking_lost: vec![Vec::new(); s.instances],
+            verdicts: Vec::new(),
+            takeovers: Vec::new(),
         }
     }
 
@@ -300,6 +326,7 @@ pub(crate) fn check(s: &Scenario, world: &World) -> (Vec<Violation>, Tally) {
     c.tally.deaths = u64::from(c.death.is_some());
     c.checking = Invariant::OneLoader;
     c.check_loads();
+    c.check_takeovers();
     c.checking = Invariant::BoundedCallers;
     c.check_bounds();
     c.checking = Invariant::LeasesEnd;

@@ -124,8 +124,12 @@ impl Checker<'_> {
                     took,
                     task,
                 } => {
-                    if *op == BOp::Acquire && *reply == Reply::Held {
+                    let acquire = matches!(op, BOp::Acquire | BOp::TakeOver);
+                    if acquire && matches!(reply, Reply::Held(_)) {
                         self.held_replies.push((*inst, *key, t));
+                    }
+                    if let (BOp::Watch, Reply::Judged(gone), Some(holder)) = (op, reply, token) {
+                        self.verdicts.push((seq, *inst, t, holder.clone(), *gone));
                     }
                     let on_a_flights_path = *op != BOp::Extend;
                     if on_a_flights_path && *reply != Reply::Err && !took.is_zero() {
@@ -138,7 +142,7 @@ impl Checker<'_> {
                         continue;
                     };
                     match (op, reply) {
-                        (BOp::Acquire, Reply::Won) => {
+                        (BOp::Acquire | BOp::TakeOver, Reply::Won) => {
                             lease.delivered = Some(*task);
                             self.won_delivered
                                 .push((*inst, *key, t, *task, token.clone()));
@@ -212,6 +216,12 @@ impl Checker<'_> {
                         last.1 = Some(t);
                     }
                 }
+                Ev::Verdict {
+                    inst, holder, gone, ..
+                } => match gone {
+                    Some(gone) => self.verdicts.push((seq, *inst, t, holder.clone(), *gone)),
+                    None => self.tally.signals_lost += 1,
+                },
                 Ev::Exec { inst, key, exec } => {
                     let slot = &mut lock[*key];
                     expire(slot, t, &mut self.leases);
@@ -246,34 +256,35 @@ impl Checker<'_> {
                 window,
                 fresh_before,
                 reply,
-            } => match reply {
-                Reply::Won => {
-                    if slot.is_some() {
-                        self.fail(format!(
-                            "checker: store granted a lease on k{key} at {t:?} while the model has one"
-                        ));
-                    }
-                    *slot = Some((token.clone(), t + *ttl));
-                    self.leases.insert(
-                        token.clone(),
-                        LeaseInfo {
-                            inst,
-                            key,
-                            won_t: t,
-                            window: *window,
-                            fresh_before: *fresh_before,
-                            delivered: None,
-                            told_lost: false,
-                            used: false,
-                            end: None,
-                        },
-                    );
+            } => {
+                let won = (token, *ttl, *window, *fresh_before);
+                self.acquired(t, inst, key, won, *reply, slot, false);
+            }
+            Exec::TakeOver {
+                gone,
+                replaced,
+                token,
+                ttl,
+                window,
+                fresh_before,
+                reply,
+            } => {
+                // The gone holder's lease is deleted if it still holds
+                // that token, then the acquire runs.
+                let holds = slot.as_ref().is_some_and(|(held, _)| held == gone);
+                if holds != *replaced {
+                    self.fail(format!(
+                        "checker: take-over of k{key} at {t:?}: store replaced {replaced}, model {holds}"
+                    ));
                 }
-                Reply::Held if slot.is_none() => self.fail(format!(
-                    "checker: store answered Held on k{key} at {t:?} with no lease in the model"
-                )),
-                _ => {}
-            },
+                if holds {
+                    end_current(slot, &mut self.leases, LeaseEnd::TakenOver);
+                }
+                self.takeovers
+                    .push((seq, inst, key, t, gone.clone(), holds));
+                let won = (token, *ttl, *window, *fresh_before);
+                self.acquired(t, inst, key, won, *reply, slot, true);
+            }
             Exec::Extend { token, ttl, ok } => {
                 let holds = slot.as_ref().is_some_and(|(held, _)| held == token);
                 if *ok != holds {
@@ -336,9 +347,66 @@ impl Checker<'_> {
             token,
             reply: Reply::Won,
             ..
+        }
+        | Exec::TakeOver {
+            token,
+            reply: Reply::Won,
+            ..
         } = exec
         {
             self.lost_replies.push((seq, inst, t, token.clone()));
+        }
+    }
+
+    /// An acquire ran (or a take-over, after its deletion of the gone
+    /// holder's lease): a lease `won` with (token, TTL, refresh window,
+    /// whether the value was fresh before) if the store answered `Won`.
+    /// A take-over that won over another token's lease deleted that
+    /// lease: only a broken variant does.
+    #[allow(clippy::too_many_arguments)]
+    fn acquired(
+        &mut self,
+        t: Duration,
+        inst: usize,
+        key: usize,
+        (token, ttl, window, fresh_before): (&String, Duration, Duration, bool),
+        reply: Reply,
+        slot: &mut Option<(String, Duration)>,
+        taking_over: bool,
+    ) {
+        match reply {
+            Reply::Won => {
+                if let Some((held, _)) = slot.take() {
+                    if taking_over {
+                        if let Some(lease) = self.leases.get_mut(&held) {
+                            lease.end = Some((t, LeaseEnd::Foreign));
+                        }
+                    } else {
+                        self.fail(format!(
+                            "checker: store granted a lease on k{key} at {t:?} while the model has one"
+                        ));
+                    }
+                }
+                *slot = Some((token.clone(), t + ttl));
+                self.leases.insert(
+                    token.clone(),
+                    LeaseInfo {
+                        inst,
+                        key,
+                        won_t: t,
+                        window,
+                        fresh_before,
+                        delivered: None,
+                        told_lost: false,
+                        used: false,
+                        end: None,
+                    },
+                );
+            }
+            Reply::Held(_) if slot.is_none() => self.fail(format!(
+                "checker: store answered Held on k{key} at {t:?} with no lease in the model"
+            )),
+            _ => {}
         }
     }
 }

@@ -1,5 +1,9 @@
 //! Invariant 6: the stats add up.
 
+use std::collections::HashMap;
+use std::time::Duration;
+
+use onefill::backend::Gone;
 use onefill::{Outcome, Stats};
 
 use super::{Checker, Invariant, Violation};
@@ -39,7 +43,7 @@ impl Checker<'_> {
                         task,
                         ..
                     } if *i == inst => match (op, reply) {
-                        (BOp::Acquire, Reply::Won) => won += 1,
+                        (BOp::Acquire | BOp::TakeOver, Reply::Won) => won += 1,
                         (BOp::Extend, Reply::True) => extended += 1,
                         // A release in the background (see `told_lost`)
                         // is not a counted call: its error is not counted.
@@ -85,6 +89,7 @@ impl Checker<'_> {
                     _ => unknown += 1,
                 }
             }
+            let (dead, frozen, takeovers) = self.liveness_counts(inst);
             let mut expect = |what: &str, holds: bool, detail: String| {
                 if !holds {
                     self.violations.push(Violation {
@@ -115,6 +120,21 @@ impl Checker<'_> {
                     "leases answered not ours",
                 ),
             ];
+            let exact = exact.into_iter().chain([
+                ("holders_dead", st.holders_dead, dead, "holders judged dead"),
+                (
+                    "holders_frozen",
+                    st.holders_frozen,
+                    frozen,
+                    "holders judged frozen",
+                ),
+                (
+                    "lease_takeovers",
+                    st.lease_takeovers,
+                    takeovers,
+                    "leases won by a take-over or after the holder's lease ran out unannounced",
+                ),
+            ]);
             for (what, counted, seen, of) in exact {
                 expect(what, counted == seen, format!("{counted} != {seen} {of}"));
             }
@@ -163,5 +183,56 @@ impl Checker<'_> {
                 format!("{} waits < {} timeouts", st.waits, st.wait_timeouts),
             );
         }
+    }
+    /// Instance `inst`'s holders judged dead and frozen (a `watch_holder`
+    /// that answered so, a watch that said so), and its takeovers: the
+    /// leases a flight won by a take-over, or by an acquire made once the
+    /// holder's lease had run out (as the flight's last `Held` said) with
+    /// no notification since (a notified flight reads the key first: a
+    /// `get` in its task).
+    fn liveness_counts(&self, inst: usize) -> (u64, u64, u64) {
+        let (mut dead, mut frozen, mut takeovers) = (0, 0, 0);
+        let mut judged = |gone: &Gone| match gone {
+            Gone::Dead => dead += 1,
+            _ => frozen += 1,
+        };
+        // Per flight (its task): when the holder's lease runs out, and
+        // whether a notification came since.
+        let mut waits: HashMap<Option<tokio::task::Id>, (Duration, bool)> = HashMap::new();
+        for rec in self.recs {
+            match &rec.ev {
+                Ev::Delivered {
+                    inst: i,
+                    op,
+                    reply,
+                    task,
+                    ..
+                } if *i == inst => match (op, reply) {
+                    (BOp::Acquire | BOp::TakeOver, Reply::Held(ttl)) => {
+                        waits.insert(*task, (rec.t + *ttl, false));
+                    }
+                    (BOp::Get, _) => {
+                        if let Some(wait) = waits.get_mut(task) {
+                            wait.1 = true;
+                        }
+                    }
+                    (BOp::Acquire | BOp::TakeOver, Reply::Won) => {
+                        let ran_out = waits
+                            .remove(task)
+                            .is_some_and(|(at, told)| !told && rec.t >= at);
+                        takeovers += u64::from(*op == BOp::TakeOver || ran_out);
+                    }
+                    (BOp::Watch, Reply::Judged(gone)) => judged(gone),
+                    _ => {}
+                },
+                Ev::Verdict {
+                    inst: i,
+                    gone: Some(gone),
+                    ..
+                } if *i == inst => judged(gone),
+                _ => {}
+            }
+        }
+        (dead, frozen, takeovers)
     }
 }
