@@ -311,3 +311,71 @@ fn a_holder_that_finds_its_lease_gone_says_so_to_its_waiters() {
         drop(holder_rt);
     }
 }
+
+/// The total of connections the server accepted so far.
+fn connections_received(server: &RedisServer) -> u64 {
+    let info = server.command(&["INFO", "stats"]);
+    info.lines()
+        .find_map(|line| line.strip_prefix("total_connections_received:"))
+        .and_then(|n| n.trim().parse().ok())
+        .expect("INFO stats counts connections")
+}
+
+/// An ACL that grants a deployment its namespaces' channels but not the
+/// holders' presence channels (a least-privilege setup made before
+/// liveness existed): the server refuses a `SUBSCRIBE` naming one of
+/// them as a whole, which must cost the liveness only, not the fill
+/// notifications (nor bring the subscriber connection down to reconnect
+/// again and again).
+#[test]
+fn an_acl_without_the_presence_channels_keeps_the_fill_notifications() {
+    let _limit = time_limit(LIMIT);
+    let server = RedisServer::start();
+    let ns = unique_ns("acl");
+    server.query(&[
+        "ACL", "SETUSER", "app", "on", ">pw", "~live-*", "&live-*", "+@all",
+    ]);
+    let url = format!("redis://app:pw@127.0.0.1:{}", server.port());
+    let (holder_rt, waiter_rt) = (process(1), process(2));
+    let connect = |rt: &Runtime| -> Cache<String, String> {
+        rt.block_on(async {
+            let backend = RedisBackend::connect(&url).await.unwrap();
+            Cache::builder()
+                .namespace(&ns)
+                .backend(backend)
+                .build()
+                .unwrap()
+        })
+    };
+    let (holder, waiter) = (connect(&holder_rt), connect(&waiter_rt));
+    let before = connections_received(&server);
+    let loads = Loads::default();
+    let l = loads.clone();
+    let h = holder.clone();
+    holder_rt.spawn(async move {
+        h.get_or_load(&"k".to_owned(), move |_| async move {
+            l.started("holder");
+            tokio::time::sleep(Duration::from_millis(1_500)).await;
+            Ok::<_, std::io::Error>("holder".to_owned())
+        })
+        .await
+    });
+    loads.wait_for("holder");
+    let answer = waiter_call(&waiter_rt, &waiter, &loads);
+    until_waiting(&waiter);
+    let keys = FillKeys::new(&ns, "k");
+    let subscribed = server.query(&["PUBSUB", "NUMSUB", keys.channel()]);
+    assert_eq!(waiter_rt.block_on(answer).unwrap(), "holder");
+    assert!(
+        matches!(&subscribed, Reply::Array(Some(r)) if r.get(1).and_then(Reply::as_int) == Some(1)),
+        "the fill channel is not subscribed: {subscribed:?}"
+    );
+    let stats = waiter.stats();
+    // Woken by the fill alone; the holder (anonymous: its presence is not
+    // confirmed) is waited for as before liveness, within its lease.
+    assert_eq!((stats.wait_notified, stats.wait_polls), (1, 0), "{stats:?}");
+    assert_eq!(loads.all().len(), 1);
+    // No connection was lost meanwhile: the other clients' at most.
+    let after = connections_received(&server);
+    assert!(after - before < 5, "{} connections", after - before);
+}
