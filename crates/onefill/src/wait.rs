@@ -6,8 +6,8 @@
 //! one wait ([`Wait`]): subscribe to the key's fill channel first, then
 //! re-check (the flight's `acquire`) at every notification; while the
 //! backend watches the holder, take its lease over when the watch says it
-//! is gone and re-check at nothing else; otherwise at the moment the
-//! holder's lease would expire and at a poll tick; until the deadline,
+//! is gone; at the moment the holder's lease would expire; and, unless
+//! the holder is watched, at a poll tick; until the deadline,
 //! then the configured outcome ([`WaitPolicy::at_deadline`]). A subscribed
 //! waiter's poll tick is the slow safety net ([`WaitPolicy::safety_poll`]);
 //! only a waiter without a subscription polls at the fast backoff.
@@ -49,13 +49,17 @@ pub enum OnWaitTimeout {
 ///   holder's word that it lost its lease): the normal wake-up, about a
 ///   round trip after the fill;
 /// - where the backend watches the holder (a standalone Redis), when the
-///   watch says it is gone: it takes the lease over at once, and makes no
-///   other re-check while the holder is alive;
-/// - otherwise at the moment the holder's lease would expire, as the last
-///   re-check saw it: a live holder's watchdog has extended it by then (the
-///   re-check learns the new expiry and the next one waits for it), a dead
-///   holder's lease is gone, so the waiter takes over within the lease TTL;
-/// - and, while subscribed, every [`safety_poll`] (default 3 s ±25 %)
+///   watch says it is gone: it takes the lease over at once;
+/// - at the moment the holder's lease would expire, as the last re-check
+///   saw it: a live holder's watchdog has extended it by then (the re-check
+///   learns the new expiry and the next one waits for it), a dead holder's
+///   lease is gone, so the waiter takes over within the lease TTL. A
+///   watched holder's lease is long (at least 10 s), so this costs little,
+///   and it is still needed: the watch watches the process, not its
+///   flight, and a live process can leave a lease behind (its release
+///   failed);
+/// - and, while subscribed and not watching the holder, every
+///   [`safety_poll`] (default 3 s ±25 %)
 ///   after its last re-check: a safety net for a notification lost on the
 ///   way, not the way a waiter learns of a fill;
 /// - without a subscription (subscribing failed), it polls instead from
@@ -198,8 +202,8 @@ pub(crate) struct Wait {
     /// The safety-net interval of a subscribed waiter.
     safety_poll: Duration,
     /// The holder being watched (the token found in its lease) and its
-    /// watch, while the backend can tell whether it is alive: no re-check
-    /// at its lease's expiry then.
+    /// watch, while the backend can tell whether it is alive: no safety
+    /// poll then.
     watch: Option<(LeaseToken, Box<dyn HolderWatch>)>,
     /// Counts this wait in the `onefill_lease_waiters` gauge while it lives.
     _waiting: Waiting,
@@ -275,17 +279,20 @@ impl Wait {
 
     /// Waits until the next re-check is due, counting from the last one:
     /// the fill is announced; the watched holder is gone; the holder's
-    /// lease (`holder_ttl` left at the last re-check) would expire, unless
-    /// the holder is watched, so a dead holder is taken over without delay
-    /// either way; or the next poll tick comes, which for a subscribed
-    /// waiter is only the safety net ([`WaitPolicy::safety_poll`]) and for
-    /// one without a subscription the fast backoff. Returns
+    /// lease (`holder_ttl` left at the last re-check) would expire, so a
+    /// dead holder, or a lease a live holder left behind, is taken over
+    /// without delay; or the next poll tick comes, which for a subscribed
+    /// waiter is only the safety net ([`WaitPolicy::safety_poll`], not
+    /// while the holder is watched) and for one without a subscription the
+    /// fast backoff. Returns
     /// [`Next::Deadline`] once the deadline has passed.
     pub(crate) async fn until_recheck(
         &mut self,
         recorder: &Recorder,
         holder_ttl: Duration,
     ) -> Next {
+        let checked = Instant::now();
+        let lease_ends = holder_ttl.saturating_add(Duration::from_millis(1));
         loop {
             let now = Instant::now();
             if now >= self.deadline {
@@ -300,10 +307,9 @@ impl Wait {
                 (Some(_), None) => jittered(self.safety_poll),
                 (None, _) => self.backoff.next_interval(),
             };
-            let mut nap = tick.min(left);
-            if self.watch.is_none() {
-                nap = nap.min(holder_ttl.saturating_add(Duration::from_millis(1)));
-            }
+            // Watched or not: the watch says whether the holder's process
+            // lives, not whether its flight still holds the lease.
+            let nap = tick.min(left).min(lease_ends.saturating_sub(now - checked));
             let (subscription, watch) = (&mut self.subscription, &mut self.watch);
             let woken = async {
                 let notified = async {
@@ -332,7 +338,7 @@ impl Wait {
                     None => continue,
                 },
                 Woken::Watch(None) => {
-                    // The watch lost its signal: the lease's expiry is the
+                    // The watch lost its signal: the safety poll is a
                     // bound again, from the next nap on.
                     self.watch = None;
                     continue;

@@ -33,11 +33,11 @@ pub enum Gone {
 ///   still holds the token of the holder judged gone, so of the waiters
 ///   that judged it, one wins.
 ///
-/// A waiter whose holder is watched makes no re-check at the lease's
-/// expiry and no safety poll: its holder's fill notification (or its word
-/// that it lost the lease, which [`fill`](super::Backend::fill) and
-/// [`extend`](super::Backend::extend) announce), its watch and its
-/// deadline wake it. A holder judged gone wrongly (a reconnection, a
+/// A waiter whose holder is watched makes no safety poll: its holder's
+/// fill notification (or its word that it lost the lease, which
+/// [`fill`](super::Backend::fill) and [`extend`](super::Backend::extend)
+/// announce), its watch, the lease's expiry (a live process may leave a
+/// lease behind when its release fails) and its deadline wake it. A holder judged gone wrongly (a reconnection, a
 /// stall) is fenced as a holder whose lease expired is: its fill finds
 /// another token and stores nothing, so a wrong verdict costs at most one
 /// more load.
