@@ -379,3 +379,70 @@ fn an_acl_without_the_presence_channels_keeps_the_fill_notifications() {
     let after = connections_received(&server);
     assert!(after - before < 5, "{} connections", after - before);
 }
+
+/// A waiting process whose own executor stalls (a blocking call on its
+/// one thread) for longer than a holder may stay silent: the beats its
+/// live holder sent meanwhile are still unread when it wakes, and that is
+/// its silence, not the holder's. Eight waits on eight keys of the same
+/// holder, each judging alone: none may take it for frozen.
+#[test]
+fn a_waiter_that_stalls_itself_does_not_take_a_live_holder_for_frozen() {
+    let _limit = time_limit(LIMIT);
+    let server = RedisServer::start();
+    let ns = unique_ns("stall");
+    let (holder_rt, waiter_rt) = (process(2), process(1));
+    let (holder, waiter) = (
+        cache(&holder_rt, &server, &ns),
+        cache(&waiter_rt, &server, &ns),
+    );
+    let keys: Vec<String> = (0..8).map(|i| format!("k{i}")).collect();
+    let loads = Arc::new(AtomicUsize::new(0));
+    let held: Vec<_> = keys
+        .iter()
+        .map(|key| {
+            let (h, key) = (holder.clone(), key.clone());
+            holder_rt.spawn(async move {
+                h.get_or_load(&key, |_| async {
+                    tokio::time::sleep(Duration::from_millis(2_500)).await;
+                    Ok::<_, std::io::Error>("holder".to_owned())
+                })
+                .await
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(100));
+    let waits: Vec<_> = keys
+        .iter()
+        .map(|key| {
+            let (w, key, loads) = (waiter.clone(), key.clone(), loads.clone());
+            waiter_rt.spawn(async move {
+                w.get_or_load(&key, move |_| async move {
+                    loads.fetch_add(1, Ordering::SeqCst);
+                    Ok::<_, std::io::Error>("waiter".to_owned())
+                })
+                .await
+                .unwrap()
+            })
+        })
+        .collect();
+    let until = Instant::now() + Duration::from_secs(5);
+    while waiter.stats().waits < 8 {
+        assert!(Instant::now() < until, "the waiters never waited");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    // The waiting process stops running for 1.3 s; its holder beats on.
+    waiter_rt.spawn(async { std::thread::sleep(Duration::from_millis(1_300)) });
+    for wait in waits {
+        assert_eq!(waiter_rt.block_on(wait).unwrap(), "holder");
+    }
+    for h in held {
+        holder_rt.block_on(h).unwrap().unwrap();
+    }
+    let stats = waiter.stats();
+    assert_eq!(
+        (stats.holders_frozen, loads.load(Ordering::SeqCst)),
+        (0, 0),
+        "{stats:?}"
+    );
+}
