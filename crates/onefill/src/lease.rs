@@ -57,7 +57,8 @@ impl Default for LeaseTtl {
 /// The shortest adaptive lease whose holder the backend watches. Its
 /// waiters learn of the holder's death or freeze from the watch, within a
 /// second, so its TTL only bounds what the watch cannot see (a waiter
-/// whose own watch lost its signal); a longer lease needs fewer renewals
+/// whose own watch lost its signal, a lease its live holder failed to
+/// release); a longer lease needs fewer renewals
 /// (one every few seconds instead of one a second).
 pub(crate) const WATCHED_LEASE: Duration = Duration::from_secs(10);
 

@@ -4,11 +4,11 @@
 //!
 //! The policy ([`WaitPolicy`], [`OnWaitTimeout`]) and the state machine of
 //! one wait ([`Wait`]): subscribe to the key's fill channel first, then
-//! re-check (the flight's `acquire`) at every notification, at the moment
-//! the holder's lease would expire, and at a poll tick (none while the
-//! backend watches the holder: its watch says when to take the lease
-//! over); until the deadline, then the configured outcome
-//! ([`WaitPolicy::at_deadline`]). A subscribed
+//! re-check (the flight's `acquire`) at every notification; while the
+//! backend watches the holder, take its lease over when the watch says it
+//! is gone; at the moment the holder's lease would expire; and, unless
+//! the holder is watched, at a poll tick; until the deadline,
+//! then the configured outcome ([`WaitPolicy::at_deadline`]). A subscribed
 //! waiter's poll tick is the slow safety net ([`WaitPolicy::safety_poll`]);
 //! only a waiter without a subscription polls at the fast backoff.
 
@@ -51,15 +51,17 @@ pub enum OnWaitTimeout {
 /// - where the backend watches the holder (a standalone Redis), when the
 ///   watch says it is gone: it takes the lease over at once;
 /// - at the moment the holder's lease would expire, as the last re-check
-///   saw it: a live holder's watchdog has extended it by then (the
-///   re-check learns the new expiry and the next one waits for it), a dead
-///   holder's lease is gone, so the waiter takes over within the lease TTL
-///   (a watched holder's lease is at least 10 s: this re-check catches a
-///   holder alive but unable to renew);
+///   saw it: a live holder's watchdog has extended it by then (the re-check
+///   learns the new expiry and the next one waits for it), a dead holder's
+///   lease is gone, so the waiter takes over within the lease TTL. A
+///   watched holder's lease is long (at least 10 s), so this costs little,
+///   and it is still needed: the watch watches the process, not its
+///   flight, and a live process can leave a lease behind (its release
+///   failed);
 /// - and, while subscribed and not watching the holder, every
-///   [`safety_poll`] (default 3 s ±25 %) after its last re-check: a safety
-///   net for a notification lost on the way, not the way a waiter learns
-///   of a fill;
+///   [`safety_poll`] (default 3 s ±25 %)
+///   after its last re-check: a safety net for a notification lost on the
+///   way, not the way a waiter learns of a fill;
 /// - without a subscription (subscribing failed), it polls instead from
 ///   [`poll_initial`] doubling to [`poll_max`] (20 ms → 500 ms by default,
 ///   ±25 %).
@@ -278,16 +280,19 @@ impl Wait {
     /// Waits until the next re-check is due, counting from the last one:
     /// the fill is announced; the watched holder is gone; the holder's
     /// lease (`holder_ttl` left at the last re-check) would expire, so a
-    /// dead holder is taken over without delay either way; or the next poll
-    /// tick comes, which for a subscribed waiter is only the safety net
-    /// ([`WaitPolicy::safety_poll`], none while the holder is watched) and
-    /// for one without a subscription the fast backoff. Returns
+    /// dead holder, or a lease a live holder left behind, is taken over
+    /// without delay; or the next poll tick comes, which for a subscribed
+    /// waiter is only the safety net ([`WaitPolicy::safety_poll`], not
+    /// while the holder is watched) and for one without a subscription the
+    /// fast backoff. Returns
     /// [`Next::Deadline`] once the deadline has passed.
     pub(crate) async fn until_recheck(
         &mut self,
         recorder: &Recorder,
         holder_ttl: Duration,
     ) -> Next {
+        let checked = Instant::now();
+        let lease_ends = holder_ttl.saturating_add(Duration::from_millis(1));
         loop {
             let now = Instant::now();
             if now >= self.deadline {
@@ -302,13 +307,9 @@ impl Wait {
                 (Some(_), None) => jittered(self.safety_poll),
                 (None, _) => self.backoff.next_interval(),
             };
-            // The lease's expiry, watched or not: a holder alive but unable
-            // to renew its lease (its renewals fail while its beats get
-            // through) has lost it by then. A live holder's renewal has
-            // moved it away, and a watched holder's lease is long.
-            let nap = tick
-                .min(left)
-                .min(holder_ttl.saturating_add(Duration::from_millis(1)));
+            // Watched or not: the watch says whether the holder's process
+            // lives, not whether its flight still holds the lease.
+            let nap = tick.min(left).min(lease_ends.saturating_sub(now - checked));
             let (subscription, watch) = (&mut self.subscription, &mut self.watch);
             let woken = async {
                 let notified = async {
@@ -337,7 +338,7 @@ impl Wait {
                     None => continue,
                 },
                 Woken::Watch(None) => {
-                    // The watch lost its signal: the lease's expiry is the
+                    // The watch lost its signal: the safety poll is a
                     // bound again, from the next nap on.
                     self.watch = None;
                     continue;

@@ -311,3 +311,183 @@ fn a_holder_that_finds_its_lease_gone_says_so_to_its_waiters() {
         drop(holder_rt);
     }
 }
+
+/// The total of connections the server accepted so far.
+fn connections_received(server: &RedisServer) -> u64 {
+    let info = server.command(&["INFO", "stats"]);
+    info.lines()
+        .find_map(|line| line.strip_prefix("total_connections_received:"))
+        .and_then(|n| n.trim().parse().ok())
+        .expect("INFO stats counts connections")
+}
+
+/// An ACL that grants a deployment its namespaces' channels but not the
+/// holders' presence channels (a least-privilege setup made before
+/// liveness existed): the server refuses a `SUBSCRIBE` naming one of
+/// them as a whole, which must cost the liveness only, not the fill
+/// notifications (nor bring the subscriber connection down to reconnect
+/// again and again).
+#[test]
+fn an_acl_without_the_presence_channels_keeps_the_fill_notifications() {
+    let _limit = time_limit(LIMIT);
+    let server = RedisServer::start();
+    let ns = unique_ns("acl");
+    server.query(&[
+        "ACL", "SETUSER", "app", "on", ">pw", "~live-*", "&live-*", "+@all",
+    ]);
+    let url = format!("redis://app:pw@127.0.0.1:{}", server.port());
+    let (holder_rt, waiter_rt) = (process(1), process(2));
+    let connect = |rt: &Runtime| -> Cache<String, String> {
+        rt.block_on(async {
+            let backend = RedisBackend::connect(&url).await.unwrap();
+            Cache::builder()
+                .namespace(&ns)
+                .backend(backend)
+                .build()
+                .unwrap()
+        })
+    };
+    let (holder, waiter) = (connect(&holder_rt), connect(&waiter_rt));
+    let before = connections_received(&server);
+    let loads = Loads::default();
+    let l = loads.clone();
+    let h = holder.clone();
+    holder_rt.spawn(async move {
+        h.get_or_load(&"k".to_owned(), move |_| async move {
+            l.started("holder");
+            tokio::time::sleep(Duration::from_millis(1_500)).await;
+            Ok::<_, std::io::Error>("holder".to_owned())
+        })
+        .await
+    });
+    loads.wait_for("holder");
+    let answer = waiter_call(&waiter_rt, &waiter, &loads);
+    until_waiting(&waiter);
+    let keys = FillKeys::new(&ns, "k");
+    let subscribed = server.query(&["PUBSUB", "NUMSUB", keys.channel()]);
+    assert_eq!(waiter_rt.block_on(answer).unwrap(), "holder");
+    assert!(
+        matches!(&subscribed, Reply::Array(Some(r)) if r.get(1).and_then(Reply::as_int) == Some(1)),
+        "the fill channel is not subscribed: {subscribed:?}"
+    );
+    let stats = waiter.stats();
+    // Woken by the fill alone; the holder (anonymous: its presence is not
+    // confirmed) is waited for as before liveness, within its lease.
+    assert_eq!((stats.wait_notified, stats.wait_polls), (1, 0), "{stats:?}");
+    assert_eq!(loads.all().len(), 1);
+    // No connection was lost meanwhile: the other clients' at most.
+    let after = connections_received(&server);
+    assert!(after - before < 5, "{} connections", after - before);
+}
+
+/// A waiting process whose own executor stalls (a blocking call on its
+/// one thread) for longer than a holder may stay silent: the beats its
+/// live holder sent meanwhile are still unread when it wakes, and that is
+/// its silence, not the holder's. Eight waits on eight keys of the same
+/// holder, each judging alone: none may take it for frozen.
+#[test]
+fn a_waiter_that_stalls_itself_does_not_take_a_live_holder_for_frozen() {
+    let _limit = time_limit(LIMIT);
+    let server = RedisServer::start();
+    let ns = unique_ns("stall");
+    let (holder_rt, waiter_rt) = (process(2), process(1));
+    let (holder, waiter) = (
+        cache(&holder_rt, &server, &ns),
+        cache(&waiter_rt, &server, &ns),
+    );
+    let keys: Vec<String> = (0..8).map(|i| format!("k{i}")).collect();
+    let loads = Arc::new(AtomicUsize::new(0));
+    let held: Vec<_> = keys
+        .iter()
+        .map(|key| {
+            let (h, key) = (holder.clone(), key.clone());
+            holder_rt.spawn(async move {
+                h.get_or_load(&key, |_| async {
+                    tokio::time::sleep(Duration::from_millis(2_500)).await;
+                    Ok::<_, std::io::Error>("holder".to_owned())
+                })
+                .await
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(100));
+    let waits: Vec<_> = keys
+        .iter()
+        .map(|key| {
+            let (w, key, loads) = (waiter.clone(), key.clone(), loads.clone());
+            waiter_rt.spawn(async move {
+                w.get_or_load(&key, move |_| async move {
+                    loads.fetch_add(1, Ordering::SeqCst);
+                    Ok::<_, std::io::Error>("waiter".to_owned())
+                })
+                .await
+                .unwrap()
+            })
+        })
+        .collect();
+    let until = Instant::now() + Duration::from_secs(5);
+    while waiter.stats().waits < 8 {
+        assert!(Instant::now() < until, "the waiters never waited");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    // The waiting process stops running for 1.3 s; its holder beats on.
+    waiter_rt.spawn(async { std::thread::sleep(Duration::from_millis(1_300)) });
+    for wait in waits {
+        assert_eq!(waiter_rt.block_on(wait).unwrap(), "holder");
+    }
+    for h in held {
+        holder_rt.block_on(h).unwrap().unwrap();
+    }
+    let stats = waiter.stats();
+    assert_eq!(
+        (stats.holders_frozen, loads.load(Ordering::SeqCst)),
+        (0, 0),
+        "{stats:?}"
+    );
+}
+
+/// A loader that blocks its process's executor (sync I/O, CPU work on a
+/// one-thread runtime) for longer than a second is judged frozen, as
+/// decided; but so is each process that takes over, since it runs the
+/// same loader: a verdict per process, not "one more load at most". Four
+/// processes, a 2.5 s blocking load: four loads, the last answer at
+/// 5.7 s, where the lease (3 s before any load was measured) alone made
+/// one. Not fixed: telling a blocked executor from a stopped process takes
+/// beats that do not depend on the executor (a thread of their own, with a
+/// connection of its own, subscribed to the presence channel too).
+#[test]
+#[ignore = "a blocking loader is judged frozen in every process in turn"]
+fn a_blocking_loader_is_not_taken_over_by_every_process_in_turn() {
+    let _limit = time_limit(LIMIT);
+    let server = RedisServer::start();
+    let ns = unique_ns("blocking");
+    let processes: Vec<Runtime> = (0..4).map(|_| process(1)).collect();
+    let caches: Vec<_> = processes.iter().map(|rt| cache(rt, &server, &ns)).collect();
+    let loads = Arc::new(AtomicUsize::new(0));
+    let calls: Vec<_> = processes
+        .iter()
+        .zip(&caches)
+        .map(|(rt, c)| {
+            let (c, loads) = (c.clone(), loads.clone());
+            let call = rt.spawn(async move {
+                c.get_or_load(&"k".to_owned(), move |_| async move {
+                    loads.fetch_add(1, Ordering::SeqCst);
+                    std::thread::sleep(Duration::from_millis(2_500));
+                    Ok::<_, std::io::Error>("loaded".to_owned())
+                })
+                .await
+            });
+            std::thread::sleep(Duration::from_millis(50));
+            call
+        })
+        .collect();
+    for (rt, call) in processes.iter().zip(calls) {
+        rt.block_on(call).unwrap().unwrap();
+    }
+    assert!(
+        loads.load(Ordering::SeqCst) <= 2,
+        "{} loads",
+        loads.load(Ordering::SeqCst)
+    );
+}

@@ -36,9 +36,8 @@ pub enum Gone {
 /// A waiter whose holder is watched makes no safety poll: its holder's
 /// fill notification (or its word that it lost the lease, which
 /// [`fill`](super::Backend::fill) and [`extend`](super::Backend::extend)
-/// announce), its watch, the lease's expiry (a watched holder's lease is
-/// long and renewed, so this only catches a holder unable to renew) and
-/// its deadline wake it. A holder judged gone wrongly (a reconnection, a
+/// announce), its watch, the lease's expiry (a live process may leave a
+/// lease behind when its release fails) and its deadline wake it. A holder judged gone wrongly (a reconnection, a
 /// stall) is fenced as a holder whose lease expired is: its fill finds
 /// another token and stores nothing, so a wrong verdict costs at most one
 /// more load.

@@ -1,5 +1,6 @@
 //! Waiting on a holder whose liveness the backend watches: the waiter makes
-//! no re-check while the holder is alive and renews its lease, takes the lease over at once
+//! no re-check while the holder is alive (but at its lease's expiry, which
+//! a live holder's flight may leave behind), takes the lease over at once
 //! when the holder is judged dead or frozen (one waiter wins, the others
 //! watch the winner), a holder judged wrongly is fenced, and a watch that
 //! loses its signal falls back on the lease's expiry. The memory backend
@@ -198,4 +199,56 @@ async fn a_watch_that_loses_its_signal_falls_back_on_re_checks() {
     let s = b.stats();
     assert!(s.wait_polls >= 1, "{s:?}");
     assert_eq!(s.holders_dead + s.holders_frozen, 0);
+}
+
+/// A live process's lease outlives its flight when releasing it fails
+/// (the loader failed, then its release met a dropped connection): the
+/// watch, which watches the process, keeps saying "alive", and no fill
+/// nor release is announced. The lease's expiry is then the waiter's only
+/// way on, as for a holder nobody watches: it takes the lease over when
+/// the lease expires, not at its own deadline (here 30 s), with an answer
+/// it stores.
+#[tokio::test(start_paused = true)]
+async fn a_lease_its_live_holder_failed_to_release_is_taken_over_at_its_expiry() {
+    use onefill::testing::{Fault, FaultyBackend, Op};
+    use onefill::WaitPolicy;
+
+    let processes = Processes::new(MemoryBackend::new());
+    let faulty = FaultyBackend::new(processes.process("a"));
+    faulty.faults().set([Op::Release, Op::Fill], Fault::Refuse);
+    let a: Cache<String, String> = Cache::builder()
+        .namespace("live")
+        .backend(faulty)
+        .build()
+        .unwrap();
+    let b: Cache<String, String> = Cache::builder()
+        .namespace("live")
+        .backend(processes.process("b"))
+        .wait(WaitPolicy::default().deadline(Duration::from_secs(30)))
+        .build()
+        .unwrap();
+    let start = Instant::now();
+    let holder = {
+        let a = a.clone();
+        tokio::spawn(async move {
+            a.fetch(&"k".to_owned(), |_k: String| async move {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                Err::<String, _>(std::io::Error::other("the loader failed"))
+            })
+            .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let loads = Arc::new(AtomicUsize::new(0));
+    let waiter = call(&b, "b", Duration::from_millis(100), &loads);
+    assert!(holder.await.unwrap().is_err());
+    assert_eq!(waiter.answer().await, ("b".to_owned(), Outcome::Loaded));
+    // The watched holder's lease (10 s) expired, then a 100 ms load.
+    let took = start.elapsed();
+    assert!(
+        took >= Duration::from_secs(10) && took < Duration::from_secs(11),
+        "answered after {took:?}"
+    );
+    let s = b.stats();
+    assert_eq!((s.holders_dead, s.holders_frozen), (0, 0), "{s:?}");
 }

@@ -20,7 +20,9 @@
 //! 3. a beat later than [`BEAT`] + [`BEAT_SLACK`] makes the waiter publish
 //!    to the presence channel again: nobody received it, dead; else the
 //!    holder is alive but slow, and if its beats stay away for
-//!    [`FROZEN_AFTER`], frozen (a stopped process, a stalled machine).
+//!    [`FROZEN_AFTER`], frozen (a stopped process, a stalled machine). A
+//!    waiter that was not running itself when a beat was due (its own
+//!    executor blocked) cannot tell: it listens afresh.
 //!
 //! Costs: nothing while nobody waits; a beat per [`BEAT`] per holding
 //! process while any process waits for it, whatever the number of waiters
@@ -289,6 +291,15 @@ impl HolderWatch for Watching {
                     continue;
                 }
                 () = tokio::time::sleep_until(due) => {}
+            }
+            // Woken a beat or more after it was due: this process was not
+            // running (a blocked executor, a stalled machine), so the beats
+            // that came meanwhile may not have been read yet. Its own stall
+            // is no silence of the holder's: listen afresh.
+            if Instant::now() >= due + BEAT {
+                self.last_beat = Instant::now();
+                self.asked_since_beat = false;
+                continue;
             }
             // Silence is a verdict only if the beats could have come.
             if !self.beats.is_confirmed() {

@@ -20,7 +20,7 @@ use super::super::cluster::{slot_of, ClusterRouter, WeakRouter};
 use super::super::errors::with_deadline;
 use super::super::options::RedisOptions;
 use super::super::push::{disconnected, Names, PushConnection};
-use crate::error::BackendError;
+use crate::error::{BackendError, BackendErrorKind};
 
 /// The subscriber connection, owned by the subscriber task.
 pub(in super::super) enum Link {
@@ -86,6 +86,36 @@ impl SingleLink {
             }
         };
         with_deadline(op, self.response_timeout, call).await
+    }
+
+    /// `SUBSCRIBE` of `channels`, answering the channels the server
+    /// refused. A server refuses the whole command for one channel its ACL
+    /// does not grant (a deployment that grants its namespaces' channels
+    /// but not the holders' presence channels): the channels are then
+    /// subscribed one by one, so that the refused ones alone go without
+    /// (and are retried later) and the connection stays up for the others.
+    /// An error: the connection is unusable.
+    pub(in super::super) async fn subscribe(
+        &mut self,
+        channels: &[String],
+    ) -> Result<Vec<String>, BackendError> {
+        match self.command("subscribe", channels, true).await {
+            Err(e) if e.kind() == BackendErrorKind::Command && channels.len() > 1 => {}
+            Err(e) if e.kind() == BackendErrorKind::Command => return Ok(channels.to_vec()),
+            other => return other.map(|()| Vec::new()),
+        }
+        let mut refused = Vec::new();
+        for channel in channels {
+            match self
+                .command("subscribe", std::slice::from_ref(channel), true)
+                .await
+            {
+                Ok(()) => {}
+                Err(e) if e.kind() == BackendErrorKind::Command => refused.push(channel.clone()),
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(refused)
     }
 }
 

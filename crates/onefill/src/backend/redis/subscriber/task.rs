@@ -15,7 +15,8 @@ use super::super::push::Due;
 use super::link::{Ended, Link};
 use super::PubSubShared;
 
-/// How long a cluster subscription that failed waits before it is retried.
+/// How long a subscription that failed (a cluster's) or that the server
+/// refused (an ACL's) waits before it is retried.
 pub(super) const SUBSCRIBE_RETRY: Duration = Duration::from_millis(500);
 
 /// How long after a change of a cluster's slot map (as the command path's
@@ -41,7 +42,7 @@ enum Step {
     Push(Option<PushInfo>),
     /// The standalone connection's news.
     Single(Due),
-    /// Time to retry the cluster subscriptions that failed.
+    /// Time to retry the subscriptions that failed or were refused.
     Retry,
 }
 
@@ -53,8 +54,8 @@ pub(super) async fn run_subscriber(
     mut link: Link,
     options: RedisOptions,
 ) {
-    // Cluster: when to retry failed subscriptions (a standalone connection
-    // paces its own reconnections).
+    // When to retry failed (cluster) or refused subscriptions (a standalone
+    // connection paces its own reconnections).
     let mut retry_at: Option<Instant> = None;
     // Cluster subscriptions run apart (one slow node must not hold the
     // others) and report here.
@@ -322,20 +323,25 @@ async fn reconcile(
 
     let failed = match link {
         Link::Single(l) => {
-            let mut result = Ok(());
+            let mut result = Ok(Vec::new());
             if !to_unsubscribe.is_empty() {
-                result = l.command("unsubscribe", &to_unsubscribe, false).await;
+                result = l
+                    .command("unsubscribe", &to_unsubscribe, false)
+                    .await
+                    .map(|()| Vec::new());
             }
             if result.is_ok() && !to_subscribe.is_empty() {
-                result = l.command("subscribe", &to_subscribe, true).await;
+                result = l.subscribe(&to_subscribe).await;
             }
-            if let Err(e) = result {
-                tracing::debug!(error = %e, "redis subscriber command failed");
-                l.push.lost();
-                lost(shared);
-                return None;
+            match result {
+                Ok(refused) => refused,
+                Err(e) => {
+                    tracing::debug!(error = %e, "redis subscriber command failed");
+                    l.push.lost();
+                    lost(shared);
+                    return None;
+                }
             }
-            Vec::new()
         }
         Link::Cluster(l) => {
             // A failed unsubscription leaves a subscription nobody listens
