@@ -16,6 +16,10 @@ pub struct LeaseToken(Box<str>);
 /// The most bytes a holder's name may have in a token.
 const MAX_HOLDER: usize = 64;
 
+/// Between a holder's name and the random part: `.`, or `/` in a token
+/// taken over from a holder judged frozen.
+const SEPARATORS: [char; 2] = ['.', '/'];
+
 impl LeaseToken {
     /// A new token from the thread-local CSPRNG: 32 lowercase hex digits.
     pub fn random() -> Self {
@@ -38,7 +42,7 @@ impl LeaseToken {
     /// foreign bytes.
     pub fn from_stored(bytes: &[u8]) -> Option<LeaseToken> {
         let text = std::str::from_utf8(bytes).ok()?;
-        let (holder, random) = match text.split_once('.') {
+        let (holder, random) = match text.split_once(SEPARATORS) {
             Some((holder, random)) => (Some(holder), random),
             None => (None, text),
         };
@@ -52,7 +56,28 @@ impl LeaseToken {
 
     /// The holder the token names, if it names one.
     pub fn holder(&self) -> Option<&str> {
-        self.0.split_once('.').map(|(holder, _)| holder)
+        self.0.split_once(SEPARATORS).map(|(holder, _)| holder)
+    }
+
+    /// This token, marked as taken over from a holder judged frozen (its
+    /// holder's name then ends with `/`, not `.`). A waiter never judges
+    /// the holder of such a lease frozen in turn: a loader that blocks its
+    /// executor looks frozen from outside, and every process that took
+    /// over would run it and look frozen too. That holder is judged dead
+    /// (its connections closed) or waited for to its lease's expiry, so a
+    /// wrong frozen verdict costs one more load, not one per process. An
+    /// anonymous token is kept as it is.
+    pub fn taken_from_frozen(self) -> LeaseToken {
+        match self.0.split_once('.') {
+            Some((holder, random)) => LeaseToken(format!("{holder}/{random}").into()),
+            None => self,
+        }
+    }
+
+    /// Whether the token was taken over from a holder judged frozen (see
+    /// [`taken_from_frozen`](Self::taken_from_frozen)).
+    pub fn is_taken_from_frozen(&self) -> bool {
+        self.0.contains('/')
     }
 
     /// The token as stored in the lease key.
@@ -117,6 +142,14 @@ mod tests {
         assert_eq!(LeaseToken::for_holder("").holder(), None);
         assert_eq!(LeaseToken::from_stored(b"not a token"), None);
         assert_eq!(LeaseToken::from_stored(b"x.0123"), None);
+        // Taken over from a frozen holder: the same holder, marked.
+        let marked = named.clone().taken_from_frozen();
+        assert!(marked.is_taken_from_frozen() && !named.is_taken_from_frozen());
+        assert_eq!(marked.holder(), Some("00ff00ff00ff00ff"));
+        assert_eq!(LeaseToken::from_stored(marked.as_bytes()), Some(marked));
+        assert!(!LeaseToken::random()
+            .taken_from_frozen()
+            .is_taken_from_frozen());
         assert_eq!(LeaseToken::from_stored(&[0xff; 32]), None);
     }
 }

@@ -36,7 +36,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         let mut told = false;
         // The token of a holder judged gone: the next acquire takes its
         // lease over if it still holds that token.
-        let mut gone_holder: Option<LeaseToken> = None;
+        let mut gone_holder: Option<(LeaseToken, Gone)> = None;
         loop {
             // Notified: the fill has most likely landed, and a plain read
             // (`GET` + `PTTL`, as a hit) is cheaper than the acquire script.
@@ -82,7 +82,8 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
             };
             let taking_over = gone_holder.is_some();
             let gone = gone_holder.take();
-            let acquired = self.acquire(lease, window, gone.as_ref()).await;
+            let gone = gone.as_ref().map(|(holder, verdict)| (holder, *verdict));
+            let acquired = self.acquire(lease, window, gone).await;
             let (held_stale, holder_ttl, holder) = match acquired {
                 Err(e) => {
                     self.finish_wait(waiting, false);
@@ -186,9 +187,14 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
             match (unwatched, watched) {
                 (Some(holder), Some(Ok(Watch::Alive(watch)))) => wait.watch(holder, watch),
                 (Some(holder), Some(Ok(Watch::Gone(gone)))) => {
-                    self.judged(gone);
-                    gone_holder = Some(holder);
-                    continue;
+                    if let Some(taken) = self.verdict(gone, holder) {
+                        gone_holder = Some(taken);
+                        continue;
+                    }
+                    wait.unwatch();
+                    if first {
+                        continue;
+                    }
                 }
                 (_, Some(Ok(Watch::Moved))) => {
                     wait.unwatch();
@@ -206,10 +212,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
             match wait.until_recheck(self.rec(), holder_ttl).await {
                 Next::Notified => notified = true,
                 Next::Recheck => {}
-                Next::Gone(gone, holder) => {
-                    self.judged(gone);
-                    gone_holder = Some(holder);
-                }
+                Next::Gone(gone, holder) => gone_holder = self.verdict(gone, holder),
                 Next::Deadline => {
                     self.finish_wait(waiting, true);
                     // The stale value read during the wait may have expired
@@ -228,12 +231,20 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         }
     }
 
-    /// Counts a verdict on the holder.
-    fn judged(&self, gone: Gone) {
+    /// The watch's verdict on `holder`: counted and acted on (its lease
+    /// is taken over), unless it says frozen a holder that took its lease
+    /// over from a frozen one itself. A loader that blocks its executor
+    /// looks frozen from outside, and each process that took over would run
+    /// it and look frozen in turn; that holder is waited for as one the
+    /// backend cannot watch (to its lease's expiry), so a wrong frozen
+    /// verdict costs one more load, not one per process.
+    fn verdict(&self, gone: Gone, holder: LeaseToken) -> Option<(LeaseToken, Gone)> {
         match gone {
-            Gone::Dead => self.rec().holder_dead(),
+            Gone::Frozen if holder.is_taken_from_frozen() => return None,
             Gone::Frozen => self.rec().holder_frozen(),
+            Gone::Dead => self.rec().holder_dead(),
         }
+        Some((holder, gone))
     }
 
     pub(super) fn finish_wait(&self, waiting: Option<Wait>, timed_out: bool) {
@@ -311,13 +322,15 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
 
     /// Asks for the lease, with a TTL sized from recent load times (and
     /// for whether the backend watches its holder); with `gone`, the token
-    /// of a holder judged gone, takes that holder's lease over if it still
-    /// holds it (sent on its own even in a batch: takeovers are rare).
+    /// of a holder judged gone and the verdict, takes that holder's lease
+    /// over if it still holds it (sent on its own even in a batch:
+    /// takeovers are rare), with a token marked if the holder was judged
+    /// frozen ([`LeaseToken::taken_from_frozen`]).
     pub(super) async fn acquire(
         &self,
         lease: LeaseTtl,
         refresh_window: Duration,
-        gone: Option<&LeaseToken>,
+        gone: Option<(&LeaseToken, Gone)>,
     ) -> Result<Acquisition, BackendError> {
         let (shared, keys) = (&self.shared, &self.keys);
         let op = if gone.is_some() {
@@ -329,13 +342,16 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
             .run(op, |timeout| async move {
                 // A fresh token for every try (a try that timed out has its
                 // token released behind it), and the lease sized for it.
-                let token = shared.calls.backend.new_token();
+                let mut token = shared.calls.backend.new_token();
+                if let Some((_, Gone::Frozen)) = gone {
+                    token = token.taken_from_frozen();
+                }
                 let lease_ttl = lease.ttl(&shared.load_times, token.holder().is_some());
                 let ask = Ask {
                     token,
                     lease_ttl,
                     refresh_window,
-                    gone,
+                    gone: gone.map(|(holder, _)| holder),
                 };
                 let group = self.group.as_ref().filter(|_| gone.is_none());
                 let Some(group) = group else {

@@ -252,3 +252,34 @@ async fn a_lease_its_live_holder_failed_to_release_is_taken_over_at_its_expiry()
     let s = b.stats();
     assert_eq!((s.holders_dead, s.holders_frozen), (0, 0), "{s:?}");
 }
+
+/// A holder judged frozen is taken over with a marked token; if the new
+/// holder looks frozen too (its loader blocks its executor, as the first
+/// one's did), it is not taken over in turn: the third process waits for
+/// its fill.
+#[tokio::test(start_paused = true)]
+async fn a_holder_that_took_over_from_a_frozen_one_is_not_judged_frozen_in_turn() {
+    let processes = Processes::new(MemoryBackend::new());
+    let (a, b, c) = (
+        cache(processes.process("a")),
+        cache(processes.process("b")),
+        cache(processes.process("c")),
+    );
+    let loads = Arc::new(AtomicUsize::new(0));
+    let holder = call(&a, "a", Duration::from_secs(2), &loads);
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let second = call(&b, "b", Duration::from_secs(2), &loads);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    processes.freeze("a");
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(loads.load(Ordering::SeqCst), 2, "b took over");
+    let third = call(&c, "c", Duration::ZERO, &loads);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    processes.freeze("b");
+    assert_eq!(third.answer().await, ("b".to_owned(), Outcome::Waited));
+    assert_eq!(second.answer().await, ("b".to_owned(), Outcome::Loaded));
+    holder.answer().await;
+    assert_eq!(loads.load(Ordering::SeqCst), 2);
+    let s = c.stats();
+    assert_eq!((s.holders_frozen, s.lease_takeovers), (0, 0), "{s:?}");
+}

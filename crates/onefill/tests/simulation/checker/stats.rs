@@ -1,5 +1,6 @@
 //! Invariant 6: the stats add up.
 
+use onefill::LeaseToken;
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -191,6 +192,9 @@ impl Checker<'_> {
     /// no notification since (a notified flight reads the key first: a
     /// `get` in its task).
     fn liveness_counts(&self, inst: usize) -> (u64, u64, u64) {
+        let taken_from_frozen = |holder: &str| {
+            LeaseToken::from_stored(holder.as_bytes()).is_some_and(|t| t.is_taken_from_frozen())
+        };
         let (mut dead, mut frozen, mut takeovers) = (0, 0, 0);
         let mut judged = |gone: &Gone| match gone {
             Gone::Dead => dead += 1,
@@ -225,6 +229,14 @@ impl Checker<'_> {
                     (BOp::Watch, Reply::Judged(gone)) => judged(gone),
                     _ => {}
                 },
+                // The cache ignores (and does not count) a frozen verdict on
+                // a holder that took its lease over from a frozen one.
+                Ev::Verdict {
+                    inst: i,
+                    gone: Some(Gone::Frozen),
+                    holder,
+                    ..
+                } if *i == inst && taken_from_frozen(holder) => {}
                 Ev::Verdict {
                     inst: i,
                     gone: Some(gone),
