@@ -137,6 +137,9 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
             if let Some(value) = self.stale_value(held_stale) {
                 stale = Some(value);
             }
+            // The lease changed hands since the holder watched (if any) was
+            // found in it: that watch no longer tells about this lease.
+            let moved_on = waiting.as_ref().and_then(Wait::watched) != holder.as_ref();
             // A holder not watched yet, named by its token (a token that
             // names none cannot be watched).
             let unwatched = holder.filter(|h| {
@@ -207,7 +210,11 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
                     }
                 }
                 (_, None) if first => continue,
-                (_, None) => {}
+                (_, None) => {
+                    if moved_on {
+                        wait.unwatch();
+                    }
+                }
             }
             match wait.until_recheck(self.rec(), holder_ttl).await {
                 Next::Notified => notified = true,
