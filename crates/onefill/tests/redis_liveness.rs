@@ -80,6 +80,43 @@ impl Loads {
     }
 }
 
+/// The holder's process and the waiter's (one and two worker threads),
+/// each with a cache of `ns` on `server`.
+fn two_processes(
+    server: &RedisServer,
+    ns: &str,
+) -> (
+    Runtime,
+    Runtime,
+    Cache<String, String>,
+    Cache<String, String>,
+) {
+    let (holder_rt, waiter_rt) = (process(1), process(2));
+    let holder = cache(&holder_rt, server, ns);
+    let waiter = cache(&waiter_rt, server, ns);
+    (holder_rt, waiter_rt, holder, waiter)
+}
+
+/// The holder's call of the key: a load of `load` (tokio time) answering
+/// `holder`, recorded in `loads`.
+fn hold(
+    rt: &Runtime,
+    cache: &Cache<String, String>,
+    loads: &Loads,
+    load: Duration,
+) -> tokio::task::JoinHandle<Result<String, onefill::Error>> {
+    let (cache, loads) = (cache.clone(), loads.clone());
+    rt.spawn(async move {
+        cache
+            .get_or_load(&"k".to_owned(), move |_| async move {
+                loads.started("holder");
+                tokio::time::sleep(load).await;
+                Ok::<_, std::io::Error>("holder".to_owned())
+            })
+            .await
+    })
+}
+
 /// The waiter's call: a 50 ms load answering `waiter`.
 fn waiter_call(
     rt: &Runtime,
@@ -116,11 +153,7 @@ fn a_holder_whose_process_dies_is_taken_over_within_a_beat() {
     let _limit = time_limit(LIMIT);
     let server = RedisServer::start();
     let ns = unique_ns("dies");
-    let (holder_rt, waiter_rt) = (process(1), process(2));
-    let (holder, waiter) = (
-        cache(&holder_rt, &server, &ns),
-        cache(&waiter_rt, &server, &ns),
-    );
+    let (holder_rt, waiter_rt, holder, waiter) = two_processes(&server, &ns);
     let loads = Loads::default();
     let l = loads.clone();
     let h = holder.clone();
@@ -168,11 +201,7 @@ fn a_frozen_holder_is_taken_over_after_a_second_of_silence_and_its_fill_is_fence
     let _limit = time_limit(LIMIT);
     let server = RedisServer::start();
     let ns = unique_ns("frozen");
-    let (holder_rt, waiter_rt) = (process(1), process(2));
-    let (holder, waiter) = (
-        cache(&holder_rt, &server, &ns),
-        cache(&waiter_rt, &server, &ns),
-    );
+    let (holder_rt, waiter_rt, holder, waiter) = two_processes(&server, &ns);
     let loads = Loads::default();
     let frozen_at = Arc::new(Mutex::new(None::<Instant>));
     let (l, f) = (loads.clone(), frozen_at.clone());
@@ -230,24 +259,11 @@ fn a_live_holder_is_waited_for_without_a_re_check() {
     let _limit = time_limit(LIMIT);
     let server = RedisServer::start();
     let ns = unique_ns("alive");
-    let (holder_rt, waiter_rt) = (process(1), process(2));
-    let (holder, waiter) = (
-        cache(&holder_rt, &server, &ns),
-        cache(&waiter_rt, &server, &ns),
-    );
+    let (holder_rt, waiter_rt, holder, waiter) = two_processes(&server, &ns);
     let loads = Loads::default();
-    let l = loads.clone();
-    let h = holder.clone();
     // Longer than the safety poll (3 s ±25 %) and than the lease an
     // unwatched holder gets (3 s before any load was measured).
-    holder_rt.spawn(async move {
-        h.get_or_load(&"k".to_owned(), move |_| async move {
-            l.started("holder");
-            tokio::time::sleep(Duration::from_millis(4_500)).await;
-            Ok::<_, std::io::Error>("holder".to_owned())
-        })
-        .await
-    });
+    hold(&holder_rt, &holder, &loads, Duration::from_millis(4_500));
     loads.wait_for("holder");
     let answer = waiter_call(&waiter_rt, &waiter, &loads);
     assert_eq!(waiter_rt.block_on(answer).unwrap(), "holder");
@@ -275,22 +291,9 @@ fn a_holder_that_finds_its_lease_gone_says_so_to_its_waiters() {
     for (load_ms, told_by) in [(6_000, "the watchdog"), (2_000, "the fenced fill")] {
         let server = RedisServer::start();
         let ns = unique_ns("lost");
-        let (holder_rt, waiter_rt) = (process(1), process(2));
-        let (holder, waiter) = (
-            cache(&holder_rt, &server, &ns),
-            cache(&waiter_rt, &server, &ns),
-        );
+        let (holder_rt, waiter_rt, holder, waiter) = two_processes(&server, &ns);
         let loads = Loads::default();
-        let l = loads.clone();
-        let h = holder.clone();
-        holder_rt.spawn(async move {
-            h.get_or_load(&"k".to_owned(), move |_| async move {
-                l.started("holder");
-                tokio::time::sleep(Duration::from_millis(load_ms)).await;
-                Ok::<_, std::io::Error>("holder".to_owned())
-            })
-            .await
-        });
+        hold(&holder_rt, &holder, &loads, Duration::from_millis(load_ms));
         let started = loads.wait_for("holder");
         let answer = waiter_call(&waiter_rt, &waiter, &loads);
         until_waiting(&waiter);
@@ -350,16 +353,7 @@ fn an_acl_without_the_presence_channels_keeps_the_fill_notifications() {
     let (holder, waiter) = (connect(&holder_rt), connect(&waiter_rt));
     let before = connections_received(&server);
     let loads = Loads::default();
-    let l = loads.clone();
-    let h = holder.clone();
-    holder_rt.spawn(async move {
-        h.get_or_load(&"k".to_owned(), move |_| async move {
-            l.started("holder");
-            tokio::time::sleep(Duration::from_millis(1_500)).await;
-            Ok::<_, std::io::Error>("holder".to_owned())
-        })
-        .await
-    });
+    hold(&holder_rt, &holder, &loads, Duration::from_millis(1_500));
     loads.wait_for("holder");
     let answer = waiter_call(&waiter_rt, &waiter, &loads);
     until_waiting(&waiter);

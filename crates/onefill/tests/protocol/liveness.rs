@@ -25,6 +25,11 @@ fn cache(backend: ProcessBackend) -> Cache<String, String> {
         .unwrap()
 }
 
+/// One cache per process name, in order.
+fn caches<const N: usize>(processes: &Processes, names: [&str; N]) -> [Cache<String, String>; N] {
+    names.map(|name| cache(processes.process(name)))
+}
+
 /// A loader answering `name` after `load`, counting into `loads`.
 fn loader(
     name: &str,
@@ -68,7 +73,7 @@ impl Call {
 #[tokio::test(start_paused = true)]
 async fn a_live_holder_is_waited_for_without_a_re_check() {
     let processes = Processes::new(MemoryBackend::new());
-    let (a, b) = (cache(processes.process("a")), cache(processes.process("b")));
+    let [a, b] = caches(&processes, ["a", "b"]);
     let loads = Arc::new(AtomicUsize::new(0));
     // Longer than the safety poll (3 s ±25 %), shorter than the deadline.
     let holder = call(&a, "a", Duration::from_secs(8), &loads);
@@ -88,7 +93,7 @@ async fn a_live_holder_is_waited_for_without_a_re_check() {
 #[tokio::test(start_paused = true)]
 async fn a_killed_holder_is_taken_over_the_moment_its_watch_says_so() {
     let processes = Processes::new(MemoryBackend::new());
-    let (a, b) = (cache(processes.process("a")), cache(processes.process("b")));
+    let [a, b] = caches(&processes, ["a", "b"]);
     let loads = Arc::new(AtomicUsize::new(0));
     let _holder = call(&a, "a", Duration::from_secs(3_600), &loads);
     tokio::time::sleep(Duration::from_millis(10)).await;
@@ -116,7 +121,7 @@ async fn a_killed_holder_is_taken_over_the_moment_its_watch_says_so() {
 #[tokio::test(start_paused = true)]
 async fn a_holder_dead_before_the_waiter_watches_it_is_taken_over_without_a_wait() {
     let processes = Processes::new(MemoryBackend::new());
-    let (a, b) = (cache(processes.process("a")), cache(processes.process("b")));
+    let [a, b] = caches(&processes, ["a", "b"]);
     let loads = Arc::new(AtomicUsize::new(0));
     let _holder = call(&a, "a", Duration::from_secs(3_600), &loads);
     tokio::time::sleep(Duration::from_millis(10)).await;
@@ -134,7 +139,7 @@ async fn a_holder_dead_before_the_waiter_watches_it_is_taken_over_without_a_wait
 #[tokio::test(start_paused = true)]
 async fn a_holder_judged_frozen_is_fenced_when_it_wakes() {
     let processes = Processes::new(MemoryBackend::new());
-    let (a, b) = (cache(processes.process("a")), cache(processes.process("b")));
+    let [a, b] = caches(&processes, ["a", "b"]);
     let loads = Arc::new(AtomicUsize::new(0));
     let holder = call(&a, "a", Duration::from_secs(2), &loads);
     tokio::time::sleep(Duration::from_millis(10)).await;
@@ -156,11 +161,7 @@ async fn a_holder_judged_frozen_is_fenced_when_it_wakes() {
 #[tokio::test(start_paused = true)]
 async fn of_two_waiters_that_judge_the_holder_dead_one_takes_over() {
     let processes = Processes::new(MemoryBackend::new());
-    let (a, b, c) = (
-        cache(processes.process("a")),
-        cache(processes.process("b")),
-        cache(processes.process("c")),
-    );
+    let [a, b, c] = caches(&processes, ["a", "b", "c"]);
     let loads = Arc::new(AtomicUsize::new(0));
     let _holder = call(&a, "a", Duration::from_secs(3_600), &loads);
     tokio::time::sleep(Duration::from_millis(10)).await;
@@ -186,7 +187,7 @@ async fn of_two_waiters_that_judge_the_holder_dead_one_takes_over() {
 #[tokio::test(start_paused = true)]
 async fn a_watch_that_loses_its_signal_falls_back_on_re_checks() {
     let processes = Processes::new(MemoryBackend::new());
-    let (a, b) = (cache(processes.process("a")), cache(processes.process("b")));
+    let [a, b] = caches(&processes, ["a", "b"]);
     let loads = Arc::new(AtomicUsize::new(0));
     let holder = call(&a, "a", Duration::from_secs(6), &loads);
     tokio::time::sleep(Duration::from_millis(10)).await;
@@ -260,11 +261,7 @@ async fn a_lease_its_live_holder_failed_to_release_is_taken_over_at_its_expiry()
 #[tokio::test(start_paused = true)]
 async fn a_holder_that_took_over_from_a_frozen_one_is_not_judged_frozen_in_turn() {
     let processes = Processes::new(MemoryBackend::new());
-    let (a, b, c) = (
-        cache(processes.process("a")),
-        cache(processes.process("b")),
-        cache(processes.process("c")),
-    );
+    let [a, b, c] = caches(&processes, ["a", "b", "c"]);
     let loads = Arc::new(AtomicUsize::new(0));
     let holder = call(&a, "a", Duration::from_secs(2), &loads);
     tokio::time::sleep(Duration::from_millis(10)).await;

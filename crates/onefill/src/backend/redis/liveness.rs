@@ -44,7 +44,7 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use super::errors::with_deadline;
-use super::subscriber::{PubSubShared, RedisSubscription};
+use super::subscriber::{PubSubShared, RedisSubscription, CONFIRM_PATIENCE};
 use crate::backend::{BackendError, FillKeys, FillSubscription, Gone, HolderWatch, Watch};
 use crate::token::LeaseToken;
 
@@ -116,12 +116,10 @@ impl Liveness {
             subscription,
             stopped,
         ));
-        let confirmed = async {
-            while !liveness.pubsub.confirmed(&presence(&liveness.id)) {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        };
-        let _ = tokio::time::timeout(PRESENCE_PATIENCE, confirmed).await;
+        liveness
+            .pubsub
+            .confirmation(&presence(&liveness.id), PRESENCE_PATIENCE)
+            .await;
         liveness
     }
 
@@ -149,7 +147,9 @@ impl Liveness {
         // once: one `SUBSCRIBE`), and the lease read only once both are in
         // place, so a fill announced after the read is heard.
         let beats = self.pubsub.subscription(beats(id)).await;
-        self.pubsub.confirmation(keys.channel()).await;
+        self.pubsub
+            .confirmation(keys.channel(), CONFIRM_PATIENCE)
+            .await;
         let mut pipe = redis::pipe();
         pipe.cmd("GET")
             .arg(keys.lock())

@@ -60,7 +60,7 @@ use task::run_subscriber;
 /// confirmation (a round trip, normally) before it returns a subscription
 /// that fires once the confirmation comes: a slow node must not hold the
 /// waiter (nor count against the backend), its polling covers the gap.
-const CONFIRM_PATIENCE: Duration = Duration::from_millis(20);
+pub(super) const CONFIRM_PATIENCE: Duration = Duration::from_millis(20);
 
 /// How often a subscription whose channel is not confirmed resolves (a
 /// spurious wake-up, which makes its waiter re-check): the default
@@ -184,11 +184,10 @@ impl PubSubShared {
         RedisSubscription::confirmed(self, channel)
     }
 
-    /// Waits, as [`subscribe`](Self::subscribe) does (a round trip
-    /// normally, at most [`CONFIRM_PATIENCE`]), for the confirmation of
-    /// `channel` if a subscription to it awaits one; returns at once if it
-    /// is confirmed or nobody subscribes to it.
-    pub(super) async fn confirmation(&self, channel: &str) {
+    /// Waits (a round trip normally, at most `patience`) for the
+    /// confirmation of `channel` if a subscription to it awaits one;
+    /// returns at once if it is confirmed or nobody subscribes to it.
+    pub(super) async fn confirmation(&self, channel: &str, patience: Duration) {
         let confirmed = {
             let mut state = self.state.lock();
             let Some(chan) = state.channels.get_mut(channel) else {
@@ -201,7 +200,7 @@ impl PubSubShared {
             chan.waiters.push(tx);
             rx
         };
-        let _ = tokio::time::timeout(CONFIRM_PATIENCE, confirmed).await;
+        let _ = tokio::time::timeout(patience, confirmed).await;
     }
 
     /// As [`subscribe`](Self::subscribe), the subscription itself.
