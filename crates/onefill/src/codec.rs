@@ -9,6 +9,12 @@ use crate::error::CodecError;
 /// [`JsonCodec`] (the default) and, with the `postcard` feature, by
 /// `PostcardCodec`.
 ///
+/// Every method is given `key`, the full name the bytes are stored under in
+/// the backend (namespace included, the same in every process). A codec
+/// that only shapes bytes ignores it; one that binds a value to its place
+/// (an authenticated cipher's associated data) uses it, so bytes copied
+/// under another key do not decode there.
+///
 /// A decode failure of a stored value is never an error to the caller: the
 /// stored value is treated as a miss, counted, and overwritten by the next
 /// fill. So that a value which cannot be read back is not stored (and
@@ -21,13 +27,13 @@ pub trait Codec<V>: Send + Sync + 'static {
     ///
     /// The codec's own error, wrapped (the caller gets
     /// [`Error::Encode`](crate::Error::Encode); nothing is written).
-    fn encode(&self, value: &V) -> Result<Vec<u8>, CodecError>;
+    fn encode(&self, key: &str, value: &V) -> Result<Vec<u8>, CodecError>;
     /// Decodes a value.
     ///
     /// # Errors
     ///
     /// The codec's own error, wrapped (the stored value counts as a miss).
-    fn decode(&self, bytes: &[u8]) -> Result<V, CodecError>;
+    fn decode(&self, key: &str, bytes: &[u8]) -> Result<V, CodecError>;
     /// Checks that `bytes`, just encoded from a value, decode back, before
     /// they are stored (a fill, a `set`). The default decodes them; a codec
     /// whose encodings always decode (raw bytes, say) may skip it. Only
@@ -39,8 +45,8 @@ pub trait Codec<V>: Send + Sync + 'static {
     /// The decoder's error: the caller gets
     /// [`Error::Encode`](crate::Error::Encode) (with
     /// [`CodecError::is_round_trip`]) and nothing is written.
-    fn check_round_trip(&self, bytes: &[u8]) -> Result<(), CodecError> {
-        self.decode(bytes).map(drop)
+    fn check_round_trip(&self, key: &str, bytes: &[u8]) -> Result<(), CodecError> {
+        self.decode(key, bytes).map(drop)
     }
 }
 
@@ -49,10 +55,10 @@ pub trait Codec<V>: Send + Sync + 'static {
 pub struct JsonCodec;
 
 impl<V: Serialize + DeserializeOwned> Codec<V> for JsonCodec {
-    fn encode(&self, value: &V) -> Result<Vec<u8>, CodecError> {
+    fn encode(&self, _key: &str, value: &V) -> Result<Vec<u8>, CodecError> {
         serde_json::to_vec(value).map_err(CodecError::new)
     }
-    fn decode(&self, bytes: &[u8]) -> Result<V, CodecError> {
+    fn decode(&self, _key: &str, bytes: &[u8]) -> Result<V, CodecError> {
         serde_json::from_slice(bytes).map_err(CodecError::new)
     }
 }
@@ -65,10 +71,10 @@ pub struct PostcardCodec;
 
 #[cfg(feature = "postcard")]
 impl<V: Serialize + DeserializeOwned> Codec<V> for PostcardCodec {
-    fn encode(&self, value: &V) -> Result<Vec<u8>, CodecError> {
+    fn encode(&self, _key: &str, value: &V) -> Result<Vec<u8>, CodecError> {
         postcard::to_stdvec(value).map_err(CodecError::new)
     }
-    fn decode(&self, bytes: &[u8]) -> Result<V, CodecError> {
+    fn decode(&self, _key: &str, bytes: &[u8]) -> Result<V, CodecError> {
         postcard::from_bytes(bytes).map_err(CodecError::new)
     }
 }
@@ -79,12 +85,12 @@ mod tests {
 
     #[test]
     fn json_round_trip_and_bad_bytes() {
-        let bytes = Codec::<Vec<u32>>::encode(&JsonCodec, &vec![1, 2]).unwrap();
+        let bytes = Codec::<Vec<u32>>::encode(&JsonCodec, "k", &vec![1, 2]).unwrap();
         assert_eq!(
-            Codec::<Vec<u32>>::decode(&JsonCodec, &bytes).unwrap(),
+            Codec::<Vec<u32>>::decode(&JsonCodec, "k", &bytes).unwrap(),
             vec![1, 2]
         );
-        let err = Codec::<Vec<u32>>::decode(&JsonCodec, b"\xff").unwrap_err();
+        let err = Codec::<Vec<u32>>::decode(&JsonCodec, "k", b"\xff").unwrap_err();
         assert!(
             err.get_ref().downcast_ref::<serde_json::Error>().is_some(),
             "the codec's own error is kept: {err:?}"
@@ -94,8 +100,8 @@ mod tests {
     #[cfg(feature = "postcard")]
     #[test]
     fn postcard_round_trip() {
-        let bytes = Codec::<(u8, String)>::encode(&PostcardCodec, &(1, "x".into())).unwrap();
-        let back: (u8, String) = Codec::decode(&PostcardCodec, &bytes).unwrap();
+        let bytes = Codec::<(u8, String)>::encode(&PostcardCodec, "k", &(1, "x".into())).unwrap();
+        let back: (u8, String) = Codec::decode(&PostcardCodec, "k", &bytes).unwrap();
         assert_eq!(back, (1, "x".into()));
     }
 }

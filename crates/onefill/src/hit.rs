@@ -142,7 +142,7 @@ impl<'a, V: Clone + Send + Sync + 'static, L: FnOnce() -> Load<V>> Leader<'a, V,
             let ((flight, completion), first) = match got {
                 Ok(Some(stored)) => {
                     let read = std::panic::catch_unwind(AssertUnwindSafe(|| {
-                        shared.read(&stored, Some(leader.keys.value()))
+                        shared.read(&stored, leader.keys.value(), true)
                     }));
                     let Ok(read) = read else {
                         return Pending::Ready(abandoned());

@@ -123,14 +123,14 @@ impl<V: Clone + 'static> Shared<V> {
 }
 
 impl<V: Clone + 'static> Shared<V> {
-    /// Decodes stored bytes; `count_as` names the key when an unreadable
-    /// value should be counted (once per flight, not at every re-read).
-    pub(crate) fn read(&self, stored: &Stored, count_as: Option<&str>) -> Read<V> {
+    /// Decodes the bytes stored under `value_key`; `count` says whether an
+    /// unreadable value is counted (once per flight, not at every re-read).
+    pub(crate) fn read(&self, stored: &Stored, value_key: &str, count: bool) -> Read<V> {
         let env = match envelope::decode(&stored.bytes) {
             Ok(env) => env,
             Err(why) => {
-                if let Some(key) = count_as {
-                    self.recorder.decode_error(key, &format!("{why:?}"));
+                if count {
+                    self.recorder.decode_error(value_key, &format!("{why:?}"));
                 }
                 return Read::Unreadable;
             }
@@ -144,7 +144,7 @@ impl<V: Clone + 'static> Shared<V> {
             stored.ttl.saturating_sub(env.grace)
         };
         match env.kind {
-            Kind::Value => match self.codec.decode(env.payload) {
+            Kind::Value => match self.codec.decode(value_key, env.payload) {
                 Ok(value) => Read::Value {
                     value: Some(value),
                     fresh_for,
@@ -153,8 +153,8 @@ impl<V: Clone + 'static> Shared<V> {
                     grace: env.grace,
                 },
                 Err(why) => {
-                    if let Some(key) = count_as {
-                        self.recorder.decode_error(key, &why.to_string());
+                    if count {
+                        self.recorder.decode_error(value_key, &why.to_string());
                     }
                     Read::Unreadable
                 }
@@ -174,14 +174,20 @@ impl<V: Clone + 'static> Shared<V> {
     }
 
     /// The value of stored bytes, fresh or stale (`None`: not a value).
-    pub(crate) fn value_of(&self, stored: &Stored, count_as: Option<&str>) -> Option<Option<V>> {
-        match self.read(stored, count_as) {
+    pub(crate) fn value_of(
+        &self,
+        stored: &Stored,
+        value_key: &str,
+        count: bool,
+    ) -> Option<Option<V>> {
+        match self.read(stored, value_key, count) {
             Read::Value { value, .. } => Some(value),
             _ => None,
         }
     }
 
-    /// The envelope for `key`'s `value` (`None`: a cached absence) under
+    /// The envelope for `key`'s `value` (`None`: a cached absence), to be
+    /// stored under `value_key`, under
     /// `policy`, written with the fresh TTL `written_ttl` (recorded if
     /// known). The encoding is decoded once before anything is stored: a
     /// value that does not read back would be a miss, and a reload, at every
@@ -194,6 +200,7 @@ impl<V: Clone + 'static> Shared<V> {
     pub(crate) fn encode(
         &self,
         key: &str,
+        value_key: &str,
         policy: &Policy,
         value: &Option<V>,
         took: Duration,
@@ -214,7 +221,7 @@ impl<V: Clone + 'static> Shared<V> {
                 // An encode that panics (a `Serialize` impl's or a codec's
                 // bug) fails the write as one that errs, as a decode that
                 // panics does below, rather than abandoning the flight.
-                let encode = || self.codec.encode(v);
+                let encode = || self.codec.encode(value_key, v);
                 let payload = std::panic::catch_unwind(std::panic::AssertUnwindSafe(encode))
                     .unwrap_or_else(|_| Err(CodecError::msg("the codec's encode panicked")))
                     .map_err(encode_error)?;
@@ -226,7 +233,7 @@ impl<V: Clone + 'static> Shared<V> {
                 }
                 // A decode that panics (a bug in user code) fails the write
                 // as one that errs, rather than the whole flight.
-                let check = || self.codec.check_round_trip(&payload);
+                let check = || self.codec.check_round_trip(value_key, &payload);
                 std::panic::catch_unwind(std::panic::AssertUnwindSafe(check))
                     .unwrap_or_else(|_| Err(CodecError::msg("the codec's decode panicked")))
                     .map_err(|e| encode_error(CodecError::round_trip(e)))?;
@@ -331,7 +338,7 @@ mod tests {
     fn without_grace_a_stored_value_is_fresh_to_its_last_millisecond() {
         let shared = shared();
         let Read::Value { fresh_for, .. } =
-            shared.read(&stored(Duration::ZERO, Duration::ZERO), None)
+            shared.read(&stored(Duration::ZERO, Duration::ZERO), "t:k", false)
         else {
             panic!("a value");
         };
@@ -339,7 +346,8 @@ mod tests {
         // With a grace window, the same remaining TTL is stale.
         let Read::Value { fresh_for, .. } = shared.read(
             &stored(Duration::from_secs(1), Duration::from_millis(500)),
-            None,
+            "t:k",
+            false,
         ) else {
             panic!("a value");
         };

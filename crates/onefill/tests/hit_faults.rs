@@ -88,17 +88,17 @@ impl Gate for Gated {
 struct PanickingCodec;
 
 impl Codec<String> for PanickingCodec {
-    fn encode(&self, value: &String) -> Result<Vec<u8>, CodecError> {
+    fn encode(&self, _key: &str, value: &String) -> Result<Vec<u8>, CodecError> {
         serde_json::to_vec(value).map_err(CodecError::new)
     }
-    fn decode(&self, bytes: &[u8]) -> Result<String, CodecError> {
+    fn decode(&self, _key: &str, bytes: &[u8]) -> Result<String, CodecError> {
         let s: String = serde_json::from_slice(bytes).map_err(CodecError::new)?;
         if s.contains("boom") {
             panic!("codec panicked on {s}");
         }
         Ok(s)
     }
-    fn check_round_trip(&self, _: &[u8]) -> Result<(), CodecError> {
+    fn check_round_trip(&self, _key: &str, _: &[u8]) -> Result<(), CodecError> {
         Ok(())
     }
 }

@@ -523,7 +523,7 @@ where
                 )
                 .await?;
             Ok(stored
-                .and_then(|s| self.shared.value_of(&s, Some(keys.value())))
+                .and_then(|s| self.shared.value_of(&s, keys.value(), true))
                 .flatten())
         };
         let read = read.instrument(span.clone()).await;

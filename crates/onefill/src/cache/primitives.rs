@@ -131,9 +131,14 @@ where
         let value = Some(value);
         let ttl = freshness::written_ttl(policy.ttl, policy.jitter, policy.grace);
         let fresh = ttl.saturating_sub(policy.grace);
-        let bytes = self
-            .shared
-            .encode(&key, &policy, &value, Duration::ZERO, Some(fresh))?;
+        let bytes = self.shared.encode(
+            &key,
+            keys.value(),
+            &policy,
+            &value,
+            Duration::ZERO,
+            Some(fresh),
+        )?;
         let writing = Writing::start(&self.shared, &key, &keys);
         self.call(
             &keys,

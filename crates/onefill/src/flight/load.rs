@@ -126,9 +126,14 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         let value = loaded.into_value();
         let ttl = self.written_ttl(value.is_some());
         let fresh = ttl.saturating_sub(self.policy.grace);
-        let encoded = self
-            .shared
-            .encode(&self.key, &self.policy, &value, took, Some(fresh));
+        let encoded = self.shared.encode(
+            &self.key,
+            self.keys.value(),
+            &self.policy,
+            &value,
+            took,
+            Some(fresh),
+        );
         let bytes = match encoded {
             Ok(bytes) => bytes,
             Err(error) => {
@@ -243,6 +248,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
                     .shared
                     .encode(
                         &self.key,
+                        self.keys.value(),
                         &policy,
                         &value,
                         Duration::ZERO,

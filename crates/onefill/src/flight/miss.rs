@@ -48,7 +48,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
                         self.finish_wait(waiting, false);
                         return self.degrade(e, stale).await;
                     }
-                    Ok(Some(stored)) => match self.shared.read(&stored, None) {
+                    Ok(Some(stored)) => match self.shared.read(&stored, self.keys.value(), false) {
                         Read::Value {
                             value, fresh_for, ..
                         } if !fresh_for.is_zero() => {

@@ -67,7 +67,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
     ) -> FirstRead<V> {
         match stored {
             Ok(Some(stored)) => {
-                let read = self.shared.read(&stored, Some(self.keys.value()));
+                let read = self.shared.read(&stored, self.keys.value(), true);
                 self.first_read_found(&stored, read)
             }
             Ok(None) => {
@@ -155,7 +155,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
 
     /// Reads stored bytes, counting an unreadable value against the key.
     pub(super) fn read(&self, stored: &Stored) -> Read<V> {
-        let read = self.shared.read(stored, Some(self.keys.value()));
+        let read = self.shared.read(stored, self.keys.value(), true);
         self.note_read(stored, &read);
         read
     }
@@ -189,7 +189,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
     /// already counted when the flight first read them, so not again here.
     pub(super) fn stale_value(&self, stored: Option<Stored>) -> Option<Option<V>> {
         let stored = stored?;
-        let value = self.shared.value_of(&stored, None)?;
+        let value = self.shared.value_of(&stored, self.keys.value(), false)?;
         self.note_value_ttl(stored.ttl);
         *self.stale_grace.lock() = envelope::grace_of(&stored.bytes);
         Some(value)

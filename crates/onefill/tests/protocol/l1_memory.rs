@@ -253,15 +253,15 @@ async fn a_slow_read_overtaken_by_a_write_stays_out_of_the_l1() {
 struct PanickyCodec;
 
 impl onefill::Codec<String> for PanickyCodec {
-    fn encode(&self, value: &String) -> Result<Vec<u8>, onefill::CodecError> {
+    fn encode(&self, _key: &str, value: &String) -> Result<Vec<u8>, onefill::CodecError> {
         Ok(value.as_bytes().to_vec())
     }
-    fn decode(&self, _bytes: &[u8]) -> Result<String, onefill::CodecError> {
+    fn decode(&self, _key: &str, _bytes: &[u8]) -> Result<String, onefill::CodecError> {
         panic!("decode bug");
     }
     // Skips the check before a write (whose panic would fail the write),
     // so a value is stored for the read to panic on.
-    fn check_round_trip(&self, _bytes: &[u8]) -> Result<(), onefill::CodecError> {
+    fn check_round_trip(&self, _key: &str, _bytes: &[u8]) -> Result<(), onefill::CodecError> {
         Ok(())
     }
 }

@@ -130,10 +130,10 @@ async fn values_that_round_trip_are_stored() {
 async fn a_value_over_the_size_limit_is_not_decoded() {
     struct Counting(Arc<AtomicUsize>);
     impl onefill::Codec<String> for Counting {
-        fn encode(&self, v: &String) -> Result<Vec<u8>, onefill::CodecError> {
+        fn encode(&self, _key: &str, v: &String) -> Result<Vec<u8>, onefill::CodecError> {
             Ok(v.as_bytes().to_vec())
         }
-        fn decode(&self, b: &[u8]) -> Result<String, onefill::CodecError> {
+        fn decode(&self, _key: &str, b: &[u8]) -> Result<String, onefill::CodecError> {
             self.0.fetch_add(1, Ordering::SeqCst);
             String::from_utf8(b.to_vec()).map_err(onefill::CodecError::new)
         }
@@ -220,10 +220,10 @@ mod limits_and_codecs {
     async fn a_codec_whose_decode_panics() {
         struct Panics;
         impl onefill::Codec<String> for Panics {
-            fn encode(&self, v: &String) -> Result<Vec<u8>, onefill::CodecError> {
+            fn encode(&self, _key: &str, v: &String) -> Result<Vec<u8>, onefill::CodecError> {
                 Ok(v.as_bytes().to_vec())
             }
-            fn decode(&self, _: &[u8]) -> Result<String, onefill::CodecError> {
+            fn decode(&self, _key: &str, _: &[u8]) -> Result<String, onefill::CodecError> {
                 panic!("decode bug")
             }
         }
@@ -259,10 +259,10 @@ mod limits_and_codecs {
     async fn a_codec_whose_encode_panics() {
         struct Panics;
         impl onefill::Codec<String> for Panics {
-            fn encode(&self, _: &String) -> Result<Vec<u8>, onefill::CodecError> {
+            fn encode(&self, _key: &str, _: &String) -> Result<Vec<u8>, onefill::CodecError> {
                 panic!("encode bug")
             }
-            fn decode(&self, b: &[u8]) -> Result<String, onefill::CodecError> {
+            fn decode(&self, _key: &str, b: &[u8]) -> Result<String, onefill::CodecError> {
                 Ok(String::from_utf8_lossy(b).into_owned())
             }
         }
