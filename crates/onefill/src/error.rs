@@ -52,6 +52,11 @@ pub enum Error {
     /// The in-process flight that was computing this key ended without an
     /// answer (its task was cancelled, e.g. by runtime shutdown).
     FlightAbandoned,
+    /// A [`BlockingCache`](crate::BlockingCache) call came from an async
+    /// task of a current-thread runtime, where waiting would stall every
+    /// task of that runtime: call it inside `spawn_blocking`, or use the
+    /// async [`Cache`](crate::Cache).
+    BlockingInAsync,
 }
 
 impl fmt::Display for Error {
@@ -79,6 +84,10 @@ impl fmt::Display for Error {
             Error::FlightAbandoned => {
                 f.write_str("the load this call was waiting for was abandoned")
             }
+            Error::BlockingInAsync => f.write_str(
+                "a blocking cache call from an async task of a current-thread runtime would \
+                 stall it: call it inside `spawn_blocking`, or use the async `Cache`",
+            ),
         }
     }
 }
