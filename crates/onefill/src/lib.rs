@@ -226,7 +226,7 @@ pub use backend::redis;
 pub use answer::{Fetched, Outcome};
 pub use backend::memory::MemoryBackend;
 pub use backend::Backend;
-pub use blocking::BlockingCache;
+pub use blocking::{BlockingCache, BlockingWithOptions};
 pub use builder::CacheBuilder;
 pub use cache::{Cache, WithOptions};
 pub use circuit::{CircuitBreaker, CircuitState};

@@ -2,7 +2,8 @@
 //! private standalone server per test, and a private 3-master cluster
 //! shared by the tests that run at the same time. Real time here (tokio's
 //! paused clock cannot drive a server's TTLs), so only counts and outcomes
-//! are asserted.
+//! are asserted. The standalone suite runs twice: through the async cache,
+//! and through its blocking handle.
 
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -101,6 +102,23 @@ mod cluster {
     use super::*;
     onefill::conformance_suite!(
         cluster(),
+        tokio::test(flavor = "multi_thread", worker_threads = 2)
+    );
+}
+
+/// Every scenario again, each call made through the `BlockingCache` from a
+/// blocking thread, each loader a plain closure on the blocking pool: the
+/// synchronous callers' guarantees are the async ones.
+mod blocking {
+    use super::*;
+    use onefill::testing::Blocking;
+
+    async fn blocking_standalone() -> Blocking<Standalone> {
+        Blocking(standalone().await)
+    }
+
+    onefill::conformance_suite!(
+        blocking_standalone(),
         tokio::test(flavor = "multi_thread", worker_threads = 2)
     );
 }

@@ -1,14 +1,50 @@
-//! A blocking loader (a plain closure) as an async one: it runs on the
-//! runtime's blocking pool, never on an async worker, and its panic stays
-//! a panic of the load, which the flight reports to every caller as
+//! A blocking loader (a plain closure) as an async one: it runs on a
+//! blocking pool, never on an async worker, and its panic stays a panic of
+//! the load, which the flight reports to every caller as
 //! [`Error::LoaderPanicked`](crate::Error::LoaderPanicked).
+//!
+//! The pool is the process's own pool of loader threads, not the blocking
+//! pool of the runtime driving the cache: synchronous callers often wait
+//! on that one (`spawn_blocking`, actix-web's `web::block`), and a herd of
+//! them can fill it, leaving the one load they all wait for queued behind
+//! them until the load timeout.
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 
+use tokio::runtime::{Handle, Runtime};
 use tokio::task::JoinHandle;
+
+/// The loader threads: tokio's blocking pool (capped, idle threads
+/// retire) of a runtime that runs nothing else. `None` if it could not
+/// start: loaders then share the driving runtime's pool.
+static LOADERS: OnceLock<Option<Runtime>> = OnceLock::new();
+
+/// Runs `work` on a loader thread, inside the context of the runtime that
+/// drives the cache (`Handle::current()` there is that runtime, as in
+/// `spawn_blocking`).
+fn spawn<R: Send + 'static>(work: impl FnOnce() -> R + Send + 'static) -> OnBlockingPool<R> {
+    let driving = Handle::current();
+    let pool = LOADERS.get_or_init(|| {
+        tokio::runtime::Builder::new_current_thread()
+            .thread_name("onefill-loader")
+            .build()
+            .ok()
+    });
+    let on_thread = {
+        let driving = driving.clone();
+        move || {
+            let _entered = driving.enter();
+            work()
+        }
+    };
+    OnBlockingPool(match pool {
+        Some(pool) => pool.handle().spawn_blocking(on_thread),
+        None => driving.spawn_blocking(on_thread),
+    })
+}
 
 /// The async face of one blocking load.
 pub(crate) struct OnBlockingPool<R>(JoinHandle<R>);
@@ -40,7 +76,7 @@ where
     R: Send + 'static,
     F: FnOnce(K) -> R + Send + 'static,
 {
-    move |key| OnBlockingPool(tokio::task::spawn_blocking(move || loader(key)))
+    move |key| spawn(move || loader(key))
 }
 
 /// A blocking batch loader, as the loader of an async batch call.
@@ -55,6 +91,6 @@ where
     let loader = Arc::new(loader);
     move |keys| {
         let loader = loader.clone();
-        OnBlockingPool(tokio::task::spawn_blocking(move || loader(keys)))
+        spawn(move || loader(keys))
     }
 }

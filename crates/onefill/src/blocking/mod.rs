@@ -19,12 +19,15 @@ use crate::cache::Cache;
 use crate::circuit::CircuitState;
 use crate::error::{ConfigError, Error, IntoLoaderError};
 use crate::loader::Loaded;
+use crate::options::CallOptions;
 use crate::stats::Stats;
 
 mod driver;
 mod load;
+mod with_options;
 
 use driver::Driver;
+pub use with_options::BlockingWithOptions;
 
 /// A [`Cache`] for synchronous callers: the same calls, blocking until
 /// answered, with loaders that are plain closures `FnOnce(K) -> Result<T,
@@ -308,6 +311,11 @@ where
     {
         self.driver
             .run(self.cache.fetch_many(keys, load::many(loader)))?
+    }
+
+    /// These calls with per-call options. As [`Cache::with_options`].
+    pub fn with_options<'a>(&'a self, options: &'a CallOptions) -> BlockingWithOptions<'a, K, V> {
+        BlockingWithOptions::new(self, options)
     }
 
     /// The cached value, if there is a fresh one. As [`Cache::get`].

@@ -170,9 +170,11 @@ use crate::{Cache, CacheBuilder, CallOptions, Error, Fetched, LeaseToken};
 pub mod conformance;
 pub mod faulty;
 pub mod processes;
+mod under_test;
 
 pub use faulty::{Fault, Faults, FaultyBackend, Op};
 pub use processes::{ProcessBackend, Processes};
+pub use under_test::{Blocking, CacheUnderTest, UnderTestWithOptions};
 
 /// Gives the suite backends that share one store. See the
 /// [module docs](self#what-a-harness-provides).
@@ -182,6 +184,11 @@ pub trait Harness: Send + Sync {
     async fn backend(&self) -> Arc<dyn Backend>;
     /// Whether tokio time is paused (then virtual durations may be asserted).
     fn paused(&self) -> bool;
+    /// Whether the scenarios call the cache through its
+    /// [`BlockingCache`](crate::BlockingCache) (see [`Blocking`]).
+    fn blocking(&self) -> bool {
+        false
+    }
 }
 
 /// A [`Harness`] for a backend whose clones share one store (as
@@ -262,8 +269,9 @@ pub fn failing_loader(
 }
 
 /// A cache on a new backend handle of `h`, in namespace `ns`, without TTL
-/// jitter; otherwise the defaults.
-pub async fn cache(h: &dyn Harness, ns: &str) -> Cache<String, String> {
+/// jitter; otherwise the defaults. Called as the harness says
+/// ([`Harness::blocking`]).
+pub async fn cache(h: &dyn Harness, ns: &str) -> CacheUnderTest {
     cache_with(h, ns, |b| b).await
 }
 
@@ -272,13 +280,14 @@ pub async fn cache_with(
     h: &dyn Harness,
     ns: &str,
     f: impl FnOnce(CacheBuilder<String, String>) -> CacheBuilder<String, String>,
-) -> Cache<String, String> {
-    f(Cache::builder()
+) -> CacheUnderTest {
+    let cache = f(Cache::builder()
         .namespace(ns)
         .shared_backend(h.backend().await)
         .jitter(0.0))
     .build()
-    .expect("valid options")
+    .expect("valid options");
+    CacheUnderTest::new(cache, h.blocking())
 }
 
 /// A namespace no other test uses: `name` and a random suffix.
@@ -311,7 +320,7 @@ pub async fn lease_held(backend: &dyn Backend, keys: &FillKeys) -> bool {
 /// spread round-robin over `caches`, each with a loader of `origin` that
 /// takes `took`; returns their answers in order.
 pub async fn herd(
-    caches: &[Cache<String, String>],
+    caches: &[CacheUnderTest],
     n: usize,
     key: &str,
     origin: &Origin,

@@ -21,7 +21,7 @@ scenarios! { $ __onefill_conformance_batch;
         let ns = unique_ns("batch-steps");
         let backend = h.backend().await;
         let c = cache(h, &ns).await;
-        c.set(&"fresh".to_owned(), "v".to_owned()).await.expect("set");
+        c.set("fresh", "v".to_owned()).await.expect("set");
         let keys = |k: &str| FillKeys::new(&ns, k);
         let other = LeaseToken::random();
         let lease = Duration::from_secs(5);

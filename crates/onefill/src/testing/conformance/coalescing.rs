@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use super::all_ok_with;
-use crate::testing::{cache, herd, unique_ns, Harness, Origin};
+use crate::testing::{cache, herd, unique_ns, CacheUnderTest, Harness, Origin};
 use crate::{Cache, CallOptions, Outcome};
 
 scenarios! { $ __onefill_conformance_coalescing;
@@ -62,7 +62,14 @@ scenarios! { $ __onefill_conformance_coalescing;
             .iter()
             .filter(|r| r.as_ref().unwrap().outcome == Outcome::Waited)
             .count();
-        assert_eq!(loaded, 100, "the winning pod's 100 callers got Loaded");
+        if h.blocking() {
+            // Threads of synchronous callers start over a while (the pool
+            // caps them below 800): a late caller of the winning pod finds
+            // the value filled, a hit.
+            assert!((1..=100).contains(&loaded), "{loaded} callers got Loaded");
+        } else {
+            assert_eq!(loaded, 100, "the winning pod's 100 callers got Loaded");
+        }
         assert_eq!(
             loaded
                 + waited
@@ -82,13 +89,12 @@ scenarios! { $ __onefill_conformance_coalescing;
         let ns = unique_ns("six");
         let mut pods = Vec::new();
         for _ in 0..4 {
-            pods.push(
-                Cache::<String, String>::builder()
-                    .namespace(&ns)
-                    .shared_backend(h.backend().await)
-                    .build()
-                    .unwrap(),
-            );
+            let cache = Cache::<String, String>::builder()
+                .namespace(&ns)
+                .shared_backend(h.backend().await)
+                .build()
+                .unwrap();
+            pods.push(CacheUnderTest::new(cache, h.blocking()));
         }
         let origin = Origin::default();
         let results = herd(
@@ -119,7 +125,7 @@ scenarios! { $ __onefill_conformance_coalescing;
             CallOptions::new(),
         )
         .await;
-        c.get_or_load(&"k".to_string(), origin.loader(Duration::ZERO))
+        c.get_or_load("k", origin.loader(Duration::ZERO))
             .await
             .unwrap();
         let s = c.stats();

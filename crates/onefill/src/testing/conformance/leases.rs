@@ -197,7 +197,7 @@ scenarios! { $ __onefill_conformance_leases;
         let backend = h.backend().await;
         let c2 = c.clone();
         let loader = origin.loader(Duration::from_millis(400));
-        let task = tokio::spawn(async move { c2.get_or_load(&"probe".to_string(), loader).await });
+        let task = tokio::spawn(async move { c2.get_or_load("probe", loader).await });
         while origin.count() < 4 {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }

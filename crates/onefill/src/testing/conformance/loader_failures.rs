@@ -27,7 +27,7 @@ scenarios! { $ __onefill_conformance_loader_failures;
             let (c, calls, barrier) = (c.clone(), calls.clone(), barrier.clone());
             tasks.push(tokio::spawn(async move {
                 barrier.wait().await;
-                c.get_or_load(&"k".to_string(), move |_| async move {
+                c.get_or_load("k", move |_| async move {
                     calls.fetch_add(1, Ordering::SeqCst);
                     tokio::time::sleep(Duration::from_millis(100)).await;
                     Err::<String, _>(OriginError("db down".into()))
@@ -61,7 +61,7 @@ scenarios! { $ __onefill_conformance_loader_failures;
         for _ in 0..20 {
             let c = c.clone();
             tasks.push(tokio::spawn(async move {
-                c.get_or_load(&"k".to_string(), |_| async move {
+                c.get_or_load("k", |_| async move {
                     tokio::time::sleep(Duration::from_millis(50)).await;
                     if true {
                         panic!("loader bug");
@@ -91,7 +91,7 @@ scenarios! { $ __onefill_conformance_loader_failures;
         let follower = {
             let c = c.clone();
             let loader = origin.loader(Duration::from_millis(300));
-            tokio::spawn(async move { c.fetch(&"k".to_string(), loader).await })
+            tokio::spawn(async move { c.fetch("k", loader).await })
         };
         tokio::time::sleep(Duration::from_millis(20)).await;
         leader.abort();
@@ -115,7 +115,7 @@ scenarios! { $ __onefill_conformance_loader_failures;
         let c = cache_with(h, &ns, |b| b.max_load_time(max)).await;
         let start = Instant::now();
         let err = c
-            .get_or_load(&"k".to_string(), |_| async {
+            .get_or_load("k", |_| async {
                 std::future::pending::<()>().await;
                 Ok::<String, OriginError>(String::new())
             })

@@ -23,8 +23,8 @@
 
 use std::time::Duration;
 
-use super::{eventually, Origin};
-use crate::{Cache, CacheBuilder, Error, Fetched};
+use super::{eventually, CacheUnderTest, Origin};
+use crate::{CacheBuilder, Error, Fetched};
 
 /// Declares a theme's scenarios: emits each as a public function, their
 /// names as `NAMES`, and a hidden exported macro, `$suite!($make, $attr)`,
@@ -153,7 +153,7 @@ fn all_ok_with(results: &[Result<Fetched<String>, Error>], value: &str) {
 /// Starts a call for key `k` in the background and returns once its loader
 /// runs (so the lease is taken).
 async fn start_slow_load(
-    c: &Cache<String, String>,
+    c: &CacheUnderTest,
     origin: &Origin,
     took: Duration,
 ) -> tokio::task::JoinHandle<Result<Fetched<String>, Error>> {
@@ -161,7 +161,7 @@ async fn start_slow_load(
     let task = {
         let c = c.clone();
         let loader = origin.loader(took);
-        tokio::spawn(async move { c.fetch(&"k".to_string(), loader).await })
+        tokio::spawn(async move { c.fetch("k", loader).await })
     };
     eventually(Duration::from_secs(5), || origin.count() > before).await;
     task
@@ -169,8 +169,8 @@ async fn start_slow_load(
 
 /// One call for `key` with the default options and an instant loader of
 /// `origin`, which must answer.
-async fn fetch_now(c: &Cache<String, String>, key: &str, origin: &Origin) -> Fetched<String> {
-    c.fetch(&key.to_owned(), origin.loader(Duration::ZERO))
+async fn fetch_now(c: &CacheUnderTest, key: &str, origin: &Origin) -> Fetched<String> {
+    c.fetch(key, origin.loader(Duration::ZERO))
         .await
         .expect("an answer")
 }
@@ -180,7 +180,7 @@ async fn pods_with(
     ns: &str,
     n: usize,
     f: impl Fn(CacheBuilder<String, String>) -> CacheBuilder<String, String>,
-) -> Vec<Cache<String, String>> {
+) -> Vec<CacheUnderTest> {
     let mut pods = Vec::new();
     for _ in 0..n {
         pods.push(super::cache_with(h, ns, &f).await);

@@ -28,7 +28,7 @@ scenarios! { $ __onefill_conformance_waiting;
         let h1 = start_slow_load(&holder, &origin, load).await;
         let started = Instant::now();
         let waited = waiter
-            .fetch(&"k".to_string(), origin.loader(load))
+            .fetch("k", origin.loader(load))
             .await
             .expect("waiter answered");
         let elapsed = started.elapsed();

@@ -51,7 +51,7 @@ scenarios! { $ __onefill_conformance_writes;
         let c = cache(h, &ns).await;
         let origin = Origin::default();
         let task = start_slow_load(&c, &origin, Duration::from_millis(500)).await;
-        c.invalidate(&"k".to_string()).await.unwrap();
+        c.invalidate("k").await.unwrap();
         assert_eq!(task.await.unwrap().unwrap().value, "k-v1");
         let keys = FillKeys::new(&ns, "k");
         assert!(
@@ -81,7 +81,7 @@ scenarios! { $ __onefill_conformance_writes;
         let ns = unique_ns("oversize");
         let c = cache_with(h, &ns, |b| b.max_value_bytes(64)).await;
         let err = c
-            .get_or_load(&"k".to_string(), |_| async {
+            .get_or_load("k", |_| async {
                 Ok::<_, OriginError>("x".repeat(100))
             })
             .await
@@ -98,7 +98,7 @@ scenarios! { $ __onefill_conformance_writes;
         assert!(backend.get(&keys).await.unwrap().is_none());
         assert!(!lease_held(&*backend, &keys).await);
         assert!(c
-            .set(&"k".to_string(), "y".repeat(100))
+            .set("k", "y".repeat(100))
             .await
             .unwrap_err()
             .is_invalid_input());

@@ -1,0 +1,196 @@
+//! The blocking handle where synchronous code meets it: plain threads,
+//! `spawn_blocking`, async tasks of either runtime flavour, a panicking
+//! loader, a herd that fills the blocking pool. (Its guarantees under
+//! contention and faults are the conformance suite's, run through it on
+//! Redis in `redis_conformance.rs`.)
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Barrier};
+use std::time::Duration;
+
+use onefill::{BlockingCache, Cache, Error, Outcome};
+
+fn cache(ns: &str) -> BlockingCache<u64, String> {
+    Cache::builder()
+        .namespace(ns)
+        .build_blocking()
+        .expect("a blocking cache")
+}
+
+#[test]
+fn sixty_four_threads_on_a_cold_key_are_one_load() {
+    let cache = cache("threads");
+    let loads = Arc::new(AtomicUsize::new(0));
+    let start = Arc::new(Barrier::new(64));
+    let threads: Vec<_> = (0..64)
+        .map(|_| {
+            let (cache, loads, start) = (cache.clone(), loads.clone(), start.clone());
+            std::thread::spawn(move || {
+                start.wait();
+                cache.fetch(&1, move |id| {
+                    loads.fetch_add(1, Ordering::SeqCst);
+                    std::thread::sleep(Duration::from_millis(100));
+                    Ok::<_, std::io::Error>(format!("user {id}"))
+                })
+            })
+        })
+        .collect();
+    let mut loaded = 0;
+    for thread in threads {
+        let fetched = thread.join().expect("a caller thread").expect("an answer");
+        assert_eq!(fetched.value, "user 1");
+        loaded += usize::from(fetched.outcome == Outcome::Loaded);
+    }
+    assert_eq!(loads.load(Ordering::SeqCst), 1);
+    assert!(loaded >= 1);
+    assert_eq!(cache.stats().loads_ok, 1);
+}
+
+#[test]
+fn the_loader_runs_on_a_loader_thread_inside_the_driving_runtime() {
+    let cache = cache("where");
+    let (thread, in_runtime) = cache
+        .get_or_load(&1, |_| {
+            let thread = std::thread::current().name().map(str::to_owned);
+            let in_runtime = tokio::runtime::Handle::try_current().is_ok();
+            Ok::<_, std::io::Error>(format!("{thread:?} {in_runtime}"))
+        })
+        .map(|answer| {
+            let (thread, in_runtime) = answer.rsplit_once(' ').expect("two words");
+            (thread.to_owned(), in_runtime == "true")
+        })
+        .expect("an answer");
+    assert_eq!(thread, "Some(\"onefill-loader\")", "not an async worker");
+    assert!(in_runtime, "Handle::current() works in the loader");
+}
+
+#[test]
+fn a_panicking_loader_is_an_error_for_every_caller() {
+    let cache = cache("panics");
+    let err = cache
+        .get_or_load(&1, |_| -> Result<String, std::io::Error> { panic!("boom") })
+        .expect_err("the loader panicked");
+    assert!(
+        matches!(&err, Error::LoaderPanicked(m) if m.contains("boom")),
+        "{err:?}"
+    );
+    // Nothing stuck: the next call loads.
+    let next = cache.get_or_load(&1, |_| Ok::<_, std::io::Error>("ok".to_owned()));
+    assert_eq!(next.expect("a load"), "ok");
+}
+
+#[test]
+fn writes_reads_and_batches() {
+    let cache = cache("verbs");
+    cache.set(&1, "one".to_owned()).expect("set");
+    assert_eq!(cache.get(&1).expect("get"), Some("one".to_owned()));
+    cache.invalidate(&1).expect("invalidate");
+    assert_eq!(cache.get(&1).expect("get"), None);
+    let found = cache
+        .get_or_load_many(&[1, 2, 3], |ids| {
+            Ok::<_, std::io::Error>(
+                ids.into_iter()
+                    .map(|id| (id, format!("v{id}")))
+                    .collect::<Vec<_>>(),
+            )
+        })
+        .expect("a batch");
+    assert_eq!(found.len(), 3);
+    assert_eq!(found[&2], "v2");
+    let absent = cache
+        .get_or_load_optional(&9, |_| Ok::<_, std::io::Error>(None))
+        .expect("an optional load");
+    assert_eq!(absent, None);
+    let options = onefill::CallOptions::new().ttl(Duration::from_secs(5));
+    cache
+        .with_options(&options)
+        .set(&4, "four".to_owned())
+        .expect("a set with options");
+    assert_eq!(cache.get(&4).expect("get"), Some("four".to_owned()));
+}
+
+/// Regression: blocking loaders once ran on the driving runtime's blocking
+/// pool, where the callers themselves wait (`spawn_blocking`). A herd that
+/// filled it left the load queued behind the callers waiting for it, until
+/// the load timeout.
+#[test]
+fn a_herd_filling_the_blocking_pool_still_gets_its_load() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .max_blocking_threads(4)
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    runtime.block_on(async {
+        let cache = Cache::<u64, String>::builder()
+            .namespace("full-pool")
+            .max_load_time(Duration::from_secs(2))
+            .build()
+            .expect("a cache")
+            .blocking()
+            .expect("a multi-thread runtime");
+        let callers: Vec<_> = (0..16)
+            .map(|_| {
+                let cache = cache.clone();
+                tokio::task::spawn_blocking(move || {
+                    cache.get_or_load(&1, |_| {
+                        std::thread::sleep(Duration::from_millis(50));
+                        Ok::<_, std::io::Error>("v".to_owned())
+                    })
+                })
+            })
+            .collect();
+        for caller in callers {
+            let answer = caller.await.expect("a caller");
+            assert_eq!(answer.expect("the load, not its timeout"), "v");
+        }
+    });
+}
+
+#[test]
+fn from_a_current_thread_runtimes_task_a_call_is_refused_not_a_deadlock() {
+    let blocking = cache("refused");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    runtime.block_on(async {
+        let in_task = tokio::spawn({
+            let blocking = blocking.clone();
+            async move { blocking.get(&1) }
+        })
+        .await
+        .expect("the task");
+        assert!(
+            matches!(in_task, Err(Error::BlockingInAsync)),
+            "{in_task:?}"
+        );
+        assert!(matches!(blocking.get(&1), Err(Error::BlockingInAsync)));
+        // From its blocking pool, the same call waits and answers.
+        let pooled = tokio::task::spawn_blocking(move || blocking.get(&1))
+            .await
+            .expect("the blocking task");
+        assert_eq!(pooled.expect("a read"), None);
+    });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn from_a_multi_thread_runtimes_task_a_call_works() {
+    let cache = Cache::<u64, String>::builder().build().expect("a cache");
+    let blocking = cache.blocking().expect("a multi-thread runtime");
+    let value = blocking
+        .get_or_load(&1, |_| Ok::<_, std::io::Error>("v".to_owned()))
+        .expect("an answer");
+    assert_eq!(value, "v");
+    // Shared with the async face.
+    assert_eq!(cache.get(&1).await.expect("get"), Some("v".to_owned()));
+    // The last handle of an owned runtime dropped in a task: no panic.
+    drop(self::cache("owned"));
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_current_thread_runtime_cannot_drive_a_blocking_handle() {
+    let cache = Cache::<u64, String>::builder().build().expect("a cache");
+    let err = cache.blocking().expect_err("refused");
+    assert!(err.to_string().contains("multi-thread"), "{err}");
+}
