@@ -24,7 +24,9 @@
 //!   span per call, ready for OpenTelemetry (`examples/otel.rs`).
 //!
 //! The embedded [`MemoryBackend`] is the default; the `redis` feature (on
-//! by default) adds `redis::RedisBackend` for a fleet.
+//! by default) adds `redis::RedisBackend` for a fleet. Synchronous code
+//! calls the same cache through a [`BlockingCache`], with the same
+//! guarantees.
 //!
 //! The [guide](crate::_guide) explains each part at length (loaders,
 //! freshness, waiting, the L1, Redis, batches, resilience, observability),
@@ -209,6 +211,8 @@ pub mod _guide {
     pub mod redis {}
     #[doc = include_str!("../docs/guide/batches.md")]
     pub mod batches {}
+    #[doc = include_str!("../docs/guide/blocking.md")]
+    pub mod blocking {}
     #[doc = include_str!("../docs/guide/resilience.md")]
     pub mod resilience {}
     #[doc = include_str!("../docs/guide/observability.md")]

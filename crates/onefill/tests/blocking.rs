@@ -194,3 +194,61 @@ async fn a_current_thread_runtime_cannot_drive_a_blocking_handle() {
     let err = cache.blocking().expect_err("refused");
     assert!(err.to_string().contains("multi-thread"), "{err}");
 }
+
+#[test]
+fn a_handle_on_a_current_thread_runtime_is_refused_and_the_runtime_shut_down() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let cache = {
+        let _entered = runtime.enter();
+        Cache::<u64, String>::builder().build().expect("a cache")
+    };
+    let err = cache.into_blocking(runtime).expect_err("refused");
+    assert!(err.to_string().contains("multi-thread"), "{err}");
+}
+
+/// A program without async code of its own, on Redis: it connects in a
+/// runtime it then hands to the blocking handle, and calls from threads.
+#[cfg(feature = "redis")]
+#[test]
+fn a_synchronous_program_on_redis() {
+    let server = onefill_testkit::RedisServer::start();
+    let runtime = tokio::runtime::Runtime::new().expect("a runtime");
+    let cache = runtime.block_on(async {
+        let backend = onefill::redis::RedisBackend::connect(&server.url())
+            .await
+            .expect("connect");
+        Cache::<u64, String>::builder()
+            .namespace("sync-program")
+            .backend(backend)
+            .build()
+            .expect("a cache")
+    });
+    let users = cache
+        .into_blocking(runtime)
+        .expect("a multi-thread runtime");
+    let loads = Arc::new(AtomicUsize::new(0));
+    let threads: Vec<_> = (0..16)
+        .map(|_| {
+            let (users, loads) = (users.clone(), loads.clone());
+            std::thread::spawn(move || {
+                users.get_or_load(&7, move |id| {
+                    loads.fetch_add(1, Ordering::SeqCst);
+                    std::thread::sleep(Duration::from_millis(100));
+                    Ok::<_, std::io::Error>(format!("user {id}"))
+                })
+            })
+        })
+        .collect();
+    for thread in threads {
+        assert_eq!(
+            thread.join().expect("a thread").expect("an answer"),
+            "user 7"
+        );
+    }
+    assert_eq!(loads.load(Ordering::SeqCst), 1);
+    users.invalidate(&7).expect("invalidate");
+    assert_eq!(users.get(&7).expect("get"), None);
+}

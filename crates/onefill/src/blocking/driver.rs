@@ -41,24 +41,35 @@ impl Driver {
     /// know; a multi-thread runtime's workers drive them whatever the
     /// callers do.
     pub(crate) fn on(handle: Handle) -> Result<Driver, ConfigError> {
-        if handle.runtime_flavor() != RuntimeFlavor::MultiThread {
-            return Err(ConfigError::Option {
-                option: "blocking",
-                reason: "a blocking handle needs a multi-thread runtime (a current-thread \
-                         runtime's I/O stops while its thread waits): use \
-                         `CacheBuilder::build_blocking`, which brings its own"
-                    .to_owned(),
-            });
-        }
+        multi_thread(&handle)?;
         Ok(Driver {
             handle,
             _owned: None,
         })
     }
 
+    /// Calls driven by `runtime`, which the driver keeps until its last
+    /// clone goes.
+    ///
+    /// # Errors
+    ///
+    /// As [`Driver::on`].
+    pub(crate) fn owning(runtime: Runtime) -> Result<Driver, ConfigError> {
+        if let Err(refused) = multi_thread(runtime.handle()) {
+            // Not a plain drop, which would wait for its tasks (and panic
+            // in an async context).
+            runtime.shutdown_background();
+            return Err(refused);
+        }
+        Ok(Driver {
+            handle: runtime.handle().clone(),
+            _owned: Some(Arc::new(Owned(Some(runtime)))),
+        })
+    }
+
     /// A runtime of the handle's own: two workers for the backend's I/O
-    /// and the detached flights (blocking loaders run on its blocking
-    /// pool, not on them).
+    /// and the detached flights (blocking loaders run on a pool of their
+    /// own, not on them).
     pub(crate) fn owned() -> Result<Driver, ConfigError> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -69,10 +80,7 @@ impl Driver {
                 option: "blocking",
                 reason: format!("cannot start the blocking handle's runtime: {e}"),
             })?;
-        Ok(Driver {
-            handle: runtime.handle().clone(),
-            _owned: Some(Arc::new(Owned(Some(runtime)))),
-        })
+        Driver::owning(runtime)
     }
 
     /// The runtime the calls run on.
@@ -104,6 +112,23 @@ impl Driver {
         // wait while that runtime's thread goes on.
         Ok(self.handle.block_on(call))
     }
+}
+
+/// Refuses a current-thread runtime: its I/O and timers only progress while
+/// its own thread polls them, which a thread blocked in a call does not
+/// know; a multi-thread runtime's workers drive them whatever the callers
+/// do.
+fn multi_thread(handle: &Handle) -> Result<(), ConfigError> {
+    if handle.runtime_flavor() == RuntimeFlavor::MultiThread {
+        return Ok(());
+    }
+    Err(ConfigError::Option {
+        option: "blocking",
+        reason: "a blocking handle needs a multi-thread runtime (a current-thread \
+                 runtime's I/O stops while its thread waits): use \
+                 `CacheBuilder::build_blocking`, which brings its own"
+            .to_owned(),
+    })
 }
 
 /// Whether this thread is polling a runtime's task (or `block_on` future),

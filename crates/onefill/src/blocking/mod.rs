@@ -11,7 +11,7 @@ use std::hash::Hash;
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use tokio::runtime::Handle;
+use tokio::runtime::{Handle, Runtime};
 
 use crate::answer::Fetched;
 use crate::builder::CacheBuilder;
@@ -133,8 +133,7 @@ where
     /// its own, [`Cache::blocking`] shares it instead.
     ///
     /// A backend that must be connected in a runtime (Redis) is connected
-    /// in the one that will drive it: build the async cache there and take
-    /// [`Cache::blocking_on`] its handle.
+    /// in the one that will drive it: see [`Cache::into_blocking`].
     ///
     /// # Errors
     ///
@@ -173,7 +172,8 @@ impl<K, V> Cache<K, V> {
     }
 
     /// This cache for synchronous callers, on the runtime `handle` belongs
-    /// to (the one the backend was connected in).
+    /// to (the one the backend was connected in), which must outlive the
+    /// calls, as with any tokio `Handle`.
     ///
     /// # Errors
     ///
@@ -183,6 +183,40 @@ impl<K, V> Cache<K, V> {
         Ok(BlockingCache {
             cache: self.clone(),
             driver: Driver::on(handle)?,
+        })
+    }
+
+    /// This cache for synchronous callers, on `runtime`, the one its
+    /// backend was connected in, which the blocking handle keeps (and shuts
+    /// down when its last clone goes): how a program without async code of
+    /// its own uses Redis.
+    ///
+    /// ```no_run
+    /// # #[cfg(feature = "redis")]
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let runtime = tokio::runtime::Runtime::new()?;
+    /// let cache = runtime.block_on(async {
+    ///     let backend = onefill::redis::RedisBackend::connect("redis://127.0.0.1:6379").await?;
+    ///     let cache = onefill::Cache::<u64, String>::builder()
+    ///         .namespace("users")
+    ///         .backend(backend)
+    ///         .build()?;
+    ///     Ok::<_, Box<dyn std::error::Error>>(cache)
+    /// })?;
+    /// let users = cache.into_blocking(runtime)?;
+    /// let name = users.get_or_load(&42, |id| Ok::<_, std::io::Error>(format!("user {id}")))?;
+    /// # Ok(()) }
+    /// # #[cfg(not(feature = "redis"))] fn main() {}
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError`] if it is a current-thread runtime (see
+    /// [`blocking`](Cache::blocking)); the runtime is then shut down.
+    pub fn into_blocking(self, runtime: Runtime) -> Result<BlockingCache<K, V>, ConfigError> {
+        Ok(BlockingCache {
+            cache: self,
+            driver: Driver::owning(runtime)?,
         })
     }
 }
