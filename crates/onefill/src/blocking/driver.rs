@@ -15,6 +15,7 @@
 //!   [`Error::BlockingInAsync`].
 
 use std::future::Future;
+use std::pin::{pin, Pin};
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
@@ -95,23 +96,48 @@ impl Driver {
     /// [`Error::BlockingInAsync`] from an async task of a current-thread
     /// runtime.
     pub(crate) fn run<F: Future>(&self, call: F) -> Result<F::Output, Error> {
-        let Ok(here) = Handle::try_current() else {
-            return Ok(self.handle.block_on(call));
-        };
-        if here.runtime_flavor() == RuntimeFlavor::MultiThread {
+        let wait = match Handle::try_current() {
+            Err(_) => Wait::Here,
             // On a worker: its tasks move to another thread first. On a
             // blocking-pool thread, or in the runtime's main future: runs
             // the closure as is.
-            return Ok(tokio::task::block_in_place(|| self.handle.block_on(call)));
+            Ok(here) if here.runtime_flavor() == RuntimeFlavor::MultiThread => Wait::InPlace,
+            Ok(_) if polling_a_task() => return Err(Error::BlockingInAsync),
+            // A blocking-pool thread of a current-thread runtime
+            // (`spawn_blocking`, actix-web's `web::block`): not entered in
+            // any runtime, free to wait while that runtime's thread goes on.
+            Ok(_) => Wait::Here,
+        };
+        let mut call = pin!(call);
+        if let Some(answer) = self.at_once(call.as_mut()) {
+            return Ok(answer);
         }
-        if polling_a_task() {
-            return Err(Error::BlockingInAsync);
-        }
-        // A blocking-pool thread of a current-thread runtime (`spawn_blocking`,
-        // actix-web's `web::block`): not entered in any runtime, free to
-        // wait while that runtime's thread goes on.
-        Ok(self.handle.block_on(call))
+        Ok(match wait {
+            Wait::Here => self.handle.block_on(call),
+            Wait::InPlace => tokio::task::block_in_place(|| self.handle.block_on(call)),
+        })
     }
+
+    /// The call's answer if it is ready at its first poll (an L1 hit, a
+    /// hit on the embedded backend): polled in the runtime's context, it
+    /// needs neither the runtime entered for blocking nor a parked thread,
+    /// which cost more than the hit itself. A call that is not ready is
+    /// polled again, with a real waker, by the wait.
+    fn at_once<F: Future>(&self, call: Pin<&mut F>) -> Option<F::Output> {
+        let _entered = self.handle.enter();
+        match call.poll(&mut Context::from_waker(Waker::noop())) {
+            Poll::Ready(answer) => Some(answer),
+            Poll::Pending => None,
+        }
+    }
+}
+
+/// How the calling thread waits for a call that is not ready at once.
+enum Wait {
+    /// On this thread, which no runtime uses.
+    Here,
+    /// On this thread, its runtime's other tasks handed elsewhere first.
+    InPlace,
 }
 
 /// Refuses a current-thread runtime: its I/O and timers only progress while
