@@ -252,3 +252,140 @@ fn a_synchronous_program_on_redis() {
     users.invalidate(&7).expect("invalidate");
     assert_eq!(users.get(&7).expect("get"), None);
 }
+
+/// Runs `body` on a thread of its own and fails the test `name` if it has
+/// not returned within `limit`: these tests are about calls that could
+/// hang.
+fn within<T: Send + 'static>(
+    name: &str,
+    limit: Duration,
+    body: impl FnOnce() -> T + Send + 'static,
+) -> T {
+    let (done, answer) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = done.send(std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)));
+    });
+    match answer.recv_timeout(limit) {
+        Ok(Ok(value)) => value,
+        Ok(Err(panic)) => std::panic::resume_unwind(panic),
+        Err(_) => panic!("{name}: no answer within {limit:?}"),
+    }
+}
+
+/// Known: `block_in_place` hands the worker's tasks to a new thread of the
+/// runtime's blocking pool. When synchronous callers on `spawn_blocking`
+/// fill that pool and every worker is in a blocking call, no thread runs
+/// the runtime's tasks or timers: the flight the callers wait for never
+/// ends, nor does any timeout.
+#[test]
+#[ignore = "known hang: a task's call on a runtime whose blocking pool is full"]
+fn a_tasks_call_while_synchronous_callers_fill_the_blocking_pool_answers() {
+    within(
+        "a_tasks_call_while_synchronous_callers_fill_the_blocking_pool_answers",
+        Duration::from_secs(20),
+        || {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .max_blocking_threads(2)
+                .enable_all()
+                .build()
+                .expect("a runtime");
+            let (gate, closed) = std::sync::mpsc::channel::<()>();
+            let closed = Arc::new(std::sync::Mutex::new(closed));
+            runtime.block_on(async move {
+                let cache = Cache::<u64, String>::builder()
+                    .namespace("full-pool-task")
+                    .max_load_time(Duration::from_secs(1))
+                    .build()
+                    .expect("a cache")
+                    .blocking()
+                    .expect("a multi-thread runtime");
+                // More callers than the pool has threads, waiting for a
+                // load that outlives the maximum load time.
+                let callers: Vec<_> = (0..4)
+                    .map(|_| {
+                        let (cache, closed) = (cache.clone(), closed.clone());
+                        tokio::task::spawn_blocking(move || {
+                            cache.get_or_load(&1, move |_| {
+                                let _ = closed.lock().map(|closed| closed.recv());
+                                Ok::<_, std::io::Error>("late".to_owned())
+                            })
+                        })
+                    })
+                    .collect();
+                let in_task = tokio::spawn(async move {
+                    cache.get_or_load(&2, |_| Ok::<_, std::io::Error>("two".to_owned()))
+                });
+                let in_task = in_task.await.expect("the task");
+                assert!(
+                    matches!(&in_task, Ok(_) | Err(Error::BlockingInAsync)),
+                    "{in_task:?}"
+                );
+                for caller in callers {
+                    let answer = caller.await.expect("a caller");
+                    assert!(matches!(answer, Err(Error::LoadTimedOut(_))), "{answer:?}");
+                }
+            });
+            drop(gate);
+        },
+    );
+}
+
+/// Known: a `LocalSet` forbids `block_in_place`, and nothing short of
+/// calling it tells its tasks from a multi-thread runtime's: the call
+/// panics there instead of answering or refusing.
+#[test]
+#[ignore = "known panic: a call from a LocalSet's task on a multi-thread runtime"]
+fn from_a_local_set_on_a_multi_thread_runtime_a_call_answers_or_is_refused() {
+    within(
+        "from_a_local_set_on_a_multi_thread_runtime_a_call_answers_or_is_refused",
+        Duration::from_secs(10),
+        || {
+            let runtime = tokio::runtime::Runtime::new().expect("a runtime");
+            runtime.block_on(async {
+                let blocking = Cache::<u64, String>::builder()
+                    .build()
+                    .expect("a cache")
+                    .blocking()
+                    .expect("a multi-thread runtime");
+                let local = tokio::task::LocalSet::new();
+                let answer = local
+                    .run_until(async move {
+                        tokio::task::spawn_local(async move { blocking.get(&1) }).await
+                    })
+                    .await
+                    .expect("the local task, not a panic");
+                assert!(
+                    matches!(answer, Ok(None) | Err(Error::BlockingInAsync)),
+                    "{answer:?}"
+                );
+            });
+        },
+    );
+}
+
+/// Known: an unconstrained task has no budget, as a blocking thread has
+/// none, so the probe takes it for one; tokio then refuses to block the
+/// runtime's thread, by panicking.
+#[test]
+#[ignore = "known panic: a call from an unconstrained task of a current-thread runtime"]
+fn from_an_unconstrained_task_of_a_current_thread_runtime_a_call_is_refused() {
+    let blocking = cache("unconstrained");
+    within(
+        "from_an_unconstrained_task_of_a_current_thread_runtime_a_call_is_refused",
+        Duration::from_secs(10),
+        move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime");
+            runtime.block_on(async move {
+                let answer =
+                    tokio::spawn(tokio::task::unconstrained(async move { blocking.get(&1) }))
+                        .await
+                        .expect("the task, not a panic");
+                assert!(matches!(answer, Err(Error::BlockingInAsync)), "{answer:?}");
+            });
+        },
+    );
+}

@@ -33,21 +33,37 @@ fn spawn<R: Send + 'static>(work: impl FnOnce() -> R + Send + 'static) -> OnBloc
             .build()
             .ok()
     });
-    let on_thread = {
-        let driving = driving.clone();
-        move || {
-            let _entered = driving.enter();
-            work()
-        }
-    };
-    OnBlockingPool(match pool {
-        Some(pool) => pool.handle().spawn_blocking(on_thread),
-        None => driving.spawn_blocking(on_thread),
-    })
+    let pool = pool.as_ref().map_or(&driving, Runtime::handle);
+    spawn_on(pool, &driving, work)
+}
+
+/// [`spawn`] on the blocking pool of `pool`'s runtime.
+fn spawn_on<R: Send + 'static>(
+    pool: &Handle,
+    driving: &Handle,
+    work: impl FnOnce() -> R + Send + 'static,
+) -> OnBlockingPool<R> {
+    let driving = driving.clone();
+    OnBlockingPool(pool.spawn_blocking(move || {
+        let _entered = driving.enter();
+        work()
+    }))
 }
 
 /// The async face of one blocking load.
 pub(crate) struct OnBlockingPool<R>(JoinHandle<R>);
+
+impl<R> Drop for OnBlockingPool<R> {
+    /// A load nobody waits for any more (its flight timed out, or was
+    /// abandoned) that is still queued for a thread never starts: when a
+    /// slow origin fills the pool, the loads queued behind it would
+    /// otherwise each run later, for nobody, on the origin that is already
+    /// struggling. One that has started runs on: nothing can interrupt a
+    /// closure.
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
 
 impl<R> Future for OnBlockingPool<R> {
     type Output = R;
@@ -92,5 +108,44 @@ where
     move |keys| {
         let loader = loader.clone();
         spawn(move || loader(keys))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::mpsc;
+
+    use super::*;
+
+    /// Regression: a load whose flight had given up while it waited for a
+    /// loader thread still ran once one was free.
+    #[test]
+    fn a_queued_load_nobody_waits_for_never_starts() {
+        let pool = tokio::runtime::Builder::new_current_thread()
+            .max_blocking_threads(1)
+            .build()
+            .unwrap();
+        let driving = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let (release, released) = mpsc::channel::<()>();
+        // Holds the pool's only thread until released.
+        let first = spawn_on(pool.handle(), driving.handle(), move || released.recv());
+        let ran = Arc::new(AtomicBool::new(false));
+        let abandoned = spawn_on(pool.handle(), driving.handle(), {
+            let ran = ran.clone();
+            move || ran.store(true, Ordering::SeqCst)
+        });
+        drop(abandoned);
+        release.send(()).unwrap();
+        // Queued after the abandoned load: by the time it has run, so
+        // would have the abandoned one.
+        let last = spawn_on(pool.handle(), driving.handle(), || ());
+        driving.block_on(async {
+            first.await.unwrap();
+            last.await;
+        });
+        assert!(!ran.load(Ordering::SeqCst), "the abandoned load ran");
     }
 }

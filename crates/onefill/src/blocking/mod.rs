@@ -76,8 +76,11 @@ pub use with_options::BlockingWithOptions;
 /// From `spawn_blocking` (on any runtime) they simply wait. From an async
 /// task of a current-thread runtime (`#[tokio::test]`, `flavor =
 /// "current_thread"`) they return [`Error::BlockingInAsync`]: waiting
-/// there would stall every task of that runtime. In async code, the async
-/// [`Cache`] ([`BlockingCache::as_async`]) is the better call anyway.
+/// there would stall every task of that runtime. From a `LocalSet`'s task
+/// on a multi-thread runtime, or an unconstrained task on a current-thread
+/// one, they panic: tokio forbids blocking there. In async code, the async
+/// [`Cache`] ([`BlockingCache::as_async`]) is the better call anyway (see
+/// [the guide](crate::_guide::blocking) for the blocking pool it needs).
 ///
 /// ```
 /// # #[tokio::main] async fn main() -> Result<(), Box<dyn std::error::Error>> {
