@@ -13,7 +13,8 @@
 //! - `blocking/plain_thread`: `BlockingCache::get_or_load` from a thread
 //!   outside any runtime (the handle's own runtime, `build_blocking`);
 //! - `blocking/spawn_blocking`: the same call from a `spawn_blocking`
-//!   thread of the application's runtime (`Cache::blocking`).
+//!   thread of the application's runtime (`Cache::blocking`), which also
+//!   pays the check that it is not an async task's.
 //!
 //! Defaults: 20 samples, 1 s warm-up, 3 s measurement. Under
 //! `cargo test --benches` criterion runs each function once.

@@ -1,23 +1,24 @@
 //! Runs a cache call to completion for a synchronous caller, on a
-//! multi-thread runtime that keeps driving the backend's I/O, timers and
-//! detached flights while the caller's thread waits.
+//! multi-thread runtime whose workers keep driving the backend's I/O, the
+//! timers and the detached flights while the caller's thread waits.
 //!
-//! Where the caller's thread stands decides how it may wait:
+//! The calling thread polls the call itself, in that runtime's context,
+//! and sleeps between polls (parked, woken by the call's waker): an answer
+//! ready at the first poll (an L1 hit) costs no more than the async call.
+//! It does not use `Handle::block_on`, which panics on any thread inside
+//! a runtime, nor `block_in_place`, which needs a free thread of the
+//! runtime's blocking pool to take over the worker (and, when synchronous
+//! callers have filled that pool, leaves nobody to run the runtime).
 //!
-//! - a thread outside any runtime (`std::thread`, a blocking-pool thread
-//!   of `spawn_blocking`): it polls the call itself (`Handle::block_on`);
-//! - an async task, or the main future, of a multi-thread runtime: the
-//!   same, inside `block_in_place`, which first hands the worker's other
-//!   tasks to another thread, so no worker is blocked;
-//! - an async task of a current-thread runtime: there is no other thread
-//!   to hand its tasks to, and blocking would stall them all (and, were the
-//!   cache's own I/O on that runtime, forever), so the call is refused with
-//!   [`Error::BlockingInAsync`].
+//! A thread polling an async task (or a runtime's main future) is refused
+//! with [`Error::BlockingInAsync`]: waiting there would stall the tasks of
+//! its worker, and on a runtime of one thread every one of them.
 
 use std::future::Future;
-use std::pin::{pin, Pin};
+use std::pin::pin;
 use std::sync::Arc;
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll, Wake, Waker};
+use std::thread::Thread;
 
 use tokio::runtime::{Handle, Runtime, RuntimeFlavor};
 
@@ -93,51 +94,46 @@ impl Driver {
     ///
     /// # Errors
     ///
-    /// [`Error::BlockingInAsync`] from an async task of a current-thread
-    /// runtime.
+    /// [`Error::BlockingInAsync`] from a thread polling an async task.
     pub(crate) fn run<F: Future>(&self, call: F) -> Result<F::Output, Error> {
-        let wait = match Handle::try_current() {
-            Err(_) => Wait::Here,
-            // On a worker: its tasks move to another thread first. On a
-            // blocking-pool thread, or in the runtime's main future: runs
-            // the closure as is.
-            Ok(here) if here.runtime_flavor() == RuntimeFlavor::MultiThread => Wait::InPlace,
-            Ok(_) if polling_a_task() => return Err(Error::BlockingInAsync),
-            // A blocking-pool thread of a current-thread runtime
-            // (`spawn_blocking`, actix-web's `web::block`): not entered in
-            // any runtime, free to wait while that runtime's thread goes on.
-            Ok(_) => Wait::Here,
-        };
+        // Outside any runtime's context (a plain thread) there is no task
+        // to stall, and nothing to probe.
+        if Handle::try_current().is_ok() && polling_a_task() {
+            return Err(Error::BlockingInAsync);
+        }
         let mut call = pin!(call);
-        if let Some(answer) = self.at_once(call.as_mut()) {
-            return Ok(answer);
-        }
-        Ok(match wait {
-            Wait::Here => self.handle.block_on(call),
-            Wait::InPlace => tokio::task::block_in_place(|| self.handle.block_on(call)),
-        })
-    }
-
-    /// The call's answer if it is ready at its first poll (an L1 hit, a
-    /// hit on the embedded backend): polled in the runtime's context, it
-    /// needs neither the runtime entered for blocking nor a parked thread,
-    /// which cost more than the hit itself. A call that is not ready is
-    /// polled again, with a real waker, by the wait.
-    fn at_once<F: Future>(&self, call: Pin<&mut F>) -> Option<F::Output> {
         let _entered = self.handle.enter();
-        match call.poll(&mut Context::from_waker(Waker::noop())) {
-            Poll::Ready(answer) => Some(answer),
-            Poll::Pending => None,
-        }
+        WAKER.with(|waker| {
+            let mut cx = Context::from_waker(waker);
+            loop {
+                if let Poll::Ready(answer) = call.as_mut().poll(&mut cx) {
+                    return Ok(answer);
+                }
+                // A wake-up between the poll and here is kept by the
+                // thread's token, so this returns at once; a spurious one
+                // costs one more poll.
+                std::thread::park();
+            }
+        })
     }
 }
 
-/// How the calling thread waits for a call that is not ready at once.
-enum Wait {
-    /// On this thread, which no runtime uses.
-    Here,
-    /// On this thread, its runtime's other tasks handed elsewhere first.
-    InPlace,
+thread_local! {
+    /// This thread's waker for the calls it waits on: made once, so a call
+    /// costs no allocation for it.
+    static WAKER: Waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+}
+
+/// Wakes a thread waiting in [`Driver::run`].
+struct Unpark(Thread);
+
+impl Wake for Unpark {
+    fn wake(self: Arc<Self>) {
+        self.0.unpark();
+    }
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.0.unpark();
+    }
 }
 
 /// Refuses a current-thread runtime: its I/O and timers only progress while
@@ -165,11 +161,15 @@ fn multi_thread(handle: &Handle) -> Result<(), ConfigError> {
 /// polled with a finite budget, a blocking-pool thread and a thread outside
 /// any runtime with none. Spending the budget shows which (a finite one
 /// runs out, 128 units today); the first unit's guard then puts the whole
-/// budget back, so the task's own scheduling is untouched.
+/// budget back, so the task's own scheduling is untouched. A task wrapped
+/// in `tokio::task::unconstrained` has no budget either: taken for a
+/// blocking thread, it waits, stalling its worker for the call.
 fn polling_a_task() -> bool {
-    /// Far above any budget tokio gives a poll; an unlimited budget is
-    /// never exhausted, and this bounds the probe.
-    const PROBE: usize = 4096;
+    /// Twice the budget tokio gives a poll today. It bounds the probe,
+    /// which spends all of it on a blocking thread (about a microsecond):
+    /// a budget ever larger would be taken for a blocking thread's, and
+    /// the unit tests below would fail.
+    const PROBE: usize = 256;
     let mut cx = Context::from_waker(Waker::noop());
     let Poll::Ready(first) = tokio::task::coop::poll_proceed(&mut cx) else {
         return true;

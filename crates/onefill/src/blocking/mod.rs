@@ -70,17 +70,12 @@ pub use with_options::BlockingWithOptions;
 ///
 /// # From async code
 ///
-/// From an async task the calls still work, without blocking a worker, on
-/// a multi-thread runtime: the task's worker hands its other tasks to
-/// another thread for the call's duration (`tokio::task::block_in_place`).
-/// From `spawn_blocking` (on any runtime) they simply wait. From an async
-/// task of a current-thread runtime (`#[tokio::test]`, `flavor =
-/// "current_thread"`) they return [`Error::BlockingInAsync`]: waiting
-/// there would stall every task of that runtime. From a `LocalSet`'s task
-/// on a multi-thread runtime, or an unconstrained task on a current-thread
-/// one, they panic: tokio forbids blocking there. In async code, the async
-/// [`Cache`] ([`BlockingCache::as_async`]) is the better call anyway (see
-/// [the guide](crate::_guide::blocking) for the blocking pool it needs).
+/// From `spawn_blocking` (on any runtime) the calls wait on that thread.
+/// From an async task (or a runtime's main future), on either runtime
+/// flavour, they return [`Error::BlockingInAsync`] at once, never a hang:
+/// waiting there would stall the worker's other tasks, and on a
+/// current-thread runtime every task. In async code, call the async
+/// [`Cache`] ([`BlockingCache::as_async`]): it is the same cache.
 ///
 /// ```
 /// # #[tokio::main] async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -235,8 +230,8 @@ where
     ///
     /// # Errors
     ///
-    /// As [`Cache::get_or_load`], and [`Error::BlockingInAsync`] (see
-    /// [From async code](BlockingCache#from-async-code)).
+    /// As [`Cache::get_or_load`], and [`Error::BlockingInAsync`] from an
+    /// async task (see [From async code](BlockingCache#from-async-code)).
     pub fn get_or_load<Q, F, T, E>(&self, key: &Q, loader: F) -> Result<V, Error>
     where
         K: Borrow<Q>,
