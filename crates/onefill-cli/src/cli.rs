@@ -35,7 +35,9 @@ pub enum Command {
     /// run cost (from INFO commandstats), outcomes and latency.
     ///
     /// Two modes: a herd (every process releases --callers callers together
-    /// on cold keys) or, with --rate, steady load for --duration-ms.
+    /// on cold keys) or, with --rate, steady load for --duration-ms. The
+    /// callers are async tasks, or with --callers-kind blocking OS threads
+    /// calling the blocking cache (`BlockingCache`), or with mixed both.
     ///
     /// What it writes to the server: under the run's namespace
     /// (`fleet-<random>`, or --namespace), the cached values (`<ns>:{<key>}`,

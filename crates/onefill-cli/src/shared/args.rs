@@ -4,6 +4,10 @@
 /// Largest `--callers`: every caller is a tokio task, and the naive strategy
 /// runs one origin load per caller.
 pub const MAX_CALLERS: u32 = 100_000;
+/// Most callers of a process that may be OS threads at once (`fleet
+/// --callers-kind blocking|mixed`): a thread costs far more than a task,
+/// and the machine's threads are shared by every process on it.
+pub const MAX_CALLER_THREADS: u32 = 4_096;
 /// Largest `--load-ms`: one minute.
 pub const MAX_LOAD_MS: u64 = 60_000;
 /// Longest `--key`, in bytes (the library's default key limit).

@@ -3,7 +3,7 @@
 use anyhow::Context;
 
 use super::args::DemoArgs;
-use crate::commands::fleet::args::{FleetStrategy, RunArgs};
+use crate::commands::fleet::args::{CallersKind, FleetStrategy, RunArgs};
 use crate::commands::fleet::run::{fresh_namespace, run_fleet};
 use crate::shared::output::{print, print_line};
 use crate::shared::progress::Progress;
@@ -35,6 +35,7 @@ pub fn run(args: &DemoArgs, url: &str) -> anyhow::Result<()> {
             strategy,
             keys: vec![args.key.clone()],
             callers: per_process,
+            callers_kind: CallersKind::Async,
             load_ms: args.load_ms,
             rate: None,
             duration_ms: 1,

@@ -12,7 +12,7 @@ use clap::Args;
 use serde::{Deserialize, Serialize};
 
 use super::fault::kind::FaultKind;
-use crate::shared::args::{parse_key, MAX_CALLERS, MAX_LOAD_MS};
+use crate::shared::args::{parse_key, MAX_CALLERS, MAX_CALLER_THREADS, MAX_LOAD_MS};
 
 // The bounds of the numeric run flags, enforced by clap on the command line
 // and by `RunArgs::check` on `--run-json`. (clap bounds `u32` flags with
@@ -40,6 +40,20 @@ pub enum FleetStrategy {
     Onefill,
 }
 
+/// How the fleet's callers call the cache.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CallersKind {
+    /// Each caller a tokio task calling the async `Cache`.
+    #[default]
+    Async,
+    /// Each caller an OS thread calling `BlockingCache`, its loader a
+    /// plain closure.
+    Blocking,
+    /// Half of each key's callers tasks, half OS threads, on the same keys.
+    Mixed,
+}
+
 /// The flags shared by `fleet` and each `worker`.
 #[derive(Debug, Clone, PartialEq, Eq, Args, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -59,6 +73,16 @@ pub struct RunArgs {
     /// Callers per process in herd mode.
     #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(CALLERS))]
     pub callers: u32,
+    /// How the callers call: `async`, tokio tasks on the async cache;
+    /// `blocking`, OS threads on `BlockingCache` (from `Cache::blocking`
+    /// on the worker's runtime) with a plain-closure loader that sleeps
+    /// like the origin; `mixed`, half of each key's callers each. Not with
+    /// the naive strategy or --chaos; a herd of OS threads is at most 4096
+    /// callers per process (in steady mode, at most 4096 calls of a
+    /// process wait at once: any more fail).
+    #[arg(long, value_enum, default_value_t = CallersKind::Async, conflicts_with = "chaos")]
+    #[serde(default)]
+    pub callers_kind: CallersKind,
     /// How long one origin load takes, in milliseconds.
     #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u64).range(LOAD_MS))]
     pub load_ms: u64,
@@ -140,6 +164,7 @@ impl RunArgs {
             parse_key(key)?;
         }
         within("callers", i64::from(self.callers), CALLERS)?;
+        self.check_callers_kind()?;
         within("load_ms", self.load_ms, LOAD_MS)?;
         if let Some(rate) = self.rate {
             within("rate", i64::from(rate), RATE)?;
@@ -155,6 +180,28 @@ impl RunArgs {
         }
         if let Some(ms) = self.wait_deadline_ms {
             within("wait_deadline_ms", ms, WAIT_DEADLINE_MS)?;
+        }
+        Ok(())
+    }
+
+    /// What OS-thread callers need: a cache to call (not the naive
+    /// strategy) and a herd of threads a process can start. (--chaos, whose
+    /// readers are tasks, refuses the flag on the command line.)
+    pub fn check_callers_kind(&self) -> Result<(), String> {
+        if self.callers_kind == CallersKind::Async {
+            return Ok(());
+        }
+        if self.strategy == FleetStrategy::Naive {
+            return Err("--callers-kind blocking|mixed needs a onefill strategy: \
+                        the naive one has no cache to call"
+                .to_owned());
+        }
+        if self.rate.is_none() && self.callers > MAX_CALLER_THREADS {
+            return Err(format!(
+                "--callers-kind blocking|mixed runs callers on OS threads: at most \
+                 {MAX_CALLER_THREADS} callers per process in a herd, not {}",
+                self.callers
+            ));
         }
         Ok(())
     }
@@ -306,6 +353,7 @@ mod tests {
             strategy: FleetStrategy::CoalescingOnly,
             keys: vec!["k1".to_owned(), "user:42".to_owned()],
             callers: 7,
+            callers_kind: CallersKind::Mixed,
             load_ms: 123,
             rate: Some(250),
             duration_ms: 4_321,
@@ -472,6 +520,21 @@ mod tests {
                 "short lease",
                 RunArgs {
                     lease_ttl_ms: Some(29),
+                    ..good.clone()
+                },
+            ),
+            (
+                "thread callers of the naive strategy",
+                RunArgs {
+                    strategy: FleetStrategy::Naive,
+                    ..good.clone()
+                },
+            ),
+            (
+                "a herd of too many threads",
+                RunArgs {
+                    rate: None,
+                    callers: MAX_CALLER_THREADS + 1,
                     ..good.clone()
                 },
             ),

@@ -27,8 +27,8 @@ pub fn run_command(args: &FleetArgs) -> anyhow::Result<()> {
         at_ms: args.fault_at_ms,
     });
     progress.say(format!(
-        "starting {} worker processes ({:?}, namespace {namespace})…",
-        args.processes, run_args.strategy
+        "starting {} worker processes ({:?}, {:?} callers, namespace {namespace})…",
+        args.processes, run_args.strategy, run_args.callers_kind
     ));
     if let Some(plan) = fault {
         progress.say(if plan.kind.is_holder() {
@@ -129,6 +129,7 @@ fn resolve(args: &FleetArgs) -> anyhow::Result<RunArgs> {
     if let Some(n) = key_count {
         run.keys = (0..n).map(|i| format!("key-{i}")).collect();
     }
+    run.check_callers_kind().map_err(anyhow::Error::msg)?;
     match args.fault {
         Some(kind) if kind.is_holder() => {
             if run.cluster || run.rate.is_some() {
@@ -217,6 +218,7 @@ impl Drop for Ticker {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::commands::fleet::args::CallersKind;
     use crate::shared::args::parse_flags;
 
     fn resolved(argv: &[&str]) -> anyhow::Result<RunArgs> {
@@ -272,6 +274,21 @@ mod tests {
             let e = resolved(bad).expect_err("refused");
             assert!(e.to_string().contains("holder"), "{bad:?}: {e}");
         }
+    }
+
+    #[test]
+    fn thread_callers_need_a_cache_and_a_herd_of_threads_a_process_can_start() {
+        for kind in ["blocking", "mixed"] {
+            assert!(resolved(&["--callers-kind", kind, "--callers", "4096"]).is_ok());
+            assert!(resolved(&["--callers-kind", kind, "--rate", "10"]).is_ok());
+            let e = resolved(&["--callers-kind", kind, "--callers", "4097"]).expect_err(kind);
+            assert!(e.to_string().contains("OS threads"), "{e}");
+            let e = resolved(&["--callers-kind", kind, "--strategy", "naive"]).expect_err(kind);
+            assert!(e.to_string().contains("naive"), "{e}");
+            assert!(resolved(&["--callers-kind", kind, "--chaos"]).is_err());
+        }
+        let run = resolved(&["--callers", "100000", "--strategy", "naive"]).expect("resolves");
+        assert_eq!(run.callers_kind, CallersKind::Async, "the default");
     }
 
     #[test]

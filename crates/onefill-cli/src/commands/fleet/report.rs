@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::args::{FleetStrategy, RunArgs};
+use super::args::{CallersKind, FleetStrategy, RunArgs};
 use super::fault::holder_report::HolderFaultReport;
 use super::fault::records::{CallRecord, LoadRecord};
 use super::fault::report::FaultReport;
@@ -18,6 +18,9 @@ pub struct FleetReport {
     pub processes: u32,
     /// Callers per process (herd mode).
     pub callers_per_process: u32,
+    /// How the callers called: async tasks, OS threads on the blocking
+    /// cache, or both.
+    pub callers_kind: CallersKind,
     /// Namespace used.
     pub namespace: String,
     /// Loads per key, counted in Redis.
@@ -43,6 +46,8 @@ pub struct FleetReport {
     pub calls: u64,
     /// Calls that failed.
     pub errors: u64,
+    /// Calls made by OS threads on the blocking cache.
+    pub blocking_calls: u64,
     /// Worst caller latency over all processes, ms.
     pub max_ms: f64,
     /// Highest per-process p99, ms.
@@ -115,8 +120,16 @@ impl FleetReport {
                 self.processes, self.callers_per_process
             ),
         };
+        let kind = match self.callers_kind {
+            CallersKind::Async => String::new(),
+            CallersKind::Blocking => ", OS-thread callers".to_owned(),
+            CallersKind::Mixed => format!(
+                ", mixed callers ({} calls by OS threads)",
+                self.blocking_calls
+            ),
+        };
         let summary = format!(
-            "{shape} ({:?}): {} loads (counted in Redis), {} Redis commands, {} calls, \
+            "{shape} ({:?}{kind}): {} loads (counted in Redis), {} Redis commands, {} calls, \
              {} errors, worst p99 {:.1} ms, max {:.1} ms",
             self.strategy,
             self.loads,
@@ -146,6 +159,10 @@ pub struct WorkerReport {
     pub calls: u64,
     /// Calls that returned an error.
     pub errors: u64,
+    /// Of the calls, those made by OS threads on the blocking cache
+    /// (`--callers-kind blocking|mixed`).
+    #[serde(default)]
+    pub blocking_calls: u64,
     /// The first few error messages.
     pub error_messages: Vec<String>,
     /// Calls by outcome (`hit`, `stale`, `loaded`, `waited`, `degraded`;

@@ -9,7 +9,7 @@
 mod charts;
 mod series;
 
-use super::args::RunArgs;
+use super::args::{CallersKind, RunArgs};
 use super::report::FleetReport;
 use charts::{draw, Chart};
 use series::{answers_by_outcome, latency_percentiles, loads_per_key, Axis};
@@ -140,10 +140,23 @@ fn caption(id: &str, report: &FleetReport, bucket: &str) -> String {
     }
 }
 
+/// How the callers called, for the summary table.
+fn callers_kind(report: &FleetReport) -> String {
+    match report.callers_kind {
+        CallersKind::Async => "async tasks".to_owned(),
+        CallersKind::Blocking => "OS threads (BlockingCache)".to_owned(),
+        CallersKind::Mixed => format!(
+            "mixed: async tasks and OS threads ({} calls by threads)",
+            report.blocking_calls
+        ),
+    }
+}
+
 /// The summary table.
 fn summary_table(report: &FleetReport, run: &RunArgs) -> String {
     let mut rows: Vec<(String, String)> = vec![
         ("strategy".into(), format!("{:?}", report.strategy)),
+        ("callers".into(), callers_kind(report)),
         ("processes".into(), report.processes.to_string()),
         (
             "mode".into(),
@@ -295,6 +308,7 @@ mod tests {
             strategy: FleetStrategy::Onefill,
             keys: vec!["<hot>".to_owned()],
             callers: 2,
+            callers_kind: CallersKind::Async,
             load_ms: 200,
             rate: None,
             duration_ms: 10_000,
@@ -322,6 +336,7 @@ mod tests {
             strategy: FleetStrategy::Onefill,
             processes: 1,
             callers_per_process: 2,
+            callers_kind: CallersKind::Async,
             namespace: "ns".to_owned(),
             loads_per_key: vec![("<hot>".to_owned(), 1)],
             loads: 1,
@@ -332,6 +347,7 @@ mod tests {
             redis_commands: 10,
             calls: 2,
             errors: 0,
+            blocking_calls: 0,
             max_ms: 201.0,
             p99_ms: 201.0,
             workers: Vec::new(),

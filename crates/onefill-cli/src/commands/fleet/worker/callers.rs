@@ -1,24 +1,29 @@
 //! A worker's callers: a herd released together, or steady load at a rate,
 //! each asking the cache of the strategy (or naive cache-aside) for one
 //! key, with a loader that sleeps like the origin and stamps its value.
+//! A caller is a task ([`async_caller`](super::async_caller)) or, with
+//! `--callers-kind blocking|mixed`, an OS thread on the blocking cache
+//! ([`blocking_caller`](super::blocking_caller)); both are collected and
+//! summed up alike.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
-use anyhow::Context;
-use onefill::backend::FillKeys;
+use anyhow::{bail, Context};
 use onefill::Cache;
 
-use super::load_counter::{Count, LoadCounter};
+use super::async_caller::{self, Naive};
+use super::blocking_caller::Threads;
+use super::caller::Caller;
+use super::load_counter::LoadCounter;
 use super::load_log::LoadLog;
+use super::origin::{unix_ms, Origin};
 use super::sampler::Sampler;
-use super::summary::{summarize, Call};
-use crate::commands::fleet::args::{RunArgs, WorkerArgs};
+use super::summary::summarize;
+use crate::commands::fleet::args::{CallersKind, RunArgs, WorkerArgs};
 use crate::commands::fleet::connections::Raw;
-use crate::commands::fleet::outcome::outcome_name;
-use crate::commands::fleet::protocol::load_counter_key;
 use crate::commands::fleet::report::WorkerReport;
+use crate::shared::args::MAX_CALLER_THREADS;
 
 /// How long the worker waits for one call: a call that never answers is an
 /// error, not a worker that never ends. Far beyond any bound of the
@@ -29,26 +34,15 @@ fn call_patience(run: &RunArgs) -> Duration {
         + Duration::from_millis(run.wait_deadline_ms.unwrap_or(10_000))
 }
 
-/// Now, as milliseconds since the Unix epoch (0 if the clock is before it).
-fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
-/// The value a load produces: the key, the process, the load's number in
-/// it and the load's completion time (Unix ms) after an `@`.
-fn loaded_value(key: &str, n: u64) -> String {
-    format!("{key}-{}-v{n}@{}", std::process::id(), unix_ms())
-}
-
-/// How old a value of [`loaded_value`] is at `now` (Unix ms): 0 if it
-/// carries no load time.
-fn age_ms(value: &str, now: u64) -> u64 {
-    value
-        .rsplit_once('@')
-        .and_then(|(_, t)| t.parse::<u64>().ok())
-        .map_or(0, |t| now.saturating_sub(t))
+/// Whether caller `i` of a run of `keys` keys is an OS thread. Mixed
+/// callers alternate by round over the keys (caller `i` asks for key
+/// `i % keys`), so every key with two callers or more has both kinds.
+fn on_a_thread(kind: CallersKind, i: usize, keys: usize) -> bool {
+    match kind {
+        CallersKind::Async => false,
+        CallersKind::Blocking => true,
+        CallersKind::Mixed => (i / keys.max(1)) % 2 == 1,
+    }
 }
 
 /// Runs the callers of `run` and reports what they saw.
@@ -58,79 +52,53 @@ pub async fn steady_or_herd(
     raw: Arc<Raw>,
     cache: Option<Cache<String, String>>,
 ) -> anyhow::Result<WorkerReport> {
-    let local_loads = Arc::new(AtomicU64::new(0));
-    let loads_per_key: Arc<Vec<AtomicU64>> =
-        Arc::new(run.keys.iter().map(|_| AtomicU64::new(0)).collect());
+    // On this worker's multi-thread runtime, which drives the backend
+    // while the threads wait.
+    let threads = match (run.callers_kind, &cache) {
+        (CallersKind::Async, _) => None,
+        (_, Some(cache)) => Some(Threads::new(
+            cache.blocking().context("the blocking cache")?,
+            MAX_CALLER_THREADS,
+        )),
+        (_, None) => bail!("OS-thread callers need a onefill strategy: the naive one has no cache"),
+    };
     let (counts, counting) = LoadCounter::start(raw.clone());
-    let origin = Instant::now();
-    let load_log = LoadLog::new(origin);
+    let epoch = Instant::now();
+    let load_log = LoadLog::new(epoch);
     let origin_unix_ms = unix_ms();
-    let sampler = cache.clone().map(|cache| Sampler::start(cache, origin));
-    let mut tasks = Vec::new();
-    let keys: Vec<String> = run.keys.clone();
+    let origin = Origin::new(
+        Duration::from_millis(run.load_ms),
+        &args.namespace,
+        run.keys.len(),
+        load_log.clone(),
+        counts,
+    );
+    let sampler = cache.clone().map(|cache| Sampler::start(cache, epoch));
+    let naive = Naive {
+        raw,
+        namespace: args.namespace.clone(),
+        ttl_ms: run.ttl_ms,
+    };
+    let patience = call_patience(run);
+    let keys = &run.keys;
     let spawn_call = |i: usize| {
         let key_index = i % keys.len();
-        let key = keys[key_index].clone();
-        let cache = cache.clone();
-        let raw = raw.clone();
-        let local_loads = local_loads.clone();
-        let loads_per_key = loads_per_key.clone();
-        let load_log = load_log.clone();
-        let counts = counts.clone();
-        let namespace = args.namespace.clone();
-        let load = Duration::from_millis(run.load_ms);
-        let ttl_ms = run.ttl_ms;
-        let patience = call_patience(run);
-        tokio::spawn(async move {
-            let started = origin.elapsed();
-            let t0 = Instant::now();
-            let loader = {
-                let local_loads = local_loads.clone();
-                let counts = counts.clone();
-                let counter = load_counter_key(&namespace, &key);
-                move |key: String| async move {
-                    let n = local_loads.fetch_add(1, Ordering::SeqCst) + 1;
-                    // This process's first load of the key also gives the
-                    // key's counter its TTL.
-                    let first = loads_per_key
-                        .get(key_index)
-                        .is_none_or(|count| count.fetch_add(1, Ordering::SeqCst) == 0);
-                    // Logged from here to the value (or to a cancelled
-                    // load's drop), for the parent's report.
-                    let _span = load_log.start(key_index);
-                    // Counted in Redis off the loader's path: the simulated
-                    // origin takes `load`, whatever state Redis is in.
-                    let _ = counts.send(Count { counter, n, first });
-                    tokio::time::sleep(load).await;
-                    Ok::<_, std::io::Error>(loaded_value(&key, n))
-                }
-            };
-            let answer = tokio::time::timeout(patience, async {
-                match cache {
-                    Some(cache) => cache
-                        .fetch(&key, loader)
-                        .await
-                        .map(|f| (outcome_name(f.outcome), f.value))
-                        .map_err(|e| e.to_string()),
-                    None => naive(&raw, &namespace, &key, ttl_ms, loader).await,
-                }
-            })
-            .await
-            .unwrap_or_else(|_| Err(format!("no answer within {patience:?}")));
-            let latency = t0.elapsed();
-            let age_ms = match &answer {
-                Ok((_, value)) => age_ms(value, unix_ms()),
-                Err(_) => 0,
-            };
-            Call {
-                started,
-                key_index,
-                latency,
-                outcome: answer.map(|(name, _)| name),
-                age_ms,
-            }
-        })
+        let caller = Caller {
+            key_index,
+            key: keys[key_index].clone(),
+            origin: origin.clone(),
+            epoch,
+            patience,
+        };
+        match threads
+            .as_ref()
+            .filter(|_| on_a_thread(run.callers_kind, i, keys.len()))
+        {
+            Some(threads) => threads.spawn(caller),
+            None => async_caller::spawn(caller, cache.clone(), naive.clone()),
+        }
     };
+    let mut tasks = Vec::new();
     match run.rate {
         None => {
             for i in 0..run.callers as usize {
@@ -143,7 +111,7 @@ pub async fn steady_or_herd(
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             let duration = Duration::from_millis(run.duration_ms);
             let mut i = 0;
-            while origin.elapsed() < duration {
+            while epoch.elapsed() < duration {
                 tick.tick().await;
                 tasks.push(spawn_call(i));
                 i += 1;
@@ -154,7 +122,9 @@ pub async fn steady_or_herd(
     for t in tasks {
         calls.push(t.await.context("caller task")?);
     }
-    drop(counts);
+    let (local_loads, local_loads_per_key) = (origin.local_loads(), origin.local_loads_per_key());
+    // The counter ends once every sender (the origin's clones) is gone.
+    drop(origin);
     let not_counted = counting.finish().await;
     if not_counted > 0 {
         eprintln!("worker: {not_counted} loads could not be counted in Redis");
@@ -163,55 +133,13 @@ pub async fn steady_or_herd(
         Some(sampler) => sampler.finish().await?,
         None => Vec::new(),
     };
-    let mut report = summarize(
-        calls,
-        local_loads.load(Ordering::SeqCst),
-        cache.map(|c| c.stats()),
-        samples,
-    );
+    let mut report = summarize(calls, local_loads, cache.map(|c| c.stats()), samples);
     report.origin_unix_ms = origin_unix_ms;
     report.loads_not_counted_in_redis = not_counted;
-    report.local_loads_per_key = loads_per_key
-        .iter()
-        .map(|n| n.load(Ordering::SeqCst))
-        .collect();
+    report.local_loads_per_key = local_loads_per_key;
     report.load_spans = load_log.take();
     report.load_log = report.load_spans.iter().map(|&[s, k, _]| [s, k]).collect();
     Ok(report)
-}
-
-/// Naive cache-aside over the raw connection: GET, on a miss load and SET.
-/// Answers the outcome's name and the value.
-async fn naive<F, Fut>(
-    raw: &Raw,
-    namespace: &str,
-    key: &str,
-    ttl_ms: u64,
-    loader: F,
-) -> Result<(&'static str, String), String>
-where
-    F: FnOnce(String) -> Fut,
-    Fut: std::future::Future<Output = Result<String, std::io::Error>>,
-{
-    let value_key = format!("{}:naive", FillKeys::new(namespace, key).value());
-    let found: Option<String> = raw
-        .query(redis::cmd("GET").arg(&value_key))
-        .await
-        .map_err(|e| e.to_string())?;
-    if let Some(found) = found {
-        return Ok(("naive_hit", found));
-    }
-    let value = loader(key.to_owned()).await.map_err(|e| e.to_string())?;
-    raw.query::<()>(
-        redis::cmd("SET")
-            .arg(&value_key)
-            .arg(&value)
-            .arg("PX")
-            .arg(ttl_ms),
-    )
-    .await
-    .map_err(|e| e.to_string())?;
-    Ok(("naive_load", value))
 }
 
 #[cfg(test)]
@@ -219,15 +147,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_loaded_value_carries_its_load_time() {
-        let before = unix_ms();
-        let value = loaded_value("key-3", 7);
-        assert!(value.starts_with(&format!("key-3-{}-v7@", std::process::id())));
-        let age = age_ms(&value, before + 5_000);
-        assert!((4_000..=5_000).contains(&age), "{value}: {age}");
-        assert_eq!(age_ms(&value, 0), 0, "a clock gone back is age 0");
-        assert_eq!(age_ms("no-time", before), 0);
-        assert_eq!(age_ms("x@not-a-number", before), 0);
-        assert_eq!(age_ms("a@b@1000", 1_500), 500, "the last @ counts");
+    fn mixed_callers_give_every_key_both_kinds() {
+        for keys in [1, 2, 3] {
+            for key in 0..keys {
+                let kinds: Vec<bool> = (0..4 * keys)
+                    .filter(|i| i % keys == key)
+                    .map(|i| on_a_thread(CallersKind::Mixed, i, keys))
+                    .collect();
+                assert_eq!(kinds, [false, true, false, true], "{keys} keys, key {key}");
+            }
+        }
+        assert!(!on_a_thread(CallersKind::Async, 1, 1));
+        assert!(on_a_thread(CallersKind::Blocking, 0, 1));
     }
 }

@@ -7,13 +7,19 @@
 //! so the parent can count loads across processes without trusting them.
 //!
 //! [`process`] is the worker's life (start, handshake, report) and drives
-//! [`callers`]; the callers use the fleet's connections, count their loads
-//! with the [`load_counter`], log them in the [`load_log`], sample the
-//! cache with the [`sampler`] and are summed up by [`summary`].
+//! [`callers`], which starts each [`caller`] as a task ([`async_caller`])
+//! or an OS thread on the blocking cache ([`blocking_caller`]); their
+//! loaders load from the simulated [`origin`], which counts each load with
+//! the [`load_counter`] and logs it in the [`load_log`]; the [`sampler`]
+//! samples the cache, and [`summary`] sums the calls up.
 
+mod async_caller;
+mod blocking_caller;
+mod caller;
 mod callers;
 mod load_counter;
 mod load_log;
+mod origin;
 pub mod process;
 mod sampler;
 mod summary;

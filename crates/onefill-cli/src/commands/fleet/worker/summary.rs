@@ -4,6 +4,8 @@
 
 use std::time::Duration;
 
+use super::caller::Answer;
+use super::origin::{age_ms, unix_ms};
 use super::sampler::Sample;
 use crate::commands::fleet::outcome::{outcome_code, ERROR};
 use crate::commands::fleet::report::WorkerReport;
@@ -18,6 +20,33 @@ pub struct Call {
     /// Age of the answered value (0 for an error or a value without a
     /// load time).
     pub age_ms: u64,
+    /// Made by an OS thread on the blocking cache, not by a task.
+    pub on_thread: bool,
+}
+
+impl Call {
+    /// A call started at `started` (from the worker's t = 0) and answered
+    /// `answer` after `latency`, by a task or an OS thread.
+    pub fn new(
+        started: Duration,
+        key_index: usize,
+        latency: Duration,
+        answer: Answer,
+        on_thread: bool,
+    ) -> Call {
+        let age_ms = match &answer {
+            Ok((_, value)) => age_ms(value, unix_ms()),
+            Err(_) => 0,
+        };
+        Call {
+            started,
+            key_index,
+            latency,
+            outcome: answer.map(|(name, _)| name),
+            age_ms,
+            on_thread,
+        }
+    }
 }
 
 /// The most entries a worker keeps in each of its detail logs.
@@ -46,6 +75,7 @@ pub fn summarize(
     let mut latencies: Vec<Duration> = Vec::with_capacity(calls.len());
     for call in &calls {
         latencies.push(call.latency);
+        report.blocking_calls += u64::from(call.on_thread);
         if report.call_log.len() < MAX_LOG {
             report.call_log.push([
                 call.started.as_millis() as u64,
