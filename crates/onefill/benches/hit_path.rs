@@ -1,7 +1,7 @@
 //! The hit path against its anchors (moka, a raw `GET`), in one run.
 //!
 //! ```sh
-//! cargo bench -p onefill --bench hit_path                      # everything (about 2 min once built)
+//! cargo bench -p onefill --bench hit_path                      # everything (about 6 min once built)
 //! cargo bench -p onefill --bench hit_path -- hit/sequential/   # a group, by criterion filter
 //! ```
 //!

@@ -3,6 +3,9 @@
 //! store holds (headers, key ids, sizes), read and rewritten with
 //! `MemoryBackend::{get_raw, put_raw}`; and what a value that does not
 //! decode costs: a miss, counted in `decode_errors`, one load fleet-wide.
+//!
+//! Longer than most files on purpose: the two wrappers compose, and their
+//! failures cost the same, so they are read best side by side.
 
 use std::time::Duration;
 
