@@ -115,6 +115,8 @@
 //! | `redis` | on | `redis::RedisBackend`: standalone Redis and Redis Cluster (7.0+) |
 //! | `tls` | off | `rediss://` URLs for the Redis backend (rustls with the ring provider) and `RedisOptions::tls_root_cert` / `tls_client_cert` |
 //! | `postcard` | off | `PostcardCodec`, a compact binary codec |
+//! | `encryption` | off | `Encrypted<C>`: any codec's bytes encrypted (XChaCha20-Poly1305, bound to their key), keys by id in a `KeyRing` |
+//! | `compression` | off | `Compressed<C>`: any codec's bytes compressed with lz4 above a size threshold |
 //! | `test-support` | off | `onefill::testing`: the conformance suite every [`Backend`] must pass, for implementers of other backends; `MemoryBackend::put_raw` / `get_raw` |
 //!
 //! With `--no-default-features` the crate is the embedded [`MemoryBackend`]
@@ -217,6 +219,10 @@ pub mod _guide {
     pub mod resilience {}
     #[doc = include_str!("../docs/guide/observability.md")]
     pub mod observability {}
+    #[cfg(all(feature = "compression", feature = "encryption"))]
+    #[cfg_attr(docsrs, doc(cfg(all(feature = "compression", feature = "encryption"))))]
+    #[doc = include_str!("../docs/guide/codecs.md")]
+    pub mod codecs {}
     #[doc = include_str!("../docs/guide/backends.md")]
     pub mod backends {}
     #[doc = include_str!("../docs/guide/operating.md")]
@@ -234,10 +240,16 @@ pub use blocking::{BlockingCache, BlockingWithOptions};
 pub use builder::CacheBuilder;
 pub use cache::{Cache, WithOptions};
 pub use circuit::{CircuitBreaker, CircuitState};
+#[cfg(feature = "compression")]
+#[cfg_attr(docsrs, doc(cfg(feature = "compression")))]
+pub use codec::Compressed;
 #[cfg(feature = "postcard")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postcard")))]
 pub use codec::PostcardCodec;
 pub use codec::{Codec, JsonCodec};
+#[cfg(feature = "encryption")]
+#[cfg_attr(docsrs, doc(cfg(feature = "encryption")))]
+pub use codec::{Encrypted, KeyRing, KeyRingError, KEY_LEN};
 pub use error::{
     BackendError, BackendErrorKind, BoxError, CodecError, ConfigError, Error, InputError,
     IntoLoaderError, LoaderError,

@@ -1,13 +1,32 @@
 //! Value codecs: how a `V` becomes the payload bytes of the envelope.
+//!
+//! The trait and the two serde codecs live here; the wrappers that add a
+//! layer around any codec have a file each: `Compressed` (feature
+//! `compression`), `Encrypted` and its `KeyRing` (feature `encryption`).
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::error::CodecError;
 
+#[cfg(feature = "compression")]
+mod compressed;
+#[cfg(feature = "encryption")]
+mod encrypted;
+#[cfg(feature = "encryption")]
+mod key_ring;
+
+#[cfg(feature = "compression")]
+pub use compressed::Compressed;
+#[cfg(feature = "encryption")]
+pub use encrypted::Encrypted;
+#[cfg(feature = "encryption")]
+pub use key_ring::{KeyRing, KeyRingError, KEY_LEN};
+
 /// Turns values into bytes and back. Implemented for every serde type by
 /// [`JsonCodec`] (the default) and, with the `postcard` feature, by
-/// `PostcardCodec`.
+/// `PostcardCodec`; `Compressed` and `Encrypted` (features `compression`
+/// and `encryption`) wrap any codec.
 ///
 /// Every method is given `key`, the full name the bytes are stored under in
 /// the backend (namespace included, the same in every process). A codec
