@@ -10,7 +10,7 @@
 use std::time::Duration;
 
 use onefill::backend::FillKeys;
-use onefill::testing::{herd, Origin};
+use onefill::testing::{herd, CacheUnderTest, Origin};
 use onefill::{
     Cache, CallOptions, Codec, Compressed, Encrypted, JsonCodec, KeyRing, KeyRingError,
     MemoryBackend, KEY_LEN,
@@ -207,11 +207,9 @@ async fn a_tampered_value_costs_one_load_fleet_wide() {
     let store = MemoryBackend::new();
     let pods: Vec<_> = (0..4)
         .map(|_| cache(&store, "tamper", Encrypted::new(JsonCodec, ring_1())))
+        .map(|pod| CacheUnderTest::new(pod, false))
         .collect();
-    pods[0]
-        .set(&"k".to_string(), "original".into())
-        .await
-        .expect("set");
+    pods[0].set("k", "original".into()).await.expect("set");
     let (payload, mut whole) = stored(&store, "tamper", "k");
     // A byte of the ciphertext, past the header and nonce.
     whole[ENVELOPE_HEADER + 29 + 3] ^= 0x01;
@@ -232,12 +230,17 @@ async fn a_tampered_value_costs_one_load_fleet_wide() {
     }
     assert_eq!(origin.count(), 1, "one load fleet-wide");
     assert!(
-        decode_errors(&pods) >= 1,
+        decode_errors(
+            &pods
+                .iter()
+                .map(|p| p.as_async().clone())
+                .collect::<Vec<_>>()
+        ) >= 1,
         "the unreadable value was not counted"
     );
     let (rewritten, _) = stored(&store, "tamper", "k");
     assert_ne!(rewritten, payload);
-    assert_eq!(hit(&pods[3], "k").await, "k-v1");
+    assert_eq!(hit(pods[3].as_async(), "k").await, "k-v1");
 }
 
 /// Bytes copied to another key (of the same cache, or of another
@@ -324,6 +327,7 @@ async fn an_unknown_key_id_costs_one_load_fleet_wide() {
         .expect("set");
     let pods: Vec<_> = (0..4)
         .map(|_| cache(&store, "gone", Encrypted::new(JsonCodec, ring_2())))
+        .map(|pod| CacheUnderTest::new(pod, false))
         .collect();
     let origin = Origin::default();
     let results = herd(
@@ -345,7 +349,7 @@ async fn an_unknown_key_id_costs_one_load_fleet_wide() {
         assert!(pod.stats().decode_errors >= 1, "{:?}", pod.stats());
     }
     assert_eq!(key_id(&stored(&store, "gone", "k").0), 2);
-    assert_eq!(hit(&pods[0], "k").await, "k-v1");
+    assert_eq!(hit(pods[0].as_async(), "k").await, "k-v1");
 }
 
 #[test]
@@ -561,7 +565,7 @@ async fn a_decompression_bomb_is_an_unreadable_value() {
     );
     let origin = Origin::default();
     let results = herd(
-        std::slice::from_ref(&c),
+        &[CacheUnderTest::new(c.clone(), false)],
         10,
         "k",
         &origin,
