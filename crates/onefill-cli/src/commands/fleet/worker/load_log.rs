@@ -4,7 +4,9 @@
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use super::summary::MAX_LOG;
+/// The most entries a worker keeps in each of its detail logs (this one,
+/// and the summary's call log).
+pub const MAX_LOG: usize = 2_000_000;
 
 /// Every load of the worker, `[started_ms, key_index, ended_ms]` from its
 /// t = 0; shared by its loaders.

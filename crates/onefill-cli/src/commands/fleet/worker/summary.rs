@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use super::caller::Answer;
+use super::load_log::MAX_LOG;
 use super::origin::{age_ms, unix_ms};
 use super::sampler::Sample;
 use crate::commands::fleet::outcome::{outcome_code, ERROR};
@@ -48,9 +49,6 @@ impl Call {
         }
     }
 }
-
-/// The most entries a worker keeps in each of its detail logs.
-pub const MAX_LOG: usize = 2_000_000;
 
 /// The report of `calls`, without the parts only the callers know.
 pub fn summarize(
