@@ -20,9 +20,9 @@
 //! load, the loader closure it builds, the answer's conversion). Defaults:
 //! 20 samples, 1 s warm-up, 3 s measurement.
 //!
-//! On two shared cores (`-- --measurement-time 5`, three runs): async
-//! 171–210 ns through the macro, 161–191 ns direct; sync 275–291 ns
-//! through the macro, 266–353 ns direct: the same within the noise.
+//! On two shared cores (`-- --measurement-time 5`, three runs, medians):
+//! async 147–164 ns through the macro, 157–163 ns direct; sync 192–237 ns
+//! through the macro, 200–226 ns direct: the same within the noise.
 
 use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering};

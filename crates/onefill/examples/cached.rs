@@ -90,19 +90,24 @@ async fn main() -> anyhow::Result<()> {
         .map(|i| {
             let db = db.clone();
             let code = if i % 2 == 0 { "fr" } else { "xx" };
-            std::thread::spawn(move || country_name(code, &db))
+            std::thread::spawn(move || (code, country_name(code, &db)))
         })
         .collect();
     for thread in threads {
-        if thread.join().is_err() {
+        let Ok((code, name)) = thread.join() else {
             anyhow::bail!("a caller thread panicked");
-        }
+        };
+        assert_eq!(name.is_some(), code == "fr");
     }
     println!(
         "sync: 100 threads of country_name(\"fr\" | \"xx\") in {:?}; queries: {} (one per code)",
         started.elapsed(),
         db.queries()
     );
-    println!("country_name(\"fr\") = {:?}", country_name("fr", &db));
+    // Not from this async function itself: a blocking call from an async
+    // task would stall its worker, and is refused (an `Option` function
+    // answers `None` then, and logs why).
+    let france = tokio::task::spawn_blocking(move || country_name("fr", &db)).await?;
+    println!("country_name(\"fr\") = {france:?}");
     Ok(())
 }
