@@ -57,6 +57,10 @@ pub enum Error {
     /// task of that runtime: call it inside `spawn_blocking`, or use the
     /// async [`Cache`](crate::Cache).
     BlockingInAsync,
+    /// The cache of a `#[onefill::cached]` function could not be made at
+    /// its first call: an option out of range (a `ttl` expression of zero,
+    /// say), no default backend set at start, or its Redis URL unusable.
+    Config(ConfigError),
 }
 
 impl fmt::Display for Error {
@@ -88,6 +92,7 @@ impl fmt::Display for Error {
                 "a blocking cache call from an async task of a current-thread runtime would \
                  stall it: call it inside `spawn_blocking`, or use the async `Cache`",
             ),
+            Error::Config(e) => write!(f, "the cache could not be made: {e}"),
         }
     }
 }
@@ -101,6 +106,7 @@ impl std::error::Error for Error {
             Error::Backend(e) => Some(e),
             Error::InvalidInput(e) => Some(e),
             Error::Encode { source, .. } => Some(source),
+            Error::Config(e) => Some(e),
             _ => None,
         }
     }

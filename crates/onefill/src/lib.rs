@@ -117,6 +117,7 @@
 //! | `postcard` | off | `PostcardCodec`, a compact binary codec |
 //! | `encryption` | off | `Encrypted<C>`: any codec's bytes encrypted (XChaCha20-Poly1305, bound to their key), keys by id in a `KeyRing` |
 //! | `compression` | off | `Compressed<C>`: any codec's bytes compressed with lz4 above a size threshold |
+//! | `macros` | off | `#[onefill::cached]`: a function whose body is its cache's loader, keyed by its arguments; `default_backend!` and `DefaultBackend` (the guide's `cached` page) |
 //! | `test-support` | off | `onefill::testing`: the conformance suite every [`Backend`] must pass, for implementers of other backends; `MemoryBackend::put_raw` / `get_raw` |
 //!
 //! With `--no-default-features` the crate is the embedded [`MemoryBackend`]
@@ -167,6 +168,8 @@ mod blocking;
 mod budget;
 mod builder;
 mod cache;
+#[cfg(feature = "macros")]
+mod cached;
 mod calls;
 mod circuit;
 mod coalesce;
@@ -201,6 +204,10 @@ pub mod _guide {
     pub mod getting_started {}
     #[doc = include_str!("../docs/guide/loaders.md")]
     pub mod loaders {}
+    #[cfg(feature = "macros")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "macros")))]
+    #[doc = include_str!("../docs/guide/cached.md")]
+    pub mod cached {}
     #[doc = include_str!("../docs/guide/freshness.md")]
     pub mod freshness {}
     #[doc = include_str!("../docs/guide/waiting.md")]
@@ -239,6 +246,15 @@ pub use backend::Backend;
 pub use blocking::{BlockingCache, BlockingWithOptions};
 pub use builder::CacheBuilder;
 pub use cache::{Cache, WithOptions};
+#[cfg(feature = "macros")]
+#[doc(hidden)]
+pub use cached::expansion as __private;
+#[cfg(all(feature = "macros", feature = "redis"))]
+#[cfg_attr(docsrs, doc(cfg(all(feature = "macros", feature = "redis"))))]
+pub use cached::REDIS_URL_VAR;
+#[cfg(feature = "macros")]
+#[cfg_attr(docsrs, doc(cfg(feature = "macros")))]
+pub use cached::{set_default_backend, DefaultBackend};
 pub use circuit::{CircuitBreaker, CircuitState};
 #[cfg(feature = "compression")]
 #[cfg_attr(docsrs, doc(cfg(feature = "compression")))]
@@ -261,3 +277,13 @@ pub use options::{CallOptions, MAX_TTL};
 pub use stats::Stats;
 pub use token::LeaseToken;
 pub use wait::{OnWaitTimeout, WaitPolicy};
+
+/// The cache of a function, in one attribute: its body becomes the loader
+/// of a [`Cache`] call (an `async fn`) or a [`BlockingCache`] call (a plain
+/// `fn`), keyed by its arguments. The default backend of the functions
+/// that name no cache is declared once per crate with [`default_backend!`];
+/// see also [`DefaultBackend`], [`set_default_backend`] and the
+/// [guide](crate::_guide::cached).
+#[cfg(feature = "macros")]
+#[cfg_attr(docsrs, doc(cfg(feature = "macros")))]
+pub use onefill_macros::cached;

@@ -26,7 +26,7 @@ mod driver;
 mod load;
 mod with_options;
 
-use driver::Driver;
+pub(crate) use driver::Driver;
 pub use with_options::BlockingWithOptions;
 
 /// A [`Cache`] for synchronous callers: the same calls, blocking until
