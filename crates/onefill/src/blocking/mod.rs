@@ -27,6 +27,9 @@ mod load;
 mod with_options;
 
 pub(crate) use driver::Driver;
+
+/// The options of a call that sets none.
+static NO_OPTIONS: CallOptions = CallOptions::NONE;
 pub use with_options::BlockingWithOptions;
 
 /// A [`Cache`] for synchronous callers: the same calls, blocking until
@@ -257,7 +260,7 @@ where
         T: Into<Loaded<V>> + Send + 'static,
         E: IntoLoaderError,
     {
-        self.driver.run(self.cache.fetch(key, load::one(loader)))?
+        self.plain().fetch(key, loader)
     }
 
     /// For loaders that may find nothing: `Ok(None)` is cached as the
@@ -297,8 +300,7 @@ where
         T: Into<Loaded<Option<V>>> + Send + 'static,
         E: IntoLoaderError,
     {
-        self.driver
-            .run(self.cache.fetch_optional(key, load::one(loader)))?
+        self.plain().fetch_optional(key, loader)
     }
 
     /// The values of many keys, the missing ones loaded by one call of
@@ -319,8 +321,7 @@ where
         T: Into<Loaded<V>>,
         E: IntoLoaderError,
     {
-        self.driver
-            .run(self.cache.get_or_load_many(keys, load::many(loader)))?
+        self.plain().get_or_load_many(keys, loader)
     }
 
     /// Each key's answer on its own. As [`Cache::fetch_many`].
@@ -341,8 +342,13 @@ where
         T: Into<Loaded<V>>,
         E: IntoLoaderError,
     {
-        self.driver
-            .run(self.cache.fetch_many(keys, load::many(loader)))?
+        self.plain().fetch_many(keys, loader)
+    }
+
+    /// The calls without options of their own: the cache treats calls
+    /// with no option set as plain ones (the L1 included).
+    fn plain(&self) -> BlockingWithOptions<'_, K, V> {
+        BlockingWithOptions::new(self, &NO_OPTIONS)
     }
 
     /// These calls with per-call options. As [`Cache::with_options`].
@@ -373,7 +379,7 @@ where
         K: Borrow<Q>,
         Q: Display + ?Sized,
     {
-        self.driver.run(self.cache.set(key, value))?
+        self.plain().set(key, value)
     }
 
     /// Removes a key, in every process. As [`Cache::invalidate`].
