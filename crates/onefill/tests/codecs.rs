@@ -476,6 +476,33 @@ fn debug_and_errors_never_show_key_material() {
     assert!(!error.contains(&base64(&key)[..8]), "{error}");
 }
 
+/// Regression: a value that decrypted but did not decode (read as another
+/// type) gave an error quoting the plaintext (serde_json's `invalid type:
+/// string "…"`), which every unreadable value writes to the logs. The
+/// inner error stays reachable as the source.
+#[test]
+fn a_value_that_decrypts_but_does_not_decode_is_not_quoted_in_the_error() {
+    let secret = "4111-1111-1111-1111".to_string();
+    let plain = Encrypted::new(JsonCodec, ring_1());
+    let both = Encrypted::new(Compressed::new(JsonCodec).threshold(0), ring_1());
+    let plain_bytes = Codec::<String>::encode(&plain, "ns:{k}", &secret).unwrap();
+    let both_bytes = Codec::<String>::encode(&both, "ns:{k}", &secret).unwrap();
+    for error in [
+        Codec::<u64>::decode(&plain, "ns:{k}", &plain_bytes).unwrap_err(),
+        Codec::<u64>::check_round_trip(&plain, "ns:{k}", &plain_bytes).unwrap_err(),
+        Codec::<u64>::decode(&both, "ns:{k}", &both_bytes).unwrap_err(),
+        Codec::<u64>::check_round_trip(&both, "ns:{k}", &both_bytes).unwrap_err(),
+    ] {
+        let shown = format!("{error} {error:?}");
+        assert!(!shown.contains("4111"), "plaintext in {shown}");
+        let source = std::error::Error::source(error.get_ref()).expect("a source");
+        assert!(
+            source.to_string().contains("4111"),
+            "the inner error is the source: {source}"
+        );
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn small_values_are_stored_as_they_are_and_large_ones_compressed() {
     let _limit = time_limit(LIMIT);

@@ -94,7 +94,10 @@ const TAG_LEN: usize = 16;
 /// key, is a decode error: never an error to the caller, it is counted
 /// (`decode_errors`, `onefill_decode_errors_total`, with a warning naming
 /// the reason), treated as a miss and reloaded, once fleet-wide, like any
-/// unreadable value.
+/// unreadable value. So is one that decrypts but that `C` does not decode
+/// (written for another type): the warning does not quote `C`'s error,
+/// which may quote the decrypted value; the error's
+/// [`source`](std::error::Error::source) is `C`'s.
 #[derive(Debug, Clone)]
 pub struct Encrypted<C> {
     inner: C,
@@ -180,13 +183,32 @@ impl<V, C: Codec<V>> Codec<V> for Encrypted<C> {
     }
 
     fn decode(&self, key: &str, bytes: &[u8]) -> Result<V, CodecError> {
-        self.inner.decode(key, &self.decrypt(key, bytes)?)
+        self.inner
+            .decode(key, &self.decrypt(key, bytes)?)
+            .map_err(|e| CodecError::new(Plaintext(e)))
     }
 
     /// Decrypts, then leaves the check of the plaintext to `C` (which may
     /// skip decoding it).
     fn check_round_trip(&self, key: &str, bytes: &[u8]) -> Result<(), CodecError> {
-        self.inner.check_round_trip(key, &self.decrypt(key, bytes)?)
+        self.inner
+            .check_round_trip(key, &self.decrypt(key, bytes)?)
+            .map_err(|e| CodecError::new(Plaintext(e)))
+    }
+}
+
+/// `C` could not decode what decrypted (a value written by another type,
+/// say). `C`'s error is the source only, out of the message and of
+/// `Debug`: a text codec's error quotes the value (serde_json's `invalid
+/// type: string "…"`), and the message goes to the logs with every
+/// unreadable value, where decrypted values have no business.
+#[derive(thiserror::Error)]
+#[error("decrypted, but the inner codec does not decode the plaintext (its error, which may quote it, is the source)")]
+struct Plaintext(#[source] CodecError);
+
+impl std::fmt::Debug for Plaintext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Plaintext(..)")
     }
 }
 
