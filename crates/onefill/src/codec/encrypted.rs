@@ -72,10 +72,23 @@ const TAG_LEN: usize = 16;
 /// value to its key (bytes moved or copied to another key do not decrypt;
 /// changed bytes do not decrypt). It does not protect against a compromised
 /// application host, which holds the keys; it does not hide the key names,
-/// nor the values' sizes or TTLs. An attacker who can write to Redis can
-/// still delete a value, or put back an older value of the same key (an
-/// authenticated one, until it expires) — a cache serves what its store
-/// holds, encrypted or not.
+/// nor the values' sizes or TTLs. The binding is to the name, not to the
+/// server: the same name in another Redis (a staging copy) reads with the
+/// same keys, so give each environment keys of its own.
+///
+/// An attacker who can write to Redis can still delete a value, or put
+/// back an older value of the same key, for as long as the ring holds the
+/// key it was written with: what is authenticated is the codec's payload,
+/// not the envelope around it, so the expiry and TTLs are the attacker's
+/// to set — a cache serves what its store holds, encrypted or not.
+///
+/// Only values go through the codec. A cached absence (the `_optional`
+/// calls) and a cached loader failure (`negative_ttl`) are stored as they
+/// are: a failure's message is in clear (leave negative caching off where
+/// loader errors may carry secrets), and someone who can write to Redis
+/// can forge either, whatever the cache's options, so that a key reads
+/// as absent, or as failing with their message, for as long as they
+/// choose.
 ///
 /// With compression underneath, the ciphertext's length follows how well
 /// the value compresses: where a value mixes a secret with text an attacker
