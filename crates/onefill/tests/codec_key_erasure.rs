@@ -8,7 +8,6 @@
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use onefill::{Codec, Encrypted, JsonCodec, KeyRing, KEY_LEN};
 
@@ -38,9 +37,10 @@ const SEEN: usize = KEY_LEN / 2;
 
 thread_local! {
     static WATCHING: Cell<bool> = const { Cell::new(false) };
+    /// Freed blocks that still held key material, on this thread while
+    /// it watched (per thread: tests run side by side).
+    static LEFT: Cell<usize> = const { Cell::new(0) };
 }
-/// Freed blocks that still held key material, on watching threads.
-static LEFT: AtomicUsize = AtomicUsize::new(0);
 
 struct Watching;
 
@@ -58,7 +58,7 @@ unsafe impl GlobalAlloc for Watching {
                 .any(|k| holds(block, &k[..SEEN]));
             let text = BASE64.iter().any(|k| holds(block, &k.as_bytes()[..SEEN]));
             if raw || text {
-                LEFT.fetch_add(1, Ordering::SeqCst);
+                let _ = LEFT.try_with(|left| left.set(left.get() + 1));
             }
         }
         unsafe { System.dealloc(ptr, layout) }
@@ -76,11 +76,11 @@ fn holds(block: &[u8], needle: &[u8]) -> bool {
 
 /// How many freed blocks held key material while `f` ran on this thread.
 fn left_behind(f: impl FnOnce()) -> usize {
-    let before = LEFT.load(Ordering::SeqCst);
+    LEFT.with(|left| left.set(0));
     WATCHING.with(|w| w.set(true));
     f();
     WATCHING.with(|w| w.set(false));
-    LEFT.load(Ordering::SeqCst) - before
+    LEFT.with(Cell::get)
 }
 
 /// Regression: the ring kept its ciphers (each holding its key) in a `Vec`;
@@ -124,6 +124,26 @@ fn a_ring_from_the_environment_leaves_no_key_in_freed_memory() {
     let left = left_behind(|| {
         let ring = KeyRing::from_env(var).expect("a ring");
         drop(ring);
+    });
+    std::env::remove_var(var);
+    assert_eq!(left, 0, "freed blocks with key material");
+}
+
+/// Regression: a variable that is not UTF-8 (a stray byte after the keys)
+/// was refused, and its text, keys included, dropped without erasure.
+#[cfg(unix)]
+#[test]
+fn a_variable_that_is_not_utf8_leaves_no_key_in_freed_memory() {
+    use std::os::unix::ffi::OsStrExt;
+    let var = "ONEFILL_TEST_KEY_ERASURE_NOT_UTF8";
+    let mut text = format!("1:{}", BASE64[0]).into_bytes();
+    text.push(0xFF);
+    std::env::set_var(var, std::ffi::OsStr::from_bytes(&text));
+    let left = left_behind(|| {
+        assert_eq!(
+            KeyRing::from_env(var).unwrap_err().to_string(),
+            format!("environment variable {var} is not valid UTF-8")
+        );
     });
     std::env::remove_var(var);
     assert_eq!(left, 0, "freed blocks with key material");

@@ -254,9 +254,11 @@ impl KeyRing {
             var: var.to_owned(),
             reason,
         };
-        let list = Zeroizing::new(std::env::var(var).map_err(|e| match e {
-            std::env::VarError::NotPresent => env("is not set"),
-            std::env::VarError::NotUnicode(_) => env("is not valid UTF-8"),
+        let text = std::env::var_os(var).ok_or_else(|| env("is not set"))?;
+        // Text that is not UTF-8 holds the keys all the same: erased too.
+        let list = Zeroizing::new(text.into_string().map_err(|text| {
+            drop(Zeroizing::new(text.into_encoded_bytes()));
+            env("is not valid UTF-8")
         })?);
         KeyRing::parse(&list)
     }
