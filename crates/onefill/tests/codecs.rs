@@ -476,6 +476,33 @@ fn debug_and_errors_never_show_key_material() {
     assert!(!error.contains(&base64(&key)[..8]), "{error}");
 }
 
+/// Regression: a value that decrypted but did not decode (read as another
+/// type) gave an error quoting the plaintext (serde_json's `invalid type:
+/// string "…"`), which every unreadable value writes to the logs. The
+/// inner error stays reachable as the source.
+#[test]
+fn a_value_that_decrypts_but_does_not_decode_is_not_quoted_in_the_error() {
+    let secret = "4111-1111-1111-1111".to_string();
+    let plain = Encrypted::new(JsonCodec, ring_1());
+    let both = Encrypted::new(Compressed::new(JsonCodec).threshold(0), ring_1());
+    let plain_bytes = Codec::<String>::encode(&plain, "ns:{k}", &secret).unwrap();
+    let both_bytes = Codec::<String>::encode(&both, "ns:{k}", &secret).unwrap();
+    for error in [
+        Codec::<u64>::decode(&plain, "ns:{k}", &plain_bytes).unwrap_err(),
+        Codec::<u64>::check_round_trip(&plain, "ns:{k}", &plain_bytes).unwrap_err(),
+        Codec::<u64>::decode(&both, "ns:{k}", &both_bytes).unwrap_err(),
+        Codec::<u64>::check_round_trip(&both, "ns:{k}", &both_bytes).unwrap_err(),
+    ] {
+        let shown = format!("{error} {error:?}");
+        assert!(!shown.contains("4111"), "plaintext in {shown}");
+        let source = std::error::Error::source(error.get_ref()).expect("a source");
+        assert!(
+            source.to_string().contains("4111"),
+            "the inner error is the source: {source}"
+        );
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn small_values_are_stored_as_they_are_and_large_ones_compressed() {
     let _limit = time_limit(LIMIT);
@@ -596,6 +623,71 @@ proptest! {
         let mut sealed = vec![1, 0, 0, 0, 1];
         sealed.extend_from_slice(&bytes);
         prop_assert!(Codec::<String>::decode(&both, "k", &sealed).is_err());
+    }
+}
+
+type Stack = Box<dyn Codec<Vec<String>>>;
+
+/// Every stack of the wrappers over both serde codecs, the orders that make
+/// no sense included (`Compressed<Encrypted<_>>`, a wrapper twice).
+fn every_stack() -> Vec<(&'static str, Stack)> {
+    use onefill::PostcardCodec;
+    vec![
+        ("C<J>", Box::new(Compressed::new(JsonCodec).threshold(0))),
+        (
+            "C<P>",
+            Box::new(Compressed::new(PostcardCodec).threshold(0)),
+        ),
+        ("E<P>", Box::new(Encrypted::new(PostcardCodec, ring_1()))),
+        (
+            "E<C<P>>",
+            Box::new(Encrypted::new(
+                Compressed::new(PostcardCodec).threshold(0),
+                ring_1(),
+            )),
+        ),
+        (
+            "C<E<J>>",
+            Box::new(Compressed::new(Encrypted::new(JsonCodec, ring_1())).threshold(0)),
+        ),
+        (
+            "C<C<P>>",
+            Box::new(Compressed::new(Compressed::new(PostcardCodec).threshold(0)).threshold(0)),
+        ),
+        (
+            "E<E<J>>",
+            Box::new(Encrypted::new(
+                Encrypted::new(JsonCodec, ring_1()),
+                ring_2(),
+            )),
+        ),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+    /// Every stack reads back what it wrote, and decodes its own bytes
+    /// changed in one byte, cut short, or replaced by junk without a panic.
+    #[test]
+    fn every_stack_round_trips_and_survives_changed_bytes(
+        value in proptest::collection::vec(".{0,40}", 0..60),
+        junk in proptest::collection::vec(any::<u8>(), 0..200),
+        at in any::<usize>(),
+        flip in 1u8..,
+    ) {
+        for (name, codec) in every_stack() {
+            let bytes = codec.encode("ns:{k}", &value).unwrap();
+            prop_assert_eq!(&codec.decode("ns:{k}", &bytes).unwrap(), &value, "{}", name);
+            prop_assert!(codec.check_round_trip("ns:{k}", &bytes).is_ok(), "{}", name);
+            let mut changed = bytes.clone();
+            changed[at % bytes.len()] ^= flip;
+            let _ = codec.decode("ns:{k}", &changed);
+            // Every header cut short, and one cut anywhere.
+            for cut in (0..bytes.len().min(48)).chain([at % bytes.len()]) {
+                let _ = codec.decode("ns:{k}", &bytes[..cut]);
+            }
+            let _ = codec.decode("ns:{k}", &junk);
+        }
     }
 }
 

@@ -72,10 +72,23 @@ const TAG_LEN: usize = 16;
 /// value to its key (bytes moved or copied to another key do not decrypt;
 /// changed bytes do not decrypt). It does not protect against a compromised
 /// application host, which holds the keys; it does not hide the key names,
-/// nor the values' sizes or TTLs. An attacker who can write to Redis can
-/// still delete a value, or put back an older value of the same key (an
-/// authenticated one, until it expires) — a cache serves what its store
-/// holds, encrypted or not.
+/// nor the values' sizes or TTLs. The binding is to the name, not to the
+/// server: the same name in another Redis (a staging copy) reads with the
+/// same keys, so give each environment keys of its own.
+///
+/// An attacker who can write to Redis can still delete a value, or put
+/// back an older value of the same key, for as long as the ring holds the
+/// key it was written with: what is authenticated is the codec's payload,
+/// not the envelope around it, so the expiry and TTLs are the attacker's
+/// to set — a cache serves what its store holds, encrypted or not.
+///
+/// Only values go through the codec. A cached absence (the `_optional`
+/// calls) and a cached loader failure (`negative_ttl`) are stored as they
+/// are: a failure's message is in clear (leave negative caching off where
+/// loader errors may carry secrets), and someone who can write to Redis
+/// can forge either, whatever the cache's options, so that a key reads
+/// as absent, or as failing with their message, for as long as they
+/// choose.
 ///
 /// With compression underneath, the ciphertext's length follows how well
 /// the value compresses: where a value mixes a secret with text an attacker
@@ -94,7 +107,10 @@ const TAG_LEN: usize = 16;
 /// key, is a decode error: never an error to the caller, it is counted
 /// (`decode_errors`, `onefill_decode_errors_total`, with a warning naming
 /// the reason), treated as a miss and reloaded, once fleet-wide, like any
-/// unreadable value.
+/// unreadable value. So is one that decrypts but that `C` does not decode
+/// (written for another type): the warning does not quote `C`'s error,
+/// which may quote the decrypted value; the error's
+/// [`source`](std::error::Error::source) is `C`'s.
 #[derive(Debug, Clone)]
 pub struct Encrypted<C> {
     inner: C,
@@ -180,13 +196,32 @@ impl<V, C: Codec<V>> Codec<V> for Encrypted<C> {
     }
 
     fn decode(&self, key: &str, bytes: &[u8]) -> Result<V, CodecError> {
-        self.inner.decode(key, &self.decrypt(key, bytes)?)
+        self.inner
+            .decode(key, &self.decrypt(key, bytes)?)
+            .map_err(|e| CodecError::new(Plaintext(e)))
     }
 
     /// Decrypts, then leaves the check of the plaintext to `C` (which may
     /// skip decoding it).
     fn check_round_trip(&self, key: &str, bytes: &[u8]) -> Result<(), CodecError> {
-        self.inner.check_round_trip(key, &self.decrypt(key, bytes)?)
+        self.inner
+            .check_round_trip(key, &self.decrypt(key, bytes)?)
+            .map_err(|e| CodecError::new(Plaintext(e)))
+    }
+}
+
+/// `C` could not decode what decrypted (a value written by another type,
+/// say). `C`'s error is the source only, out of the message and of
+/// `Debug`: a text codec's error quotes the value (serde_json's `invalid
+/// type: string "…"`), and the message goes to the logs with every
+/// unreadable value, where decrypted values have no business.
+#[derive(thiserror::Error)]
+#[error("decrypted, but the inner codec does not decode the plaintext (its error, which may quote it, is the source)")]
+struct Plaintext(#[source] CodecError);
+
+impl std::fmt::Debug for Plaintext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Plaintext(..)")
     }
 }
 

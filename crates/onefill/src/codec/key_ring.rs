@@ -3,6 +3,7 @@
 //! erasure of their material.
 
 use std::fmt;
+use std::sync::Arc;
 
 use base64::Engine as _;
 use chacha20poly1305::{KeyInit, XChaCha20Poly1305};
@@ -39,11 +40,15 @@ pub const KEY_LEN: usize = 32;
 ///
 /// # Key material
 ///
-/// Each key lives in its cipher's state, which is overwritten with zeros
-/// when the ring (or its last clone) is dropped; the intermediate copies
-/// this type makes while parsing (the environment variable's text, the
-/// decoded base64) are erased as well. The caller's own copy of a key
-/// (the array given to [`new`](KeyRing::new)) is the caller's to erase.
+/// Each key lives in its cipher's state, on the heap once (clones of the
+/// ring share it), and is overwritten with zeros when the last clone of
+/// the ring is dropped; the intermediate copies this type makes while
+/// parsing (the environment variable's text, the decoded base64, also when
+/// it turns out invalid) are erased as well. What is not this type's to
+/// erase: the caller's own copy of a key (the array given to
+/// [`new`](KeyRing::new), the text given to [`parse`](KeyRing::parse)),
+/// the process's environment, which keeps the variable that
+/// [`from_env`](KeyRing::from_env) read, and stack copies made in passing.
 /// `Debug` shows the ids and the writer, never a key:
 ///
 /// ```
@@ -56,13 +61,15 @@ pub const KEY_LEN: usize = 32;
 /// ```
 #[derive(Clone)]
 pub struct KeyRing {
-    /// By increasing id, never empty.
-    keys: Vec<RingKey>,
+    /// By increasing id, never empty. Each key in a block of its own, which
+    /// never moves: a `Vec` that outgrows its block frees the old one as it
+    /// is, and a key held inline would stay there, unerased. Clones of the
+    /// ring share the blocks (one copy of each key, erased with the last).
+    keys: Vec<Arc<RingKey>>,
     /// The id named to write, if one was (otherwise the highest writes).
     named_writer: Option<u32>,
 }
 
-#[derive(Clone)]
 struct RingKey {
     id: u32,
     /// Holds the key; erased on drop (`chacha20poly1305`'s `zeroize`).
@@ -202,18 +209,20 @@ impl KeyRing {
                 Some(rest) => (true, rest),
                 None => (false, entry),
             };
-            let (id, key) = entry
+            let (id, text) = entry
                 .split_once(':')
                 .ok_or_else(|| bad("not `id:base64`"))?;
             let id: u32 = id
                 .parse()
                 .map_err(|_| bad("the id is not a number from 0 to 4294967295"))?;
-            // Not the decoder's error: it would quote a character of the key.
-            let key = Zeroizing::new(
-                base64::engine::general_purpose::STANDARD
-                    .decode(key)
-                    .map_err(|_| bad("the key is not valid base64"))?,
-            );
+            // Decoded into a buffer of ours, erased however the decoding
+            // ends: `decode`'s own buffer is dropped as it is when the
+            // text turns out invalid partway. Not the decoder's error
+            // either: it would quote a character of the key.
+            let mut key = Zeroizing::new(Vec::new());
+            base64::engine::general_purpose::STANDARD
+                .decode_vec(text, &mut key)
+                .map_err(|_| bad("the key is not valid base64"))?;
             if marked {
                 if writer.is_some() {
                     return Err(bad("a second entry is marked `*` (the writer)"));
@@ -245,9 +254,11 @@ impl KeyRing {
             var: var.to_owned(),
             reason,
         };
-        let list = Zeroizing::new(std::env::var(var).map_err(|e| match e {
-            std::env::VarError::NotPresent => env("is not set"),
-            std::env::VarError::NotUnicode(_) => env("is not valid UTF-8"),
+        let text = std::env::var_os(var).ok_or_else(|| env("is not set"))?;
+        // Text that is not UTF-8 holds the keys all the same: erased too.
+        let list = Zeroizing::new(text.into_string().map_err(|text| {
+            drop(Zeroizing::new(text.into_encoded_bytes()));
+            env("is not valid UTF-8")
         })?);
         KeyRing::parse(&list)
     }
@@ -283,11 +294,11 @@ impl KeyRing {
 }
 
 impl RingKey {
-    fn new(id: u32, key: &[u8; KEY_LEN]) -> RingKey {
-        RingKey {
+    fn new(id: u32, key: &[u8; KEY_LEN]) -> Arc<RingKey> {
+        Arc::new(RingKey {
             id,
             cipher: XChaCha20Poly1305::new(key.into()),
-        }
+        })
     }
 }
 
