@@ -262,7 +262,7 @@ pub use codec::Compressed;
 #[cfg(feature = "postcard")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postcard")))]
 pub use codec::PostcardCodec;
-pub use codec::{Codec, JsonCodec};
+pub use codec::{Codec, JsonCodec, Marker};
 #[cfg(feature = "encryption")]
 #[cfg_attr(docsrs, doc(cfg(feature = "encryption")))]
 pub use codec::{Encrypted, KeyRing, KeyRingError, KEY_LEN};

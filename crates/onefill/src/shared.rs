@@ -16,7 +16,7 @@ use crate::backend::{Backend, FillKeys, Stored};
 use crate::calls::Calls;
 use crate::circuit::Breakers;
 use crate::coalesce::Coalescer;
-use crate::codec::Codec;
+use crate::codec::{Codec, Marker};
 use crate::envelope::{self, Kind};
 use crate::error::CodecError;
 use crate::error::{Error, InputError};
@@ -152,24 +152,63 @@ impl<V: Clone + 'static> Shared<V> {
                     written_ttl: env.written_ttl,
                     grace: env.grace,
                 },
-                Err(why) => {
-                    if count {
-                        self.recorder.decode_error(value_key, &why.to_string());
-                    }
-                    Read::Unreadable
-                }
+                Err(why) => self.unreadable(value_key, count, &why),
             },
-            Kind::Absent => Read::Value {
-                value: None,
-                fresh_for,
-                delta: env.delta,
-                written_ttl: env.written_ttl,
-                grace: env.grace,
+            Kind::Absent => match self.codec.open(value_key, Marker::Absent, env.payload) {
+                Ok(_) => Read::Value {
+                    value: None,
+                    fresh_for,
+                    delta: env.delta,
+                    written_ttl: env.written_ttl,
+                    grace: env.grace,
+                },
+                Err(why) => self.unreadable(value_key, count, &why),
             },
-            Kind::Failure => Read::Failure {
-                message: String::from_utf8_lossy(env.payload).into_owned(),
-                fresh: !fresh_for.is_zero(),
+            Kind::Failure => match self.codec.open(value_key, Marker::Failure, env.payload) {
+                Ok(message) => Read::Failure {
+                    message: String::from_utf8_lossy(&message).into_owned(),
+                    fresh: !fresh_for.is_zero(),
+                },
+                Err(why) => self.unreadable(value_key, count, &why),
             },
+        }
+    }
+
+    /// A stored entry the codec could not read, counted if `count`.
+    fn unreadable(&self, value_key: &str, count: bool, why: &CodecError) -> Read<V> {
+        if count {
+            self.recorder.decode_error(value_key, &why.to_string());
+        }
+        Read::Unreadable
+    }
+
+    /// The stored bytes of a cached failure of the value under
+    /// `value_key`, its message sealed by the codec; `None` if the codec
+    /// cannot seal it (the failure is then not cached).
+    pub(crate) fn encode_failure(&self, value_key: &str, message: &str) -> Option<Vec<u8>> {
+        let seal = || {
+            self.codec
+                .seal(value_key, Marker::Failure, message.as_bytes())
+        };
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(seal)) {
+            Ok(Ok(payload)) => Some(envelope::encode(
+                Kind::Failure,
+                Duration::ZERO,
+                Duration::ZERO,
+                None,
+                &payload,
+            )),
+            Ok(Err(why)) => {
+                tracing::warn!(key = value_key, %why, "the failure is not cached: the codec cannot seal it");
+                None
+            }
+            Err(_) => {
+                tracing::warn!(
+                    key = value_key,
+                    "the failure is not cached: the codec's seal panicked"
+                );
+                None
+            }
         }
     }
 
@@ -239,7 +278,13 @@ impl<V: Clone + 'static> Shared<V> {
                     .map_err(|e| encode_error(CodecError::round_trip(e)))?;
                 (Kind::Value, payload)
             }
-            None => (Kind::Absent, Vec::new()),
+            None => {
+                let seal = || self.codec.seal(value_key, Marker::Absent, &[]);
+                let payload = std::panic::catch_unwind(std::panic::AssertUnwindSafe(seal))
+                    .unwrap_or_else(|_| Err(CodecError::msg("the codec's seal panicked")))
+                    .map_err(encode_error)?;
+                (Kind::Absent, payload)
+            }
         };
         let bytes = envelope::encode(kind, policy.grace, took, written_ttl, &payload);
         if bytes.len() > policy.max_value_bytes {

@@ -1,7 +1,9 @@
 //! A codec that compresses what another codec encodes (lz4), above a size
 //! threshold, with a bound on what a stored value may decompress to.
 
-use super::Codec;
+use std::borrow::Cow;
+
+use super::{Codec, Marker};
 use crate::error::CodecError;
 
 /// Byte 0 of a value stored as `C` encoded it.
@@ -198,5 +200,20 @@ impl<V, C: Codec<V>> Codec<V> for Compressed<C> {
     fn check_round_trip(&self, key: &str, bytes: &[u8]) -> Result<(), CodecError> {
         self.inner
             .check_round_trip(key, self.expand(bytes)?.bytes())
+    }
+
+    /// `C`'s: markers are too short to compress, and a codec inside
+    /// (`Encrypted`, in the wrong order) must still protect them.
+    fn seal(&self, key: &str, marker: Marker, payload: &[u8]) -> Result<Vec<u8>, CodecError> {
+        self.inner.seal(key, marker, payload)
+    }
+
+    fn open<'a>(
+        &self,
+        key: &str,
+        marker: Marker,
+        stored: &'a [u8],
+    ) -> Result<Cow<'a, [u8]>, CodecError> {
+        self.inner.open(key, marker, stored)
     }
 }

@@ -5,12 +5,20 @@
 use chacha20poly1305::aead::Generate;
 use chacha20poly1305::{AeadInOut, Tag, XNonce};
 
+use std::borrow::Cow;
+
 use super::key_ring::KeyRing;
-use super::Codec;
+use super::{Codec, Marker};
 use crate::error::CodecError;
 
 /// The format version, byte 0 of every encrypted value.
 const VERSION: u8 = 1;
+/// The first byte of a sealed cached absence and of a sealed cached
+/// failure: the version with the high bit set and the marker. Authenticated
+/// with the rest, it keeps a value, an absence and a failure from passing
+/// for one another.
+const ABSENT: u8 = 0x80 | VERSION;
+const FAILURE: u8 = 0x80 | (VERSION + 1);
 /// Version and key id: the part of the header that is also associated data.
 const ID_END: usize = 1 + 4;
 /// Version, key id and nonce.
@@ -82,13 +90,11 @@ const TAG_LEN: usize = 16;
 /// not the envelope around it, so the expiry and TTLs are the attacker's
 /// to set — a cache serves what its store holds, encrypted or not.
 ///
-/// Only values go through the codec. A cached absence (the `_optional`
-/// calls) and a cached loader failure (`negative_ttl`) are stored as they
-/// are: a failure's message is in clear (leave negative caching off where
-/// loader errors may carry secrets), and someone who can write to Redis
-/// can forge either, whatever the cache's options, so that a key reads
-/// as absent, or as failing with their message, for as long as they
-/// choose.
+/// A cached absence (the `_optional` calls) and a cached loader failure
+/// (`negative_ttl`) are sealed too ([`Codec::seal`]), each behind a first
+/// byte of its own that is authenticated with the rest: a failure's
+/// message is not in the store in clear, and neither can be forged, or
+/// passed off as the other or as a value, without a key of the ring.
 ///
 /// With compression underneath, the ciphertext's length follows how well
 /// the value compresses: where a value mixes a secret with text an attacker
@@ -128,13 +134,14 @@ impl<C> Encrypted<C> {
         &self.keys
     }
 
-    /// `bytes` decrypted, if they are a value this ring can read under `key`.
-    fn decrypt(&self, key: &str, bytes: &[u8]) -> Result<Vec<u8>, CodecError> {
+    /// `bytes` decrypted, if they are an entry this ring can read under
+    /// `key` whose first byte is `first` (a value's version, or a marker's).
+    fn decrypt(&self, key: &str, first: u8, bytes: &[u8]) -> Result<Vec<u8>, CodecError> {
         if bytes.len() < HEADER_LEN + TAG_LEN {
             return Err(CodecError::new(Unreadable::Truncated(bytes.len())));
         }
         let (header, sealed) = bytes.split_at(HEADER_LEN);
-        if header[0] != VERSION {
+        if header[0] != first {
             return Err(CodecError::new(Unreadable::Version(header[0])));
         }
         let id = u32::from_be_bytes([header[1], header[2], header[3], header[4]]);
@@ -169,9 +176,10 @@ fn associated_data(version_and_id: &[u8], key: &str) -> Vec<u8> {
     data
 }
 
-impl<V, C: Codec<V>> Codec<V> for Encrypted<C> {
-    fn encode(&self, key: &str, value: &V) -> Result<Vec<u8>, CodecError> {
-        let plain = self.inner.encode(key, value)?;
+impl<C> Encrypted<C> {
+    /// `plain` encrypted with the writing key, under `key`, behind the first
+    /// byte `first`.
+    fn encrypt(&self, key: &str, first: u8, plain: &[u8]) -> Result<Vec<u8>, CodecError> {
         let (id, cipher) = self.keys.writer();
         let nonce = XNonce::try_generate().map_err(|e| {
             CodecError::msg(format!(
@@ -179,10 +187,10 @@ impl<V, C: Codec<V>> Codec<V> for Encrypted<C> {
             ))
         })?;
         let mut out = Vec::with_capacity(HEADER_LEN + plain.len() + TAG_LEN);
-        out.push(VERSION);
+        out.push(first);
         out.extend_from_slice(&id.to_be_bytes());
         out.extend_from_slice(&nonce);
-        out.extend_from_slice(&plain);
+        out.extend_from_slice(plain);
         let (header, body) = out.split_at_mut(HEADER_LEN);
         let tag = cipher
             .encrypt_inout_detached(
@@ -194,10 +202,16 @@ impl<V, C: Codec<V>> Codec<V> for Encrypted<C> {
         out.extend_from_slice(&tag);
         Ok(out)
     }
+}
+
+impl<V, C: Codec<V>> Codec<V> for Encrypted<C> {
+    fn encode(&self, key: &str, value: &V) -> Result<Vec<u8>, CodecError> {
+        self.encrypt(key, VERSION, &self.inner.encode(key, value)?)
+    }
 
     fn decode(&self, key: &str, bytes: &[u8]) -> Result<V, CodecError> {
         self.inner
-            .decode(key, &self.decrypt(key, bytes)?)
+            .decode(key, &self.decrypt(key, VERSION, bytes)?)
             .map_err(|e| CodecError::new(Plaintext(e)))
     }
 
@@ -205,8 +219,33 @@ impl<V, C: Codec<V>> Codec<V> for Encrypted<C> {
     /// skip decoding it).
     fn check_round_trip(&self, key: &str, bytes: &[u8]) -> Result<(), CodecError> {
         self.inner
-            .check_round_trip(key, &self.decrypt(key, bytes)?)
+            .check_round_trip(key, &self.decrypt(key, VERSION, bytes)?)
             .map_err(|e| CodecError::new(Plaintext(e)))
+    }
+
+    /// Sealed as a value is, behind its marker's first byte: stored
+    /// absences and failures are neither readable nor forgeable without a
+    /// key of the ring. (Not handed to `C`: there is nothing to encode.)
+    fn seal(&self, key: &str, marker: Marker, payload: &[u8]) -> Result<Vec<u8>, CodecError> {
+        self.encrypt(key, marker_byte(marker), payload)
+    }
+
+    fn open<'a>(
+        &self,
+        key: &str,
+        marker: Marker,
+        stored: &'a [u8],
+    ) -> Result<Cow<'a, [u8]>, CodecError> {
+        self.decrypt(key, marker_byte(marker), stored)
+            .map(Cow::Owned)
+    }
+}
+
+/// The first byte of a sealed entry that is not a value.
+fn marker_byte(marker: Marker) -> u8 {
+    match marker {
+        Marker::Absent => ABSENT,
+        Marker::Failure => FAILURE,
     }
 }
 

@@ -4,6 +4,8 @@
 //! layer around any codec have a file each: `Compressed` (feature
 //! `compression`), `Encrypted` and its `KeyRing` (feature `encryption`).
 
+use std::borrow::Cow;
+
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
@@ -67,6 +69,49 @@ pub trait Codec<V>: Send + Sync + 'static {
     fn check_round_trip(&self, key: &str, bytes: &[u8]) -> Result<(), CodecError> {
         self.decode(key, bytes).map(drop)
     }
+    /// The payload of an entry that is not a value, as it is to be stored:
+    /// a cached absence (`payload` empty) or a cached failure (its
+    /// message). The default stores it as it is. A codec that protects
+    /// values protects these too ([`Encrypted`](crate::Encrypted) seals
+    /// them, bound to their marker and key, so none can be planted, read or
+    /// passed off as another); a wrapper hands them to the codec it wraps.
+    ///
+    /// # Errors
+    ///
+    /// The codec's own error: the entry is not stored (an absence written
+    /// by `set`-like calls fails with [`Error::Encode`](crate::Error::Encode);
+    /// a failure is then simply not cached).
+    fn seal(&self, key: &str, marker: Marker, payload: &[u8]) -> Result<Vec<u8>, CodecError> {
+        let _ = (key, marker);
+        Ok(payload.to_vec())
+    }
+    /// The payload of a stored entry that is not a value, as
+    /// [`seal`](Codec::seal) was given it. The default takes it as it is.
+    ///
+    /// # Errors
+    ///
+    /// The codec's own error: the entry counts as unreadable (a miss).
+    fn open<'a>(
+        &self,
+        key: &str,
+        marker: Marker,
+        stored: &'a [u8],
+    ) -> Result<Cow<'a, [u8]>, CodecError> {
+        let _ = (key, marker);
+        Ok(Cow::Borrowed(stored))
+    }
+}
+
+/// What a stored entry holds when it is not a value (see
+/// [`Codec::seal`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Marker {
+    /// A cached absence (an optional loader found nothing).
+    Absent,
+    /// A cached failure (negative caching), its payload the failure's
+    /// message.
+    Failure,
 }
 
 /// JSON through `serde_json`: readable in `redis-cli`, the default.

@@ -10,7 +10,6 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use crate::answer::{Answer, Outcome};
-use crate::envelope::{self, Kind};
 use crate::error::Error;
 use crate::freshness;
 use crate::lease::{Acquisition, Lease};
@@ -270,14 +269,9 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
                     Error::Loader(_) | Error::LoaderPanicked(_) | Error::LoadTimedOut(_),
                 ) => {
                     let message = error.to_string();
-                    let bytes = envelope::encode(
-                        Kind::Failure,
-                        Duration::ZERO,
-                        Duration::ZERO,
-                        None,
-                        message.as_bytes(),
-                    );
-                    Some((bytes, ttl))
+                    self.shared
+                        .encode_failure(self.keys.value(), &message)
+                        .map(|bytes| (bytes, ttl))
                 }
                 _ => None,
             };
