@@ -89,8 +89,15 @@ fn generate(
     };
     quote! {
         type __OnefillReturn = #ret;
-        const __ONEFILL_SITE: ::onefill::__private::Site =
-            ::onefill::__private::Site::new(::core::module_path!(), #name, #namespace);
+        fn __onefill_here() -> &'static str {
+            ::core::any::type_name_of_val(&__onefill_here)
+        }
+        const __ONEFILL_SITE: ::onefill::__private::Site = ::onefill::__private::Site::new(
+            ::core::module_path!(),
+            #name,
+            #namespace,
+            __onefill_here,
+        );
         let #key_var = match #key {
             ::core::result::Result::Ok(key) => key,
             ::core::result::Result::Err(#error) => #fail,

@@ -363,3 +363,83 @@ mod sync_fns {
         assert_eq!(NAMED.get("21").unwrap(), Some(42));
     }
 }
+
+/// Functions of one name in one module (associated functions of two
+/// types, two implementations of a trait, nested functions): each has a
+/// namespace of its own, its path with its type or enclosing function, so
+/// none answers with another's values.
+mod namespaces {
+    use super::*;
+
+    struct Users;
+    struct Orders;
+
+    impl Users {
+        #[onefill::cached]
+        async fn get(id: u64) -> anyhow::Result<String> {
+            Ok(format!("user {id}"))
+        }
+    }
+
+    impl Orders {
+        #[onefill::cached]
+        async fn get(id: u64) -> anyhow::Result<String> {
+            Ok(format!("order {id}"))
+        }
+    }
+
+    trait Load {
+        fn load(id: u64) -> anyhow::Result<String>;
+    }
+
+    impl Load for Users {
+        #[onefill::cached]
+        fn load(id: u64) -> anyhow::Result<String> {
+            Ok(format!("user {id}"))
+        }
+    }
+
+    impl Load for Orders {
+        #[onefill::cached]
+        fn load(id: u64) -> anyhow::Result<String> {
+            Ok(format!("order {id}"))
+        }
+    }
+
+    async fn first_inner(id: u64) -> anyhow::Result<String> {
+        #[onefill::cached]
+        async fn inner(id: u64) -> anyhow::Result<String> {
+            Ok(format!("first {id}"))
+        }
+        inner(id).await
+    }
+
+    async fn second_inner(id: u64) -> anyhow::Result<String> {
+        #[onefill::cached]
+        async fn inner(id: u64) -> anyhow::Result<String> {
+            Ok(format!("second {id}"))
+        }
+        inner(id).await
+    }
+
+    #[tokio::test]
+    async fn associated_and_nested_functions_of_one_name_keep_their_values() {
+        assert_eq!(Users::get(1).await.unwrap(), "user 1");
+        assert_eq!(Orders::get(1).await.unwrap(), "order 1");
+        assert_eq!(first_inner(1).await.unwrap(), "first 1");
+        assert_eq!(second_inner(1).await.unwrap(), "second 1");
+        let stored = reader("cached::namespaces::Orders::get").get("1").await;
+        assert_eq!(stored.unwrap().as_deref(), Some("order 1"));
+        let stored = reader("cached::namespaces::second_inner::inner")
+            .get("1")
+            .await;
+        assert_eq!(stored.unwrap().as_deref(), Some("second 1"));
+    }
+
+    #[test]
+    fn trait_implementations_keep_their_values() {
+        let _limit = time_limit(LIMIT);
+        assert_eq!(<Users as Load>::load(1).unwrap(), "user 1");
+        assert_eq!(<Orders as Load>::load(1).unwrap(), "order 1");
+    }
+}

@@ -73,57 +73,7 @@ impl Declared {
     }
 }
 
-/// Where a cached function is: its default namespace, and its name in
-/// warnings.
-pub struct Site {
-    module: &'static str,
-    function: &'static str,
-    namespace: Option<&'static str>,
-}
-
-impl Site {
-    /// `module_path!()`, the function's name, `namespace = …`.
-    pub const fn new(
-        module: &'static str,
-        function: &'static str,
-        namespace: Option<&'static str>,
-    ) -> Self {
-        Site {
-            module,
-            function,
-            namespace,
-        }
-    }
-
-    /// `namespace = …`, else the function's path (`app::users::user`),
-    /// cut to onefill's 256 bytes with a hash of the whole kept.
-    pub(super) fn namespace(&self) -> Cow<'static, str> {
-        const MAX: usize = 256;
-        if let Some(given) = self.namespace {
-            return Cow::Borrowed(given);
-        }
-        let path = self.to_string();
-        if path.len() <= MAX {
-            return Cow::Owned(path);
-        }
-        // FNV-1a: stable across builds and releases (std's hashers
-        // promise neither), so a namespace never moves.
-        let hash = path.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
-            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-        });
-        let mut cut = MAX - 17;
-        while !path.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        Cow::Owned(format!("{}~{hash:016x}", &path[..cut]))
-    }
-}
-
-impl Display for Site {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}::{}", self.module, self.function)
-    }
-}
+pub use super::site::Site;
 
 /// The cache of an async function without `cache = …`.
 pub struct AsyncSlot<V>(tokio::sync::OnceCell<Cache<String, V>>);
@@ -409,7 +359,7 @@ mod tests {
         }
     }
 
-    const SITE: Site = Site::new("tests", "f", None);
+    const SITE: Site = Site::new("tests", "f", None, || "tests::f::__onefill_here");
 
     /// Each function's cache is built once: its L1, its flights and its
     /// stats are the function's, not a call's.
@@ -478,18 +428,5 @@ mod tests {
             }
         }
         assert!(key_fmt(format_args!("{}", whole(&Broken))).is_err());
-    }
-
-    #[test]
-    fn namespaces_are_the_functions_path_within_the_limit() {
-        let site = Site::new("app::users", "user", None);
-        assert_eq!(site.namespace(), "app::users::user");
-        assert_eq!(Site::new("app", "user", Some("users")).namespace(), "users");
-        let long: &'static str = Box::leak("m::".repeat(100).into_boxed_str());
-        let a = Site::new(long, "a", None).namespace();
-        let b = Site::new(long, "b", None).namespace();
-        assert_eq!(a.len(), 256);
-        assert_ne!(a, b, "two long paths keep distinct namespaces");
-        assert!(crate::key::validate_namespace(&a).is_ok());
     }
 }

@@ -3,9 +3,8 @@
 //! crate with [`default_backend!`](crate::default_backend), or set at start
 //! with [`set_default_backend`]), here; the hidden items the expansion
 //! calls (each function's cache slot, its key, its answer), in
-//! `expansion.rs`.
+//! `expansion.rs`; where a function is, and so its namespace, in `site.rs`.
 
-use std::borrow::Cow;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -292,3 +291,4 @@ where
 /// `onefill::__private`); not an API.
 #[doc(hidden)]
 pub mod expansion;
+mod site;
