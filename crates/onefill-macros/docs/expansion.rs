@@ -15,10 +15,11 @@ pub async fn user(id: u64, pool: &Pool) -> anyhow::Result<User> {
         ::core::option::Option::None,
         __onefill_here,
     );
-    // The key, from the arguments not skipped: here `id` as it displays.
+    // The key, from the arguments not skipped: here `id` as it displays
+    // (`%` escaped, an empty one `%`: a key is never empty).
     let __onefill_key = match ::onefill::__private::key_fmt(::core::format_args!(
         "{}",
-        ::onefill::__private::whole(&id)
+        ::onefill::__private::only(&id)
     )) {
         ::core::result::Result::Ok(key) => key,
         ::core::result::Result::Err(error) => return <__OnefillReturn as ::onefill::__private::Returns<::onefill::__private::Value>>::answer(

@@ -1,6 +1,7 @@
 //! The cache key of a call, from the function's arguments: all of them by
-//! default (one as it displays; several joined by `:`, each escaped), or a
-//! format string of the caller's (`key = "{id}:{lang}"`) naming those it
+//! default (one as it displays, `%` escaped so that an empty one can be a
+//! lone `%`: a key is never empty; several joined by `:`, each escaped), or
+//! a format string of the caller's (`key = "{id}:{lang}"`) naming those it
 //! wants; `skip(…)` leaves arguments out of the default key.
 //!
 //! The expression built here evaluates to `Result<String, onefill::Error>`
@@ -32,8 +33,8 @@ pub(crate) fn key_expr(
     let parts: Vec<&Arg> = args.iter().filter(|a| !skip.contains(&a.ident)).collect();
     match parts.as_slice() {
         [] => Ok(quote!(::onefill::__private::no_key())),
-        [only] => {
-            let part = part_expr(only, quote!(whole));
+        [alone] => {
+            let part = part_expr(alone, quote!(only));
             Ok(quote!(::onefill::__private::key_fmt(
                 ::core::format_args!("{}", #part)
             )))

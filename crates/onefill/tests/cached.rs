@@ -122,6 +122,30 @@ mod async_fns {
         assert_eq!(stored.as_deref(), Some("a:b/1"));
     }
 
+    #[onefill::cached(namespace = "one-argument")]
+    async fn bracketed(text: &str) -> Option<String> {
+        Some(format!("<{text}>"))
+    }
+
+    #[onefill::cached]
+    async fn bracketed_fallible(text: String) -> anyhow::Result<String> {
+        Ok(format!("<{text}>"))
+    }
+
+    /// A key cannot be empty: an argument alone in the key that displays
+    /// as nothing has a key of its own (`%`, which no other one is, as
+    /// `%` is escaped), not an invalid-key error (an `Option` function's
+    /// `None`).
+    #[tokio::test]
+    async fn an_argument_displaying_as_nothing_is_cached_too() {
+        assert_eq!(bracketed("").await.as_deref(), Some("<>"));
+        assert_eq!(bracketed("%").await.as_deref(), Some("<%>"));
+        assert_eq!(bracketed_fallible(String::new()).await.unwrap(), "<>");
+        let stored = reader("one-argument");
+        assert_eq!(stored.get("%").await.unwrap().as_deref(), Some("<>"));
+        assert_eq!(stored.get("%25").await.unwrap().as_deref(), Some("<%>"));
+    }
+
     #[onefill::cached(ttl = "5m")]
     async fn fresh_for_five_minutes(id: u64) -> anyhow::Result<u64> {
         static LOADS: AtomicUsize = AtomicUsize::new(0);

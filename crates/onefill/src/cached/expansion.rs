@@ -269,7 +269,7 @@ impl<T: Display + ?Sized> KeyPart for T {
     }
 }
 
-/// The key's one part, as it displays. (The part's `fmt` is taken
+/// A key part, as it displays, unescaped. (The part's `fmt` is taken
 /// where its bound is checked, so this displays whatever `T` is: a
 /// type without `Display` is one error, the bound's, not two.)
 pub struct Whole<'a, T: ?Sized> {
@@ -277,7 +277,7 @@ pub struct Whole<'a, T: ?Sized> {
     fmt: fn(&T, &mut fmt::Formatter<'_>) -> fmt::Result,
 }
 
-/// The argument alone in the key.
+/// A key part, unescaped (what [`only`] and [`escaped`] escape).
 #[inline]
 pub fn whole<T: KeyPart + ?Sized>(part: &T) -> Whole<'_, T> {
     Whole {
@@ -293,6 +293,37 @@ impl<T: ?Sized> Display for Whole<'_, T> {
     }
 }
 
+/// The key of a function with one argument in it, when that argument
+/// displays as nothing: a key cannot be empty, and no other argument's
+/// key is a lone `%` (`Only` escapes each `%` it writes).
+pub const EMPTY_ARGUMENT_KEY: &str = "%";
+
+/// The argument alone in the key: as it displays, `%` escaped (`%25`),
+/// and an empty one as [`EMPTY_ARGUMENT_KEY`].
+pub struct Only<'a, T: ?Sized>(Whole<'a, T>);
+
+/// The argument alone in the key.
+#[inline]
+pub fn only<T: KeyPart + ?Sized>(part: &T) -> Only<'_, T> {
+    Only(whole(part))
+}
+
+impl<T: ?Sized> Display for Only<'_, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut out = Escaping {
+            out: f,
+            colons: false,
+            wrote: false,
+        };
+        write!(out, "{}", self.0)?;
+        if out.wrote {
+            Ok(())
+        } else {
+            f.write_str(EMPTY_ARGUMENT_KEY)
+        }
+    }
+}
+
 /// One of several parts: `%` and `:` escaped (`%25`, `%3A`), so the
 /// parts joined by `:` name one tuple of arguments only.
 pub struct Escaped<'a, T: ?Sized>(Whole<'a, T>);
@@ -305,24 +336,38 @@ pub fn escaped<T: KeyPart + ?Sized>(part: &T) -> Escaped<'_, T> {
 
 impl<T: ?Sized> Display for Escaped<'_, T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        struct Escaping<'a, 'b>(&'a mut fmt::Formatter<'b>);
-        impl Write for Escaping<'_, '_> {
-            fn write_str(&mut self, s: &str) -> fmt::Result {
-                let mut run = 0;
-                for (at, byte) in s.bytes().enumerate() {
-                    let escaped = match byte {
-                        b'%' => "%25",
-                        b':' => "%3A",
-                        _ => continue,
-                    };
-                    self.0.write_str(&s[run..at])?;
-                    self.0.write_str(escaped)?;
-                    run = at + 1;
-                }
-                self.0.write_str(&s[run..])
-            }
+        let mut out = Escaping {
+            out: f,
+            colons: true,
+            wrote: false,
+        };
+        write!(out, "{}", self.0)
+    }
+}
+
+/// A key part's text on its way to the key: `%` escaped, `:` too when
+/// `colons`, and whether anything was written.
+struct Escaping<'a, 'b> {
+    out: &'a mut fmt::Formatter<'b>,
+    colons: bool,
+    wrote: bool,
+}
+
+impl Write for Escaping<'_, '_> {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        self.wrote |= !s.is_empty();
+        let mut run = 0;
+        for (at, byte) in s.bytes().enumerate() {
+            let escaped = match byte {
+                b'%' => "%25",
+                b':' if self.colons => "%3A",
+                _ => continue,
+            };
+            self.out.write_str(&s[run..at])?;
+            self.out.write_str(escaped)?;
+            run = at + 1;
         }
-        write!(Escaping(f), "{}", self.0)
+        self.out.write_str(&s[run..])
     }
 }
 
@@ -408,8 +453,12 @@ mod tests {
 
     #[test]
     fn several_parts_are_escaped_one_is_not() {
-        let one = key_fmt(format_args!("{}", whole("a:b%"))).unwrap();
-        assert_eq!(one, "a:b%");
+        let one = key_fmt(format_args!("{}", only("a:b%"))).unwrap();
+        assert_eq!(one, "a:b%25", "one part: only `%` escaped");
+        let empty = key_fmt(format_args!("{}", only(""))).unwrap();
+        assert_eq!(empty, EMPTY_ARGUMENT_KEY, "a key is never empty");
+        let percent = key_fmt(format_args!("{}", only("%"))).unwrap();
+        assert_ne!(percent, empty);
         let two = key_fmt(format_args!("{}:{}", escaped("a:b"), escaped(&7))).unwrap();
         assert_eq!(two, "a%3Ab:7");
         let left = key_fmt(format_args!("{}:{}", escaped("a:b"), escaped("c"))).unwrap();
