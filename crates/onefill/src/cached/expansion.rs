@@ -179,7 +179,8 @@ pub enum OptionOnly {}
 #[diagnostic::on_unimplemented(
     message = "a `#[onefill::cached]` function cannot return `{Self}`",
     label = "what the function returns is what is cached",
-    note = "return `Result<T, E>` (a value), `Result<Option<T>, E>` (a value, or its cached absence) or `Option<T>`"
+    note = "return `Result<T, E>` (a value), `Result<Option<T>, E>` (a value, or its cached absence) or `Option<T>`",
+    note = "the form is read from the return type as written: spell `Option<…>` out, not through an alias"
 )]
 pub trait Returns<Form>: Sized {
     /// The cache's value type.
