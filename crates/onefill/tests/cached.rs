@@ -146,6 +146,26 @@ mod async_fns {
         assert_eq!(stored.get("%25").await.unwrap().as_deref(), Some("<%>"));
     }
 
+    #[onefill::cached(namespace = "long-keys", max_key_bytes = 4096)]
+    async fn long_key(text: String) -> anyhow::Result<usize> {
+        Ok(text.len())
+    }
+
+    /// The longest key is an option of the function's cache: a text
+    /// argument over the default 1024 bytes can be cached.
+    #[tokio::test]
+    async fn max_key_bytes_is_the_caches() {
+        let text = "x".repeat(2000);
+        assert_eq!(long_key(text.clone()).await.unwrap(), 2000);
+        let stored: Cache<String, usize> = Cache::builder()
+            .namespace("long-keys")
+            .backend(BACKEND.clone())
+            .max_key_bytes(4096)
+            .build()
+            .unwrap();
+        assert_eq!(stored.get(&text).await.unwrap(), Some(2000));
+    }
+
     #[onefill::cached(ttl = "5m")]
     async fn fresh_for_five_minutes(id: u64) -> anyhow::Result<u64> {
         static LOADS: AtomicUsize = AtomicUsize::new(0);
