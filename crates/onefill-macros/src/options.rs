@@ -1,6 +1,6 @@
 //! The attribute's options: where the cache comes from (`cache`), what the
-//! key is (`key`, `skip`), the namespace, and the freshness settings of a
-//! default cache, each turned into its `CacheBuilder` call.
+//! key is (`key`, `skip`), the namespace, and the settings (freshness, L1,
+//! key length) of a default cache, each turned into its `CacheBuilder` call.
 
 use proc_macro2::TokenStream;
 use quote::quote;
