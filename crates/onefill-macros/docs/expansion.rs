@@ -3,16 +3,23 @@
 // (a unit test of onefill-macros checks it token for token).
 pub async fn user(id: u64, pool: &Pool) -> anyhow::Result<User> {
     type __OnefillReturn = anyhow::Result<User>;
-    // The namespace: `module_path!()` and the name (`my_app::users::user`).
+    // The namespace: `module_path!()` and the name (`my_app::users::user`);
+    // for an associated or nested function, the path the compiler gives an
+    // item in its body (`my_app::users::Users::user::__onefill_here`).
+    fn __onefill_here() -> &'static str {
+        ::core::any::type_name_of_val(&__onefill_here)
+    }
     const __ONEFILL_SITE: ::onefill::__private::Site = ::onefill::__private::Site::new(
         ::core::module_path!(),
         "user",
         ::core::option::Option::None,
+        __onefill_here,
     );
-    // The key, from the arguments not skipped: here `id` as it displays.
+    // The key, from the arguments not skipped: here `id` as it displays
+    // (`%` escaped, an empty one `%`: a key is never empty).
     let __onefill_key = match ::onefill::__private::key_fmt(::core::format_args!(
         "{}",
-        ::onefill::__private::whole(&id)
+        ::onefill::__private::only(&id)
     )) {
         ::core::result::Result::Ok(key) => key,
         ::core::result::Result::Err(error) => return <__OnefillReturn as ::onefill::__private::Returns<::onefill::__private::Value>>::answer(

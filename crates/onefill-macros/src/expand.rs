@@ -18,6 +18,22 @@ pub(crate) fn cached(attr: TokenStream, item: TokenStream) -> syn::Result<TokenS
     syn::parse::Parser::parse2(parser, attr)?;
     options.check()?;
     let mut function: ItemFn = syn::parse2(item)?;
+    // A second caching attribute would cache this expansion again, in the
+    // same namespace and key: its load would wait on the first's lease,
+    // which waits on it, until `max_load_time`, at every call.
+    let again = function.attrs.iter().find(|a| {
+        a.path()
+            .segments
+            .last()
+            .is_some_and(|last| last.ident == "cached")
+    });
+    if let Some(again) = again {
+        return Err(syn::Error::new(
+            again.path().span(),
+            "the function is cached twice: each load would wait on the other's until \
+             `max_load_time`; keep one `#[onefill::cached]`",
+        ));
+    }
     let signature = analyse(&function)?;
     let key = key_expr(&signature.args, options.key.as_ref(), &options.skip)?;
     // `mut` on an argument concerns the body, which runs in the loader
@@ -89,8 +105,15 @@ fn generate(
     };
     quote! {
         type __OnefillReturn = #ret;
-        const __ONEFILL_SITE: ::onefill::__private::Site =
-            ::onefill::__private::Site::new(::core::module_path!(), #name, #namespace);
+        fn __onefill_here() -> &'static str {
+            ::core::any::type_name_of_val(&__onefill_here)
+        }
+        const __ONEFILL_SITE: ::onefill::__private::Site = ::onefill::__private::Site::new(
+            ::core::module_path!(),
+            #name,
+            #namespace,
+            __onefill_here,
+        );
         let #key_var = match #key {
             ::core::result::Result::Ok(key) => key,
             ::core::result::Result::Err(#error) => #fail,
@@ -239,6 +262,21 @@ mod tests {
             tokens(documented),
             "docs/expansion.rs no longer shows what the attribute makes; write the new expansion there"
         );
+    }
+
+    #[test]
+    fn a_function_cached_twice_is_refused() {
+        let error = cached(
+            TokenStream::new(),
+            quote!(
+                #[onefill::cached(ttl = "1m")]
+                async fn f(id: u64) -> Option<u64> {
+                    Some(id)
+                }
+            ),
+        );
+        let message = error.err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(message.contains("cached twice"), "{message:?}");
     }
 
     /// The tokens as text, one by one, without their spacing (`>;` and

@@ -1,6 +1,7 @@
 //! The cache key of a call, from the function's arguments: all of them by
-//! default (one as it displays; several joined by `:`, each escaped), or a
-//! format string of the caller's (`key = "{id}:{lang}"`) naming those it
+//! default (one as it displays, `%` escaped so that an empty one can be a
+//! lone `%`: a key is never empty; several joined by `:`, each escaped), or
+//! a format string of the caller's (`key = "{id}:{lang}"`) naming those it
 //! wants; `skip(…)` leaves arguments out of the default key.
 //!
 //! The expression built here evaluates to `Result<String, onefill::Error>`
@@ -32,8 +33,8 @@ pub(crate) fn key_expr(
     let parts: Vec<&Arg> = args.iter().filter(|a| !skip.contains(&a.ident)).collect();
     match parts.as_slice() {
         [] => Ok(quote!(::onefill::__private::no_key())),
-        [only] => {
-            let part = part_expr(only, quote!(whole));
+        [alone] => {
+            let part = part_expr(alone, quote!(only));
             Ok(quote!(::onefill::__private::key_fmt(
                 ::core::format_args!("{}", #part)
             )))
@@ -62,7 +63,17 @@ fn part_expr(arg: &Arg, wrapper: TokenStream) -> TokenStream {
 /// `key = "…"`: the caller's format string, whose placeholders must each
 /// name an argument not skipped.
 fn format_key(args: &[Arg], format: &LitStr, skip: &[syn::Ident]) -> syn::Result<TokenStream> {
-    for name in placeholders(&format.value()).map_err(|why| Error::new(format.span(), why))? {
+    let names = placeholders(&format.value()).map_err(|why| Error::new(format.span(), why))?;
+    // A key without placeholders (`key = "id"` for `"{id}"`) is one entry
+    // for every call: each caller would get the first caller's value.
+    if names.is_empty() && !args.is_empty() {
+        return Err(Error::new(
+            format.span(),
+            "the key names no argument, so every call would share one entry: name them in \
+             braces (`key = \"{id}\"`), or `skip(…)` them all for one entry on purpose",
+        ));
+    }
+    for name in names {
         if !args.iter().any(|a| a.ident == name) {
             return Err(Error::new(
                 format.span(),
@@ -121,7 +132,8 @@ fn placeholders(format: &str) -> Result<Vec<String>, String> {
 
 #[cfg(test)]
 mod tests {
-    use super::placeholders;
+    use super::*;
+    use proc_macro2::Span;
 
     #[test]
     fn placeholders_are_argument_names() {
@@ -132,5 +144,32 @@ mod tests {
         assert!(placeholders("{}").is_err());
         assert!(placeholders("{0}").is_err());
         assert!(placeholders("{id").is_err());
+    }
+
+    #[test]
+    fn a_key_naming_no_argument_is_refused() {
+        let item: syn::ItemFn = syn::parse_quote!(
+            fn f(id: u64) -> Option<u64> {
+                Some(id)
+            }
+        );
+        let args = crate::signature::analyse(&item).unwrap().args;
+        let error = |format: &str| {
+            key_expr(&args, Some(&LitStr::new(format, Span::call_site())), &[])
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default()
+        };
+        assert!(error("id").contains("names no argument"));
+        assert!(error("{{id}}").contains("names no argument"));
+        assert!(error("{id}").is_empty());
+        let none: syn::ItemFn = syn::parse_quote!(
+            fn g() -> Option<u64> {
+                None
+            }
+        );
+        let no_args = crate::signature::analyse(&none).unwrap().args;
+        let fixed = LitStr::new("config", Span::call_site());
+        assert!(key_expr(&no_args, Some(&fixed), &[]).is_ok());
     }
 }

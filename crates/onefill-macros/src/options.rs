@@ -1,6 +1,6 @@
 //! The attribute's options: where the cache comes from (`cache`), what the
-//! key is (`key`, `skip`), the namespace, and the freshness settings of a
-//! default cache, each turned into its `CacheBuilder` call.
+//! key is (`key`, `skip`), the namespace, and the settings (freshness, L1,
+//! key length) of a default cache, each turned into its `CacheBuilder` call.
 
 use proc_macro2::TokenStream;
 use quote::quote;
@@ -11,7 +11,8 @@ use crate::duration;
 
 /// Every option, by name, for the message about an unknown one.
 const KNOWN: &str = "`cache`, `key`, `skip`, `namespace`, `ttl`, `grace`, `negative_ttl`, \
-                     `jitter`, `max_load_time`, `soft_timeout`, `fail_safe`, `l1`";
+                     `jitter`, `max_load_time`, `soft_timeout`, `fail_safe`, `l1`, \
+                     `max_key_bytes`";
 
 #[derive(Default)]
 pub(crate) struct Options {
@@ -59,7 +60,7 @@ impl Options {
                 let value = duration_value(meta.value()?.parse()?)?;
                 self.settings.push((name.clone(), quote!(.#name(#value))));
             }
-            "jitter" | "fail_safe" => {
+            "jitter" | "fail_safe" | "max_key_bytes" => {
                 let value: Expr = meta.value()?.parse()?;
                 self.settings.push((name.clone(), quote!(.#name(#value))));
             }
@@ -175,7 +176,14 @@ mod tests {
 
     #[test]
     fn settings_become_builder_calls() {
-        let options = parse(quote!(ttl = "5m", grace = GRACE, l1 = 100, jitter = 0.0)).unwrap();
+        let options = parse(quote!(
+            ttl = "5m",
+            grace = GRACE,
+            l1 = 100,
+            jitter = 0.0,
+            max_key_bytes = 4096
+        ))
+        .unwrap();
         let calls: Vec<String> = options
             .settings
             .iter()
@@ -188,6 +196,7 @@ mod tests {
                 ". grace (GRACE)",
                 ". l1 (:: onefill :: L1 :: new (100))",
                 ". jitter (0.0)",
+                ". max_key_bytes (4096)",
             ]
         );
     }

@@ -87,13 +87,25 @@ pub(crate) fn analyse(item: &ItemFn) -> syn::Result<Signature> {
         match input {
             FnArg::Receiver(receiver) => {
                 return Err(Error::new(
-                    receiver.span(),
+                    // `self` itself: a span over `&self` is only its first
+                    // token (`&`) on a stable compiler.
+                    receiver.self_token.span,
                     "`#[onefill::cached]` cannot cache a method: its body becomes a loader that \
                      runs detached (`'static`), which cannot borrow `self`; make it an associated \
                      function taking what it needs (a clone of the pool, an id) as arguments",
-                ))
+                ));
             }
-            FnArg::Typed(typed) => args.push(argument(&typed.pat, &typed.ty)?),
+            FnArg::Typed(typed) => {
+                if let Some(cfg) = typed.attrs.iter().find(|a| a.path().is_ident("cfg")) {
+                    return Err(Error::new(
+                        cfg.path().span(),
+                        "`#[onefill::cached]` cannot take an argument under `#[cfg]`: the key \
+                         and the body name every argument, whether or not it is compiled in; \
+                         give the function one signature (two functions, one per `cfg`)",
+                    ));
+                }
+                args.push(argument(&typed.pat, &typed.ty)?)
+            }
         }
     }
     let ret = match &sig.output {
@@ -232,6 +244,23 @@ mod tests {
 
     fn form(ret: &str) -> Form {
         form_of(&syn::parse_str(ret).unwrap())
+    }
+
+    #[test]
+    fn an_argument_under_cfg_is_refused() {
+        let item: ItemFn = syn::parse_quote!(
+            fn f(#[cfg(feature = "x")] a: u32, b: u32) -> Option<u32> {
+                Some(b)
+            }
+        );
+        let error = analyse(&item).err().map(|e| e.to_string());
+        assert!(error.unwrap_or_default().contains("under `#[cfg]`"));
+        let allowed: ItemFn = syn::parse_quote!(
+            fn f(#[allow(unused)] a: u32) -> Option<u32> {
+                None
+            }
+        );
+        assert!(analyse(&allowed).is_ok());
     }
 
     #[test]

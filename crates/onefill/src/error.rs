@@ -53,9 +53,10 @@ pub enum Error {
     /// answer (its task was cancelled, e.g. by runtime shutdown).
     FlightAbandoned,
     /// A [`BlockingCache`](crate::BlockingCache) call came from an async
-    /// task of a current-thread runtime, where waiting would stall every
-    /// task of that runtime: call it inside `spawn_blocking`, or use the
-    /// async [`Cache`](crate::Cache).
+    /// task (of either runtime flavour), where waiting would stall the
+    /// worker's other tasks, or every task of a current-thread runtime:
+    /// call it inside `spawn_blocking`, or use the async
+    /// [`Cache`](crate::Cache).
     BlockingInAsync,
     /// The cache of a `#[onefill::cached]` function could not be made at
     /// its first call: an option out of range (a `ttl` expression of zero,
@@ -89,8 +90,8 @@ impl fmt::Display for Error {
                 f.write_str("the load this call was waiting for was abandoned")
             }
             Error::BlockingInAsync => f.write_str(
-                "a blocking cache call from an async task of a current-thread runtime would \
-                 stall it: call it inside `spawn_blocking`, or use the async `Cache`",
+                "a blocking cache call from an async task would stall its runtime's worker: \
+                 call it inside `spawn_blocking`, or use the async `Cache`",
             ),
             Error::Config(e) => write!(f, "the cache could not be made: {e}"),
         }

@@ -122,6 +122,50 @@ mod async_fns {
         assert_eq!(stored.as_deref(), Some("a:b/1"));
     }
 
+    #[onefill::cached(namespace = "one-argument")]
+    async fn bracketed(text: &str) -> Option<String> {
+        Some(format!("<{text}>"))
+    }
+
+    #[onefill::cached]
+    async fn bracketed_fallible(text: String) -> anyhow::Result<String> {
+        Ok(format!("<{text}>"))
+    }
+
+    /// A key cannot be empty: an argument alone in the key that displays
+    /// as nothing has a key of its own (`%`, which no other one is, as
+    /// `%` is escaped), not an invalid-key error (an `Option` function's
+    /// `None`).
+    #[tokio::test]
+    async fn an_argument_displaying_as_nothing_is_cached_too() {
+        assert_eq!(bracketed("").await.as_deref(), Some("<>"));
+        assert_eq!(bracketed("%").await.as_deref(), Some("<%>"));
+        assert_eq!(bracketed_fallible(String::new()).await.unwrap(), "<>");
+        let stored = reader("one-argument");
+        assert_eq!(stored.get("%").await.unwrap().as_deref(), Some("<>"));
+        assert_eq!(stored.get("%25").await.unwrap().as_deref(), Some("<%>"));
+    }
+
+    #[onefill::cached(namespace = "long-keys", max_key_bytes = 4096)]
+    async fn long_key(text: String) -> anyhow::Result<usize> {
+        Ok(text.len())
+    }
+
+    /// The longest key is an option of the function's cache: a text
+    /// argument over the default 1024 bytes can be cached.
+    #[tokio::test]
+    async fn max_key_bytes_is_the_caches() {
+        let text = "x".repeat(2000);
+        assert_eq!(long_key(text.clone()).await.unwrap(), 2000);
+        let stored: Cache<String, usize> = Cache::builder()
+            .namespace("long-keys")
+            .backend(BACKEND.clone())
+            .max_key_bytes(4096)
+            .build()
+            .unwrap();
+        assert_eq!(stored.get(&text).await.unwrap(), Some(2000));
+    }
+
     #[onefill::cached(ttl = "5m")]
     async fn fresh_for_five_minutes(id: u64) -> anyhow::Result<u64> {
         static LOADS: AtomicUsize = AtomicUsize::new(0);
@@ -361,5 +405,85 @@ mod sync_fns {
         let _limit = time_limit(LIMIT);
         assert_eq!(doubled(21).unwrap(), 42);
         assert_eq!(NAMED.get("21").unwrap(), Some(42));
+    }
+}
+
+/// Functions of one name in one module (associated functions of two
+/// types, two implementations of a trait, nested functions): each has a
+/// namespace of its own, its path with its type or enclosing function, so
+/// none answers with another's values.
+mod namespaces {
+    use super::*;
+
+    struct Users;
+    struct Orders;
+
+    impl Users {
+        #[onefill::cached]
+        async fn get(id: u64) -> anyhow::Result<String> {
+            Ok(format!("user {id}"))
+        }
+    }
+
+    impl Orders {
+        #[onefill::cached]
+        async fn get(id: u64) -> anyhow::Result<String> {
+            Ok(format!("order {id}"))
+        }
+    }
+
+    trait Load {
+        fn load(id: u64) -> anyhow::Result<String>;
+    }
+
+    impl Load for Users {
+        #[onefill::cached]
+        fn load(id: u64) -> anyhow::Result<String> {
+            Ok(format!("user {id}"))
+        }
+    }
+
+    impl Load for Orders {
+        #[onefill::cached]
+        fn load(id: u64) -> anyhow::Result<String> {
+            Ok(format!("order {id}"))
+        }
+    }
+
+    async fn first_inner(id: u64) -> anyhow::Result<String> {
+        #[onefill::cached]
+        async fn inner(id: u64) -> anyhow::Result<String> {
+            Ok(format!("first {id}"))
+        }
+        inner(id).await
+    }
+
+    async fn second_inner(id: u64) -> anyhow::Result<String> {
+        #[onefill::cached]
+        async fn inner(id: u64) -> anyhow::Result<String> {
+            Ok(format!("second {id}"))
+        }
+        inner(id).await
+    }
+
+    #[tokio::test]
+    async fn associated_and_nested_functions_of_one_name_keep_their_values() {
+        assert_eq!(Users::get(1).await.unwrap(), "user 1");
+        assert_eq!(Orders::get(1).await.unwrap(), "order 1");
+        assert_eq!(first_inner(1).await.unwrap(), "first 1");
+        assert_eq!(second_inner(1).await.unwrap(), "second 1");
+        let stored = reader("cached::namespaces::Orders::get").get("1").await;
+        assert_eq!(stored.unwrap().as_deref(), Some("order 1"));
+        let stored = reader("cached::namespaces::second_inner::inner")
+            .get("1")
+            .await;
+        assert_eq!(stored.unwrap().as_deref(), Some("second 1"));
+    }
+
+    #[test]
+    fn trait_implementations_keep_their_values() {
+        let _limit = time_limit(LIMIT);
+        assert_eq!(<Users as Load>::load(1).unwrap(), "user 1");
+        assert_eq!(<Orders as Load>::load(1).unwrap(), "order 1");
     }
 }

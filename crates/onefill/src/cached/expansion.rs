@@ -73,57 +73,7 @@ impl Declared {
     }
 }
 
-/// Where a cached function is: its default namespace, and its name in
-/// warnings.
-pub struct Site {
-    module: &'static str,
-    function: &'static str,
-    namespace: Option<&'static str>,
-}
-
-impl Site {
-    /// `module_path!()`, the function's name, `namespace = …`.
-    pub const fn new(
-        module: &'static str,
-        function: &'static str,
-        namespace: Option<&'static str>,
-    ) -> Self {
-        Site {
-            module,
-            function,
-            namespace,
-        }
-    }
-
-    /// `namespace = …`, else the function's path (`app::users::user`),
-    /// cut to onefill's 256 bytes with a hash of the whole kept.
-    pub(super) fn namespace(&self) -> Cow<'static, str> {
-        const MAX: usize = 256;
-        if let Some(given) = self.namespace {
-            return Cow::Borrowed(given);
-        }
-        let path = self.to_string();
-        if path.len() <= MAX {
-            return Cow::Owned(path);
-        }
-        // FNV-1a: stable across builds and releases (std's hashers
-        // promise neither), so a namespace never moves.
-        let hash = path.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
-            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-        });
-        let mut cut = MAX - 17;
-        while !path.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        Cow::Owned(format!("{}~{hash:016x}", &path[..cut]))
-    }
-}
-
-impl Display for Site {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}::{}", self.module, self.function)
-    }
-}
+pub use super::site::Site;
 
 /// The cache of an async function without `cache = …`.
 pub struct AsyncSlot<V>(tokio::sync::OnceCell<Cache<String, V>>);
@@ -229,7 +179,8 @@ pub enum OptionOnly {}
 #[diagnostic::on_unimplemented(
     message = "a `#[onefill::cached]` function cannot return `{Self}`",
     label = "what the function returns is what is cached",
-    note = "return `Result<T, E>` (a value), `Result<Option<T>, E>` (a value, or its cached absence) or `Option<T>`"
+    note = "return `Result<T, E>` (a value), `Result<Option<T>, E>` (a value, or its cached absence) or `Option<T>`",
+    note = "the form is read from the return type as written: spell `Option<…>` out, not through an alias"
 )]
 pub trait Returns<Form>: Sized {
     /// The cache's value type.
@@ -319,7 +270,7 @@ impl<T: Display + ?Sized> KeyPart for T {
     }
 }
 
-/// The key's one part, as it displays. (The part's `fmt` is taken
+/// A key part, as it displays, unescaped. (The part's `fmt` is taken
 /// where its bound is checked, so this displays whatever `T` is: a
 /// type without `Display` is one error, the bound's, not two.)
 pub struct Whole<'a, T: ?Sized> {
@@ -327,7 +278,7 @@ pub struct Whole<'a, T: ?Sized> {
     fmt: fn(&T, &mut fmt::Formatter<'_>) -> fmt::Result,
 }
 
-/// The argument alone in the key.
+/// A key part, unescaped (what [`only`] and [`escaped`] escape).
 #[inline]
 pub fn whole<T: KeyPart + ?Sized>(part: &T) -> Whole<'_, T> {
     Whole {
@@ -343,6 +294,37 @@ impl<T: ?Sized> Display for Whole<'_, T> {
     }
 }
 
+/// The key of a function with one argument in it, when that argument
+/// displays as nothing: a key cannot be empty, and no other argument's
+/// key is a lone `%` (`Only` escapes each `%` it writes).
+pub const EMPTY_ARGUMENT_KEY: &str = "%";
+
+/// The argument alone in the key: as it displays, `%` escaped (`%25`),
+/// and an empty one as [`EMPTY_ARGUMENT_KEY`].
+pub struct Only<'a, T: ?Sized>(Whole<'a, T>);
+
+/// The argument alone in the key.
+#[inline]
+pub fn only<T: KeyPart + ?Sized>(part: &T) -> Only<'_, T> {
+    Only(whole(part))
+}
+
+impl<T: ?Sized> Display for Only<'_, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut out = Escaping {
+            out: f,
+            colons: false,
+            wrote: false,
+        };
+        write!(out, "{}", self.0)?;
+        if out.wrote {
+            Ok(())
+        } else {
+            f.write_str(EMPTY_ARGUMENT_KEY)
+        }
+    }
+}
+
 /// One of several parts: `%` and `:` escaped (`%25`, `%3A`), so the
 /// parts joined by `:` name one tuple of arguments only.
 pub struct Escaped<'a, T: ?Sized>(Whole<'a, T>);
@@ -355,24 +337,38 @@ pub fn escaped<T: KeyPart + ?Sized>(part: &T) -> Escaped<'_, T> {
 
 impl<T: ?Sized> Display for Escaped<'_, T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        struct Escaping<'a, 'b>(&'a mut fmt::Formatter<'b>);
-        impl Write for Escaping<'_, '_> {
-            fn write_str(&mut self, s: &str) -> fmt::Result {
-                let mut run = 0;
-                for (at, byte) in s.bytes().enumerate() {
-                    let escaped = match byte {
-                        b'%' => "%25",
-                        b':' => "%3A",
-                        _ => continue,
-                    };
-                    self.0.write_str(&s[run..at])?;
-                    self.0.write_str(escaped)?;
-                    run = at + 1;
-                }
-                self.0.write_str(&s[run..])
-            }
+        let mut out = Escaping {
+            out: f,
+            colons: true,
+            wrote: false,
+        };
+        write!(out, "{}", self.0)
+    }
+}
+
+/// A key part's text on its way to the key: `%` escaped, `:` too when
+/// `colons`, and whether anything was written.
+struct Escaping<'a, 'b> {
+    out: &'a mut fmt::Formatter<'b>,
+    colons: bool,
+    wrote: bool,
+}
+
+impl Write for Escaping<'_, '_> {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        self.wrote |= !s.is_empty();
+        let mut run = 0;
+        for (at, byte) in s.bytes().enumerate() {
+            let escaped = match byte {
+                b'%' => "%25",
+                b':' if self.colons => "%3A",
+                _ => continue,
+            };
+            self.out.write_str(&s[run..at])?;
+            self.out.write_str(escaped)?;
+            run = at + 1;
         }
-        write!(Escaping(f), "{}", self.0)
+        self.out.write_str(&s[run..])
     }
 }
 
@@ -409,7 +405,7 @@ mod tests {
         }
     }
 
-    const SITE: Site = Site::new("tests", "f", None);
+    const SITE: Site = Site::new("tests", "f", None, || "tests::f::__onefill_here");
 
     /// Each function's cache is built once: its L1, its flights and its
     /// stats are the function's, not a call's.
@@ -458,8 +454,12 @@ mod tests {
 
     #[test]
     fn several_parts_are_escaped_one_is_not() {
-        let one = key_fmt(format_args!("{}", whole("a:b%"))).unwrap();
-        assert_eq!(one, "a:b%");
+        let one = key_fmt(format_args!("{}", only("a:b%"))).unwrap();
+        assert_eq!(one, "a:b%25", "one part: only `%` escaped");
+        let empty = key_fmt(format_args!("{}", only(""))).unwrap();
+        assert_eq!(empty, EMPTY_ARGUMENT_KEY, "a key is never empty");
+        let percent = key_fmt(format_args!("{}", only("%"))).unwrap();
+        assert_ne!(percent, empty);
         let two = key_fmt(format_args!("{}:{}", escaped("a:b"), escaped(&7))).unwrap();
         assert_eq!(two, "a%3Ab:7");
         let left = key_fmt(format_args!("{}:{}", escaped("a:b"), escaped("c"))).unwrap();
@@ -478,18 +478,5 @@ mod tests {
             }
         }
         assert!(key_fmt(format_args!("{}", whole(&Broken))).is_err());
-    }
-
-    #[test]
-    fn namespaces_are_the_functions_path_within_the_limit() {
-        let site = Site::new("app::users", "user", None);
-        assert_eq!(site.namespace(), "app::users::user");
-        assert_eq!(Site::new("app", "user", Some("users")).namespace(), "users");
-        let long: &'static str = Box::leak("m::".repeat(100).into_boxed_str());
-        let a = Site::new(long, "a", None).namespace();
-        let b = Site::new(long, "b", None).namespace();
-        assert_eq!(a.len(), 256);
-        assert_ne!(a, b, "two long paths keep distinct namespaces");
-        assert!(crate::key::validate_namespace(&a).is_ok());
     }
 }

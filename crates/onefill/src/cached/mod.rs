@@ -3,12 +3,10 @@
 //! crate with [`default_backend!`](crate::default_backend), or set at start
 //! with [`set_default_backend`]), here; the hidden items the expansion
 //! calls (each function's cache slot, its key, its answer), in
-//! `expansion.rs`.
+//! `expansion.rs`; where a function is, and so its namespace, in `site.rs`.
 
-use std::borrow::Cow;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -127,22 +125,27 @@ impl fmt::Debug for DefaultBackend {
 /// [`ConfigError`] if a default was set already, or is in use already (a
 /// function made its cache at its first call).
 pub fn set_default_backend(backend: impl Backend) -> Result<(), ConfigError> {
-    if IN_USE.load(Ordering::Acquire) {
+    let home = Handle::try_current()
+        .ok()
+        .and_then(|handle| Driver::on(handle).ok());
+    let mut defaults = DEFAULTS.lock().unwrap_or_else(PoisonError::into_inner);
+    if defaults.declared_in_use {
         return Err(misconfigured(
             "the default backend is in use already: set it before the first call of a \
              `#[onefill::cached]` function"
                 .to_owned(),
         ));
     }
-    let home = Handle::try_current()
-        .ok()
-        .and_then(|handle| Driver::on(handle).ok());
-    AT_START
-        .set(Resolved {
-            store: Store::of(backend),
-            home,
-        })
-        .map_err(|_| misconfigured("the default backend was set already".to_owned()))
+    if defaults.at_start.is_some() {
+        return Err(misconfigured(
+            "the default backend was set already".to_owned(),
+        ));
+    }
+    defaults.at_start = Some(Resolved {
+        store: Store::of(backend),
+        home,
+    });
+    Ok(())
 }
 
 /// Declares, at the crate root, the default backend of the crate's
@@ -223,8 +226,19 @@ struct Resolved {
     home: Option<Driver>,
 }
 
-static AT_START: OnceLock<Resolved> = OnceLock::new();
-static IN_USE: AtomicBool = AtomicBool::new(false);
+/// The backend set at start, and whether a crate's declared one is in use
+/// (caches were made on it): decided together, under one lock, so a set
+/// that returns `Ok` is the default of every cache made afterwards, and a
+/// first call that made nothing (it failed) does not keep it from being set.
+struct Defaults {
+    at_start: Option<Resolved>,
+    declared_in_use: bool,
+}
+
+static DEFAULTS: Mutex<Defaults> = Mutex::new(Defaults {
+    at_start: None,
+    declared_in_use: false,
+});
 static OWN_RUNTIME: OnceLock<Driver> = OnceLock::new();
 
 /// The default's own runtime: it connects Redis (so the connection
@@ -239,11 +253,27 @@ fn own_runtime() -> Result<&'static Driver, ConfigError> {
     Ok(OWN_RUNTIME.get_or_init(|| driver))
 }
 
+/// The backend set at start if there is one, else the crate's declared
+/// one, then marked in use (unless the former was set meanwhile: then it).
 async fn resolve(source: DefaultBackend) -> Result<Resolved, Error> {
-    IN_USE.store(true, Ordering::Release);
-    if let Some(set) = AT_START.get() {
+    if let Some(set) = set_at_start() {
+        return Ok(set);
+    }
+    let declared = declared_backend(source).await?;
+    let mut defaults = DEFAULTS.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(set) = &defaults.at_start {
         return Ok(set.clone());
     }
+    defaults.declared_in_use = true;
+    Ok(declared)
+}
+
+fn set_at_start() -> Option<Resolved> {
+    let defaults = DEFAULTS.lock().unwrap_or_else(PoisonError::into_inner);
+    defaults.at_start.clone()
+}
+
+async fn declared_backend(source: DefaultBackend) -> Result<Resolved, Error> {
     match source.0 {
         Source::Ready(store) => Ok(Resolved { store, home: None }),
         Source::SetAtStart => Err(Error::Config(misconfigured(
@@ -292,3 +322,4 @@ where
 /// `onefill::__private`); not an API.
 #[doc(hidden)]
 pub mod expansion;
+mod site;
