@@ -1,6 +1,8 @@
 //! `rediss://` against a private TLS-enabled redis-server (feature `tls`),
 //! with a throwaway CA made by the `openssl` command. Without the feature,
-//! a `rediss://` URL is a clear error.
+//! a `rediss://` URL is a clear error (`cargo test -p onefill --test
+//! redis_tls`; a `cargo test --workspace` builds the library with TLS, for
+//! the CLI).
 
 #[cfg(not(feature = "tls"))]
 #[tokio::test]
