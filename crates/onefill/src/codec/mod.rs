@@ -72,7 +72,7 @@ pub trait Codec<V>: Send + Sync + 'static {
     /// The payload of an entry that is not a value, as it is to be stored:
     /// a cached absence (`payload` empty) or a cached failure (its
     /// message). The default stores it as it is. A codec that protects
-    /// values protects these too ([`Encrypted`](crate::Encrypted) seals
+    /// values protects these too (`Encrypted`, feature `encryption`, seals
     /// them, bound to their marker and key, so none can be planted, read or
     /// passed off as another); a wrapper hands them to the codec it wraps.
     ///
