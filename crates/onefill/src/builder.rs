@@ -55,7 +55,7 @@ pub struct CacheBuilder<K, V> {
     backend: Option<Arc<dyn Backend>>,
     /// The backend, when it is a `RedisBackend` (see `Shared::get`).
     #[cfg(feature = "redis")]
-    redis: Option<crate::redis::RedisBackend>,
+    redis: Option<crate::backend::redis::RedisBackend>,
     codec: Option<Arc<dyn Codec<V>>>,
     /// `None`: the default (an L1 on an in-process store only);
     /// `Some(None)`: none.
@@ -104,7 +104,9 @@ impl<K, V> CacheBuilder<K, V> {
         #[cfg(feature = "redis")]
         {
             let any: &dyn std::any::Any = &backend;
-            self.redis = any.downcast_ref::<crate::redis::RedisBackend>().cloned();
+            self.redis = any
+                .downcast_ref::<crate::backend::redis::RedisBackend>()
+                .cloned();
         }
         self.backend = Some(Arc::new(backend));
         self

@@ -22,7 +22,7 @@ pub(crate) struct Calls {
     /// `backend`, when it is a `RedisBackend`: called directly for `get`
     /// (see [`Calls::get`]).
     #[cfg(feature = "redis")]
-    pub redis: Option<crate::redis::RedisBackend>,
+    pub redis: Option<crate::backend::redis::RedisBackend>,
     /// One circuit breaker per shard of the backend.
     pub breakers: Breakers,
     pub recorder: Recorder,

@@ -354,8 +354,8 @@ impl<V: Clone + 'static> Drop for Writing<'_, V> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::memory::MemoryBackend;
     use crate::codec::JsonCodec;
-    use crate::MemoryBackend;
 
     fn shared() -> Shared<String> {
         Shared::new(

@@ -58,7 +58,7 @@ where
             .shared
             .policy
             .with(options)
-            .map_err(crate::InputError::from)?;
+            .map_err(crate::error::InputError::from)?;
         let batch = Batch {
             shared: self.shared.clone(),
             policy,

@@ -170,7 +170,7 @@ where
             .shared
             .policy
             .with(options)
-            .map_err(crate::InputError::from)?;
+            .map_err(crate::error::InputError::from)?;
         Ok(PolicyRef::Call(Box::new(policy)))
     }
 

@@ -194,7 +194,7 @@ fn misconfigured(reason: String) -> ConfigError {
 enum Store {
     Shared(Arc<dyn Backend>),
     #[cfg(feature = "redis")]
-    Redis(crate::redis::RedisBackend),
+    Redis(crate::backend::redis::RedisBackend),
 }
 
 impl Store {
@@ -202,7 +202,7 @@ impl Store {
         #[cfg(feature = "redis")]
         {
             let any: &dyn std::any::Any = &backend;
-            if let Some(redis) = any.downcast_ref::<crate::redis::RedisBackend>() {
+            if let Some(redis) = any.downcast_ref::<crate::backend::redis::RedisBackend>() {
                 return Store::Redis(redis.clone());
             }
         }
@@ -287,7 +287,7 @@ async fn declared_backend(source: DefaultBackend) -> Result<Resolved, Error> {
             let home = own_runtime().map_err(Error::Config)?.clone();
             let connected = home
                 .handle()
-                .spawn(async move { crate::redis::RedisBackend::connect(&url).await })
+                .spawn(async move { crate::backend::redis::RedisBackend::connect(&url).await })
                 .await
                 .map_err(|e| {
                     Error::Config(misconfigured(format!("connecting to Redis failed: {e}")))

@@ -447,7 +447,8 @@ mod tests {
 
     use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 
-    use crate::{Cache, MemoryBackend};
+    use crate::backend::memory::MemoryBackend;
+    use crate::cache::Cache;
 
     fn build(namespace: &str, backend: &MemoryBackend) -> Cache<String, String> {
         Cache::builder()
