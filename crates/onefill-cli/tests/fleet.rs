@@ -11,42 +11,12 @@ use std::time::Duration;
 use onefill_testkit::{output_within, time_limit, RedisCluster, RedisServer};
 use serde_json::Value;
 
-const BIN: &str = env!("CARGO_BIN_EXE_onefill");
+mod support;
 
-/// The longest fleet here runs 10 s (a 6 s load: less), plus start-up.
-const PATIENCE: Duration = Duration::from_secs(60);
+use support::{fleet, n, outcome, workers, BIN, PATIENCE};
+
 /// A test runs one or two fleets; past this it hangs.
 const LIMIT: Duration = Duration::from_secs(120);
-
-fn fleet(urls: &[String], extra: &[&str]) -> Value {
-    let mut cmd = Command::new(BIN);
-    cmd.args(["fleet", "--json", "--quiet"]);
-    for u in urls {
-        cmd.args(["--redis", u]);
-    }
-    let out = output_within(cmd.args(extra), PATIENCE);
-    assert!(
-        out.status.success(),
-        "fleet failed: {}\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        String::from_utf8_lossy(&out.stdout)
-    );
-    serde_json::from_slice(&out.stdout).expect("fleet JSON")
-}
-
-fn n(v: &Value, field: &str) -> u64 {
-    v[field]
-        .as_u64()
-        .unwrap_or_else(|| panic!("{field} in {v}"))
-}
-
-fn workers(v: &Value) -> &Vec<Value> {
-    v["workers"].as_array().expect("workers")
-}
-
-fn outcome(w: &Value, name: &str) -> u64 {
-    w["outcomes"][name].as_u64().unwrap_or(0)
-}
 
 /// 4 processes × 50 callers on one cold key, loader 200 ms: one load, every
 /// caller answered. The same with 500 callers each costs the same Redis

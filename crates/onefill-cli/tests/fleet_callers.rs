@@ -11,35 +11,12 @@ use std::time::Duration;
 use onefill_testkit::{output_within, time_limit, RedisServer};
 use serde_json::Value;
 
-const BIN: &str = env!("CARGO_BIN_EXE_onefill");
+mod support;
 
-/// A fleet here runs a few seconds at most, plus start-up.
-const PATIENCE: Duration = Duration::from_secs(60);
+use support::{fleet, n, workers, BIN, PATIENCE};
+
 /// Past this a test hangs.
 const LIMIT: Duration = Duration::from_secs(120);
-
-fn fleet(url: &str, extra: &[&str]) -> Value {
-    let mut cmd = Command::new(BIN);
-    cmd.args(["fleet", "--json", "--quiet", "--redis", url]);
-    let out = output_within(cmd.args(extra), PATIENCE);
-    assert!(
-        out.status.success(),
-        "fleet failed: {}\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        String::from_utf8_lossy(&out.stdout)
-    );
-    serde_json::from_slice(&out.stdout).expect("fleet JSON")
-}
-
-fn n(v: &Value, field: &str) -> u64 {
-    v[field]
-        .as_u64()
-        .unwrap_or_else(|| panic!("{field} in {v}"))
-}
-
-fn workers(v: &Value) -> &Vec<Value> {
-    v["workers"].as_array().expect("workers")
-}
 
 /// Every worker's callers all answered by the load, a wait for it or a
 /// hit, `threads` of them by OS threads.
@@ -53,14 +30,14 @@ fn every_caller_answered(r: &Value, callers: u64, threads: u64) {
     }
 }
 
-/// 4 processes × 64 OS-thread callers on a cold key, a 300 ms load: one
-/// load across the fleet, every caller answered without an error.
-#[test]
-fn four_processes_of_64_blocking_callers_load_a_cold_key_once() {
+/// 4 processes × 64 callers of `kind` on a cold key, a 300 ms load: one
+/// load across the fleet, every caller answered without an error,
+/// `threads` of each process's callers OS threads.
+fn cold_herd_loads_once(kind: &str, threads: u64) -> Value {
     let _limit = time_limit(LIMIT);
     let server = RedisServer::start();
     let r = fleet(
-        &server.url(),
+        &[server.url()],
         &[
             "--processes",
             "4",
@@ -69,43 +46,29 @@ fn four_processes_of_64_blocking_callers_load_a_cold_key_once() {
             "--load-ms",
             "300",
             "--callers-kind",
-            "blocking",
+            kind,
         ],
     );
-    assert_eq!(r["callers_kind"], "blocking", "{r}");
+    assert_eq!(r["callers_kind"], kind, "{r}");
     assert_eq!(n(&r, "loads"), 1, "{r}");
-    assert_eq!(n(&r, "local_loads"), 1, "{r}");
     assert_eq!(n(&r, "calls"), 256, "{r}");
-    assert_eq!(n(&r, "blocking_calls"), 256, "{r}");
+    assert_eq!(n(&r, "blocking_calls"), 4 * threads, "{r}");
     assert_eq!(n(&r, "errors"), 0, "{r}");
-    every_caller_answered(&r, 64, 64);
+    every_caller_answered(&r, 64, threads);
+    r
 }
 
-/// 4 processes, each with 32 async tasks and 32 OS threads on one cold
-/// key: the two kinds share the one load.
+#[test]
+fn four_processes_of_64_blocking_callers_load_a_cold_key_once() {
+    let r = cold_herd_loads_once("blocking", 64);
+    assert_eq!(n(&r, "local_loads"), 1, "{r}");
+}
+
+/// Each process with 32 async tasks and 32 OS threads on one key: the two
+/// kinds share the one load.
 #[test]
 fn a_mixed_fleet_of_tasks_and_threads_loads_a_cold_key_once() {
-    let _limit = time_limit(LIMIT);
-    let server = RedisServer::start();
-    let r = fleet(
-        &server.url(),
-        &[
-            "--processes",
-            "4",
-            "--callers",
-            "64",
-            "--load-ms",
-            "300",
-            "--callers-kind",
-            "mixed",
-        ],
-    );
-    assert_eq!(r["callers_kind"], "mixed", "{r}");
-    assert_eq!(n(&r, "loads"), 1, "{r}");
-    assert_eq!(n(&r, "calls"), 256, "{r}");
-    assert_eq!(n(&r, "blocking_calls"), 128, "{r}");
-    assert_eq!(n(&r, "errors"), 0, "{r}");
-    every_caller_answered(&r, 64, 32);
+    let _ = cold_herd_loads_once("mixed", 32);
 }
 
 /// Steady load from OS threads (4 processes × 100 req/s for 1.5 s, a
@@ -115,7 +78,7 @@ fn blocking_callers_under_steady_load_load_once() {
     let _limit = time_limit(LIMIT);
     let server = RedisServer::start();
     let r = fleet(
-        &server.url(),
+        &[server.url()],
         &[
             "--processes",
             "4",
