@@ -328,6 +328,15 @@ pub enum InputError {
         /// The configured maximum.
         max: usize,
     },
+    /// A tag is empty or too long, or a value has too many
+    /// ([`MAX_TAGS`](crate::MAX_TAGS), [`MAX_TAG_BYTES`](crate::MAX_TAG_BYTES)).
+    #[error("tag {tag:?}: {reason}")]
+    Tag {
+        /// The tag (cut to its first 64 bytes), or the count.
+        tag: String,
+        /// Why it was rejected.
+        reason: &'static str,
+    },
     /// An option is out of its accepted range.
     #[error("option `{option}` {reason}")]
     Option {
@@ -351,6 +360,15 @@ pub enum ConfigError {
     Namespace {
         /// The rejected namespace.
         namespace: String,
+        /// Why it was rejected.
+        reason: &'static str,
+    },
+    /// A tag is empty or too long, or a value has too many
+    /// ([`MAX_TAGS`](crate::MAX_TAGS), [`MAX_TAG_BYTES`](crate::MAX_TAG_BYTES)).
+    #[error("tag {tag:?}: {reason}")]
+    Tag {
+        /// The tag (cut to its first 64 bytes), or the count.
+        tag: String,
         /// Why it was rejected.
         reason: &'static str,
     },
@@ -461,6 +479,9 @@ pub enum BackendErrorKind {
     Protocol,
     /// The circuit breaker is open: the call was not even attempted.
     CircuitOpen,
+    /// The backend does not implement this operation (a third-party
+    /// backend written before it existed): never transient.
+    Unsupported,
 }
 
 impl fmt::Display for BackendErrorKind {
@@ -473,6 +494,7 @@ impl fmt::Display for BackendErrorKind {
             BackendErrorKind::Command => "command rejected",
             BackendErrorKind::Protocol => "protocol error",
             BackendErrorKind::CircuitOpen => "circuit open",
+            BackendErrorKind::Unsupported => "unsupported by this backend",
         })
     }
 }
@@ -524,7 +546,7 @@ impl BackendError {
     pub fn is_transient(&self) -> bool {
         !matches!(
             self.kind,
-            BackendErrorKind::Command | BackendErrorKind::Protocol
+            BackendErrorKind::Command | BackendErrorKind::Protocol | BackendErrorKind::Unsupported
         )
     }
     /// The human-readable message, without the kind.

@@ -47,6 +47,7 @@ macro_rules! call_span {
 }
 
 mod many;
+mod marks;
 mod one;
 mod primitives;
 mod with_options;

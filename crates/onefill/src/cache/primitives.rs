@@ -131,6 +131,10 @@ where
         let value = Some(value);
         let ttl = freshness::written_ttl(policy.ttl, policy.jitter, policy.grace);
         let fresh = ttl.saturating_sub(policy.grace);
+        // As of the newest generation this process knows: a mark made
+        // before this write does not judge it (one this process has not
+        // heard of yet may: the value is then read as older than it is).
+        let as_of = self.shared.marks.generation();
         let bytes = self.shared.encode(
             &key,
             keys.value(),
@@ -138,6 +142,7 @@ where
             &value,
             Duration::ZERO,
             Some(fresh),
+            (as_of, &[]),
         )?;
         let writing = Writing::start(&self.shared, &key, &keys);
         self.call(

@@ -154,7 +154,7 @@ use tokio::time::Instant;
 use super::Listeners;
 use super::{
     Acquired, Backend, BackendError, ChangeListener, FillKeys, FillSubscription, LeaseRequest,
-    LeaseToken, Stored, Watch,
+    LeaseToken, Mark, MarkKind, Stored, Watch,
 };
 use crate::error::BackendErrorKind;
 
@@ -164,6 +164,7 @@ mod cluster;
 mod connect;
 mod errors;
 mod liveness;
+mod marks;
 mod options;
 mod push;
 mod read;
@@ -451,6 +452,24 @@ impl Backend for RedisBackend {
             .await;
         process_listeners().changed(keys.value());
         invalidated
+    }
+
+    async fn mark(
+        &self,
+        gen_key: &str,
+        mark_key: &str,
+        kind: MarkKind,
+        retention: Option<Duration>,
+    ) -> Result<u64, BackendError> {
+        self.write_mark(gen_key, mark_key, kind, retention).await
+    }
+
+    async fn read_marks(
+        &self,
+        gen_key: &str,
+        mark_keys: &[&str],
+    ) -> Result<(u64, Vec<Mark>), BackendError> {
+        self.mget_marks(gen_key, mark_keys).await
     }
 
     async fn subscribe(&self, keys: &FillKeys) -> Result<Box<dyn FillSubscription>, BackendError> {

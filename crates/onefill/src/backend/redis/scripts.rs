@@ -37,6 +37,7 @@ pub(super) struct Scripts {
     pub(super) extend: Script,
     pub(super) set: Script,
     pub(super) invalidate: Script,
+    pub(super) mark: Script,
 }
 
 pub(super) static STANDALONE_SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts::new("PUBLISH"));
@@ -48,6 +49,7 @@ const RELEASE: &str = include_str!("scripts/release.lua");
 const EXTEND: &str = include_str!("scripts/extend.lua");
 const SET: &str = include_str!("scripts/set.lua");
 const INVALIDATE: &str = include_str!("scripts/invalidate.lua");
+const MARK: &str = include_str!("scripts/mark.lua");
 /// Prepended to the scripts that write a value: `stamp(bytes, ttl_ms)`.
 const STAMP: &str = include_str!("scripts/stamp.lua");
 
@@ -68,6 +70,7 @@ impl Scripts {
             &self.extend,
             &self.set,
             &self.invalidate,
+            &self.mark,
         ];
         let loads = all.map(|script| {
             let mut conn = conn.clone();
@@ -86,6 +89,7 @@ impl Scripts {
             extend: script(EXTEND),
             set: writing(SET),
             invalidate: script(INVALIDATE),
+            mark: script(MARK),
         }
     }
 }
