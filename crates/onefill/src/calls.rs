@@ -50,8 +50,10 @@ impl Calls {
     ) -> Result<Option<Stored>, BackendError> {
         #[cfg(feature = "redis")]
         if let Some(redis) = &self.redis {
-            let stored = redis.read_within(keys, limit, began).await?;
-            return Judged::judge_one(&self.marks, &*self.backend, stored).await;
+            let marks = self.marks.namespace_beside(&*self.backend);
+            let (stored, ()) =
+                futures_util::future::join(redis.read_within(keys, limit, began), marks).await;
+            return Judged::judge_one(&self.marks, &*self.backend, stored?).await;
         }
         let _ = (limit, began);
         self.backend.get(keys).await

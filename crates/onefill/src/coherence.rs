@@ -27,6 +27,7 @@ impl<V: Clone + Send + Sync + 'static> ChangeListener for Shared<V> {
             // and the copies do not keep them: they all go (marks are rare
             // next to writes; a value read again is judged again).
             self.forget_every_copy();
+            self.flights.detach_all();
             return;
         }
         let Some(l1) = &self.l1 else {
@@ -67,15 +68,16 @@ impl<V: Clone + Send + Sync + 'static> ChangeListener for Shared<V> {
 
 impl<V: Clone + Send + Sync + 'static> Shared<V> {
     /// Every copy of every value this process keeps goes: the L1's
-    /// entries, the outage fallback's, and the flights under way (a call
-    /// from now on does not share an answer read before).
+    /// entries and the outage fallback's. (After a mark, the flights under
+    /// way are detached too, so a call from now on does not share an answer
+    /// read before it; a reset, which says only that changes may have gone
+    /// unreported, leaves them, as it always did.)
     pub(crate) fn forget_every_copy(&self) {
         if let Some(l1) = &self.l1 {
             l1.reset();
         }
         let epoch = self.epoch.fetch_add(1, Ordering::SeqCst) + 1;
         self.fallback.forget_all_before(epoch);
-        self.flights.detach_all();
     }
 
     /// Keeps a flight's answer for outages: `value`, read or loaded by a

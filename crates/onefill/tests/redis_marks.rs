@@ -32,7 +32,11 @@ fn cache(ns: &str, backend: RedisBackend, l1: bool) -> Cache<String, String> {
         .backend(backend)
         .ttl(Duration::from_secs(60))
         .grace(Duration::from_secs(30));
-    let builder = if l1 { builder.l1(L1::new(1_000)) } else { builder };
+    let builder = if l1 {
+        builder.l1(L1::new(1_000))
+    } else {
+        builder
+    };
     builder.build().unwrap()
 }
 
@@ -162,7 +166,11 @@ async fn a_hit_costs_one_get_tagged_or_not_and_a_mark_one_script() {
     let _limit = time_limit(LIMIT);
     let server = RedisServer::start();
     let ns = unique_ns("costs");
-    let a = cache(&ns, RedisBackend::connect(&server.url()).await.unwrap(), false);
+    let a = cache(
+        &ns,
+        RedisBackend::connect(&server.url()).await.unwrap(),
+        false,
+    );
     let loads = Arc::new(AtomicUsize::new(0));
     fetch(&a, "tagged", &["t"], &loads).await;
     fetch(&a, "untagged", &[], &loads).await;
@@ -176,7 +184,10 @@ async fn a_hit_costs_one_get_tagged_or_not_and_a_mark_one_script() {
         if calls(&server, "mget") == before {
             break;
         }
-        assert!(start.elapsed() < Duration::from_secs(5), "the marks are never held");
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "the marks are never held"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let count = |name| calls(&server, name);
@@ -208,7 +219,11 @@ async fn values_are_stamped_version_4_and_read_back_as_written() {
     let _limit = time_limit(LIMIT);
     let server = RedisServer::start();
     let ns = unique_ns("v4");
-    let a = cache(&ns, RedisBackend::connect(&server.url()).await.unwrap(), false);
+    let a = cache(
+        &ns,
+        RedisBackend::connect(&server.url()).await.unwrap(),
+        false,
+    );
     let loads = Arc::new(AtomicUsize::new(0));
     fetch(&a, "k", &["seller:7"], &loads).await;
     let keys = FillKeys::new(&ns, "k");
@@ -220,7 +235,10 @@ async fn values_are_stamped_version_4_and_read_back_as_written() {
     assert_eq!(&stored[..2], &[0xF1, 4], "version 4");
     let mut at = [0u8; 8];
     at.copy_from_slice(&stored[16..24]);
-    let pexpiretime = server.query(&["PEXPIRETIME", keys.value()]).as_int().unwrap();
+    let pexpiretime = server
+        .query(&["PEXPIRETIME", keys.value()])
+        .as_int()
+        .unwrap();
     assert_eq!(u64::from_be_bytes(at) as i64, pexpiretime);
     // The marks block follows: one tag, "seller:7".
     assert_eq!(stored[32], 1);

@@ -29,6 +29,7 @@ impl<V: Clone + Send + Sync + 'static> Drop for Marking<'_, V> {
     fn drop(&mut self) {
         self.shared.marks.changed(self.mark_key.as_bytes());
         self.shared.forget_every_copy();
+        self.shared.flights.detach_all();
     }
 }
 

@@ -106,7 +106,7 @@ impl Judged {
             }
         };
         if matches!(acquired, Acquired::Won { .. }) {
-            self.marks.before_load(&*self.inner).await?;
+            self.marks.before_load(&*self.inner).await;
         }
         Ok(acquired)
     }
@@ -115,8 +115,9 @@ impl Judged {
 #[async_trait]
 impl Backend for Judged {
     async fn get(&self, keys: &FillKeys) -> Result<Option<Stored>, BackendError> {
-        let stored = self.inner.get(keys).await?;
-        Judged::judge_one(&self.marks, &*self.inner, stored).await
+        let marks = self.marks.namespace_beside(&*self.inner);
+        let (stored, ()) = futures_util::future::join(self.inner.get(keys), marks).await;
+        Judged::judge_one(&self.marks, &*self.inner, stored?).await
     }
 
     async fn acquire(
@@ -126,10 +127,10 @@ impl Backend for Judged {
         lease_ttl: Duration,
         refresh_window: Duration,
     ) -> Result<Acquired, BackendError> {
-        let acquired = self
-            .inner
-            .acquire(keys, token, lease_ttl, refresh_window)
-            .await?;
+        let marks = self.marks.namespace_beside(&*self.inner);
+        let acquire = self.inner.acquire(keys, token, lease_ttl, refresh_window);
+        let (acquired, ()) = futures_util::future::join(acquire, marks).await;
+        let acquired = acquired?;
         self.judge_acquire(acquired, || {
             self.inner.acquire(keys, token, lease_ttl, Duration::MAX)
         })
@@ -137,7 +138,8 @@ impl Backend for Judged {
     }
 
     async fn get_many(&self, keys: &[FillKeys]) -> Vec<Result<Option<Stored>, BackendError>> {
-        let read = self.inner.get_many(keys).await;
+        let marks = self.marks.namespace_beside(&*self.inner);
+        let (read, ()) = futures_util::future::join(self.inner.get_many(keys), marks).await;
         let stored: Vec<Option<&Stored>> = read
             .iter()
             .map(|r| r.as_ref().ok().and_then(Option::as_ref))
@@ -161,7 +163,9 @@ impl Backend for Judged {
         requests: &[LeaseRequest],
         lease_ttl: Duration,
     ) -> Vec<Result<Acquired, BackendError>> {
-        let answers = self.inner.acquire_many(requests, lease_ttl).await;
+        let marks = self.marks.namespace_beside(&*self.inner);
+        let acquire = self.inner.acquire_many(requests, lease_ttl);
+        let (answers, ()) = futures_util::future::join(acquire, marks).await;
         let stored: Vec<Option<&Stored>> = answers
             .iter()
             .map(|a| a.as_ref().ok().and_then(found))
@@ -213,18 +217,7 @@ impl Backend for Judged {
             .iter()
             .any(|a| matches!(a, Ok(Some(Acquired::Won { .. }))));
         if won {
-            if let Err(e) = self.marks.before_load(&*self.inner).await {
-                // The leases were won: each key's answer must say so (the
-                // cache releases a token whose acquire errs).
-                return judged
-                    .into_iter()
-                    .map(|a| match a {
-                        Ok(Some(Acquired::Won { .. })) => Err(e.clone()),
-                        Ok(a) => a.ok_or_else(fresh_again),
-                        Err(e) => Err(e),
-                    })
-                    .collect();
-            }
+            self.marks.before_load(&*self.inner).await;
         }
         judged
             .into_iter()
@@ -292,10 +285,12 @@ impl Backend for Judged {
         lease_ttl: Duration,
         refresh_window: Duration,
     ) -> Result<Acquired, BackendError> {
-        let acquired = self
+        let marks = self.marks.namespace_beside(&*self.inner);
+        let take_over = self
             .inner
-            .take_over(keys, gone, token, lease_ttl, refresh_window)
-            .await?;
+            .take_over(keys, gone, token, lease_ttl, refresh_window);
+        let (acquired, ()) = futures_util::future::join(take_over, marks).await;
+        let acquired = acquired?;
         self.judge_acquire(acquired, || {
             self.inner
                 .take_over(keys, gone, token, lease_ttl, Duration::MAX)

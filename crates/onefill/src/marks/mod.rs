@@ -140,13 +140,14 @@ impl Marks {
         self.support.load(Ordering::Relaxed) == UNSUPPORTED
     }
 
-    /// The verdict on `marks` from the marks held, if they are trusted and
-    /// all held.
-    fn held_verdict(&self, marks: &ValueMarks<'_>, now: Instant) -> Option<Verdict> {
+    /// The verdict on `marks` from the marks held, if they are all held
+    /// and trusted (or `trust` is false: the last known, for when the
+    /// marks cannot be read).
+    fn held_verdict(&self, marks: &ValueMarks<'_>, now: Instant, trust: bool) -> Option<Verdict> {
         if self.unsupported() {
             return Some(Verdict::Valid);
         }
-        if !self.trusted(now) {
+        if trust && !self.trusted(now) {
             return None;
         }
         let held = self.held.lock();
@@ -204,14 +205,35 @@ impl Marks {
         Ok(Some(marks))
     }
 
+    /// Reads the namespace's mark (and the generation) unless it is held
+    /// and trusted: made beside a read of values (the two concurrently, so
+    /// a process's first read, or its first after a `clear`, still costs
+    /// one round trip of time), since every value needs it. Its error is
+    /// the verdict's business (it reads again, or judges by what it knew).
+    pub(crate) async fn namespace_beside(&self, backend: &dyn Backend) {
+        if self.unsupported() || self.namespace_held(Instant::now()) {
+            return;
+        }
+        let _ = self.read(backend, &[]).await;
+    }
+
+    fn namespace_held(&self, now: Instant) -> bool {
+        self.trusted(now) && self.held.lock().contains_key(&b""[..])
+    }
+
     /// Makes sure the generation a load records is current: read again if
     /// a change of it was reported since (one round trip, before the load
-    /// begins; after an invalidation only).
-    pub(crate) async fn before_load(&self, backend: &dyn Backend) -> Result<(), BackendError> {
+    /// begins; after a mark only, and once when the cache starts). If it
+    /// cannot be read, the load records the last one known: older than the
+    /// truth, which can only make its value judged by a mark it was not
+    /// subject to (and loaded again), never the other way.
+    pub(crate) async fn before_load(&self, backend: &dyn Backend) {
         if self.unsupported() || !self.generation_stale.load(Ordering::SeqCst) {
-            return Ok(());
+            return;
         }
-        self.read(backend, &[]).await.map(drop)
+        if let Err(e) = self.read(backend, &[]).await {
+            tracing::debug!(%e, "the load records the last generation known");
+        }
     }
 
     /// The verdicts on `stored` (each `None`: nothing stored, judged
@@ -231,7 +253,7 @@ impl Marks {
             .iter()
             .map(|m| match m {
                 None => Some(Verdict::Valid),
-                Some(m) => self.held_verdict(m, now),
+                Some(m) => self.held_verdict(m, now, true),
             })
             .collect();
         if held.iter().all(Option::is_some) {
@@ -251,8 +273,27 @@ impl Marks {
                 }
             }
         }
-        let Some(read) = self.read(backend, &tags).await? else {
-            return Ok(vec![Verdict::Valid; stored.len()]);
+        let read = match self.read(backend, &tags).await {
+            Ok(Some(read)) => read,
+            Ok(None) => return Ok(vec![Verdict::Valid; stored.len()]),
+            // The marks are out of reach (on a cluster, their master may be
+            // down while the value's answers): the last marks known judge,
+            // if this process knows every one needed. Nobody can mark while
+            // their master is down, and what was marked before reached this
+            // process unless it came in the last moments before; a value
+            // whose marks were never known is not answered.
+            Err(e) => {
+                return marks
+                    .iter()
+                    .zip(held)
+                    .map(|(m, v)| match (m, v) {
+                        (_, Some(v)) => Some(v),
+                        (None, None) => Some(Verdict::Valid),
+                        (Some(m), None) => self.held_verdict(m, now, false),
+                    })
+                    .collect::<Option<Vec<Verdict>>>()
+                    .ok_or(e)
+            }
         };
         let of = |tag: &[u8]| {
             let at = tags.iter().position(|t| *t == tag)?;

@@ -219,20 +219,36 @@ async fn expire_tag_without_grace_is_a_miss() {
 async fn a_load_that_began_before_the_mark_is_not_kept() {
     for marked_here in [true, false] {
         let store = MemoryBackend::new();
-        let (a, b) = (process(&store, Duration::ZERO), process(&store, Duration::ZERO));
+        let (a, b) = (
+            process(&store, Duration::ZERO),
+            process(&store, Duration::ZERO),
+        );
         let origin = Origin::default();
         let slow = tokio::spawn(origin.fetch(&a, "k", &["seller:7"], Duration::from_millis(500)));
         tokio::time::sleep(Duration::from_millis(100)).await;
         let marker = if marked_here { &a } else { &b };
         marker.invalidate_tag("seller:7").await.expect("marked");
         let answered = slow.await.unwrap();
-        assert_eq!((answered.outcome, answered.value.as_str()), (Outcome::Loaded, "v1"));
+        assert_eq!(
+            (answered.outcome, answered.value.as_str()),
+            (Outcome::Loaded, "v1")
+        );
         for cache in [&a, &b] {
-            assert_eq!(cache.get("k").await.unwrap(), None, "stored, but older than the mark");
+            assert_eq!(
+                cache.get("k").await.unwrap(),
+                None,
+                "stored, but older than the mark"
+            );
         }
         let again = origin.fetch(&b, "k", &["seller:7"], Duration::ZERO).await;
-        assert_eq!((again.outcome, again.value.as_str()), (Outcome::Loaded, "v2"));
-        assert_eq!(origin.fetch(&a, "k", &[], Duration::ZERO).await.outcome, Outcome::Hit);
+        assert_eq!(
+            (again.outcome, again.value.as_str()),
+            (Outcome::Loaded, "v2")
+        );
+        assert_eq!(
+            origin.fetch(&a, "k", &[], Duration::ZERO).await.outcome,
+            Outcome::Hit
+        );
     }
 }
 

@@ -29,6 +29,10 @@ pub(crate) enum BOp {
     Watch,
     /// `take_over`.
     TakeOver,
+    /// `mark` (a tag's or the namespace's).
+    Mark,
+    /// `read_marks`.
+    ReadMarks,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -93,6 +93,8 @@ fn bop(op: Op) -> BOp {
         Op::Set => BOp::Set,
         Op::Invalidate => BOp::Invalidate,
         Op::Subscribe => BOp::Subscribe,
+        Op::Mark => BOp::Mark,
+        Op::ReadMarks => BOp::ReadMarks,
     }
 }
 

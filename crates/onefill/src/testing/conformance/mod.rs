@@ -9,7 +9,8 @@
 //! deadline's outcomes), loader failures (errors, panics, cancellation, a
 //! hung loader), freshness (stale-while-refresh, early refresh, negative
 //! caching, fail-safe, jitter, a value not stored), writes (undecodable
-//! values, fenced fills, the size limit) and regressions (the faults found
+//! values, fenced fills, the size limit), marks (tags, `expire_tag`,
+//! `clear`, or a clear `Unsupported`) and regressions (the faults found
 //! by hostile tests that any backend could bring back: unreadable values, read-your-writes, unfenced no-lease
 //! fills, hostile keys, two loads in one process, a lease lost twice).
 
@@ -122,6 +123,8 @@ mod leases;
 #[macro_use]
 mod loader_failures;
 #[macro_use]
+mod marks;
+#[macro_use]
 mod regressions;
 #[macro_use]
 mod waiting;
@@ -137,6 +140,7 @@ themes! { $
     writes => __onefill_conformance_writes,
     regressions => __onefill_conformance_regressions,
     batch => __onefill_conformance_batch,
+    marks => __onefill_conformance_marks,
 }
 
 // ------------------------------------------- helpers of the scenarios only
