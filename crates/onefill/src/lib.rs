@@ -211,6 +211,8 @@ pub mod _guide {
     pub mod cached {}
     #[doc = include_str!("../docs/guide/freshness.md")]
     pub mod freshness {}
+    #[doc = include_str!("../docs/guide/tags.md")]
+    pub mod tags {}
     #[doc = include_str!("../docs/guide/waiting.md")]
     pub mod waiting {}
     #[doc = include_str!("../docs/guide/l1.md")]

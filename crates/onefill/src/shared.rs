@@ -24,7 +24,7 @@ use crate::fallback::Fallback;
 use crate::l1::{Local, L1};
 use crate::loader::Done;
 use crate::loader::LoadTimes;
-use crate::marks::{Judged, Marks};
+use crate::marks::{Judged, Marks, Trust, RECHECK};
 use crate::options::Policy;
 use crate::stats::Recorder;
 
@@ -87,8 +87,13 @@ impl<V: Clone + 'static> Shared<V> {
         l1: Option<&L1>,
     ) -> Self {
         let recorder = Recorder::new(&namespace);
-        let sync_bound = l1.map_or(crate::l1::DEFAULT_SYNC_BOUND, |l1| l1.sync_bound);
-        let marks = Arc::new(Marks::new(&namespace, sync_bound));
+        // With an L1, the marks are trusted as its values are (one
+        // tracking connection reports both); without, for a while after
+        // they were read.
+        let trust = l1.map_or(Trust::Rechecked(RECHECK), |l1| {
+            Trust::Reported(l1.sync_bound)
+        });
+        let marks = Arc::new(Marks::new(&namespace, trust));
         Shared {
             l1: l1.map(|l1| Arc::new(Local::new(l1, &namespace, recorder.clone()))),
             calls: Calls {
