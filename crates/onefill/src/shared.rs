@@ -101,6 +101,7 @@ impl<V: Clone + 'static> Shared<V> {
                     inner: backend,
                     marks: marks.clone(),
                 }),
+                #[cfg(feature = "redis")]
                 marks: marks.clone(),
                 #[cfg(feature = "redis")]
                 redis: None,
