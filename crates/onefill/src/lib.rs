@@ -189,6 +189,7 @@ mod lease;
 mod loader;
 pub mod metrics;
 mod options;
+mod replay;
 mod shared;
 mod stats;
 #[cfg(feature = "test-support")]

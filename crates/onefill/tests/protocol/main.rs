@@ -20,6 +20,7 @@ mod loader_errors;
 mod loader_freshness;
 mod no_store;
 mod outage_memory;
+mod replays;
 mod round_trip;
 mod soft_timeout;
 mod stale_lives;
