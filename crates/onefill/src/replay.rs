@@ -86,7 +86,7 @@ impl Write {
             Write::Invalidate { key, keys } => {
                 let invalidate = calls.backend.invalidate(keys);
                 calls.call(keys, timeout, "invalidate", invalidate).await?;
-                host.forget_key(key, keys);
+                host.replayed(key, keys);
             }
         }
         Ok(())
@@ -100,10 +100,11 @@ pub(crate) trait Host: Send + Sync + 'static {
     fn calls(&self) -> &Calls;
     /// The cache's queue.
     fn replays(&self) -> &Replays;
-    /// A write of `key` landed: what this process remembers of it goes (its
-    /// L1 entry, its outage fallback's value, its flights), as after any
-    /// write.
-    fn forget_key(&self, key: &str, keys: &FillKeys);
+    /// The replay of a write of `key` landed: what this process remembers
+    /// of the key goes (its L1 entry, its outage fallback's value: read
+    /// while the delete was pending, it must not outlive it here; its
+    /// flights).
+    fn replayed(&self, key: &str, keys: &FillKeys);
 }
 
 /// One cache's queue of writes to replay.

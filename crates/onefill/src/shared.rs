@@ -130,7 +130,7 @@ impl<V: Clone + 'static> Shared<V> {
         epoch
     }
 
-    /// A write of `key` by this process, done, failed or replayed: what it
+    /// A write of `key` by this process, done or failed: what it
     /// remembers of the key goes ([`written`](Shared::written)), and the
     /// outage fallback keeps a tombstone that older flights cannot
     /// overwrite.
@@ -148,8 +148,17 @@ impl<V: Clone + Send + Sync + 'static> Host for Shared<V> {
     fn replays(&self) -> &Replays {
         &self.replays
     }
-    fn forget_key(&self, key: &str, keys: &FillKeys) {
-        self.forget_written(key, keys);
+    fn replayed(&self, key: &str, keys: &FillKeys) {
+        // As after a write, but the key's load stays attached: the failed
+        // write detached every load from before it, so the ones under way
+        // now started after it, and sharing them loses nothing.
+        let epoch = self.epoch.fetch_add(1, Ordering::SeqCst) + 1;
+        if let Some(l1) = &self.l1 {
+            l1.forget(key);
+        }
+        self.flights.detach(key);
+        let until = Instant::now() + self.policy.longest_flight();
+        self.fallback.forget(keys.value(), until, epoch);
     }
 }
 
