@@ -206,8 +206,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     *resumed.lock().unwrap() = Some(back);
     println!("resumed Redis at {:?}", started.elapsed());
     let mut drained = None;
-    while Instant::now() < end {
-        if drained.is_none() && writer.pending_writes() == 0 {
+    while drained.is_none() && back.elapsed() < a.observe * 4 {
+        if writer.pending_writes() == 0 {
             drained = Some(back.elapsed());
         }
         tokio::time::sleep(Duration::from_millis(5)).await;

@@ -15,7 +15,8 @@
 //!
 //! One task per cache drains it, spawned by the first write queued and
 //! ending when the queue is empty or the cache is gone (it holds the cache
-//! weakly, and strongly only during a replay). It retries with the
+//! weakly, and strongly only during a round of replays). Front first,
+//! writes of distinct keys a few at a time (see [`drain`]). It retries with the
 //! jittered backoff every retry uses, through `calls.rs` like every
 //! backend call (the cache's backend timeout, its circuit breaker, its
 //! counters and spans); a replay the server refuses (a `Command` or
@@ -27,6 +28,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Weak;
 use std::time::Duration;
 
+use futures_util::future::join_all;
 use parking_lot::Mutex;
 use tokio::time::Instant;
 use tracing::Instrument;
@@ -43,6 +45,8 @@ pub(crate) const FIRST_RETRY: Duration = Duration::from_millis(100);
 /// answers again, the queue starts draining within this (plus whatever is
 /// left of an open circuit's `open_for`).
 pub(crate) const MAX_RETRY: Duration = Duration::from_secs(1);
+/// The most writes replayed together (see [`drain`]).
+const MAX_WIDTH: usize = 32;
 /// At most one log line about dropped writes per this window (an outage
 /// must not become a log storm); the others are summed into it.
 const LOG_EVERY: Duration = Duration::from_secs(10);
@@ -68,6 +72,17 @@ impl Write {
     pub(crate) fn target(&self) -> Target {
         match self {
             Write::Invalidate { key, .. } => Target::Key(key.clone()),
+        }
+    }
+
+    /// Whether it is replayed on its own, not together with the writes
+    /// around it. Writes of one key each touch distinct keys (the queue
+    /// keeps one per key), so no order among them can be observed; a write
+    /// of many keys (a tag, the namespace) must stay between those queued
+    /// before and after it.
+    fn alone(&self) -> bool {
+        match self {
+            Write::Invalidate { .. } => false,
         }
     }
 
@@ -212,18 +227,24 @@ impl Replays {
         }
     }
 
-    /// The write to replay next, or `None`, the task then ending (under the
-    /// lock: a write queued after this starts a new one).
-    fn next_or_stop(&self) -> Option<(u64, Write)> {
+    /// The writes to replay next: up to `width` from the front, as long as
+    /// each may go with the others ([`Write::alone`]); none, the task then
+    /// ending (under the lock: a write queued after this starts a new one).
+    fn next_or_stop(&self, width: usize) -> Vec<(u64, Write)> {
         let mut state = self.state.lock();
-        match state.queue.first_key_value() {
-            Some((&position, write)) => Some((position, write.clone())),
-            None => {
-                state.draining = false;
-                self.log_drops(&mut state, true);
-                None
+        let mut next: Vec<(u64, Write)> = Vec::new();
+        for (&position, write) in &state.queue {
+            let alone = write.alone() || next.first().is_some_and(|(_, w)| w.alone());
+            if next.len() == width || (alone && !next.is_empty()) {
+                break;
             }
+            next.push((position, write.clone()));
         }
+        if next.is_empty() {
+            state.draining = false;
+            self.log_drops(&mut state, true);
+        }
+        next
     }
 
     /// The write at `position` is done with (replayed, or refused): off
@@ -272,43 +293,61 @@ impl Drop for Replays {
     }
 }
 
-/// Drains `host`'s queue in order: after a pause, replays each write until
-/// one fails for want of the backend, then pauses longer (the backoff),
-/// until the queue is empty or the cache is gone.
+/// Drains `host`'s queue in order: after a pause, replays its writes,
+/// front first, until one fails for want of the backend, then pauses
+/// longer (the backoff), until the queue is empty or the cache is gone.
+///
+/// Writes of distinct keys are sent together, up to a width that starts at
+/// one after every pause (the first replay may be the circuit's half-open
+/// probe, which admits one call) and doubles with each round that landed:
+/// one at a time, 10,000 writes would take 10,000 round trips.
 async fn drain(host: Weak<dyn Host>, timeout: Duration) {
     let mut backoff = Backoff::new(FIRST_RETRY, MAX_RETRY);
     loop {
         tokio::time::sleep(backoff.next_interval()).await;
+        let mut width = 1;
         loop {
-            // Strong only for one replay: the cache's handles all gone,
-            // the queue goes with it and the task ends here.
+            // Strong only for one round: the cache's handles all gone, the
+            // queue goes with it and the task ends here.
             let Some(host) = host.upgrade() else {
                 return;
             };
             let replays = host.replays();
-            let Some((position, write)) = replays.next_or_stop() else {
+            let round = replays.next_or_stop(width);
+            if round.is_empty() {
                 return;
-            };
-            let span = tracing::debug_span!("onefill.replay", op = write.op());
-            match write.replay(&*host, timeout).instrument(span).await {
-                Ok(()) => {
-                    replays.remove(position, &write);
-                    replays.recorder.write_replayed();
-                    backoff.reset();
-                }
-                Err(refused) if !refused.is_transient() => {
-                    replays.remove(position, &write);
-                    replays.recorder.write_refused();
-                    tracing::warn!(
-                        op = write.op(),
-                        target = ?write.target(),
-                        %refused,
-                        "a failed write's replay was refused by the backend: dropped"
-                    );
-                }
-                // Still out of reach: later, in the same order.
-                Err(_) => break,
             }
+            let replayed = join_all(round.iter().map(|(_, write)| {
+                let span = tracing::debug_span!("onefill.replay", op = write.op());
+                write.replay(&*host, timeout).instrument(span)
+            }))
+            .await;
+            let mut out_of_reach = false;
+            for ((position, write), replayed) in round.iter().zip(replayed) {
+                match replayed {
+                    Ok(()) => {
+                        replays.remove(*position, write);
+                        replays.recorder.write_replayed();
+                    }
+                    Err(refused) if !refused.is_transient() => {
+                        replays.remove(*position, write);
+                        replays.recorder.write_refused();
+                        tracing::warn!(
+                            op = write.op(),
+                            target = ?write.target(),
+                            %refused,
+                            "a failed write's replay was refused by the backend: dropped"
+                        );
+                    }
+                    // Still out of reach: later, in the same order.
+                    Err(_) => out_of_reach = true,
+                }
+            }
+            if out_of_reach {
+                break;
+            }
+            backoff.reset();
+            width = (width * 2).min(MAX_WIDTH);
         }
     }
 }
@@ -374,6 +413,21 @@ mod tests {
         replays.landed(&key("a"), late);
         assert_eq!(queued(&replays), [key("b")]);
         assert_eq!(replays.len(), 1);
+    }
+
+    #[test]
+    fn a_round_takes_the_front_of_the_queue_up_to_its_width() {
+        let replays = Replays::new(10, Duration::from_millis(1), Recorder::new("t"));
+        for k in ["a", "b", "c"] {
+            replays.push(invalidate(k), no_host);
+        }
+        let round = |width| -> Vec<Target> {
+            let next = replays.next_or_stop(width);
+            next.iter().map(|(_, w)| w.target()).collect()
+        };
+        assert_eq!(round(1), [key("a")]);
+        assert_eq!(round(2), [key("a"), key("b")]);
+        assert_eq!(round(32), [key("a"), key("b"), key("c")]);
     }
 
     #[test]
