@@ -16,7 +16,7 @@ use crate::support::{
 };
 use onefill::backend::FillKeys;
 use onefill::testing::{Fault, Op};
-use onefill::Cache;
+use onefill::{Cache, L1};
 
 /// Longer than the replay task may take to replay once the backend
 /// answers again: a circuit opened by the outage stays open for up to its
@@ -92,6 +92,30 @@ async fn a_failed_invalidate_is_replayed_once_the_backend_answers() {
     let stats = a.stats();
     assert_eq!((stats.writes_queued, stats.writes_replayed), (1, 1));
     assert_eq!((stats.writes_dropped, stats.writes_refused), (0, 0));
+}
+
+/// With an L1, the failed invalidate drops the key from it at once: the
+/// next call of the process reads the store (which still holds the value,
+/// the write having failed) rather than answer from memory.
+#[tokio::test(start_paused = true)]
+async fn a_failed_invalidate_drops_the_key_from_the_l1_at_once() {
+    // In process as its store is: the memory backend's own reports keep
+    // the L1 coherent.
+    let wire = switched().in_process_as_inner();
+    let c = pod(&wire, |b| b.l1(L1::new(100)));
+    let loads = Arc::new(AtomicUsize::new(0));
+    // Loaded, then read from the store: the read is what the L1 keeps.
+    fetch_now(&c, "k", &loads).await;
+    fetch_now(&c, "k", &loads).await;
+    assert_eq!(c.get(&key()).await.unwrap().as_deref(), Some("k-v1"));
+    let l1_hits = c.stats().l1_hits;
+    assert_eq!(l1_hits, 1, "answered from the L1");
+    wire.faults().set(Op::WRITES, Fault::Refuse);
+    assert!(c.invalidate(&key()).await.is_err());
+    let reads = wire.faults().calls(Op::Get);
+    assert_eq!(c.get(&key()).await.unwrap().as_deref(), Some("k-v1"));
+    assert_eq!(c.stats().l1_hits, l1_hits, "not from the L1");
+    assert_eq!(wire.faults().calls(Op::Get), reads + 1, "from the store");
 }
 
 /// A failed `set` is replayed as an invalidation, not as itself: its value
