@@ -245,9 +245,10 @@
 //!    a refusal, `Command`; or its caller gone mid-call) is queued by its
 //!    instance and replayed as an invalidation once the store answers.
 //!    Checked: from the start of the healthy tail, every live instance's
-//!    queue is empty (`Cache::pending_writes`) within a tracking loss's
-//!    500 ms, the breaker's window and the replay task's longest pause
-//!    (1.25 s); then, once every L1 had the time to hear of the replays
+//!    queue is empty (`Cache::pending_writes`, polled from one backend
+//!    timeout into the tail, when every write under way has failed and
+//!    been queued) within that timeout, a tracking loss's 500 ms, the
+//!    breaker's window and the replay task's longest pause (1.25 s); then, once every L1 had the time to hear of the replays
 //!    (its sync bound and 500 ms more), every live instance reads every
 //!    key, and no read answers a version first stored before a write of its
 //!    key that failed so, by an instance that never died and whose

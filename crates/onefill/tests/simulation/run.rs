@@ -307,14 +307,17 @@ async fn foreign(
 }
 
 /// Waits until no live instance has failed writes left to replay (polled
-/// every 10 ms, from the start of the healthy tail), then logs it; gives
-/// up after `patience` (the checker then reports the queue stuck).
+/// every 10 ms, from one backend timeout into the healthy tail: a write
+/// under way when it began fails, and is queued, by then), then logs it;
+/// gives up after `patience` (the checker then reports the queue stuck).
 async fn drained(
     world: Arc<World>,
     caches: Vec<Cache<String, String>>,
+    writes_end: Duration,
     patience: Duration,
 ) -> bool {
     let started = Instant::now();
+    tokio::time::sleep(writes_end).await;
     loop {
         let pending =
             (caches.iter().enumerate()).any(|(i, c)| !world.is_dead(i) && c.pending_writes() > 0);
@@ -457,7 +460,12 @@ pub(crate) async fn simulate(seed: u64, s: &Scenario, variant: Variant) -> Arc<W
     // passed, one call per live instance must reach the backend.
     world.healthy.store(true, Ordering::SeqCst);
     world.record(Ev::Healthy);
-    let drained = tokio::spawn(drained(world.clone(), caches.clone(), s.drain_patience()));
+    let drained = tokio::spawn(drained(
+        world.clone(),
+        caches.clone(),
+        s.backend_timeout + TICK,
+        s.drain_patience(),
+    ));
     tokio::time::sleep(s.breaker_window()).await;
     for (i, cache) in caches.iter().enumerate() {
         if !world.is_dead(i) {

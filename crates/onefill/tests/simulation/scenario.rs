@@ -459,13 +459,14 @@ impl Scenario {
     }
 
     /// How long after the healthy tail began every live instance's queue
-    /// of failed writes is empty (decision 0017): a tracking connection
-    /// lost (an outage of its instance) may last 500 ms into the tail and
-    /// open its breaker then; the breaker rejects the replays for its
-    /// window; then the replay task's longest pause (1 s ±25 %), and the
-    /// replays themselves, a few round trips of a healthy store.
+    /// of failed writes is empty (decision 0017): a write under way then
+    /// fails within one backend timeout; a tracking connection lost (an
+    /// outage of its instance) may last 500 ms into the tail and open its
+    /// breaker then; the breaker rejects the replays for its window; then
+    /// the replay task's longest pause (1 s ±25 %), and the replays
+    /// themselves, a few round trips of a healthy store.
     pub(crate) fn drain_bound(&self) -> Duration {
-        ms(500) + self.breaker_window() + ms(1250) + TICK
+        self.backend_timeout + ms(500) + self.breaker_window() + ms(1250) + TICK
     }
 
     /// How long the run waits for the queues to drain before it gives up
