@@ -15,13 +15,13 @@
 //!
 //! One task per cache drains it, spawned by the first write queued and
 //! ending when the queue is empty or the cache is gone (it holds the cache
-//! weakly, and strongly only during a round of replays). Front first,
-//! writes of distinct keys a few at a time (see [`drain`]). It retries with the
-//! jittered backoff every retry uses, through `calls.rs` like every
-//! backend call (the cache's backend timeout, its circuit breaker, its
-//! counters and spans); a replay the server refuses (a `Command` or
-//! `Protocol` error) is dropped, logged and counted, since retrying it
-//! would meet the same refusal.
+//! weakly, and strongly only during a round of replays). It replays front
+//! first, writes of distinct keys a few at a time (see [`drain`]), and
+//! retries with the jittered backoff every retry uses, through `calls.rs`
+//! like every backend call (the cache's backend timeout, its circuit
+//! breaker, its counters and spans). A replay the server refuses (a
+//! `Command` or `Protocol` error) is dropped, logged and counted, since
+//! retrying it would meet the same refusal.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
