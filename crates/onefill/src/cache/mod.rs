@@ -597,14 +597,21 @@ where
             let key = self.validated(key)?;
             let keys = FillKeys::new(&self.shared.namespace, &key);
             // Done, failed or dropped mid-way: what this process remembers
-            // of the key goes, and older flights cannot put it back.
-            let _writing = Writing::start(&self.shared, &key, &keys);
-            self.call(
-                &keys,
-                "invalidate",
-                self.shared.calls.backend.invalidate(&keys),
-            )
-            .await
+            // of the key goes, and older flights cannot put it back; failed
+            // or dropped, it is replayed once the backend answers.
+            let writing = Writing::start(&self.shared, &key, &keys);
+            let invalidated = self
+                .call(
+                    &keys,
+                    "invalidate",
+                    self.shared.calls.backend.invalidate(&keys),
+                )
+                .await;
+            match &invalidated {
+                Ok(()) => writing.deleted(),
+                Err(e) => writing.failed(e),
+            }
+            invalidated
         };
         let invalidated = invalidated.instrument(span.clone()).await;
         ended(&span, &invalidated, |_| "ok");
@@ -614,6 +621,15 @@ where
     /// A snapshot of this cache's counters.
     pub fn stats(&self) -> Stats {
         self.shared.recorder.snapshot()
+    }
+
+    /// How many writes of this cache that failed for want of the backend
+    /// wait to be replayed (as invalidations, once it answers again; see
+    /// [`CacheBuilder::replay_queue_capacity`](crate::CacheBuilder::replay_queue_capacity)).
+    /// 0 once every such write is replayed: a process about to exit may wait
+    /// for it, since the queue lives only in memory.
+    pub fn pending_writes(&self) -> usize {
+        self.shared.replays.len()
     }
 
     /// The circuit breakers' state: the worst over the backend's shards in

@@ -29,6 +29,9 @@ pub(crate) enum Variant {
     /// `take_over` deletes whatever lease it finds, not only the gone
     /// holder's.
     TakeOverAny,
+    /// Writes that fail for want of the store are not queued for replay
+    /// (`replay_queue_capacity(0)`: as before decision 0017).
+    NoReplay,
 }
 
 impl Variant {
@@ -56,6 +59,7 @@ impl Variant {
             Ok("stamped-ttl") => Variant::StampedTtl,
             Ok("per-backend-listeners") => Variant::PerBackendListeners,
             Ok("take-over-any") => Variant::TakeOverAny,
+            Ok("no-replay") => Variant::NoReplay,
             _ => Variant::Correct,
         }
     }
@@ -70,6 +74,7 @@ impl Variant {
             Variant::StampedTtl => Some("stamped-ttl"),
             Variant::PerBackendListeners => Some("per-backend-listeners"),
             Variant::TakeOverAny => Some("take-over-any"),
+            Variant::NoReplay => Some("no-replay"),
         }
     }
     pub(crate) fn replay_command(self, seed: u64) -> String {
@@ -187,4 +192,11 @@ fn catches_take_over_of_any_lease() {
         "unexplained duplicate load",
         10_000,
     );
+}
+
+/// Writes that failed in an outage, never replayed: once the faults end,
+/// another instance still answers the value such a write replaced.
+#[test]
+fn catches_writes_not_replayed() {
+    caught_where(Variant::NoReplay, Invariant::Replayed, "", 2_000);
 }
