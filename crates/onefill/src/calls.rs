@@ -52,13 +52,41 @@ impl Calls {
     ) -> Result<Option<Stored>, BackendError> {
         #[cfg(feature = "redis")]
         if let Some(redis) = &self.redis {
-            let marks = self.marks.namespace_beside(&*self.backend);
-            let (stored, ()) =
-                futures_util::future::join(redis.read_within(keys, limit, began), marks).await;
-            return Judged::judge_one(&self.marks, &*self.backend, stored?).await;
+            // The hit's case, without a future of the judgement's: the
+            // marks it needs are held. The others are boxed (rare: a
+            // process's first read, a tag's first read after it changed),
+            // so they do not grow every hit's future.
+            if !self.marks.namespace_held_at(began) {
+                return Box::pin(self.get_beside_marks(redis, keys, limit, began)).await;
+            }
+            let stored = redis.read_within(keys, limit, began).await?;
+            let Some(stored) = stored else {
+                return Ok(None);
+            };
+            if let Some(verdict) = self.marks.held_judgement(&stored) {
+                return Ok(Marks::apply(stored, verdict));
+            }
+            let judged = Judged::judge_one(&self.marks, &*self.backend, Some(stored));
+            return Box::pin(judged).await;
         }
         let _ = (limit, began);
         self.backend.get(keys).await
+    }
+
+    /// The direct Redis read with the namespace's marks read beside it,
+    /// then judged.
+    #[cfg(feature = "redis")]
+    async fn get_beside_marks(
+        &self,
+        redis: &crate::backend::redis::RedisBackend,
+        keys: &FillKeys,
+        limit: Duration,
+        began: Instant,
+    ) -> Result<Option<Stored>, BackendError> {
+        let marks = self.marks.namespace_beside(&*self.backend);
+        let (stored, ()) =
+            futures_util::future::join(redis.read_within(keys, limit, began), marks).await;
+        Judged::judge_one(&self.marks, &*self.backend, stored?).await
     }
 
     /// Calls the backend about `keys` through the circuit breaker of their

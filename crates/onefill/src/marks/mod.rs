@@ -245,6 +245,20 @@ impl Marks {
         let _ = self.read(backend, &[]).await;
     }
 
+    /// The verdict on `stored` from the marks held and trusted now, if
+    /// that is enough (no command): the hit path's case.
+    pub(crate) fn held_judgement(&self, stored: &Stored) -> Option<Verdict> {
+        let Some(marks) = envelope::marks_of(&stored.bytes) else {
+            return Some(Verdict::Valid);
+        };
+        self.held_verdict(&marks, Instant::now(), true)
+    }
+
+    /// Whether the namespace's mark is held and trusted at `now`.
+    pub(crate) fn namespace_held_at(&self, now: Instant) -> bool {
+        self.unsupported() || self.namespace_held(now)
+    }
+
     fn namespace_held(&self, now: Instant) -> bool {
         let held = self.held.lock();
         held.get(&b""[..]).is_some_and(|h| self.trusted(h, now))
