@@ -461,6 +461,11 @@ pub enum BackendErrorKind {
     Protocol,
     /// The circuit breaker is open: the call was not even attempted.
     CircuitOpen,
+    /// The backend does not implement this call (a [`Backend`](crate::backend::Backend)
+    /// method whose default only refuses, such as
+    /// [`expire`](crate::backend::Backend::expire)): nothing was done. Not
+    /// transient: asking again gives the same answer.
+    Unsupported,
 }
 
 impl fmt::Display for BackendErrorKind {
@@ -473,6 +478,7 @@ impl fmt::Display for BackendErrorKind {
             BackendErrorKind::Command => "command rejected",
             BackendErrorKind::Protocol => "protocol error",
             BackendErrorKind::CircuitOpen => "circuit open",
+            BackendErrorKind::Unsupported => "unsupported",
         })
     }
 }
@@ -524,7 +530,9 @@ impl BackendError {
     pub fn is_transient(&self) -> bool {
         !matches!(
             self.kind,
-            BackendErrorKind::Command | BackendErrorKind::Protocol
+            BackendErrorKind::Command
+                | BackendErrorKind::Protocol
+                | BackendErrorKind::Unsupported
         )
     }
     /// The human-readable message, without the kind.
@@ -568,6 +576,7 @@ mod backend_error_tests {
             (BackendErrorKind::Command, "command rejected"),
             (BackendErrorKind::Protocol, "protocol error"),
             (BackendErrorKind::CircuitOpen, "circuit open"),
+            (BackendErrorKind::Unsupported, "unsupported"),
         ] {
             let err = BackendError::new(kind, "get: no answer");
             assert_eq!(err.to_string(), format!("{words}: get: no answer"));

@@ -40,13 +40,15 @@ pub enum Op {
     Set,
     /// [`Backend::invalidate`].
     Invalidate,
+    /// [`Backend::expire`].
+    Expire,
     /// [`Backend::subscribe`].
     Subscribe,
 }
 
 impl Op {
     /// Every kind of call.
-    pub const ALL: [Op; 10] = [
+    pub const ALL: [Op; 11] = [
         Op::Get,
         Op::GetMany,
         Op::Acquire,
@@ -56,10 +58,11 @@ impl Op {
         Op::Extend,
         Op::Set,
         Op::Invalidate,
+        Op::Expire,
         Op::Subscribe,
     ];
-    /// The unconditional writes: `set` and `invalidate`.
-    pub const WRITES: [Op; 2] = [Op::Set, Op::Invalidate];
+    /// The unconditional writes: `set`, `invalidate` and `expire`.
+    pub const WRITES: [Op; 3] = [Op::Set, Op::Invalidate, Op::Expire];
 }
 
 /// What happens to a call that a fault applies to.
@@ -547,6 +550,10 @@ impl<B: Backend + ?Sized> Backend for FaultyBackend<B> {
     async fn invalidate(&self, keys: &FillKeys) -> Result<(), BackendError> {
         let call = self.inner.invalidate(keys);
         self.faults.pass(Op::Invalidate, Some(keys), call).await
+    }
+    async fn expire(&self, keys: &FillKeys) -> Result<(), BackendError> {
+        let call = self.inner.expire(keys);
+        self.faults.pass(Op::Expire, Some(keys), call).await
     }
     // The liveness calls are the inner backend's: `take_over` under the
     // faults of `Op::Acquire`, the others without faults.

@@ -24,6 +24,7 @@ pub(crate) enum BOp {
     Extend,
     Set,
     Invalidate,
+    Expire,
     Subscribe,
     /// `watch_holder` (logged with the holder's token).
     Watch,
@@ -90,6 +91,10 @@ pub(crate) enum Change {
     Delete,
     /// Its TTL changed (a raw `PEXPIRE`).
     Ttl,
+    /// Its TTL cut to its grace by `expire`, which also rewrites the
+    /// expiry written in the value (as the Redis script does for a
+    /// version-2 envelope): a one-`GET` hit reads the new one.
+    Soft,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -131,6 +136,12 @@ pub(crate) enum Exec {
         origin: Option<Origin>,
     },
     Invalidate,
+    /// `expire`: the version the key holds after it (made stale in place,
+    /// or stale already), if the fleet can read it; `None` if it was
+    /// deleted (no grace, unreadable bytes) or missing.
+    Expire {
+        kept: Option<Origin>,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -139,6 +150,7 @@ pub(crate) enum CallKind {
     Get,
     Set,
     Invalidate,
+    Expire,
 }
 
 #[derive(Debug, Clone)]
@@ -389,7 +401,7 @@ impl World {
         {
             let mut written = self.written_expiry.lock().unwrap();
             match change {
-                Change::Write => written[key] = held.map(|(_, expires)| expires),
+                Change::Write | Change::Soft => written[key] = held.map(|(_, expires)| expires),
                 Change::Delete => written[key] = None,
                 Change::Ttl => {}
             }

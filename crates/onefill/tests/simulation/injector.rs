@@ -92,6 +92,7 @@ fn bop(op: Op) -> BOp {
         Op::Extend => BOp::Extend,
         Op::Set => BOp::Set,
         Op::Invalidate => BOp::Invalidate,
+        Op::Expire => BOp::Expire,
         Op::Subscribe => BOp::Subscribe,
     }
 }
@@ -444,6 +445,15 @@ impl Backend for Injector {
         let key = self.world.key_of(keys);
         let invalidated = self.faulty.invalidate(keys);
         self.call(BOp::Invalidate, key, None, invalidated, unit_reply)
+            .await?;
+        self.own_write(keys);
+        Ok(())
+    }
+
+    async fn expire(&self, keys: &FillKeys) -> Result<(), BackendError> {
+        let key = self.world.key_of(keys);
+        let expired = self.faulty.expire(keys);
+        self.call(BOp::Expire, key, None, expired, unit_reply)
             .await?;
         self.own_write(keys);
         Ok(())

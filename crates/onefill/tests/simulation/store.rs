@@ -405,6 +405,31 @@ impl Backend for Store {
         Ok(())
     }
 
+    /// The memory backend's `expire`, logged with the version it leaves
+    /// (stale); the value key's change is a TTL cut (`Change::Soft`, which
+    /// keeps the expiry written in it true) or a deletion.
+    async fn expire(&self, keys: &FillKeys) -> Result<(), BackendError> {
+        let key = self.world.key_of(keys);
+        let before = self.inner.get_raw(keys.value());
+        let inner = &self.inner;
+        self.logged(key, self.inner.expire(keys), |()| Exec::Expire {
+            kept: inner
+                .get_raw(keys.value())
+                .and_then(|(bytes, _)| origin_of_envelope(&bytes)),
+        })
+        .await?;
+        let after = self.inner.get_raw(keys.value());
+        match (before, after) {
+            (Some(_), None) => self.value_changed(keys, Change::Delete),
+            (Some((_, was)), Some((_, now))) if now < was => {
+                self.value_changed(keys, Change::Soft)
+            }
+            // Missing, or stale already: nothing changed on the store.
+            _ => {}
+        }
+        Ok(())
+    }
+
     async fn subscribe(&self, keys: &FillKeys) -> Result<Box<dyn FillSubscription>, BackendError> {
         frozen_if_dead(&self.world, self.inst).await;
         self.inner.subscribe(keys).await
