@@ -9,7 +9,9 @@
 //! deadline's outcomes), loader failures (errors, panics, cancellation, a
 //! hung loader), freshness (stale-while-refresh, early refresh, negative
 //! caching, fail-safe, jitter, a value not stored), writes (undecodable
-//! values, fenced fills, the size limit) and regressions (the faults found
+//! values, fenced fills, the size limit), expiry (`expire`: stale in place
+//! with one refresh, removed without grace, fenced fills, the backends
+//! without it) and regressions (the faults found
 //! by hostile tests that any backend could bring back: unreadable values, read-your-writes, unfenced no-lease
 //! fills, hostile keys, two loads in one process, a lease lost twice).
 
@@ -116,6 +118,8 @@ mod batch;
 #[macro_use]
 mod coalescing;
 #[macro_use]
+mod expiry;
+#[macro_use]
 mod freshness;
 #[macro_use]
 mod leases;
@@ -135,6 +139,7 @@ themes! { $
     loader_failures => __onefill_conformance_loader_failures,
     freshness => __onefill_conformance_freshness,
     writes => __onefill_conformance_writes,
+    expiry => __onefill_conformance_expiry,
     regressions => __onefill_conformance_regressions,
     batch => __onefill_conformance_batch,
 }
