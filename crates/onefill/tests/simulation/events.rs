@@ -91,9 +91,9 @@ pub(crate) enum Change {
     Delete,
     /// Its TTL changed (a raw `PEXPIRE`).
     Ttl,
-    /// Its TTL cut to its grace by `expire`, which also rewrites the
-    /// expiry written in the value (as the Redis script does for a
-    /// version-2 envelope): a one-`GET` hit reads the new one.
+    /// Its TTL cut to its grace by `expire` (or left, if stale already),
+    /// which also writes the key's expiry into the value (as the Redis
+    /// script does for a version-2 envelope): a one-`GET` hit reads it.
     Soft,
 }
 
@@ -401,7 +401,9 @@ impl World {
         {
             let mut written = self.written_expiry.lock().unwrap();
             match change {
-                Change::Write | Change::Soft => written[key] = held.map(|(_, expires)| expires),
+                Change::Write => written[key] = held.map(|(_, expires)| expires),
+                Change::Soft if self.variant == Variant::ExpireUnstamped => {}
+                Change::Soft => written[key] = held.map(|(_, expires)| expires),
                 Change::Delete => written[key] = None,
                 Change::Ttl => {}
             }

@@ -3,9 +3,9 @@
 //! Each seed builds a scenario: 2 to 4 [`Cache`](onefill::Cache)s (simulated processes)
 //! on one shared [`MemoryBackend`](onefill::MemoryBackend), each behind its own seeded fault injector,
 //! and a few dozen random operations on 1 to 3 keys (`fetch`, `get`, `set`,
-//! `invalidate`), whose loaders are fast, slow, hung, failing or panicking,
+//! `invalidate`, and from a stream of their own `expire`), whose loaders are fast, slow, hung, failing or panicking,
 //! and whose callers sometimes drop their futures (a `fetch`'s flight runs
-//! on; a `get`, `set` or `invalidate` is dropped with its backend call,
+//! on; a `get`, `set`, `invalidate` or `expire` is dropped with its backend call,
 //! within one backend timeout; one that would be the breaker's half-open
 //! probe is dropped after half a timeout, and half of those hang, so the
 //! probe's permit is dropped under way; a `fetch` that finds the breaker
@@ -90,13 +90,14 @@
 //!
 //! The injector logs what happens on the store (acquire with its token, TTL
 //! and refresh window, take-over with the gone holder's token and whether
-//! it still held the lease, extend, fill, release, set, invalidate), what
+//! it still held the lease, extend, fill, release, set, invalidate, expire
+//! with the version it left), what
 //! each call was answered (and in which task), how each watch of a holder
 //! ended, and each loader's start (with the task of the flight that
 //! started it, see `spans.rs`) and end, in one total order.
 //! The checker replays the log into a model of each key's lease (who holds
 //! it, until when, how it ended: filled or released by its holder, expired,
-//! revoked by `set`/`invalidate`, taken over from a holder judged gone, or
+//! revoked by `set`/`invalidate`/`expire`, taken over from a holder judged gone, or
 //! deleted by another token) and checks these invariants:
 //!
 //! 1. **One loader at a time, every duplicate explained and counted.** When

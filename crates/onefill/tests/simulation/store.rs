@@ -407,7 +407,8 @@ impl Backend for Store {
 
     /// The memory backend's `expire`, logged with the version it leaves
     /// (stale); the value key's change is a TTL cut (`Change::Soft`, which
-    /// keeps the expiry written in it true) or a deletion.
+    /// makes the expiry written in it the key's, as the Redis script does)
+    /// or a deletion.
     async fn expire(&self, keys: &FillKeys) -> Result<(), BackendError> {
         let key = self.world.key_of(keys);
         let before = self.inner.get_raw(keys.value());
@@ -421,11 +422,11 @@ impl Backend for Store {
         let after = self.inner.get_raw(keys.value());
         match (before, after) {
             (Some(_), None) => self.value_changed(keys, Change::Delete),
-            (Some((_, was)), Some((_, now))) if now < was => {
-                self.value_changed(keys, Change::Soft)
-            }
-            // Missing, or stale already: nothing changed on the store.
-            _ => {}
+            // Shortened, or stale already: either way the expiry written
+            // in it is made the key's (another client's `PEXPIRE` may have
+            // cut the TTL under it).
+            (Some(_), Some(_)) => self.value_changed(keys, Change::Soft),
+            (None, _) => {}
         }
         Ok(())
     }

@@ -152,14 +152,24 @@ impl Checker<'_> {
     /// kept on the store (stale), answered stale (`get` answers stale
     /// values too) within its grace window, or answered at all once a
     /// fail-safe re-store of it landed after the expire (its load failed:
-    /// the stale value is served and re-stored for the throttle period).
+    /// the stale value is served and re-stored for the throttle period) or
+    /// another client's `PEXPIRE` gave it a longer life again.
     /// A fresh answer of it otherwise is a stale read after the write.
     fn expired_and_kept(&self, executed: usize, origin: Origin, answer: &Answer, t: Duration) -> bool {
         if self.expire_kept.get(&executed) != Some(&Some(origin)) {
             return false;
         }
+        let expired_at = self.recs[executed].t;
+        // Fresh again since: re-stored fail-safe, or another client's
+        // `PEXPIRE` (which onefill cannot know of) lengthened it.
         let restored = self.landed.iter().flatten().any(|&(seq, o)| {
             o == origin && seq > executed && self.recs[seq].t <= t
+        }) || self.values.iter().flatten().any(|v| {
+            v.by.is_none()
+                && v.change == Change::Ttl
+                && matches!(v.held, Some((Some(o), _)) if o == origin)
+                && expired_at <= v.t
+                && v.t <= t
         });
         let stale = matches!(
             answer,
@@ -169,7 +179,6 @@ impl Checker<'_> {
                     ..
                 }
         );
-        let expired_at = self.recs[executed].t;
         restored || (stale && t <= expired_at + self.s.grace + self.s.backend_timeout + TICK)
     }
 

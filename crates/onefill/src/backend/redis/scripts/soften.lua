@@ -6,9 +6,10 @@
 -- the grace, so it reads as stale at once and lives out its grace window;
 -- a version-2 envelope's recorded expiry (bytes 17..24) is rewritten to
 -- that same instant, since a reader's plain `GET` trusts it. A value stale
--- already is left as it is. A value without grace, or bytes that are not
--- an envelope, are deleted. Returns 1 if the value was shortened, 2 if it
--- was deleted, 0 if nothing changed (no value, or stale already).
+-- already keeps its expiry (its stamp is set to it). A value without
+-- grace, or bytes that are not an envelope, are deleted. Returns 1 if the
+-- value was shortened, 2 if it was deleted, 0 if its expiry stayed (no
+-- value, or stale already).
 local function soften(key)
   local v = redis.call('GET', key)
   if not v then
@@ -29,11 +30,19 @@ local function soften(key)
     return 2
   end
   local left = redis.call('PTTL', key)
+  local at
+  local changed = 1
   if left >= 0 and left <= grace then
-    return 0
+    -- Stale already: its expiry stays. Its stamp is made to tell that
+    -- expiry all the same: another client's PEXPIRE may have cut the key's
+    -- TTL under a stamp that still says fresh.
+    at = redis.call('PEXPIRETIME', key)
+    changed = 0
+  else
+    local t = redis.call('TIME')
+    at = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + grace
+    redis.call('PEXPIREAT', key, at)
   end
-  local t = redis.call('TIME')
-  local at = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + grace
   if version == 2 then
     local e = {}
     local x = at
@@ -44,6 +53,5 @@ local function soften(key)
     redis.call('SETRANGE', key, 16,
       string.char(e[1], e[2], e[3], e[4], e[5], e[6], e[7], e[8]))
   end
-  redis.call('PEXPIREAT', key, at)
-  return 1
+  return changed
 end
