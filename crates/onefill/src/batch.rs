@@ -390,11 +390,14 @@ where
         let load: loader::Detached<Found<K, V>> = Box::new(move || loader(keys));
         let (rec, times) = (&shared.recorder, &shared.load_times);
         let max = self.policy.max_load_time;
+        // Before the loader reads anything (see `Flight::start_loader`).
+        let as_of = shared.marks.generation();
         let found = loader::run_alone(rec, times, max, self.policy.ttl, &label, load)
             .await
             .map(|(found, took)| {
                 let mut first: HashMap<String, Loaded<V>> = HashMap::new();
-                for (k, v) in found {
+                for (k, mut v) in found {
+                    v.as_of = as_of;
                     if let Ok(k) = crate::key::display(&k) {
                         first.entry(k).or_insert(v);
                     }

@@ -14,6 +14,7 @@ use crate::backend::{Backend, FillKeys, Stored};
 use crate::circuit::Breakers;
 use crate::deadline;
 use crate::error::{BackendError, BackendErrorKind};
+use crate::marks::{Judged, Marks};
 use crate::stats::Recorder;
 
 /// A cache's way to the backend.
@@ -23,6 +24,9 @@ pub(crate) struct Calls {
     /// (see [`Calls::get`]).
     #[cfg(feature = "redis")]
     pub redis: Option<crate::backend::redis::RedisBackend>,
+    /// What every read is judged by (`backend` judges its own reads; the
+    /// direct Redis `get` is judged here).
+    pub marks: Arc<Marks>,
     /// One circuit breaker per shard of the backend.
     pub breakers: Breakers,
     pub recorder: Recorder,
@@ -46,7 +50,10 @@ impl Calls {
     ) -> Result<Option<Stored>, BackendError> {
         #[cfg(feature = "redis")]
         if let Some(redis) = &self.redis {
-            return redis.read_within(keys, limit, began).await;
+            let marks = self.marks.namespace_beside(&*self.backend);
+            let (stored, ()) =
+                futures_util::future::join(redis.read_within(keys, limit, began), marks).await;
+            return Judged::judge_one(&self.marks, &*self.backend, stored?).await;
         }
         let _ = (limit, began);
         self.backend.get(keys).await

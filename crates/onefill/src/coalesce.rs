@@ -206,6 +206,18 @@ impl<T> Coalescer<T> {
     pub(crate) fn detach(&self, key: &str) {
         self.map.shards[self.map.of(key)].lock().detach(key);
     }
+
+    /// Detaches every flight under way (a mark of the namespace may judge
+    /// what any of them read).
+    pub(crate) fn detach_all(&self) {
+        for shard in &self.map.shards {
+            let mut shard = shard.lock();
+            let live: Vec<Arc<str>> = shard.live.keys().cloned().collect();
+            for key in live {
+                shard.detach(&key);
+            }
+        }
+    }
 }
 
 impl<T: Clone> Coalescer<T> {

@@ -21,6 +21,15 @@ use crate::shared::Shared;
 
 impl<V: Clone + Send + Sync + 'static> ChangeListener for Shared<V> {
     fn changed(&self, value_key: &[u8]) {
+        if self.marks.changed(value_key) {
+            // A tag's or the namespace's mark moved: any value kept here
+            // may be one it judges now. Which ones, only their marks tell,
+            // and the copies do not keep them: they all go (marks are rare
+            // next to writes; a value read again is judged again).
+            self.forget_every_copy();
+            self.flights.detach_all();
+            return;
+        }
         let Some(l1) = &self.l1 else {
             return;
         };
@@ -43,16 +52,14 @@ impl<V: Clone + Send + Sync + 'static> ChangeListener for Shared<V> {
     }
 
     fn reset(&self) {
-        if let Some(l1) = &self.l1 {
-            l1.reset();
-        }
+        self.marks.reset();
         // Changes went unreported for a while: anything kept before may
         // have been replaced since.
-        let epoch = self.epoch.fetch_add(1, Ordering::SeqCst) + 1;
-        self.fallback.forget_all_before(epoch);
+        self.forget_every_copy();
     }
 
     fn synced(&self, as_of: Option<Instant>) {
+        self.marks.synced(as_of);
         if let Some(l1) = &self.l1 {
             l1.synced(as_of);
         }
@@ -60,6 +67,19 @@ impl<V: Clone + Send + Sync + 'static> ChangeListener for Shared<V> {
 }
 
 impl<V: Clone + Send + Sync + 'static> Shared<V> {
+    /// Every copy of every value this process keeps goes: the L1's
+    /// entries and the outage fallback's. (After a mark, the flights under
+    /// way are detached too, so a call from now on does not share an answer
+    /// read before it; a reset, which says only that changes may have gone
+    /// unreported, leaves them, as it always did.)
+    pub(crate) fn forget_every_copy(&self) {
+        if let Some(l1) = &self.l1 {
+            l1.reset();
+        }
+        let epoch = self.epoch.fetch_add(1, Ordering::SeqCst) + 1;
+        self.fallback.forget_all_before(epoch);
+    }
+
     /// Keeps a flight's answer for outages: `value`, read or loaded by a
     /// flight that started at `epoch` (holding the L1's `ticket`, if the
     /// cache has an L1), served no later than `usable_until`. Not kept if

@@ -19,10 +19,21 @@
 //! 24      ..    payload
 //! ```
 //!
-//! onefill encodes version 1; the Redis scripts that write a value turn it
-//! into version 2, stamping the expiry from the server's own clock (`TIME`)
-//! and writing the key with `PXAT` that same instant, so the field is
-//! exactly the key's expiry. A Redis hit can then be a plain `GET`.
+//! Versions 3 and 4 are versions 1 and 2 with the marks block (decision
+//! 0018) between the header (and expiry) and the payload:
+//!
+//! ```text
+//! +0      8     as of: the namespace's mark generation when the load began, big-endian
+//! +8      1     number of tags (at most 32)
+//! +9      ..    each tag: its length in bytes (1..=200), then its bytes
+//! ```
+//!
+//! onefill encodes version 3; the Redis scripts that write a value turn it
+//! into version 4 (a version 1 into 2), stamping the expiry from the
+//! server's own clock (`TIME`) and writing the key with `PXAT` that same
+//! instant, so the field is exactly the key's expiry. A Redis hit can then
+//! be a plain `GET`. Versions 1 and 2 stay readable: as of generation 0,
+//! untagged.
 //!
 //! The backend key's TTL is the hard TTL (`fresh + grace`): the value is
 //! fresh while the server reports `PTTL > grace`. The Redis scripts read the
@@ -43,12 +54,26 @@
 use std::time::Duration;
 
 pub(crate) const MAGIC: u8 = 0xF1;
-/// The version onefill encodes (the Redis scripts store version 2).
-pub(crate) const VERSION: u8 = 1;
+/// Version 1: the header alone.
+pub(crate) const VERSION_1: u8 = 1;
 pub(crate) const HEADER_LEN: usize = 16;
 /// Version 2: [`HEADER_LEN`], then the server's expiry (8 bytes).
 pub(crate) const VERSION_2: u8 = 2;
 pub(crate) const HEADER_2_LEN: usize = HEADER_LEN + 8;
+/// Version 3: version 1 and the marks block (what onefill encodes).
+pub(crate) const VERSION_3: u8 = 3;
+/// Version 4: version 2 and the marks block (what the Redis scripts store
+/// of a version 3).
+pub(crate) const VERSION_4: u8 = 4;
+/// The version onefill encodes (the Redis scripts store version 4).
+pub(crate) const VERSION: u8 = VERSION_3;
+/// The most tags one value may carry, and the longest tag (bytes): the
+/// marks block records each tag's length in one byte.
+pub const MAX_TAGS: usize = 32;
+/// See [`MAX_TAGS`].
+pub const MAX_TAG_BYTES: usize = 200;
+/// The marks block's fixed part: `as_of` (8 bytes) and the tag count.
+const MARKS_FIXED: usize = 9;
 
 /// What an envelope holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,7 +91,34 @@ pub(crate) struct Envelope<'a> {
     pub delta: Duration,
     /// At most the fresh TTL the value was written with, if recorded.
     pub written_ttl: Option<Duration>,
+    /// The namespace's generation its load began at, and its tags (none
+    /// recorded: versions 1 and 2).
+    pub marks: ValueMarks<'a>,
     pub payload: &'a [u8],
+}
+
+/// What a stored value records for the namespace's marks (see
+/// `marks/`): the generation of the namespace's marks when its load began
+/// (0: not recorded, older than any mark) and its tags.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct ValueMarks<'a> {
+    pub as_of: u64,
+    /// The tags, each a length byte then its bytes (checked by `decode`).
+    tags: &'a [u8],
+    count: u8,
+}
+
+impl<'a> ValueMarks<'a> {
+    /// The value's tags, as stored.
+    pub(crate) fn tags(&self) -> impl Iterator<Item = &'a [u8]> + 'a {
+        let mut rest = self.tags;
+        (0..self.count).filter_map(move |_| {
+            let (&len, after) = rest.split_first()?;
+            let (tag, after) = after.split_at_checked(usize::from(len))?;
+            rest = after;
+            Some(tag)
+        })
+    }
 }
 
 /// Why stored bytes could not be read; each is a miss for the caller.
@@ -76,18 +128,31 @@ pub(crate) enum DecodeError {
     BadMagic,
     UnknownVersion(u8),
     UnknownKind(u8),
+    /// A marks block that runs past the bytes, or an empty tag.
+    BadMarks,
 }
 
 /// The envelope of `payload`; `written_ttl` is the fresh TTL the value is
-/// written with (`None`: not recorded).
+/// written with (`None`: not recorded); `as_of` and `tags` its marks (the
+/// cache checked the tags: at most [`MAX_TAGS`], each 1 to
+/// [`MAX_TAG_BYTES`] bytes; any beyond are left out rather than stored
+/// wrong).
 pub(crate) fn encode(
     kind: Kind,
     grace: Duration,
     delta: Duration,
     written_ttl: Option<Duration>,
+    as_of: u64,
+    tags: &[String],
     payload: &[u8],
 ) -> Vec<u8> {
-    let mut out = Vec::with_capacity(HEADER_LEN + payload.len());
+    let tags: Vec<&String> = tags
+        .iter()
+        .filter(|t| (1..=MAX_TAG_BYTES).contains(&t.len()))
+        .take(MAX_TAGS)
+        .collect();
+    let tag_bytes: usize = tags.iter().map(|t| 1 + t.len()).sum();
+    let mut out = Vec::with_capacity(HEADER_LEN + MARKS_FIXED + tag_bytes + payload.len());
     let ttl_code = written_ttl.map_or(0, ttl_code);
     out.extend_from_slice(&[MAGIC, VERSION, kind as u8, ttl_code]);
     out.extend_from_slice(&millis_u64(grace).to_be_bytes());
@@ -96,13 +161,26 @@ pub(crate) fn encode(
     // refresh needs its delta.
     let delta_ms = millis_u64(delta) + u64::from(!delta.subsec_nanos().is_multiple_of(1_000_000));
     out.extend_from_slice(&(delta_ms.min(u32::MAX as u64) as u32).to_be_bytes());
+    out.extend_from_slice(&as_of.to_be_bytes());
+    out.push(tags.len() as u8);
+    for tag in tags {
+        out.push(tag.len() as u8);
+        out.extend_from_slice(tag.as_bytes());
+    }
     out.extend_from_slice(payload);
     out
 }
 
+/// How long the envelope of a `payload_len`-byte payload with `tags` is.
+pub(crate) fn encoded_len(payload_len: usize, tags: &[String]) -> usize {
+    let tags: usize = tags.iter().take(MAX_TAGS).map(|t| 1 + t.len()).sum();
+    HEADER_LEN + MARKS_FIXED + tags + payload_len
+}
+
 /// The checks every reader of stored bytes makes (an envelope of a known
-/// version and kind, long enough for its header): its kind and where its
-/// payload starts ([`HEADER_LEN`] for version 1, [`HEADER_2_LEN`] for 2).
+/// version and kind, long enough for its header): its kind and where what
+/// follows the header starts ([`HEADER_LEN`] for versions 1 and 3,
+/// [`HEADER_2_LEN`] for 2 and 4, which record the server's expiry).
 fn check(bytes: &[u8]) -> Result<(Kind, usize), DecodeError> {
     if bytes.len() < HEADER_LEN {
         return Err(DecodeError::Truncated);
@@ -110,10 +188,10 @@ fn check(bytes: &[u8]) -> Result<(Kind, usize), DecodeError> {
     if bytes[0] != MAGIC {
         return Err(DecodeError::BadMagic);
     }
-    let payload_at = match bytes[1] {
-        VERSION => HEADER_LEN,
-        VERSION_2 if bytes.len() >= HEADER_2_LEN => HEADER_2_LEN,
-        VERSION_2 => return Err(DecodeError::Truncated),
+    let body_at = match bytes[1] {
+        VERSION_1 | VERSION_3 => HEADER_LEN,
+        VERSION_2 | VERSION_4 if bytes.len() >= HEADER_2_LEN => HEADER_2_LEN,
+        VERSION_2 | VERSION_4 => return Err(DecodeError::Truncated),
         other => return Err(DecodeError::UnknownVersion(other)),
     };
     let kind = match bytes[2] {
@@ -122,7 +200,46 @@ fn check(bytes: &[u8]) -> Result<(Kind, usize), DecodeError> {
         2 => Kind::Absent,
         other => return Err(DecodeError::UnknownKind(other)),
     };
-    Ok((kind, payload_at))
+    Ok((kind, body_at))
+}
+
+/// The marks block of checked bytes whose body starts at `body_at`, and
+/// where the payload starts.
+fn marks_block(bytes: &[u8], body_at: usize) -> Result<(ValueMarks<'_>, usize), DecodeError> {
+    if !matches!(bytes[1], VERSION_3 | VERSION_4) {
+        return Ok((ValueMarks::default(), body_at));
+    }
+    let fixed = bytes
+        .get(body_at..body_at + MARKS_FIXED)
+        .ok_or(DecodeError::Truncated)?;
+    let mut as_of = [0u8; 8];
+    as_of.copy_from_slice(&fixed[..8]);
+    let count = fixed[8];
+    let tags_at = body_at + MARKS_FIXED;
+    let mut at = tags_at;
+    for _ in 0..count {
+        let len = usize::from(*bytes.get(at).ok_or(DecodeError::Truncated)?);
+        if len == 0 {
+            return Err(DecodeError::BadMarks);
+        }
+        at += 1 + len;
+        if at > bytes.len() {
+            return Err(DecodeError::Truncated);
+        }
+    }
+    let marks = ValueMarks {
+        as_of: u64::from_be_bytes(as_of),
+        tags: &bytes[tags_at..at],
+        count,
+    };
+    Ok((marks, at))
+}
+
+/// The marks a stored value records, if it is an envelope this release
+/// reads (default marks for versions 1 and 2).
+pub(crate) fn marks_of(bytes: &[u8]) -> Option<ValueMarks<'_>> {
+    let (_, body_at) = check(bytes).ok()?;
+    marks_block(bytes, body_at).ok().map(|(marks, _)| marks)
 }
 
 /// The grace field of a checked header.
@@ -133,7 +250,8 @@ fn grace_field(bytes: &[u8]) -> Duration {
 }
 
 pub(crate) fn decode(bytes: &[u8]) -> Result<Envelope<'_>, DecodeError> {
-    let (kind, payload_at) = check(bytes)?;
+    let (kind, body_at) = check(bytes)?;
+    let (marks, payload_at) = marks_block(bytes, body_at)?;
     // The length was checked: these copies cannot fail.
     let mut delta = [0u8; 4];
     delta.copy_from_slice(&bytes[12..16]);
@@ -142,6 +260,7 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<Envelope<'_>, DecodeError> {
         grace: grace_field(bytes),
         delta: Duration::from_millis(u64::from(u32::from_be_bytes(delta))),
         written_ttl: ttl_of_code(bytes[3]),
+        marks,
         payload: &bytes[payload_at..],
     })
 }
@@ -152,7 +271,8 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<Envelope<'_>, DecodeError> {
 #[cfg_attr(not(feature = "redis"), allow(dead_code))]
 pub(crate) fn strip_expiry(bytes: &mut Vec<u8>) {
     if expires_at_ms(bytes).is_some() {
-        bytes[1] = VERSION;
+        // 2 → 1, 4 → 3: the same layout without the expiry.
+        bytes[1] -= 1;
         bytes.drain(HEADER_LEN..HEADER_2_LEN);
     }
 }
@@ -209,11 +329,87 @@ pub(crate) fn millis_u64(d: Duration) -> u64 {
 mod tests {
     use super::*;
 
+    /// An untagged envelope, as of generation 0.
+    fn enc(
+        kind: Kind,
+        grace: Duration,
+        delta: Duration,
+        ttl: Option<Duration>,
+        payload: &[u8],
+    ) -> Vec<u8> {
+        encode(kind, grace, delta, ttl, 0, &[], payload)
+    }
+
+    /// What onefill writes now: version 3, the marks block between the
+    /// header and the payload; the Redis scripts' version 4 inserts the
+    /// expiry before it, and the backend hands version 3 back.
+    #[test]
+    fn version_3_carries_the_marks_and_version_4_the_expiry_too() {
+        let tags = ["seller:7".to_owned(), "c".to_owned()];
+        let bytes = encode(
+            Kind::Value,
+            Duration::from_secs(1),
+            Duration::ZERO,
+            None,
+            0x0102_0304_0506_0708,
+            &tags,
+            b"pay",
+        );
+        assert_eq!(bytes[1], 3);
+        let env = decode(&bytes).unwrap();
+        assert_eq!(env.marks.as_of, 0x0102_0304_0506_0708);
+        let read: Vec<&[u8]> = env.marks.tags().collect();
+        assert_eq!(read, [b"seller:7".as_slice(), b"c"]);
+        assert_eq!(env.payload, b"pay");
+        assert_eq!(expires_at_ms(&bytes), None);
+        // As stamp.lua stores it.
+        let mut v4 = bytes[..16].to_vec();
+        v4[1] = 4;
+        v4.extend_from_slice(&1_700_000_000_000u64.to_be_bytes());
+        v4.extend_from_slice(&bytes[16..]);
+        assert_eq!(expires_at_ms(&v4), Some(1_700_000_000_000));
+        assert_eq!(decode(&v4).unwrap().marks, env.marks);
+        assert_eq!(decode(&v4).unwrap().payload, b"pay");
+        strip_expiry(&mut v4);
+        assert_eq!(v4, bytes);
+        // A block cut short or with an empty tag is not read as a value.
+        assert_eq!(decode(&bytes[..30]), Err(DecodeError::Truncated));
+        let mut empty_tag = bytes.clone();
+        empty_tag[16 + 9] = 0;
+        assert_eq!(decode(&empty_tag), Err(DecodeError::BadMarks));
+        // Versions 1 and 2 record no marks: as of generation 0, untagged.
+        let mut v1 = bytes[..16].to_vec();
+        v1[1] = 1;
+        v1.extend_from_slice(b"pay");
+        assert_eq!(decode(&v1).unwrap().marks, ValueMarks::default());
+    }
+
+    /// Tags past the limits are left out, never stored wrong (the cache
+    /// refuses them before; this is the last line).
+    #[test]
+    fn tags_past_the_limits_are_left_out() {
+        let mut tags: Vec<String> = (0..40).map(|i| format!("t{i}")).collect();
+        tags.insert(0, String::new());
+        tags.insert(1, "x".repeat(MAX_TAG_BYTES + 1));
+        let bytes = encode(
+            Kind::Value,
+            Duration::ZERO,
+            Duration::ZERO,
+            None,
+            1,
+            &tags,
+            b"",
+        );
+        let env = decode(&bytes).unwrap();
+        assert_eq!(env.marks.tags().count(), MAX_TAGS);
+        assert_eq!(env.marks.tags().next(), Some(b"t0".as_slice()));
+    }
+
     /// Regression: a load under a millisecond was stored as
     /// delta 0 ("not measured"), which turned early refresh off.
     #[test]
     fn a_sub_millisecond_load_is_a_measured_load() {
-        let bytes = encode(
+        let bytes = enc(
             Kind::Value,
             Duration::ZERO,
             Duration::from_micros(300),
@@ -221,13 +417,13 @@ mod tests {
             b"x",
         );
         assert_eq!(decode(&bytes).unwrap().delta, Duration::from_millis(1));
-        let bytes = encode(Kind::Value, Duration::ZERO, Duration::ZERO, None, b"x");
+        let bytes = enc(Kind::Value, Duration::ZERO, Duration::ZERO, None, b"x");
         assert_eq!(
             decode(&bytes).unwrap().delta,
             Duration::ZERO,
             "a set: not measured"
         );
-        let bytes = encode(
+        let bytes = enc(
             Kind::Value,
             Duration::ZERO,
             Duration::from_millis(42),
@@ -239,7 +435,7 @@ mod tests {
 
     #[test]
     fn round_trip() {
-        let bytes = encode(
+        let bytes = enc(
             Kind::Value,
             Duration::from_secs(5),
             Duration::from_millis(200),
@@ -278,7 +474,7 @@ mod tests {
         let mut ms = 1u64;
         while ms <= crate::options::MAX_TTL.as_millis() as u64 {
             let ttl = Duration::from_millis(ms);
-            let bytes = encode(Kind::Value, Duration::ZERO, Duration::ZERO, Some(ttl), b"");
+            let bytes = enc(Kind::Value, Duration::ZERO, Duration::ZERO, Some(ttl), b"");
             let read = decode(&bytes).unwrap().written_ttl.unwrap();
             assert!(read <= ttl, "{ms} ms read as {read:?}");
             if ms <= 1 << 31 {
@@ -289,7 +485,7 @@ mod tests {
             }
             ms = ms * 3 / 2 + 1;
         }
-        let bytes = encode(
+        let bytes = enc(
             Kind::Value,
             Duration::ZERO,
             Duration::ZERO,
@@ -321,13 +517,7 @@ mod tests {
         assert_eq!(expires_at_ms(v2), Some(1_700_000_000_000));
         // Version 1 has no expiry; a version 2 cut short is truncated.
         assert_eq!(
-            expires_at_ms(&encode(
-                Kind::Value,
-                Duration::ZERO,
-                Duration::ZERO,
-                None,
-                b""
-            )),
+            expires_at_ms(&enc(Kind::Value, Duration::ZERO, Duration::ZERO, None, b"")),
             None
         );
         assert_eq!(decode(&v2[..20]), Err(DecodeError::Truncated));
@@ -348,7 +538,7 @@ mod tests {
     fn garbage_is_an_error_not_a_panic() {
         assert_eq!(decode(b""), Err(DecodeError::Truncated));
         assert_eq!(decode(&[0u8; 32]), Err(DecodeError::BadMagic));
-        let mut future = encode(Kind::Value, Duration::ZERO, Duration::ZERO, None, b"");
+        let mut future = enc(Kind::Value, Duration::ZERO, Duration::ZERO, None, b"");
         future[1] = 9;
         assert_eq!(decode(&future), Err(DecodeError::UnknownVersion(9)));
         future[1] = VERSION;

@@ -328,6 +328,15 @@ pub enum InputError {
         /// The configured maximum.
         max: usize,
     },
+    /// A tag is empty or too long, or a value has too many
+    /// ([`MAX_TAGS`](crate::MAX_TAGS), [`MAX_TAG_BYTES`](crate::MAX_TAG_BYTES)).
+    #[error("tag {tag:?}: {reason}")]
+    Tag {
+        /// The tag (cut to its first 64 bytes), or the count.
+        tag: String,
+        /// Why it was rejected.
+        reason: &'static str,
+    },
     /// An option is out of its accepted range.
     #[error("option `{option}` {reason}")]
     Option {
@@ -351,6 +360,15 @@ pub enum ConfigError {
     Namespace {
         /// The rejected namespace.
         namespace: String,
+        /// Why it was rejected.
+        reason: &'static str,
+    },
+    /// A tag is empty or too long, or a value has too many
+    /// ([`MAX_TAGS`](crate::MAX_TAGS), [`MAX_TAG_BYTES`](crate::MAX_TAG_BYTES)).
+    #[error("tag {tag:?}: {reason}")]
+    Tag {
+        /// The tag (cut to its first 64 bytes), or the count.
+        tag: String,
         /// Why it was rejected.
         reason: &'static str,
     },
@@ -461,10 +479,8 @@ pub enum BackendErrorKind {
     Protocol,
     /// The circuit breaker is open: the call was not even attempted.
     CircuitOpen,
-    /// The backend does not implement this call (a [`Backend`](crate::backend::Backend)
-    /// method whose default only refuses, such as
-    /// [`expire`](crate::backend::Backend::expire)): nothing was done. Not
-    /// transient: asking again gives the same answer.
+    /// The backend does not implement this operation (a third-party
+    /// backend written before it existed): never transient.
     Unsupported,
 }
 
@@ -478,7 +494,7 @@ impl fmt::Display for BackendErrorKind {
             BackendErrorKind::Command => "command rejected",
             BackendErrorKind::Protocol => "protocol error",
             BackendErrorKind::CircuitOpen => "circuit open",
-            BackendErrorKind::Unsupported => "unsupported",
+            BackendErrorKind::Unsupported => "unsupported by this backend",
         })
     }
 }
@@ -530,9 +546,7 @@ impl BackendError {
     pub fn is_transient(&self) -> bool {
         !matches!(
             self.kind,
-            BackendErrorKind::Command
-                | BackendErrorKind::Protocol
-                | BackendErrorKind::Unsupported
+            BackendErrorKind::Command | BackendErrorKind::Protocol | BackendErrorKind::Unsupported
         )
     }
     /// The human-readable message, without the kind.
@@ -576,7 +590,6 @@ mod backend_error_tests {
             (BackendErrorKind::Command, "command rejected"),
             (BackendErrorKind::Protocol, "protocol error"),
             (BackendErrorKind::CircuitOpen, "circuit open"),
-            (BackendErrorKind::Unsupported, "unsupported"),
         ] {
             let err = BackendError::new(kind, "get: no answer");
             assert_eq!(err.to_string(), format!("{words}: get: no answer"));

@@ -81,6 +81,61 @@ impl FillKeys {
     }
 }
 
+/// The backend keys of a namespace's marks (decision 0018): its
+/// generation `ns:{#}:gen`, its clear mark `ns:{#}:clear` and each tag's
+/// mark `ns:{#}:tag:<tag>`. They share the slot of user key `#` (so one
+/// script writes the generation and a mark together), and no key of a
+/// value, lease or channel is one of them: those end in `}`, `}:lock` or
+/// `}:filled`. They are under the prefix an L1 tracks (`ns:{`), so one
+/// tracking connection reports both.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct MarkKeys {
+    /// `ns:{#}:`
+    prefix: String,
+}
+
+/// What a key under a namespace's marks prefix names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum MarkName<'a> {
+    Generation,
+    /// The whole namespace's mark.
+    Clear,
+    Tag(&'a [u8]),
+}
+
+impl MarkKeys {
+    pub(crate) fn new(namespace: &str) -> Self {
+        MarkKeys {
+            prefix: format!("{namespace}:{{#}}:"),
+        }
+    }
+    /// The prefix every mark key has.
+    pub(crate) fn prefix(&self) -> &str {
+        &self.prefix
+    }
+    pub(crate) fn generation(&self) -> String {
+        format!("{}gen", self.prefix)
+    }
+    pub(crate) fn clear(&self) -> String {
+        format!("{}clear", self.prefix)
+    }
+    pub(crate) fn tag(&self, tag: &[u8]) -> String {
+        format!("{}tag:{}", self.prefix, String::from_utf8_lossy(tag))
+    }
+    /// Keys in the marks' slot, for the backend's shard and breaker.
+    pub(crate) fn slot(namespace: &str) -> FillKeys {
+        FillKeys::new(namespace, "#")
+    }
+    /// What `key` names, if it is one of these keys.
+    pub(crate) fn name<'k>(&self, key: &'k [u8]) -> Option<MarkName<'k>> {
+        match key.strip_prefix(self.prefix.as_bytes())? {
+            b"gen" => Some(MarkName::Generation),
+            b"clear" => Some(MarkName::Clear),
+            rest => rest.strip_prefix(b"tag:").map(MarkName::Tag),
+        }
+    }
+}
+
 /// Checks a namespace: non-empty and free of hash-tag braces.
 pub(crate) fn validate_namespace(namespace: &str) -> Result<(), ConfigError> {
     let reason = if namespace.is_empty() {
@@ -257,6 +312,32 @@ mod tests {
             .map(|k| FillKeys::new("ns", k).value().to_owned())
             .collect();
         assert_eq!(encoded.len(), all.len());
+    }
+
+    /// Mark keys share the slot of user key `#` and are never a value,
+    /// lease or channel key, whatever the user keys are.
+    #[test]
+    fn mark_keys_share_a_slot_and_name_no_value() {
+        let marks = MarkKeys::new("ns");
+        let slot = hash_tag(FillKeys::new("ns", "#").value()).to_owned();
+        for key in [marks.generation(), marks.clear(), marks.tag(b"a}{b")] {
+            assert_eq!(hash_tag(&key), slot, "{key}");
+            assert!(!key.ends_with('}') && !key.ends_with(":lock") && !key.ends_with(":filled"));
+            assert!(key.starts_with("ns:{"), "under the L1's tracked prefix");
+        }
+        assert_eq!(
+            marks.name(marks.tag(b"seller:7").as_bytes()),
+            Some(MarkName::Tag(b"seller:7"))
+        );
+        assert_eq!(marks.name(marks.clear().as_bytes()), Some(MarkName::Clear));
+        assert_eq!(
+            marks.name(marks.generation().as_bytes()),
+            Some(MarkName::Generation)
+        );
+        let hash = FillKeys::new("ns", "#");
+        for key in [hash.value(), hash.lock(), hash.channel(), "ns:{#}:other"] {
+            assert_eq!(marks.name(key.as_bytes()), None, "{key}");
+        }
     }
 
     #[test]

@@ -187,6 +187,7 @@ mod key;
 mod l1;
 mod lease;
 mod loader;
+mod marks;
 pub mod metrics;
 mod options;
 mod shared;
@@ -266,6 +267,7 @@ pub use codec::{Codec, JsonCodec, Marker};
 #[cfg(feature = "encryption")]
 #[cfg_attr(docsrs, doc(cfg(feature = "encryption")))]
 pub use codec::{Encrypted, KeyRing, KeyRingError, KEY_LEN};
+pub use envelope::{MAX_TAGS, MAX_TAG_BYTES};
 pub use error::{
     BackendError, BackendErrorKind, BoxError, CodecError, ConfigError, Error, InputError,
     IntoLoaderError, LoaderError,
@@ -273,6 +275,7 @@ pub use error::{
 pub use l1::L1;
 pub use lease::LeaseTtl;
 pub use loader::{BatchLoader, Loaded, Loader};
+pub use marks::TAG_RETENTION;
 pub use options::{CallOptions, MAX_TTL};
 pub use stats::Stats;
 pub use token::LeaseToken;

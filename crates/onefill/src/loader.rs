@@ -60,6 +60,10 @@ pub struct Loaded<V> {
     ttl: Option<Duration>,
     grace: Option<Duration>,
     no_store: bool,
+    tags: Vec<String>,
+    /// The namespace's mark generation when the load began (set by the
+    /// cache, not the loader).
+    pub(crate) as_of: u64,
 }
 
 impl<V> Loaded<V> {
@@ -70,7 +74,48 @@ impl<V> Loaded<V> {
             ttl: None,
             grace: None,
             no_store: false,
+            tags: Vec::new(),
+            as_of: 0,
         }
+    }
+    /// Tags this value: [`Cache::invalidate_tag`](crate::Cache::invalidate_tag)
+    /// of any of them makes it a miss in every process, and
+    /// [`Cache::expire_tag`](crate::Cache::expire_tag) makes it stale. Up
+    /// to [`MAX_TAGS`](crate::MAX_TAGS) tags of 1 to
+    /// [`MAX_TAG_BYTES`](crate::MAX_TAG_BYTES) bytes each (others fail the
+    /// load's write: nothing is stored, and its callers get
+    /// [`Error::InvalidInput`](crate::Error::InvalidInput)). A tagged value is stored for at most
+    /// [`TAG_RETENTION`](crate::TAG_RETENTION), TTL and grace together.
+    /// Tags are stored as they are, beside the value: a codec's encryption
+    /// does not cover them.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), onefill::Error> {
+    /// use onefill::Loaded;
+    ///
+    /// let pages = onefill::Cache::<String, String>::builder().build().unwrap();
+    /// let page = pages
+    ///     .get_or_load("product:1", |id| async move {
+    ///         let page = format!("{id}, sold by seller 7");
+    ///         Ok::<_, std::io::Error>(Loaded::new(page).tags(["seller:7", "category:3"]))
+    ///     })
+    ///     .await?;
+    /// // Seller 7 changed: every page that shows it goes, fleet-wide.
+    /// pages.invalidate_tag("seller:7").await?;
+    /// assert_eq!(pages.get("product:1").await?, None);
+    /// # drop(page); Ok(()) }
+    /// ```
+    pub fn tags<I, T>(mut self, tags: I) -> Self
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<String>,
+    {
+        self.tags.extend(tags.into_iter().map(Into::into));
+        self
+    }
+    /// The tags the loader gave this value.
+    pub fn chosen_tags(&self) -> &[String] {
+        &self.tags
     }
     /// How long this value stays fresh, clamped to 1 ms ..=
     /// [`MAX_TTL`](crate::MAX_TTL) (a TTL computed from the data, such as a
@@ -154,6 +199,8 @@ impl<V> Loaded<V> {
             ttl: self.ttl,
             grace: self.grace,
             no_store: self.no_store,
+            tags: self.tags,
+            as_of: self.as_of,
         }
     }
 }

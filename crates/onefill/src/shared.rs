@@ -24,6 +24,7 @@ use crate::fallback::Fallback;
 use crate::l1::{Local, L1};
 use crate::loader::Done;
 use crate::loader::LoadTimes;
+use crate::marks::{Judged, Marks};
 use crate::options::Policy;
 use crate::stats::Recorder;
 
@@ -52,6 +53,8 @@ pub(crate) struct Shared<V> {
     pub fallback: Fallback<V>,
     /// The in-process L1, if configured.
     pub l1: Option<Arc<Local<V>>>,
+    /// The namespace's marks (tags, `clear`) as this process knows them.
+    pub marks: Arc<Marks>,
 }
 
 /// What a stored value turned out to be, for this cache's codec.
@@ -84,10 +87,16 @@ impl<V: Clone + 'static> Shared<V> {
         l1: Option<&L1>,
     ) -> Self {
         let recorder = Recorder::new(&namespace);
+        let sync_bound = l1.map_or(crate::l1::DEFAULT_SYNC_BOUND, |l1| l1.sync_bound);
+        let marks = Arc::new(Marks::new(&namespace, sync_bound));
         Shared {
             l1: l1.map(|l1| Arc::new(Local::new(l1, &namespace, recorder.clone()))),
             calls: Calls {
-                backend,
+                backend: Arc::new(Judged {
+                    inner: backend,
+                    marks: marks.clone(),
+                }),
+                marks: marks.clone(),
                 #[cfg(feature = "redis")]
                 redis: None,
                 breakers: Breakers::new(policy.circuit_breaker),
@@ -104,6 +113,7 @@ impl<V: Clone + 'static> Shared<V> {
             loads: Coalescer::default(),
             epoch: AtomicU64::new(0),
             refreshing: Mutex::default(),
+            marks,
         }
     }
 
@@ -185,7 +195,12 @@ impl<V: Clone + 'static> Shared<V> {
     /// The stored bytes of a cached failure of the value under
     /// `value_key`, its message sealed by the codec; `None` if the codec
     /// cannot seal it (the failure is then not cached).
-    pub(crate) fn encode_failure(&self, value_key: &str, message: &str) -> Option<Vec<u8>> {
+    pub(crate) fn encode_failure(
+        &self,
+        value_key: &str,
+        message: &str,
+        as_of: u64,
+    ) -> Option<Vec<u8>> {
         let seal = || {
             self.codec
                 .seal(value_key, Marker::Failure, message.as_bytes())
@@ -196,6 +211,8 @@ impl<V: Clone + 'static> Shared<V> {
                 Duration::ZERO,
                 Duration::ZERO,
                 None,
+                as_of,
+                &[],
                 &payload,
             )),
             Ok(Err(why)) => {
@@ -228,14 +245,17 @@ impl<V: Clone + 'static> Shared<V> {
     /// The envelope for `key`'s `value` (`None`: a cached absence), to be
     /// stored under `value_key`, under
     /// `policy`, written with the fresh TTL `written_ttl` (recorded if
-    /// known). The encoding is decoded once before anything is stored: a
+    /// known), with its `marks` (the generation its load began at, its
+    /// tags). The encoding is decoded once before anything is stored: a
     /// value that does not read back would be a miss, and a reload, at every
     /// read.
     ///
     /// # Errors
     ///
     /// [`Error::Encode`] if the codec fails or its encoding does not decode
-    /// back, [`InputError::ValueTooLarge`] over the size limit.
+    /// back, [`InputError::ValueTooLarge`] over the size limit,
+    /// [`InputError::Tag`] for a tag out of bounds.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn encode(
         &self,
         key: &str,
@@ -244,7 +264,9 @@ impl<V: Clone + 'static> Shared<V> {
         value: &Option<V>,
         took: Duration,
         written_ttl: Option<Duration>,
+        (as_of, tags): (u64, &[String]),
     ) -> Result<Vec<u8>, Error> {
+        crate::marks::check_tags(tags).map_err(Error::InvalidInput)?;
         let encode_error = |source| Error::Encode {
             key: key.to_owned(),
             source,
@@ -266,7 +288,7 @@ impl<V: Clone + 'static> Shared<V> {
                     .map_err(encode_error)?;
                 // Refused by size before the round trip: decoding a value
                 // that cannot be stored anyway would only cost its decode.
-                let len = envelope::HEADER_LEN + payload.len();
+                let len = envelope::encoded_len(payload.len(), tags);
                 if len > policy.max_value_bytes {
                     return Err(too_large(len));
                 }
@@ -286,7 +308,7 @@ impl<V: Clone + 'static> Shared<V> {
                 (Kind::Absent, payload)
             }
         };
-        let bytes = envelope::encode(kind, policy.grace, took, written_ttl, &payload);
+        let bytes = envelope::encode(kind, policy.grace, took, written_ttl, as_of, tags, &payload);
         if bytes.len() > policy.max_value_bytes {
             return Err(too_large(bytes.len()));
         }
@@ -370,7 +392,7 @@ mod tests {
     fn stored(grace: Duration, ttl: Duration) -> Stored {
         let payload = serde_json::to_vec("v").unwrap();
         Stored {
-            bytes: envelope::encode(Kind::Value, grace, Duration::ZERO, None, &payload),
+            bytes: envelope::encode(Kind::Value, grace, Duration::ZERO, None, 0, &[], &payload),
             ttl,
         }
     }

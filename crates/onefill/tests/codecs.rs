@@ -25,8 +25,9 @@ const KEY_1: [u8; KEY_LEN] = [0x11; KEY_LEN];
 const KEY_2: [u8; KEY_LEN] = [0x22; KEY_LEN];
 /// What an encrypted value adds: version, key id, nonce, tag.
 const ENCRYPTED_OVERHEAD: usize = 1 + 4 + 24 + 16;
-/// The envelope's header (version 1, as the memory backend stores it).
-const ENVELOPE_HEADER: usize = 16;
+/// The envelope's header and the marks block of an untagged value
+/// (version 3, as the memory backend stores it).
+const ENVELOPE_HEADER: usize = 16 + 9;
 
 fn ring_1() -> KeyRing {
     KeyRing::new(1, &KEY_1)
@@ -59,7 +60,7 @@ fn stored(store: &MemoryBackend, ns: &str, key: &str) -> (Vec<u8>, Vec<u8>) {
     let (bytes, _) = store
         .get_raw(FillKeys::new(ns, key).value())
         .expect("a stored value");
-    assert_eq!(&bytes[..2], &[0xF1, 1], "an envelope of version 1");
+    assert_eq!(&bytes[..2], &[0xF1, 3], "an envelope of version 3");
     (bytes[ENVELOPE_HEADER..].to_vec(), bytes)
 }
 

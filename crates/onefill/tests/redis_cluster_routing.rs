@@ -222,7 +222,8 @@ async fn expire_makes_the_value_stale_while_its_slot_migrates() {
         assert!(pttl > 10_000, "the grace window from the first expire: {pttl}");
         let stored = node.query(&["GET", keys.value()]);
         let stored = stored.as_bytes().expect("kept");
-        if stored[1] == 1 {
+        // Odd versions (written apart, by a plain `SET`) carry no stamp.
+        if stored[1] % 2 == 1 {
             return;
         }
         let mut at = [0u8; 8];

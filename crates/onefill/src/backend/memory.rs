@@ -16,7 +16,7 @@ use tokio::time::Instant;
 use super::Listeners;
 use super::{
     Acquired, Backend, BackendError, ChangeListener, FillKeys, FillSubscription, LeaseRequest,
-    LeaseToken, Stored,
+    LeaseToken, Mark, MarkKind, Stored,
 };
 use crate::envelope;
 
@@ -485,6 +485,52 @@ impl Backend for MemoryBackend {
         Ok(Box::new(MemorySubscription { rx }))
     }
 
+    /// The generation counts up by one per mark: the store lives as long
+    /// as the process, so it cannot lose it and go back.
+    async fn mark(
+        &self,
+        gen_key: &str,
+        mark_key: &str,
+        kind: MarkKind,
+        retention: Option<Duration>,
+    ) -> Result<u64, BackendError> {
+        let gen = {
+            let mut state = self.state();
+            let now = Instant::now();
+            let gen = state.get(gen_key, now).map_or(0, |s| stored_gen(&s.bytes)) + 1;
+            state.put(gen_key, gen.to_string().into_bytes(), Duration::MAX, now);
+            let old = state.get(mark_key, now);
+            let kept = old.as_ref().map_or(Duration::ZERO, |s| s.ttl);
+            let mark = old.map_or_else(Mark::default, |s| Mark::from_stored(&s.bytes));
+            let ttl = retention.map_or(Duration::MAX, |r| r.max(kept));
+            let bytes = mark.after(kind, gen).to_stored().into_bytes();
+            state.put(mark_key, bytes, ttl, now);
+            gen
+        };
+        self.changed(gen_key);
+        self.changed(mark_key);
+        Ok(gen)
+    }
+
+    async fn read_marks(
+        &self,
+        gen_key: &str,
+        mark_keys: &[&str],
+    ) -> Result<(u64, Vec<Mark>), BackendError> {
+        let mut state = self.state();
+        let now = Instant::now();
+        let gen = state.get(gen_key, now).map_or(0, |s| stored_gen(&s.bytes));
+        let marks = mark_keys
+            .iter()
+            .map(|key| {
+                state
+                    .get(key, now)
+                    .map_or_else(Mark::default, |s| Mark::from_stored(&s.bytes))
+            })
+            .collect();
+        Ok((gen, marks))
+    }
+
     fn in_process(&self) -> bool {
         true
     }
@@ -505,6 +551,14 @@ impl Backend for MemoryBackend {
         self.inner.listeners.register(prefix, listener);
         Ok(())
     }
+}
+
+/// A stored generation (0 for anything else: another client's bytes).
+fn stored_gen(bytes: &[u8]) -> u64 {
+    std::str::from_utf8(bytes)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0)
 }
 
 struct MemorySubscription {

@@ -15,6 +15,8 @@
 //! | [`set`](Backend::set) / [`invalidate`](Backend::invalidate) | write / delete the value and delete any lease, publish |
 //! | [`expire`](Backend::expire) | value fresh with grace > 0 ? hard expiry = now + grace : (grace 0, unreadable) delete it; delete any lease, publish |
 //! | [`get_many`](Backend::get_many) / [`acquire_many`](Backend::acquire_many) | `get` / `acquire` of each key, sent together (each key's step atomic on its own) |
+//! | [`mark`](Backend::mark) | the namespace's generation moves past the server's clock; a tag's (or the namespace's) mark records it |
+//! | [`read_marks`](Backend::read_marks) | the generation and some marks, read together |
 //!
 //! A value is *fresh* when its remaining TTL exceeds the grace period recorded
 //! in its envelope header by more than the caller's `refresh_window`. Bytes
@@ -31,9 +33,11 @@ pub use crate::key::FillKeys;
 pub use crate::token::LeaseToken;
 
 mod liveness;
+mod marks;
 pub mod memory;
 mod tracking;
 pub use liveness::{Gone, HolderWatch, Watch};
+pub use marks::{Mark, MarkKind};
 pub use tracking::ChangeListener;
 pub(crate) use tracking::Listeners;
 #[cfg(feature = "redis")]
@@ -335,6 +339,49 @@ pub trait Backend: Debug + Send + Sync + 'static {
             BackendErrorKind::Command,
             "this backend cannot report changes of values, so it cannot keep an L1 coherent",
         ))
+    }
+
+    /// Marks every value written before now with a tag (`mark_key` a tag's
+    /// mark) or in the whole namespace (its clear mark) as invalid
+    /// ([`MarkKind::Hard`]) or stale ([`MarkKind::Soft`]), in one atomic
+    /// step: the generation under `gen_key` becomes the larger of itself
+    /// plus one and the server's clock in microseconds (so it never goes
+    /// back, even if the key is lost), and the mark records it (see
+    /// [`Mark`]); the mark is kept at least `retention` (`None`: for
+    /// ever). Both keys share a slot. The change of `mark_key` is reported
+    /// to the [`ChangeListener`]s that track it, as a write's is. Returns
+    /// the new generation.
+    ///
+    /// # Errors
+    ///
+    /// The default: [`BackendErrorKind::Unsupported`] (the cache's
+    /// `invalidate_tag`, `expire_tag` and `clear` then fail with it; no
+    /// value of such a backend carries a mark, so reads are unaffected).
+    async fn mark(
+        &self,
+        gen_key: &str,
+        mark_key: &str,
+        kind: MarkKind,
+        retention: Option<Duration>,
+    ) -> Result<u64, BackendError> {
+        let _ = (gen_key, mark_key, kind, retention);
+        Err(marks::unsupported("mark"))
+    }
+
+    /// The generation under `gen_key` (0 if none) and the mark under each
+    /// of `mark_keys` ([`Mark::default`] if none), read together (one
+    /// atomic read: the keys share a slot).
+    ///
+    /// # Errors
+    ///
+    /// The default: [`BackendErrorKind::Unsupported`].
+    async fn read_marks(
+        &self,
+        gen_key: &str,
+        mark_keys: &[&str],
+    ) -> Result<(u64, Vec<Mark>), BackendError> {
+        let _ = (gen_key, mark_keys);
+        Err(marks::unsupported("read_marks"))
     }
 
     /// Whether the store lives in this process and reports every change

@@ -409,6 +409,51 @@ where
         self.driver.run(self.cache.expire(key))?
     }
 
+    /// Stores a value carrying `tags`. As [`Cache::set_tagged`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Cache::set_tagged`], and [`Error::BlockingInAsync`].
+    pub fn set_tagged<Q, I, T>(&self, key: &Q, value: V, tags: I) -> Result<(), Error>
+    where
+        K: Borrow<Q>,
+        Q: Display + ?Sized,
+        I: IntoIterator<Item = T>,
+        T: Into<String>,
+    {
+        self.plain().set_tagged(key, value, tags)
+    }
+
+    /// Makes every value tagged `tag` a miss, in every process. As
+    /// [`Cache::invalidate_tag`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Cache::invalidate_tag`], and [`Error::BlockingInAsync`].
+    pub fn invalidate_tag(&self, tag: &str) -> Result<(), Error> {
+        self.driver.run(self.cache.invalidate_tag(tag))?
+    }
+
+    /// Makes every value tagged `tag` stale, in every process. As
+    /// [`Cache::expire_tag`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Cache::expire_tag`], and [`Error::BlockingInAsync`].
+    pub fn expire_tag(&self, tag: &str) -> Result<(), Error> {
+        self.driver.run(self.cache.expire_tag(tag))?
+    }
+
+    /// Makes every value of the namespace a miss, in every process. As
+    /// [`Cache::clear`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Cache::clear`], and [`Error::BlockingInAsync`].
+    pub fn clear(&self) -> Result<(), Error> {
+        self.driver.run(self.cache.clear())?
+    }
+
     /// Counts since the cache was built. As [`Cache::stats`].
     pub fn stats(&self) -> Stats {
         self.cache.stats()

@@ -179,4 +179,22 @@ where
         let call = self.cache.cache.with_options(self.options);
         self.cache.driver.run(call.set(key, value))?
     }
+
+    /// [`set`](BlockingWithOptions::set), the value carrying `tags`. As
+    /// [`Cache::set_tagged`](crate::Cache::set_tagged).
+    ///
+    /// # Errors
+    ///
+    /// As [`Cache::set_tagged`](crate::Cache::set_tagged), and
+    /// [`Error::BlockingInAsync`].
+    pub fn set_tagged<Q, I, T>(self, key: &Q, value: V, tags: I) -> Result<(), Error>
+    where
+        K: Borrow<Q>,
+        Q: Display + ?Sized,
+        I: IntoIterator<Item = T>,
+        T: Into<String>,
+    {
+        let call = self.cache.cache.with_options(self.options);
+        self.cache.driver.run(call.set_tagged(key, value, tags))?
+    }
 }

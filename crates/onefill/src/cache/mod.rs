@@ -48,6 +48,7 @@ macro_rules! call_span {
 }
 
 mod many;
+mod marks;
 mod one;
 mod primitives;
 mod with_options;
@@ -549,7 +550,35 @@ where
         K: Borrow<Q>,
         Q: Display + ?Sized,
     {
-        self.write(key, value, &NO_OPTIONS).await
+        self.write(key, value, &NO_OPTIONS, &[]).await
+    }
+
+    /// [`set`](Cache::set), the value carrying `tags` (as a loader's
+    /// [`Loaded::tags`]): [`invalidate_tag`](Cache::invalidate_tag) of any
+    /// of them makes it a miss everywhere.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), onefill::Error> {
+    /// let cache = onefill::Cache::<String, u32>::builder().build().unwrap();
+    /// cache.set_tagged("price:1", 10, ["seller:7"]).await?;
+    /// cache.invalidate_tag("seller:7").await?;
+    /// assert_eq!(cache.get("price:1").await?, None);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`set`](Cache::set), and [`Error::InvalidInput`] for tags out of
+    /// bounds (see [`Loaded::tags`]; nothing is written).
+    pub async fn set_tagged<Q, I, T>(&self, key: &Q, value: V, tags: I) -> Result<(), Error>
+    where
+        K: Borrow<Q>,
+        Q: Display + ?Sized,
+        I: IntoIterator<Item = T>,
+        T: Into<String>,
+    {
+        let tags: Vec<String> = tags.into_iter().map(Into::into).collect();
+        self.write(key, value, &NO_OPTIONS, &tags).await
     }
 
     /// Removes the value and any lease. A load already in flight (here or in

@@ -100,12 +100,13 @@ where
         Ok(answers.into_iter().collect())
     }
 
-    /// A write of `value` with `options`, in its span.
+    /// A write of `value` with `options` and `tags`, in its span.
     pub(super) async fn write<Q>(
         &self,
         key: &Q,
         value: V,
         options: &CallOptions,
+        tags: &[String],
     ) -> Result<(), Error>
     where
         K: Borrow<Q>,
@@ -113,7 +114,7 @@ where
     {
         let span = call_span!("onefill.set", self);
         let set = self
-            .set_in_span(key, value, options)
+            .set_in_span(key, value, options, tags)
             .instrument(span.clone())
             .await;
         ended(&span, &set, |_| "ok");
@@ -125,12 +126,21 @@ where
         key: &Q,
         value: V,
         options: &CallOptions,
+        tags: &[String],
     ) -> Result<(), Error> {
         let (key, policy) = self.prepare(key, options)?;
         let keys = FillKeys::new(&self.shared.namespace, &key);
         let value = Some(value);
-        let ttl = freshness::written_ttl(policy.ttl, policy.jitter, policy.grace);
+        let mut ttl = freshness::written_ttl(policy.ttl, policy.jitter, policy.grace);
+        if !tags.is_empty() {
+            // A tag's mark is kept this long: the value must not outlive it.
+            ttl = ttl.min(crate::marks::TAG_RETENTION);
+        }
         let fresh = ttl.saturating_sub(policy.grace);
+        // As of the newest generation this process knows: a mark made
+        // before this write does not judge it (one this process has not
+        // heard of yet may: the value is then read as older than it is).
+        let as_of = self.shared.marks.generation();
         let bytes = self.shared.encode(
             &key,
             keys.value(),
@@ -138,6 +148,7 @@ where
             &value,
             Duration::ZERO,
             Some(fresh),
+            (as_of, tags),
         )?;
         let writing = Writing::start(&self.shared, &key, &keys);
         self.call(

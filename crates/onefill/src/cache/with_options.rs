@@ -174,6 +174,24 @@ where
         K: Borrow<Q>,
         Q: Display + ?Sized,
     {
-        self.cache.write(key, value, self.options).await
+        self.cache.write(key, value, self.options, &[]).await
+    }
+
+    /// [`set`](WithOptions::set), the value carrying `tags`. As
+    /// [`Cache::set_tagged`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Cache::set_tagged`]; out-of-range options are
+    /// [`Error::InvalidInput`] (nothing is written).
+    pub async fn set_tagged<Q, I, T>(self, key: &Q, value: V, tags: I) -> Result<(), Error>
+    where
+        K: Borrow<Q>,
+        Q: Display + ?Sized,
+        I: IntoIterator<Item = T>,
+        T: Into<String>,
+    {
+        let tags: Vec<String> = tags.into_iter().map(Into::into).collect();
+        self.cache.write(key, value, self.options, &tags).await
     }
 }

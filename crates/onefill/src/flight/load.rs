@@ -122,8 +122,14 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         // if they cannot be made, nothing is stored and the callers get the
         // error.
         self.choose(&loaded);
+        let as_of = loaded.as_of;
+        let tags = loaded.chosen_tags().to_vec();
         let value = loaded.into_value();
-        let ttl = self.written_ttl(value.is_some());
+        let mut ttl = self.written_ttl(value.is_some());
+        if !tags.is_empty() {
+            // A tag's mark is kept this long: the value must not outlive it.
+            ttl = ttl.min(crate::marks::TAG_RETENTION);
+        }
         let fresh = ttl.saturating_sub(self.policy.grace);
         let encoded = self.shared.encode(
             &self.key,
@@ -132,6 +138,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
             &value,
             took,
             Some(fresh),
+            (as_of, &tags),
         );
         let bytes = match encoded {
             Ok(bytes) => bytes,
@@ -243,6 +250,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
                 if let Some(grace) = *self.stale_grace.lock() {
                     policy.grace = grace;
                 }
+                let (as_of, tags) = self.stale_marks.lock().clone();
                 let throttled = self
                     .shared
                     .encode(
@@ -252,6 +260,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
                         &value,
                         Duration::ZERO,
                         Some(policy.fail_safe_throttle),
+                        (as_of, &tags),
                     )
                     .ok()
                     .map(|bytes| (bytes, policy.fail_safe_throttle + policy.grace));
@@ -270,7 +279,11 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
                 ) => {
                     let message = error.to_string();
                     self.shared
-                        .encode_failure(self.keys.value(), &message)
+                        .encode_failure(
+                            self.keys.value(),
+                            &message,
+                            self.load_as_of.load(std::sync::atomic::Ordering::SeqCst),
+                        )
                         .map(|bytes| (bytes, ttl))
                 }
                 _ => None,
@@ -292,6 +305,11 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
     /// flight's group.
     pub(super) fn start_loader(&mut self, sharing: Sharing) -> Loading<V> {
         let taken = self.load.lock().take();
+        // Before the loader reads anything: a mark made after this judges
+        // the value, one made before does not.
+        let as_of = self.shared.marks.generation();
+        self.load_as_of
+            .store(as_of, std::sync::atomic::Ordering::SeqCst);
         let shared = self.shared.clone();
         let policy = self.policy.clone();
         let key = self.key.clone();
@@ -313,7 +331,12 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
                 None => {
                     let times = &shared.load_times;
                     let (max, ttl) = (policy.max_load_time, policy.ttl);
-                    loader::run_alone(rec, times, max, ttl, &value_key, load).await
+                    loader::run_alone(rec, times, max, ttl, &value_key, load)
+                        .await
+                        .map(|(mut loaded, took)| {
+                            loaded.as_of = as_of;
+                            (loaded, took)
+                        })
                 }
                 Some(group) => {
                     let (reply, answer) = oneshot::channel();

@@ -125,6 +125,14 @@ pub(crate) struct Flight<V> {
     /// loader may have chosen it): a fail-safe re-store keeps it, not the
     /// cache's, so the grace it was stored with still follows the throttle.
     stale_grace: Mutex<Option<Duration>>,
+    /// The marks of the stale value last read (the generation it was
+    /// loaded at, its tags): a fail-safe re-store keeps them, so a tag's
+    /// later invalidation still reaches it and an earlier one is not
+    /// forgotten.
+    stale_marks: Mutex<(u64, Vec<String>)>,
+    /// The namespace's mark generation when this flight's load began: a
+    /// cached failure records it.
+    load_as_of: std::sync::atomic::AtomicU64,
     /// A fill put off until after the callers were answered, because the
     /// budget was spent by then.
     deferred_fill: Option<Box<DeferredFill>>,
@@ -300,6 +308,8 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
             deferred_load: Mutex::new(None),
             value_expires: Mutex::new(None),
             stale_grace: Mutex::new(None),
+            stale_marks: Mutex::default(),
+            load_as_of: std::sync::atomic::AtomicU64::new(0),
             refreshing_fresh: false,
             group: None,
             not_stored: false,

@@ -17,6 +17,14 @@ use crate::shared::Read;
 
 use super::{server_expiry, FirstRead, Flight, Refresh, StoredFreshness};
 
+/// The marks stored bytes record, owned (none for bytes without them).
+fn marks_of(bytes: &[u8]) -> (u64, Vec<String>) {
+    envelope::marks_of(bytes).map_or_else(Default::default, |m| {
+        let tags = m.tags().map(|t| String::from_utf8_lossy(t).into_owned());
+        (m.as_of, tags.collect())
+    })
+}
+
 impl<V: Clone + Send + Sync + 'static> Flight<V> {
     /// Runs the conversation up to the callers' answer, and says whether a
     /// background refresh should follow it.
@@ -173,6 +181,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         {
             self.note_value_ttl(stored.ttl);
             *self.stale_grace.lock() = Some(*grace);
+            *self.stale_marks.lock() = marks_of(&stored.bytes);
             let fresh = StoredFreshness::read(
                 stored,
                 self.read_began(),
@@ -192,6 +201,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         let value = self.shared.value_of(&stored, self.keys.value(), false)?;
         self.note_value_ttl(stored.ttl);
         *self.stale_grace.lock() = envelope::grace_of(&stored.bytes);
+        *self.stale_marks.lock() = marks_of(&stored.bytes);
         Some(value)
     }
 

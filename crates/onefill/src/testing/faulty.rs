@@ -15,7 +15,8 @@ use parking_lot::Mutex;
 use tokio::sync::Semaphore;
 
 use crate::backend::{
-    Acquired, Backend, ChangeListener, FillKeys, FillSubscription, LeaseRequest, Stored, Watch,
+    Acquired, Backend, ChangeListener, FillKeys, FillSubscription, LeaseRequest, Mark, MarkKind,
+    Stored, Watch,
 };
 use crate::{BackendError, BackendErrorKind, LeaseToken};
 
@@ -44,11 +45,15 @@ pub enum Op {
     Expire,
     /// [`Backend::subscribe`].
     Subscribe,
+    /// [`Backend::mark`].
+    Mark,
+    /// [`Backend::read_marks`].
+    ReadMarks,
 }
 
 impl Op {
     /// Every kind of call.
-    pub const ALL: [Op; 11] = [
+    pub const ALL: [Op; 13] = [
         Op::Get,
         Op::GetMany,
         Op::Acquire,
@@ -60,6 +65,8 @@ impl Op {
         Op::Invalidate,
         Op::Expire,
         Op::Subscribe,
+        Op::Mark,
+        Op::ReadMarks,
     ];
     /// The unconditional writes: `set`, `invalidate` and `expire`.
     pub const WRITES: [Op; 3] = [Op::Set, Op::Invalidate, Op::Expire];
@@ -554,6 +561,24 @@ impl<B: Backend + ?Sized> Backend for FaultyBackend<B> {
     async fn expire(&self, keys: &FillKeys) -> Result<(), BackendError> {
         let call = self.inner.expire(keys);
         self.faults.pass(Op::Expire, Some(keys), call).await
+    }
+    async fn mark(
+        &self,
+        gen_key: &str,
+        mark_key: &str,
+        kind: MarkKind,
+        retention: Option<Duration>,
+    ) -> Result<u64, BackendError> {
+        let call = self.inner.mark(gen_key, mark_key, kind, retention);
+        self.faults.pass(Op::Mark, None, call).await
+    }
+    async fn read_marks(
+        &self,
+        gen_key: &str,
+        mark_keys: &[&str],
+    ) -> Result<(u64, Vec<Mark>), BackendError> {
+        let call = self.inner.read_marks(gen_key, mark_keys);
+        self.faults.pass(Op::ReadMarks, None, call).await
     }
     // The liveness calls are the inner backend's: `take_over` under the
     // faults of `Op::Acquire`, the others without faults.

@@ -21,7 +21,7 @@ use tokio::sync::watch;
 
 use crate::backend::{
     Acquired, Backend, ChangeListener, FillKeys, FillSubscription, Gone, HolderWatch, LeaseRequest,
-    Stored, Watch,
+    Mark, MarkKind, Stored, Watch,
 };
 use crate::{BackendError, LeaseToken, MemoryBackend};
 
@@ -172,6 +172,22 @@ impl Backend for ProcessBackend {
     }
     async fn subscribe(&self, keys: &FillKeys) -> Result<Box<dyn FillSubscription>, BackendError> {
         self.store.subscribe(keys).await
+    }
+    async fn mark(
+        &self,
+        gen_key: &str,
+        mark_key: &str,
+        kind: MarkKind,
+        retention: Option<Duration>,
+    ) -> Result<u64, BackendError> {
+        self.store.mark(gen_key, mark_key, kind, retention).await
+    }
+    async fn read_marks(
+        &self,
+        gen_key: &str,
+        mark_keys: &[&str],
+    ) -> Result<(u64, Vec<Mark>), BackendError> {
+        self.store.read_marks(gen_key, mark_keys).await
     }
     fn track_changes(
         &self,

@@ -177,6 +177,50 @@ impl CacheUnderTest {
             .expect(JOINED)
     }
 
+    /// [`Cache::invalidate_tag`].
+    pub async fn invalidate_tag(&self, tag: &str) -> Result<(), Error> {
+        let Some(blocking) = self.blocking.clone() else {
+            return self.cache.invalidate_tag(tag).await;
+        };
+        let tag = tag.to_owned();
+        tokio::task::spawn_blocking(move || blocking.invalidate_tag(&tag))
+            .await
+            .expect(JOINED)
+    }
+
+    /// [`Cache::expire_tag`].
+    pub async fn expire_tag(&self, tag: &str) -> Result<(), Error> {
+        let Some(blocking) = self.blocking.clone() else {
+            return self.cache.expire_tag(tag).await;
+        };
+        let tag = tag.to_owned();
+        tokio::task::spawn_blocking(move || blocking.expire_tag(&tag))
+            .await
+            .expect(JOINED)
+    }
+
+    /// [`Cache::clear`].
+    pub async fn clear(&self) -> Result<(), Error> {
+        let Some(blocking) = self.blocking.clone() else {
+            return self.cache.clear().await;
+        };
+        tokio::task::spawn_blocking(move || blocking.clear())
+            .await
+            .expect(JOINED)
+    }
+
+    /// [`Cache::set_tagged`].
+    pub async fn set_tagged(&self, key: &str, value: String, tags: &[&str]) -> Result<(), Error> {
+        let tags: Vec<String> = tags.iter().map(|t| t.to_string()).collect();
+        let Some(blocking) = self.blocking.clone() else {
+            return self.cache.set_tagged(key, value, tags).await;
+        };
+        let key = key.to_owned();
+        tokio::task::spawn_blocking(move || blocking.set_tagged(&key, value, tags))
+            .await
+            .expect(JOINED)
+    }
+
     /// [`Cache::stats`].
     pub fn stats(&self) -> Stats {
         self.cache.stats()

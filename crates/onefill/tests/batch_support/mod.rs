@@ -38,9 +38,11 @@ pub fn cache_in(
 pub trait Counts {
     /// Calls of `op` (a method's name) so far.
     fn of(&self, op: &str) -> usize;
-    /// Every call so far, but the watchdog's `extend` and the waiters'
+    /// Every call so far, but the watchdog's `extend`, the waiters'
     /// `subscribe` (a subscription is a message on the subscriber
-    /// connection, no request of the call's own).
+    /// connection, no request of the call's own) and the reads of the
+    /// namespace's marks (one when a process first reads or loads, and one
+    /// after each mark: not the batch's doing; counted with `of`).
     fn round_trips(&self) -> usize;
     /// Starts counting again from zero.
     fn reset(&self);
@@ -59,6 +61,8 @@ impl<B: Backend + ?Sized> Counts for Counting<B> {
             "set" => Op::Set,
             "invalidate" => Op::Invalidate,
             "subscribe" => Op::Subscribe,
+            "mark" => Op::Mark,
+            "read_marks" => Op::ReadMarks,
             other => panic!("no backend method {other}"),
         };
         self.faults().calls(op)
@@ -66,7 +70,7 @@ impl<B: Backend + ?Sized> Counts for Counting<B> {
     fn round_trips(&self) -> usize {
         Op::ALL
             .iter()
-            .filter(|op| !matches!(op, Op::Extend | Op::Subscribe))
+            .filter(|op| !matches!(op, Op::Extend | Op::Subscribe | Op::ReadMarks))
             .map(|&op| self.faults().calls(op))
             .sum()
     }

@@ -18,6 +18,7 @@ mod leases;
 mod liveness;
 mod loader_errors;
 mod loader_freshness;
+mod marks;
 mod no_store;
 mod outage_memory;
 mod round_trip;

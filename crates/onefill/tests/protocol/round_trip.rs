@@ -147,10 +147,11 @@ async fn a_value_over_the_size_limit_is_not_decoded() {
         .max_value_bytes(100)
         .build()
         .unwrap();
-    // 16-byte header + 84 bytes: exactly the limit, checked and stored.
-    c.set("k", "x".repeat(84)).await.unwrap();
+    // 16-byte header, 9-byte marks block (no tags) + 75 bytes: exactly the
+    // limit, checked and stored.
+    c.set("k", "x".repeat(75)).await.unwrap();
     assert_eq!(decodes.load(Ordering::SeqCst), 1, "the round trip");
-    let err = c.set("k", "x".repeat(85)).await.unwrap_err();
+    let err = c.set("k", "x".repeat(76)).await.unwrap_err();
     assert!(
         matches!(
             err,
@@ -159,7 +160,7 @@ async fn a_value_over_the_size_limit_is_not_decoded() {
         "{err:?}"
     );
     let err = c
-        .get_or_load("k2", |_| async { Ok::<_, std::io::Error>("y".repeat(85)) })
+        .get_or_load("k2", |_| async { Ok::<_, std::io::Error>("y".repeat(76)) })
         .await
         .unwrap_err();
     assert!(err.is_invalid_input(), "{err:?}");
@@ -199,12 +200,13 @@ mod limits_and_codecs {
             .no_l1()
             .build()
             .unwrap();
-        // 16-byte header + JSON string with quotes: 82 chars fill 100 bytes.
-        let exact = "x".repeat(82);
+        // 16-byte header, 9-byte marks block + JSON string with quotes: 73
+        // chars fill 100 bytes.
+        let exact = "x".repeat(73);
         c.set("k", exact.clone()).await.unwrap();
         assert_eq!(stored_bytes(&backend, NS).await.unwrap().len(), 100);
         assert_eq!(c.get("k").await.unwrap(), Some(exact));
-        let over = "x".repeat(83);
+        let over = "x".repeat(74);
         let err = c.set("k2", over.clone()).await.unwrap_err();
         assert!(err.is_invalid_input(), "{err:?}");
         let err = c

@@ -77,8 +77,9 @@ impl Origin {
 
 async fn stored(backend: &MemoryBackend) -> Option<String> {
     let stored = backend.get(&FillKeys::new(NS, "k")).await.unwrap()?;
-    // The JSON payload after the 16-byte envelope header.
-    serde_json::from_slice(&stored.bytes[16..]).ok()
+    // The JSON payload after the 16-byte envelope header and the 9-byte
+    // marks block of an untagged value.
+    serde_json::from_slice(&stored.bytes[25..]).ok()
 }
 
 /// A slow refresh: three callers get the stale value at the soft timeout,
@@ -340,7 +341,7 @@ mod background_loads {
     }
 
     fn payload(bytes: &[u8]) -> String {
-        serde_json::from_slice(&bytes[16..]).unwrap_or_else(|_| format!("{:?}", &bytes[..3]))
+        serde_json::from_slice(&bytes[25..]).unwrap_or_else(|_| format!("{:?}", &bytes[..3]))
     }
 
     async fn lease_held(backend: &MemoryBackend) -> bool {

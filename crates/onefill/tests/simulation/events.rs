@@ -30,6 +30,10 @@ pub(crate) enum BOp {
     Watch,
     /// `take_over`.
     TakeOver,
+    /// `mark` (a tag's or the namespace's).
+    Mark,
+    /// `read_marks`.
+    ReadMarks,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -443,14 +447,50 @@ pub(crate) fn origin_of(text: &str) -> Option<Origin> {
 }
 
 /// The origin of stored envelope bytes (see `envelope.rs`: a 16-byte
-/// header, then the payload).
+/// header, for version 3 the marks block, then the payload).
 pub(crate) fn origin_of_envelope(bytes: &[u8]) -> Option<Origin> {
-    origin_of(&String::from_utf8_lossy(bytes.get(16..)?))
+    origin_of(&String::from_utf8_lossy(bytes.get(payload_at(bytes)?..)?))
+}
+
+/// Where the payload of envelope bytes (version 1 or 3) starts.
+pub(crate) fn payload_at(bytes: &[u8]) -> Option<usize> {
+    match bytes.get(1)? {
+        1 => Some(16),
+        3 => {
+            let mut at = 16 + 9;
+            for _ in 0..*bytes.get(24)? {
+                at += 1 + usize::from(*bytes.get(at)?);
+            }
+            Some(at)
+        }
+        _ => None,
+    }
+}
+
+/// The marks recorded in envelope bytes: the generation its load began at
+/// and its tags (none before version 3).
+pub(crate) fn marks_of(bytes: &[u8]) -> (u64, Vec<String>) {
+    if bytes.get(1) != Some(&3) || bytes.len() < 25 {
+        return (0, Vec::new());
+    }
+    let mut as_of = [0u8; 8];
+    as_of.copy_from_slice(&bytes[16..24]);
+    let mut tags = Vec::new();
+    let mut at = 25;
+    for _ in 0..bytes[24] {
+        let Some(&len) = bytes.get(at) else { break };
+        let Some(tag) = bytes.get(at + 1..at + 1 + usize::from(len)) else {
+            break;
+        };
+        tags.push(String::from_utf8_lossy(tag).into_owned());
+        at += 1 + usize::from(len);
+    }
+    (u64::from_be_bytes(as_of), tags)
 }
 
 /// The grace recorded in envelope bytes, if they are an envelope.
 pub(crate) fn grace_of(bytes: &[u8]) -> Option<Duration> {
-    if bytes.len() < 16 || bytes[0] != 0xF1 || bytes[1] != 1 || bytes[2] > 2 {
+    if bytes.len() < 16 || bytes[0] != 0xF1 || !matches!(bytes[1], 1 | 3) || bytes[2] > 2 {
         return None;
     }
     let mut grace = [0u8; 8];

@@ -94,6 +94,8 @@ fn bop(op: Op) -> BOp {
         Op::Invalidate => BOp::Invalidate,
         Op::Expire => BOp::Expire,
         Op::Subscribe => BOp::Subscribe,
+        Op::Mark => BOp::Mark,
+        Op::ReadMarks => BOp::ReadMarks,
     }
 }
 

@@ -13,7 +13,7 @@
 //! | `release` | `GET lock == token`? `DEL lock` (+ `SET value PXAT at`), publish |
 //! | `extend` | `GET lock == token`? `PEXPIRE lock ttl` : publish the loss |
 //! | `set` / `invalidate` | `SET value PXAT at` / `DEL value`, `DEL lock`, publish |
-//! | `expire` | value readable, grace > 0 and `PTTL > grace`? `at = TIME + grace`: `SETRANGE value 16 at` (version 2), `PEXPIREAT value at` : grace 0 or unreadable? `DEL value`; `DEL lock`, publish |
+//! | `expire` | value readable, grace > 0 and `PTTL > grace`? `at = TIME + grace`: `SETRANGE value 16 at` (version 2 or 4), `PEXPIREAT value at` : grace 0 or unreadable? `DEL value`; `DEL lock`, publish |
 //!
 //! The scripts read the grace period from the envelope header; bytes that
 //! are not an envelope are never fresh. A script that writes a value takes
@@ -155,7 +155,7 @@ use tokio::time::Instant;
 use super::Listeners;
 use super::{
     Acquired, Backend, BackendError, ChangeListener, FillKeys, FillSubscription, LeaseRequest,
-    LeaseToken, Stored, Watch,
+    LeaseToken, Mark, MarkKind, Stored, Watch,
 };
 use crate::error::BackendErrorKind;
 
@@ -165,6 +165,7 @@ mod cluster;
 mod connect;
 mod errors;
 mod liveness;
+mod marks;
 mod options;
 mod push;
 mod read;
@@ -455,7 +456,7 @@ impl Backend for RedisBackend {
     }
 
     /// The expire script (`soften.lua`: the new expiry is written both as
-    /// the key's `PEXPIREAT` and in a version-2 envelope, which a one-`GET`
+    /// the key's `PEXPIREAT` and in a version-2 or -4 envelope, which a one-`GET`
     /// hit trusts). On a cluster whose slot migrates, see
     /// [`write`](Self::write).
     async fn expire(&self, keys: &FillKeys) -> Result<(), BackendError> {
@@ -466,6 +467,24 @@ impl Backend for RedisBackend {
         // Failed or not, the change may have landed.
         process_listeners().changed(keys.value());
         expired
+    }
+
+    async fn mark(
+        &self,
+        gen_key: &str,
+        mark_key: &str,
+        kind: MarkKind,
+        retention: Option<Duration>,
+    ) -> Result<u64, BackendError> {
+        self.write_mark(gen_key, mark_key, kind, retention).await
+    }
+
+    async fn read_marks(
+        &self,
+        gen_key: &str,
+        mark_keys: &[&str],
+    ) -> Result<(u64, Vec<Mark>), BackendError> {
+        self.mget_marks(gen_key, mark_keys).await
     }
 
     async fn subscribe(&self, keys: &FillKeys) -> Result<Box<dyn FillSubscription>, BackendError> {

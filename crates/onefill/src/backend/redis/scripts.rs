@@ -42,6 +42,7 @@ pub(super) struct Scripts {
     pub(super) expire: Script,
     /// `expire`'s step on the value alone (a cluster slot that migrates).
     pub(super) expire_value: Script,
+    pub(super) mark: Script,
 }
 
 pub(super) static STANDALONE_SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts::new("PUBLISH"));
@@ -57,6 +58,7 @@ const EXPIRE: &str = include_str!("scripts/expire.lua");
 const EXPIRE_VALUE: &str = include_str!("scripts/expire_value.lua");
 /// Prepended to the scripts that expire a value in place: `soften(key)`.
 const SOFTEN: &str = include_str!("scripts/soften.lua");
+const MARK: &str = include_str!("scripts/mark.lua");
 /// Prepended to the scripts that write a value: `stamp(bytes, ttl_ms)`.
 const STAMP: &str = include_str!("scripts/stamp.lua");
 
@@ -79,6 +81,7 @@ impl Scripts {
             &self.invalidate,
             &self.expire,
             &self.expire_value,
+            &self.mark,
         ];
         let loads = all.map(|script| {
             let mut conn = conn.clone();
@@ -100,6 +103,7 @@ impl Scripts {
             invalidate: script(INVALIDATE),
             expire: softening(EXPIRE),
             expire_value: softening(EXPIRE_VALUE),
+            mark: script(MARK),
         }
     }
 }

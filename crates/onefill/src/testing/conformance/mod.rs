@@ -11,7 +11,8 @@
 //! caching, fail-safe, jitter, a value not stored), writes (undecodable
 //! values, fenced fills, the size limit), expiry (`expire`: stale in place
 //! with one refresh, removed without grace, fenced fills, the backends
-//! without it) and regressions (the faults found
+//! without it), marks (tags, `expire_tag`, `clear`, or a clear
+//! `Unsupported`) and regressions (the faults found
 //! by hostile tests that any backend could bring back: unreadable values, read-your-writes, unfenced no-lease
 //! fills, hostile keys, two loads in one process, a lease lost twice).
 
@@ -126,6 +127,8 @@ mod leases;
 #[macro_use]
 mod loader_failures;
 #[macro_use]
+mod marks;
+#[macro_use]
 mod regressions;
 #[macro_use]
 mod waiting;
@@ -142,6 +145,7 @@ themes! { $
     expiry => __onefill_conformance_expiry,
     regressions => __onefill_conformance_regressions,
     batch => __onefill_conformance_batch,
+    marks => __onefill_conformance_marks,
 }
 
 // ------------------------------------------- helpers of the scenarios only

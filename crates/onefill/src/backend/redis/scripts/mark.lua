@@ -1,0 +1,43 @@
+-- mark: the namespace's generation moves past the server's clock, and a
+-- tag's (or the whole namespace's) mark records it (decision 0018).
+--
+-- KEYS: the generation, the mark (one slot).
+-- ARGV: 'hard' or 'soft'; how long to keep the mark at least, in ms ('':
+-- for ever).
+-- Returns the new generation.
+--
+-- The generation is the larger of itself plus one and the server's clock
+-- in microseconds (about 1.8e15: exact in a Lua number), so it never goes
+-- back, even if the key is lost (a flush, a failover that lost the write):
+-- a value loaded before a mark must never be read as newer than it. The
+-- mark is `"<hard> <soft>"`, the generations of the last invalidation and
+-- of the last invalidation or expiry; anything else under its key reads as
+-- no mark.
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local g = tonumber(redis.call('GET', KEYS[1]) or '0') or 0
+g = math.max(g + 1, now)
+redis.call('SET', KEYS[1], string.format('%.0f', g))
+local hard = 0
+local old = redis.call('GET', KEYS[2])
+if old then
+  local h = string.match(old, '^(%d+) %d+$')
+  if h then
+    hard = tonumber(h)
+  end
+end
+if ARGV[1] == 'hard' then
+  hard = g
+end
+local mark = string.format('%.0f %.0f', hard, g)
+local keep = redis.call('PTTL', KEYS[2])
+if ARGV[2] == '' or keep == -1 then
+  redis.call('SET', KEYS[2], mark)
+else
+  local ttl = tonumber(ARGV[2])
+  if keep > ttl then
+    ttl = keep
+  end
+  redis.call('SET', KEYS[2], mark, 'PX', ttl)
+end
+return g

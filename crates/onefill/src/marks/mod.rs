@@ -1,0 +1,467 @@
+//! The namespace's marks as this process knows them, and what they make
+//! of a stored value (decision 0018).
+//!
+//! `invalidate_tag`, `expire_tag` and `clear` do not touch values: they
+//! move the namespace's generation forward and record it in a mark (a
+//! tag's, or the whole namespace's). Every value records the generation
+//! its load began at (`as_of`) and its tags, so a value older than a hard
+//! mark it is subject to is gone (a miss), older than a soft one stale.
+//!
+//! The marks a value needs are held here while the backend vouches for
+//! them, as an L1 holds values: the keys are tracked (every change
+//! reported, and the sync confirmed every so often), and a mark is only
+//! trusted within the sync bound of the last confirmation. So an untagged
+//! hit costs nothing more than its read, and a tagged one nothing more
+//! while its tags' marks are held; otherwise one read of the marks (all in
+//! one slot: one round trip) before the verdict.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use tokio::time::Instant;
+
+use crate::backend::{Backend, Mark, MarkKind, Stored};
+use crate::envelope::{self, ValueMarks};
+use crate::envelope::{MAX_TAGS, MAX_TAG_BYTES};
+use crate::error::{BackendError, BackendErrorKind, InputError};
+use crate::key::{MarkKeys, MarkName};
+
+mod judged;
+pub(crate) use judged::Judged;
+
+/// How long a tag's mark is kept after its last invalidation or expiry,
+/// and so the longest a tagged value lives in the store (its TTL and grace
+/// together are cut to it): a mark must outlive every value it may judge.
+pub const TAG_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// The most marks held at once; past it, the held marks are dropped (and
+/// read again as values need them).
+const HELD_MARKS: usize = 10_000;
+
+/// What the marks make of a value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    /// Untouched by any mark.
+    Valid,
+    /// Older than a soft mark: stale (within its grace window), or gone
+    /// without one.
+    Stale,
+    /// Older than a hard mark: gone.
+    Invalid,
+}
+
+const SUPPORT_UNKNOWN: u8 = 0;
+const SUPPORTED: u8 = 1;
+const UNSUPPORTED: u8 = 2;
+
+/// One cache's view of its namespace's marks.
+pub(crate) struct Marks {
+    keys: MarkKeys,
+    /// The highest generation seen: at most the store's (loads record it
+    /// as their `as_of`, which errs on the old side: a value stamped too
+    /// old can only be judged by a mark it was not subject to, and
+    /// reloaded).
+    generation: AtomicU64,
+    /// Whether the generation may have moved since it was read (a change
+    /// of its key was reported, or it was never read).
+    generation_stale: std::sync::atomic::AtomicBool,
+    /// The marks held, by tag (the empty tag: the whole namespace's).
+    held: Mutex<HashMap<Box<[u8]>, Mark>>,
+    /// Bumped by every change report and reset: a read of marks that began
+    /// before one does not keep what it read.
+    changes: AtomicU64,
+    base: Instant,
+    /// Milliseconds since `base` until which held marks are trusted.
+    trusted_until: AtomicU64,
+    sync_bound: Duration,
+    support: AtomicU8,
+}
+
+impl std::fmt::Debug for Marks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Marks")
+            .field("prefix", &self.keys.prefix())
+            .field("generation", &self.generation.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+/// The marks that judge a value: the namespace's and its tags'.
+fn verdict<'m>(as_of: u64, marks: impl IntoIterator<Item = &'m Mark>) -> Verdict {
+    let mut verdict = Verdict::Valid;
+    for mark in marks {
+        if mark.hard > as_of {
+            return Verdict::Invalid;
+        }
+        if mark.soft > as_of {
+            verdict = Verdict::Stale;
+        }
+    }
+    verdict
+}
+
+impl Marks {
+    /// The marks of `namespace`, trusted for `sync_bound` after each sync
+    /// the backend confirms.
+    pub(crate) fn new(namespace: &str, sync_bound: Duration) -> Self {
+        Marks {
+            keys: MarkKeys::new(namespace),
+            generation: AtomicU64::new(0),
+            generation_stale: std::sync::atomic::AtomicBool::new(true),
+            held: Mutex::default(),
+            changes: AtomicU64::new(0),
+            base: Instant::now(),
+            trusted_until: AtomicU64::new(0),
+            sync_bound,
+            support: AtomicU8::new(SUPPORT_UNKNOWN),
+        }
+    }
+
+    pub(crate) fn keys(&self) -> &MarkKeys {
+        &self.keys
+    }
+
+    /// The generation a load that begins now records as its `as_of`.
+    pub(crate) fn generation(&self) -> u64 {
+        self.generation.load(Ordering::SeqCst)
+    }
+
+    fn millis(&self, at: Instant) -> u64 {
+        u64::try_from(at.saturating_duration_since(self.base).as_millis()).unwrap_or(u64::MAX)
+    }
+
+    fn trusted(&self, now: Instant) -> bool {
+        self.millis(now) < self.trusted_until.load(Ordering::Acquire)
+    }
+
+    fn unsupported(&self) -> bool {
+        self.support.load(Ordering::Relaxed) == UNSUPPORTED
+    }
+
+    /// The verdict on `marks` from the marks held, if they are all held
+    /// and trusted (or `trust` is false: the last known, for when the
+    /// marks cannot be read).
+    fn held_verdict(&self, marks: &ValueMarks<'_>, now: Instant, trust: bool) -> Option<Verdict> {
+        if self.unsupported() {
+            return Some(Verdict::Valid);
+        }
+        if trust && !self.trusted(now) {
+            return None;
+        }
+        let held = self.held.lock();
+        let namespace = held.get(&b""[..])?;
+        let mut all = vec![namespace];
+        for tag in marks.tags() {
+            all.push(held.get(tag)?);
+        }
+        Some(verdict(marks.as_of, all))
+    }
+
+    /// Reads the namespace's mark, `tags`' marks and the generation
+    /// together; keeps them if no change was reported meanwhile. Returns
+    /// the marks read (the namespace's first), or `None` if the backend
+    /// stores no marks (nothing can be marked there).
+    async fn read(
+        &self,
+        backend: &dyn Backend,
+        tags: &[&[u8]],
+    ) -> Result<Option<Vec<Mark>>, BackendError> {
+        let ticket = self.changes.load(Ordering::SeqCst);
+        let mut keys = vec![self.keys.clear()];
+        keys.extend(tags.iter().map(|t| self.keys.tag(t)));
+        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let (generation, marks) = match backend.read_marks(&self.keys.generation(), &refs).await {
+            Ok(read) => read,
+            Err(e) if e.kind() == BackendErrorKind::Unsupported => {
+                self.support.store(UNSUPPORTED, Ordering::Relaxed);
+                return Ok(None);
+            }
+            Err(e) => return Err(e),
+        };
+        self.support.store(SUPPORTED, Ordering::Relaxed);
+        if marks.len() != keys.len() {
+            return Err(BackendError::new(
+                BackendErrorKind::Protocol,
+                format!("read_marks: {} marks for {} keys", marks.len(), keys.len()),
+            ));
+        }
+        self.generation.fetch_max(generation, Ordering::SeqCst);
+        let mut held = self.held.lock();
+        // Under the lock, as reports are handled: a report either came
+        // before this check (and what was read is not kept) or comes after
+        // the insert (and removes it).
+        if self.changes.load(Ordering::SeqCst) == ticket {
+            self.generation_stale.store(false, Ordering::SeqCst);
+            if held.len() + marks.len() > HELD_MARKS {
+                held.clear();
+            }
+            held.insert(Box::from(&b""[..]), marks[0]);
+            for (tag, mark) in tags.iter().zip(&marks[1..]) {
+                held.insert(Box::from(*tag), *mark);
+            }
+        }
+        Ok(Some(marks))
+    }
+
+    /// Reads the namespace's mark (and the generation) unless it is held
+    /// and trusted: made beside a read of values (the two concurrently, so
+    /// a process's first read, or its first after a `clear`, still costs
+    /// one round trip of time), since every value needs it. Its error is
+    /// the verdict's business (it reads again, or judges by what it knew).
+    pub(crate) async fn namespace_beside(&self, backend: &dyn Backend) {
+        if self.unsupported() || self.namespace_held(Instant::now()) {
+            return;
+        }
+        let _ = self.read(backend, &[]).await;
+    }
+
+    fn namespace_held(&self, now: Instant) -> bool {
+        self.trusted(now) && self.held.lock().contains_key(&b""[..])
+    }
+
+    /// Makes sure the generation a load records is current: read again if
+    /// a change of it was reported since (one round trip, before the load
+    /// begins; after a mark only, and once when the cache starts). If it
+    /// cannot be read, the load records the last one known: older than the
+    /// truth, which can only make its value judged by a mark it was not
+    /// subject to (and loaded again), never the other way.
+    pub(crate) async fn before_load(&self, backend: &dyn Backend) {
+        if self.unsupported() || !self.generation_stale.load(Ordering::SeqCst) {
+            return;
+        }
+        if let Err(e) = self.read(backend, &[]).await {
+            tracing::debug!(%e, "the load records the last generation known");
+        }
+    }
+
+    /// The verdicts on `stored` (each `None`: nothing stored, judged
+    /// [`Verdict::Valid`]), reading the marks they need that are not held
+    /// (in one read).
+    pub(crate) async fn judge(
+        &self,
+        backend: &dyn Backend,
+        stored: &[Option<&Stored>],
+    ) -> Result<Vec<Verdict>, BackendError> {
+        let now = Instant::now();
+        let marks: Vec<Option<ValueMarks<'_>>> = stored
+            .iter()
+            .map(|s| s.and_then(|s| envelope::marks_of(&s.bytes)))
+            .collect();
+        let held: Vec<Option<Verdict>> = marks
+            .iter()
+            .map(|m| match m {
+                None => Some(Verdict::Valid),
+                Some(m) => self.held_verdict(m, now, true),
+            })
+            .collect();
+        if held.iter().all(Option::is_some) {
+            return Ok(held
+                .into_iter()
+                .map(|v| v.unwrap_or(Verdict::Valid))
+                .collect());
+        }
+        // One read for every mark any of them needs.
+        let mut tags: Vec<&[u8]> = Vec::new();
+        for (m, v) in marks.iter().zip(&held) {
+            if let (Some(m), None) = (m, v) {
+                for tag in m.tags() {
+                    if !tags.contains(&tag) {
+                        tags.push(tag);
+                    }
+                }
+            }
+        }
+        let read = match self.read(backend, &tags).await {
+            Ok(Some(read)) => read,
+            Ok(None) => return Ok(vec![Verdict::Valid; stored.len()]),
+            // The marks are out of reach (on a cluster, their master may be
+            // down while the value's answers): the last marks known judge,
+            // if this process knows every one needed. Nobody can mark while
+            // their master is down, and what was marked before reached this
+            // process unless it came in the last moments before; a value
+            // whose marks were never known is not answered.
+            Err(e) => {
+                return marks
+                    .iter()
+                    .zip(held)
+                    .map(|(m, v)| match (m, v) {
+                        (_, Some(v)) => Some(v),
+                        (None, None) => Some(Verdict::Valid),
+                        (Some(m), None) => self.held_verdict(m, now, false),
+                    })
+                    .collect::<Option<Vec<Verdict>>>()
+                    .ok_or(e)
+            }
+        };
+        let of = |tag: &[u8]| {
+            let at = tags.iter().position(|t| *t == tag)?;
+            read.get(at + 1)
+        };
+        Ok(marks
+            .iter()
+            .zip(held)
+            .map(|(m, v)| match (m, v) {
+                (_, Some(v)) => v,
+                (None, None) => Verdict::Valid,
+                (Some(m), None) => {
+                    let mut all = vec![&read[0]];
+                    all.extend(m.tags().filter_map(of));
+                    verdict(m.as_of, all)
+                }
+            })
+            .collect())
+    }
+
+    /// What a read answers of `stored` under `verdict`: as it is, stale
+    /// (the server's TTL cut to the value's grace, so it reads as stale
+    /// for at most that long), or nothing.
+    pub(crate) fn apply(stored: Stored, verdict: Verdict) -> Option<Stored> {
+        match verdict {
+            Verdict::Valid => Some(stored),
+            Verdict::Invalid => None,
+            Verdict::Stale => {
+                let grace = envelope::grace_of(&stored.bytes).unwrap_or(Duration::ZERO);
+                if grace.is_zero() {
+                    return None;
+                }
+                Some(Stored {
+                    ttl: stored.ttl.min(grace),
+                    bytes: stored.bytes,
+                })
+            }
+        }
+    }
+
+    /// The backend reported a change of `key`: whether it was one of the
+    /// marks (a tag's or the namespace's: what the cache kept of values may
+    /// be judged otherwise now).
+    pub(crate) fn changed(&self, key: &[u8]) -> bool {
+        let Some(name) = self.keys.name(key) else {
+            return false;
+        };
+        let mut held = self.held.lock();
+        self.changes.fetch_add(1, Ordering::SeqCst);
+        match name {
+            MarkName::Generation => {
+                self.generation_stale.store(true, Ordering::SeqCst);
+                false
+            }
+            MarkName::Clear => {
+                held.remove(&b""[..]);
+                true
+            }
+            MarkName::Tag(tag) => {
+                held.remove(tag);
+                true
+            }
+        }
+    }
+
+    /// Anything may have changed.
+    pub(crate) fn reset(&self) {
+        let mut held = self.held.lock();
+        self.changes.fetch_add(1, Ordering::SeqCst);
+        self.generation_stale.store(true, Ordering::SeqCst);
+        held.clear();
+    }
+
+    /// See [`ChangeListener::synced`](crate::backend::ChangeListener::synced).
+    pub(crate) fn synced(&self, as_of: Option<Instant>) {
+        let until = match as_of {
+            Some(at) => self
+                .millis(at)
+                .saturating_add(u64::try_from(self.sync_bound.as_millis()).unwrap_or(u64::MAX)),
+            None => 0,
+        };
+        self.trusted_until.store(until, Ordering::Release);
+    }
+
+    /// This process marked: what it holds of the mark goes (the backend
+    /// reports it too, but a process must see its own marks before they
+    /// return, whatever its backend's reports do).
+    pub(crate) fn marked(&self, mark_key: &str, generation: u64) {
+        self.generation.fetch_max(generation, Ordering::SeqCst);
+        self.changed(mark_key.as_bytes());
+    }
+
+    /// The backend key of `target`'s mark.
+    pub(crate) fn key_of(&self, target: Target<'_>) -> String {
+        match target {
+            Target::Namespace => self.keys.clear(),
+            Target::Tag(tag) => self.keys.tag(tag.as_bytes()),
+        }
+    }
+
+    /// How long `target`'s mark of `kind` is kept.
+    pub(crate) fn retention(target: Target<'_>, kind: MarkKind) -> Option<Duration> {
+        let _ = kind;
+        match target {
+            // One key per namespace, and untagged values may live up to
+            // the longest TTL: kept for ever.
+            Target::Namespace => None,
+            Target::Tag(_) => Some(TAG_RETENTION),
+        }
+    }
+}
+
+/// Checks a value's tags: at most [`MAX_TAGS`], each 1 to
+/// [`MAX_TAG_BYTES`] bytes.
+pub(crate) fn check_tags(tags: &[String]) -> Result<(), InputError> {
+    if tags.len() > MAX_TAGS {
+        return Err(InputError::Tag {
+            tag: format!("{} tags", tags.len()),
+            reason: "more tags than a value may carry",
+        });
+    }
+    tags.iter().try_for_each(|tag| check_tag(tag))
+}
+
+/// Checks one tag: 1 to [`MAX_TAG_BYTES`] bytes.
+pub(crate) fn check_tag(tag: &str) -> Result<(), InputError> {
+    let reason = if tag.is_empty() {
+        "a tag is never empty"
+    } else if tag.len() > MAX_TAG_BYTES {
+        "longer than a tag may be"
+    } else {
+        return Ok(());
+    };
+    let mut cut = tag.len().min(64);
+    while !tag.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    Err(InputError::Tag {
+        tag: tag[..cut].to_owned(),
+        reason,
+    })
+}
+
+/// What a mark is made on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Target<'a> {
+    /// Every value of the namespace (`clear`).
+    Namespace,
+    Tag(&'a str),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_oldest_value_loses_and_a_hard_mark_wins_over_a_soft_one() {
+        let soft = Mark { hard: 0, soft: 10 };
+        let hard = Mark { hard: 20, soft: 20 };
+        assert_eq!(verdict(5, [&Mark::default()]), Verdict::Valid);
+        assert_eq!(verdict(5, [&soft]), Verdict::Stale);
+        assert_eq!(
+            verdict(10, [&soft]),
+            Verdict::Valid,
+            "as of the mark: loaded after it"
+        );
+        assert_eq!(verdict(5, [&soft, &hard]), Verdict::Invalid);
+        assert_eq!(verdict(15, [&hard, &soft]), Verdict::Invalid);
+        assert_eq!(verdict(25, [&hard, &soft]), Verdict::Valid);
+    }
+}

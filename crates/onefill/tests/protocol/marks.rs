@@ -1,0 +1,351 @@
+//! Tags, `expire_tag` and `clear` (decision 0018) on the embedded backend,
+//! in paused time: two caches on one store stand for two processes, each
+//! with the L1 the embedded backend gives it by default.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use onefill::{Cache, Error, Loaded, MemoryBackend, Outcome};
+
+const NS: &str = "marks";
+
+fn process(store: &MemoryBackend, grace: Duration) -> Cache<String, String> {
+    Cache::builder()
+        .namespace(NS)
+        .backend(store.clone())
+        .ttl(Duration::from_secs(60))
+        .grace(grace)
+        .build()
+        .expect("valid options")
+}
+
+/// A loader that counts its runs and tags what it loads with `tags`
+/// (`v<n>` for the n-th run).
+#[derive(Clone, Default)]
+struct Origin {
+    runs: Arc<AtomicUsize>,
+}
+
+impl Origin {
+    fn runs(&self) -> usize {
+        self.runs.load(Ordering::SeqCst)
+    }
+
+    /// Owns what it needs, so it can be spawned.
+    fn fetch(
+        &self,
+        cache: &Cache<String, String>,
+        key: &str,
+        tags: &[&'static str],
+        took: Duration,
+    ) -> impl std::future::Future<Output = onefill::Fetched<String>> + Send + 'static {
+        let runs = self.runs.clone();
+        let tags: Vec<String> = tags.iter().map(|t| t.to_string()).collect();
+        let (cache, key) = (cache.clone(), key.to_owned());
+        async move {
+            cache
+                .fetch(key.as_str(), move |_| async move {
+                    let n = runs.fetch_add(1, Ordering::SeqCst) + 1;
+                    tokio::time::sleep(took).await;
+                    Ok::<_, std::io::Error>(Loaded::new(format!("v{n}")).tags(tags))
+                })
+                .await
+                .expect("answered")
+        }
+    }
+}
+
+/// A tag's invalidation reaches every process, their L1s included, and
+/// only the values that carry the tag; a value loaded after it is kept
+/// (no reload loop).
+#[tokio::test(start_paused = true)]
+async fn a_tag_invalidation_reaches_every_process_and_only_its_values() {
+    let store = MemoryBackend::new();
+    let (a, b) = (
+        process(&store, Duration::ZERO),
+        process(&store, Duration::ZERO),
+    );
+    let origin = Origin::default();
+    origin
+        .fetch(&a, "product:1", &["seller:7", "category:3"], Duration::ZERO)
+        .await;
+    origin
+        .fetch(&a, "product:2", &["seller:8"], Duration::ZERO)
+        .await;
+    origin.fetch(&a, "untagged", &[], Duration::ZERO).await;
+    for key in ["product:1", "product:2", "untagged"] {
+        // Read by B too: held in both L1s.
+        assert_eq!(
+            origin.fetch(&b, key, &[], Duration::ZERO).await.outcome,
+            Outcome::Hit
+        );
+    }
+    assert_eq!(origin.runs(), 3);
+
+    a.invalidate_tag("seller:7").await.expect("marked");
+    for cache in [&a, &b] {
+        assert_eq!(
+            cache.get("product:1").await.unwrap(),
+            None,
+            "the tagged value went"
+        );
+        assert_eq!(cache.get("product:2").await.unwrap().as_deref(), Some("v2"));
+        assert_eq!(cache.get("untagged").await.unwrap().as_deref(), Some("v3"));
+    }
+    let again = origin
+        .fetch(&b, "product:1", &["seller:7"], Duration::ZERO)
+        .await;
+    assert_eq!(
+        (again.outcome, again.value.as_str()),
+        (Outcome::Loaded, "v4")
+    );
+    let hit = origin
+        .fetch(&a, "product:1", &["seller:7"], Duration::ZERO)
+        .await;
+    assert_eq!(
+        (hit.outcome, hit.value.as_str()),
+        (Outcome::Hit, "v4"),
+        "kept: loaded after the mark"
+    );
+    assert_eq!(origin.runs(), 4);
+}
+
+/// `clear` makes every value of the namespace a miss in every process,
+/// tagged or not, in one command; another namespace on the same store is
+/// untouched; values loaded afterwards stay.
+#[tokio::test(start_paused = true)]
+async fn clear_makes_the_whole_namespace_a_miss_everywhere() {
+    let store = MemoryBackend::new();
+    let (a, b) = (
+        process(&store, Duration::ZERO),
+        process(&store, Duration::ZERO),
+    );
+    let other: Cache<String, String> = Cache::builder()
+        .namespace("other")
+        .backend(store.clone())
+        .build()
+        .unwrap();
+    let origin = Origin::default();
+    for key in ["x", "y"] {
+        origin.fetch(&a, key, &["t"], Duration::ZERO).await;
+        origin.fetch(&b, key, &[], Duration::ZERO).await;
+    }
+    b.set("z", "set".to_owned()).await.unwrap();
+    other.set("x", "kept".to_owned()).await.unwrap();
+
+    b.clear().await.expect("cleared");
+    for cache in [&a, &b] {
+        for key in ["x", "y", "z"] {
+            assert_eq!(cache.get(key).await.unwrap(), None, "{key}");
+        }
+    }
+    assert_eq!(other.get("x").await.unwrap().as_deref(), Some("kept"));
+    let loaded = origin.fetch(&a, "x", &[], Duration::ZERO).await;
+    assert_eq!(loaded.outcome, Outcome::Loaded);
+    assert_eq!(
+        origin.fetch(&b, "x", &[], Duration::ZERO).await.outcome,
+        Outcome::Hit
+    );
+    a.set("z", "after".to_owned()).await.unwrap();
+    assert_eq!(b.get("z").await.unwrap().as_deref(), Some("after"));
+    assert_eq!(origin.runs(), 3);
+}
+
+/// `expire_tag` with a grace window: every caller in both processes gets
+/// the old value at once, as stale, while exactly one refresh runs; then
+/// the new value is a hit.
+#[tokio::test(start_paused = true)]
+async fn expire_tag_serves_stale_while_one_refresh_runs() {
+    let store = MemoryBackend::new();
+    let grace = Duration::from_secs(30);
+    let (a, b) = (process(&store, grace), process(&store, grace));
+    let origin = Origin::default();
+    origin.fetch(&a, "hot", &["seller:7"], Duration::ZERO).await;
+    assert_eq!(
+        origin.fetch(&b, "hot", &[], Duration::ZERO).await.outcome,
+        Outcome::Hit
+    );
+
+    a.expire_tag("seller:7").await.expect("marked");
+    let callers: Vec<_> = (0..20)
+        .map(|i| {
+            let (cache, origin) = (
+                if i % 2 == 0 { a.clone() } else { b.clone() },
+                origin.clone(),
+            );
+            tokio::spawn(origin.fetch(&cache, "hot", &["seller:7"], Duration::from_millis(200)))
+        })
+        .collect();
+    for caller in callers {
+        let got = caller.await.unwrap();
+        assert_eq!((got.outcome, got.value.as_str()), (Outcome::Stale, "v1"));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for cache in [&a, &b] {
+        let got = origin.fetch(cache, "hot", &[], Duration::ZERO).await;
+        assert_eq!((got.outcome, got.value.as_str()), (Outcome::Hit, "v2"));
+    }
+    assert_eq!(origin.runs(), 2, "one refresh, fleet-wide");
+}
+
+/// Without a grace window, an expired value is a miss: one caller loads,
+/// the others wait for it, as for any miss.
+#[tokio::test(start_paused = true)]
+async fn expire_tag_without_grace_is_a_miss() {
+    let store = MemoryBackend::new();
+    let (a, b) = (
+        process(&store, Duration::ZERO),
+        process(&store, Duration::ZERO),
+    );
+    let origin = Origin::default();
+    origin.fetch(&a, "k", &["t"], Duration::ZERO).await;
+    b.expire_tag("t").await.expect("marked");
+    let (x, y) = tokio::join!(
+        origin.fetch(&a, "k", &["t"], Duration::from_millis(100)),
+        origin.fetch(&b, "k", &["t"], Duration::from_millis(100)),
+    );
+    assert_eq!([x.value.as_str(), y.value.as_str()], ["v2", "v2"]);
+    assert_eq!(origin.runs(), 2);
+}
+
+/// A load that began before the invalidation (it may have read the data
+/// the invalidation is about) answers its own callers, but what it stores
+/// is a miss: the next call loads again. Whether the mark is made by the
+/// loading process (which then knows the new generation when the load
+/// ends: what it stores must still record the one its load began at) or by
+/// another.
+#[tokio::test(start_paused = true)]
+async fn a_load_that_began_before_the_mark_is_not_kept() {
+    for marked_here in [true, false] {
+        let store = MemoryBackend::new();
+        let (a, b) = (
+            process(&store, Duration::ZERO),
+            process(&store, Duration::ZERO),
+        );
+        let origin = Origin::default();
+        let slow = tokio::spawn(origin.fetch(&a, "k", &["seller:7"], Duration::from_millis(500)));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let marker = if marked_here { &a } else { &b };
+        marker.invalidate_tag("seller:7").await.expect("marked");
+        let answered = slow.await.unwrap();
+        assert_eq!(
+            (answered.outcome, answered.value.as_str()),
+            (Outcome::Loaded, "v1")
+        );
+        for cache in [&a, &b] {
+            assert_eq!(
+                cache.get("k").await.unwrap(),
+                None,
+                "stored, but older than the mark"
+            );
+        }
+        let again = origin.fetch(&b, "k", &["seller:7"], Duration::ZERO).await;
+        assert_eq!(
+            (again.outcome, again.value.as_str()),
+            (Outcome::Loaded, "v2")
+        );
+        assert_eq!(
+            origin.fetch(&a, "k", &[], Duration::ZERO).await.outcome,
+            Outcome::Hit
+        );
+    }
+}
+
+/// The same for `clear`, through a batch: every key of a batch load that
+/// began before it is stored as older than it.
+#[tokio::test(start_paused = true)]
+async fn a_batch_load_that_began_before_clear_is_not_kept() {
+    let store = MemoryBackend::new();
+    let (a, b) = (
+        process(&store, Duration::ZERO),
+        process(&store, Duration::ZERO),
+    );
+    let loads = Arc::new(AtomicUsize::new(0));
+    let batch = {
+        let (a, loads) = (a.clone(), loads.clone());
+        tokio::spawn(async move {
+            let keys = ["p".to_owned(), "q".to_owned()];
+            a.get_or_load_many(&keys, move |keys: Vec<String>| {
+                let loads = loads.clone();
+                async move {
+                    loads.fetch_add(1, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                    Ok::<_, std::io::Error>(
+                        keys.into_iter()
+                            .map(|k| (k, "old".to_owned()))
+                            .collect::<Vec<_>>(),
+                    )
+                }
+            })
+            .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    b.clear().await.expect("cleared");
+    assert_eq!(batch.await.unwrap().expect("answered").len(), 2);
+    for key in ["p", "q"] {
+        assert_eq!(b.get(key).await.unwrap(), None, "{key}");
+    }
+    assert_eq!(loads.load(Ordering::SeqCst), 1);
+}
+
+/// Tags out of bounds are refused before any I/O (a mark), or fail the
+/// write of a value that carries them; neither is a panic.
+#[tokio::test(start_paused = true)]
+async fn tags_out_of_bounds_are_refused() {
+    let store = MemoryBackend::new();
+    let a = process(&store, Duration::ZERO);
+    for tag in [String::new(), "x".repeat(onefill::MAX_TAG_BYTES + 1)] {
+        let err = a.invalidate_tag(&tag).await.unwrap_err();
+        assert!(err.is_invalid_input(), "{err:?}");
+        let err = a.expire_tag(&tag).await.unwrap_err();
+        assert!(err.is_invalid_input(), "{err:?}");
+    }
+    let too_many: Vec<String> = (0..=onefill::MAX_TAGS).map(|i| format!("t{i}")).collect();
+    let err = a
+        .get_or_load("k", move |_| async move {
+            Ok::<_, std::io::Error>(Loaded::new("v".to_owned()).tags(too_many))
+        })
+        .await
+        .unwrap_err();
+    assert!(err.is_invalid_input(), "{err:?}");
+    assert_eq!(a.get("k").await.unwrap(), None, "nothing stored");
+    let err = a
+        .get_or_load("k", |_| async {
+            Ok::<_, std::io::Error>(Loaded::new("v".to_owned()).tags([""]))
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::InvalidInput(onefill::InputError::Tag { .. })),
+        "{err:?}"
+    );
+}
+
+/// A tagged value lives at most `TAG_RETENTION` in the store, TTL and
+/// grace together: a tag's mark is kept that long, and must outlive it.
+#[tokio::test(start_paused = true)]
+async fn a_tagged_value_lives_no_longer_than_its_tags_marks() {
+    let store = MemoryBackend::new();
+    let a = process(&store, Duration::ZERO);
+    let year = Duration::from_secs(365 * 24 * 3600);
+    a.get_or_load("k", move |_| async move {
+        Ok::<_, std::io::Error>(Loaded::new("v".to_owned()).ttl(year).tags(["t"]))
+    })
+    .await
+    .unwrap();
+    a.get_or_load("untagged", move |_| async move {
+        Ok::<_, std::io::Error>(Loaded::new("v".to_owned()).ttl(year))
+    })
+    .await
+    .unwrap();
+    let ttl = |key: &str| {
+        store
+            .get_raw(onefill::backend::FillKeys::new(NS, key).value())
+            .expect("stored")
+            .1
+    };
+    assert_eq!(ttl("k"), onefill::TAG_RETENTION);
+    assert!(ttl("untagged") > onefill::TAG_RETENTION);
+}

@@ -1,0 +1,247 @@
+//! Tags, `expire_tag` and `clear` (decision 0018) on real Redis, standalone
+//! and a 3-master cluster: two backends with connections of their own stand
+//! for two processes, with and without an L1. What each costs is counted
+//! on the wire (`INFO commandstats`): an untagged hit is one `GET`, a
+//! tagged one too once its tags' marks are held, and a mark is one script.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use onefill::backend::FillKeys;
+use onefill::redis::RedisBackend;
+use onefill::{Cache, Loaded, Outcome, L1};
+use onefill_testkit::{time_limit, RedisCluster, RedisServer};
+
+/// Cluster tests take seconds each (a 3-master cluster forms in a few);
+/// past this they hang.
+const LIMIT: Duration = Duration::from_secs(120);
+
+fn unique_ns(name: &str) -> String {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    format!(
+        "mk-{}-{}-{name}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+fn cache(ns: &str, backend: RedisBackend, l1: bool) -> Cache<String, String> {
+    let builder = Cache::builder()
+        .namespace(ns)
+        .backend(backend)
+        .ttl(Duration::from_secs(60))
+        .grace(Duration::from_secs(30));
+    let builder = if l1 {
+        builder.l1(L1::new(1_000))
+    } else {
+        builder
+    };
+    builder.build().unwrap()
+}
+
+/// One call; the loader answers `loaded-<n>`, tagged `tags`, and counts.
+async fn fetch(
+    cache: &Cache<String, String>,
+    key: &str,
+    tags: &[&str],
+    loads: &Arc<AtomicUsize>,
+) -> (String, Outcome) {
+    let loads = loads.clone();
+    let tags: Vec<String> = tags.iter().map(|t| t.to_string()).collect();
+    let f = cache
+        .fetch(key, move |_| async move {
+            let n = loads.fetch_add(1, Ordering::SeqCst) + 1;
+            Ok::<_, std::io::Error>(Loaded::new(format!("loaded-{n}")).tags(tags))
+        })
+        .await
+        .unwrap();
+    (f.value, f.outcome)
+}
+
+/// `get` until it no longer answers `old`, at most 2 s: how long it took.
+async fn until_gone(cache: &Cache<String, String>, key: &str, old: &str) -> Duration {
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(2) {
+        if cache.get(key).await.unwrap().as_deref() != Some(old) {
+            return start.elapsed();
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    panic!("{key} still answered {old} 2 s after the mark");
+}
+
+/// Every process stops answering the values a mark judges (this one at
+/// once, the other as soon as it hears of it), and only those.
+async fn marks_reach_every_process(a: Cache<String, String>, b: Cache<String, String>) {
+    let loads = Arc::new(AtomicUsize::new(0));
+    for i in 0..12 {
+        let tags: &[&str] = match i % 3 {
+            0 => &["seller:7"],
+            1 => &["seller:8", "category:3"],
+            _ => &[],
+        };
+        let (value, _) = fetch(&a, &format!("p{i}"), tags, &loads).await;
+        assert_eq!(fetch(&b, &format!("p{i}"), &[], &loads).await.0, value);
+    }
+    assert_eq!(loads.load(Ordering::SeqCst), 12);
+
+    a.invalidate_tag("seller:7").await.unwrap();
+    for i in 0..12 {
+        let key = format!("p{i}");
+        let old = format!("loaded-{}", i + 1);
+        if i % 3 == 0 {
+            assert_eq!(a.get(&key).await.unwrap(), None, "{key}: at once here");
+            until_gone(&b, &key, &old).await;
+        } else {
+            assert_eq!(a.get(&key).await.unwrap(), Some(old.clone()), "{key}");
+            assert_eq!(b.get(&key).await.unwrap(), Some(old), "{key}");
+        }
+    }
+
+    // Soft: answered stale while one refresh runs.
+    b.expire_tag("category:3").await.unwrap();
+    let (value, outcome) = fetch(&b, "p1", &["seller:8", "category:3"], &loads).await;
+    assert_eq!((value.as_str(), outcome), ("loaded-2", Outcome::Stale));
+    // Its refresh lands (a load that begins after a mark is not judged by
+    // it): let it, before the next mark.
+    until_gone(&b, "p1", "loaded-2").await;
+    assert_eq!(b.get("p1").await.unwrap().as_deref(), Some("loaded-13"));
+    assert_eq!(loads.load(Ordering::SeqCst), 13);
+
+    a.clear().await.unwrap();
+    for i in 0..12 {
+        let key = format!("p{i}");
+        assert_eq!(a.get(&key).await.unwrap(), None, "{key}");
+        let old = if i == 1 { 13 } else { i + 1 };
+        let _ = until_gone(&b, &key, &format!("loaded-{old}")).await;
+    }
+    let (value, outcome) = fetch(&b, "p0", &["seller:7"], &loads).await;
+    assert_eq!(outcome, Outcome::Loaded);
+    assert_eq!(fetch(&a, "p0", &[], &loads).await, (value, Outcome::Hit));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standalone_marks_reach_every_process_with_and_without_an_l1() {
+    let _limit = time_limit(LIMIT);
+    let server = RedisServer::start();
+    for l1 in [false, true] {
+        let ns = unique_ns("standalone");
+        let a = cache(&ns, RedisBackend::connect(&server.url()).await.unwrap(), l1);
+        let b = cache(&ns, RedisBackend::connect(&server.url()).await.unwrap(), l1);
+        marks_reach_every_process(a, b).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_marks_reach_every_process_with_and_without_an_l1() {
+    let _limit = time_limit(LIMIT);
+    let cluster = RedisCluster::start(3);
+    let urls = cluster.urls();
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    for l1 in [false, true] {
+        let ns = unique_ns("cluster");
+        let a = cache(&ns, RedisBackend::connect_cluster(&urls).await.unwrap(), l1);
+        let b = cache(&ns, RedisBackend::connect_cluster(&urls).await.unwrap(), l1);
+        marks_reach_every_process(a, b).await;
+    }
+}
+
+/// `calls` of `cmdstat_<name>` (0 if never called).
+fn calls(server: &RedisServer, name: &str) -> u64 {
+    let info = server.command(&["INFO", "commandstats"]);
+    info.lines()
+        .find_map(|l| l.strip_prefix(&format!("cmdstat_{name}:calls=")))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |n| n.parse().expect("a count"))
+}
+
+/// What hits and marks cost on the wire, without an L1 (every call reads
+/// the server): a hit is one `GET`, tagged or not, once the tags' marks
+/// are held; the first read of a tag adds one `MGET` of the marks; a
+/// mark is one script; after a mark, the next read of its tag reads it
+/// again (one `MGET`), and untagged hits still cost one `GET`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hit_costs_one_get_tagged_or_not_and_a_mark_one_script() {
+    let _limit = time_limit(LIMIT);
+    let server = RedisServer::start();
+    let ns = unique_ns("costs");
+    let a = cache(
+        &ns,
+        RedisBackend::connect(&server.url()).await.unwrap(),
+        false,
+    );
+    let loads = Arc::new(AtomicUsize::new(0));
+    fetch(&a, "tagged", &["t"], &loads).await;
+    fetch(&a, "untagged", &[], &loads).await;
+    // The marks are trusted once the tracking connection confirmed its
+    // sync (a few ms after the cache was built).
+    let start = Instant::now();
+    loop {
+        let before = calls(&server, "mget");
+        fetch(&a, "tagged", &[], &loads).await;
+        fetch(&a, "untagged", &[], &loads).await;
+        if calls(&server, "mget") == before {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "the marks are never held"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let count = |name| calls(&server, name);
+    let (get, mget, evalsha) = (count("get"), count("mget"), count("evalsha"));
+    const HITS: u64 = 20;
+    for _ in 0..HITS {
+        assert_eq!(fetch(&a, "tagged", &[], &loads).await.1, Outcome::Hit);
+        assert_eq!(fetch(&a, "untagged", &[], &loads).await.1, Outcome::Hit);
+    }
+    assert_eq!(count("get") - get, 2 * HITS, "one GET per hit");
+    assert_eq!(count("mget") - mget, 0, "no read of the marks");
+    assert_eq!(count("evalsha") - evalsha, 0);
+
+    let (mget, evalsha, set) = (count("mget"), count("evalsha"), count("set"));
+    a.invalidate_tag("other").await.unwrap();
+    a.clear().await.unwrap();
+    assert_eq!(count("evalsha") - evalsha, 2, "one script per mark");
+    // (The script's own commands count too: two `SET`s each.)
+    assert_eq!(count("set") - set, 4);
+    assert_eq!(count("mget"), mget, "nothing else");
+    assert_eq!(loads.load(Ordering::SeqCst), 2);
+}
+
+/// A value onefill writes is stored as version 4 (the server's expiry
+/// stamped in, the marks block after it) and read back as the version 3
+/// that was written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn values_are_stamped_version_4_and_read_back_as_written() {
+    let _limit = time_limit(LIMIT);
+    let server = RedisServer::start();
+    let ns = unique_ns("v4");
+    let a = cache(
+        &ns,
+        RedisBackend::connect(&server.url()).await.unwrap(),
+        false,
+    );
+    let loads = Arc::new(AtomicUsize::new(0));
+    fetch(&a, "k", &["seller:7"], &loads).await;
+    let keys = FillKeys::new(&ns, "k");
+    let stored = server
+        .query(&["GET", keys.value()])
+        .as_bytes()
+        .expect("a value")
+        .to_vec();
+    assert_eq!(&stored[..2], &[0xF1, 4], "version 4");
+    let mut at = [0u8; 8];
+    at.copy_from_slice(&stored[16..24]);
+    let pexpiretime = server
+        .query(&["PEXPIRETIME", keys.value()])
+        .as_int()
+        .unwrap();
+    assert_eq!(u64::from_be_bytes(at) as i64, pexpiretime);
+    // The marks block follows: one tag, "seller:7".
+    assert_eq!(stored[32], 1);
+    assert_eq!(&stored[33..42], b"\x08seller:7");
+    assert_eq!(a.get("k").await.unwrap().as_deref(), Some("loaded-1"));
+}
