@@ -717,15 +717,27 @@ fn a_mid_run_expire_is_answered_stale_while_an_invalidate_waits() {
             "{count} {outcome} answers: {write}"
         );
     }
-    assert!(write["transition_max_ms"].as_f64().expect("max") < 100.0, "{write}");
+    assert!(
+        write["transition_max_ms"].as_f64().expect("max") < 100.0,
+        "{write}"
+    );
     assert_eq!(n(&expired, "errors"), 0);
 
     let invalidated = run("--invalidate-at-ms");
     let write = &invalidated["write"];
     assert_eq!(write["kind"], "invalidate", "{invalidated}");
     assert_eq!(n(write, "loads_after"), 1, "{write}");
-    assert!(write["transition_outcomes"]["waited"].as_u64().unwrap_or(0) > 0, "{write}");
-    assert!(write["transition_outcomes"].get("stale").is_none(), "{write}");
-    assert!(write["transition_max_ms"].as_f64().expect("max") >= 150.0, "{write}");
+    assert!(
+        write["transition_outcomes"]["waited"].as_u64().unwrap_or(0) > 0,
+        "{write}"
+    );
+    assert!(
+        write["transition_outcomes"].get("stale").is_none(),
+        "{write}"
+    );
+    assert!(
+        write["transition_max_ms"].as_f64().expect("max") >= 150.0,
+        "{write}"
+    );
     assert_eq!(n(&invalidated, "errors"), 0);
 }

@@ -219,7 +219,10 @@ async fn expire_makes_the_value_stale_while_its_slot_migrates() {
     let stale_on = |node: &RedisServer| {
         let pttl = node.query(&["PTTL", keys.value()]).as_int().unwrap();
         assert!((0..=20_000).contains(&pttl), "PTTL {pttl}");
-        assert!(pttl > 10_000, "the grace window from the first expire: {pttl}");
+        assert!(
+            pttl > 10_000,
+            "the grace window from the first expire: {pttl}"
+        );
         let stored = node.query(&["GET", keys.value()]);
         let stored = stored.as_bytes().expect("kept");
         // Odd versions (written apart, by a plain `SET`) carry no stamp.

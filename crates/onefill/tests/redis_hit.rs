@@ -297,8 +297,15 @@ async fn expire_rewrites_the_stamp_so_a_one_get_hit_reads_the_value_stale() {
     assert!(matches!(leased, Acquired::Won { .. }), "{leased:?}");
     backend.expire(&hot).await.unwrap();
     assert_stamped(&server, hot.value(), &written);
-    assert!((0..=5_000).contains(&pttl(hot.value())), "{}", pttl(hot.value()));
-    assert!(server.query(&["GET", hot.lock()]).is_nil(), "the lease is gone");
+    assert!(
+        (0..=5_000).contains(&pttl(hot.value())),
+        "{}",
+        pttl(hot.value())
+    );
+    assert!(
+        server.query(&["GET", hot.lock()]).is_nil(),
+        "the lease is gone"
+    );
     // The hit: stale (its GET alone could not tell, so the pair decides).
     let stale = backend.get(&hot).await.unwrap().expect("a value");
     assert_eq!(stale.bytes, written);

@@ -311,9 +311,7 @@ impl Scenario {
                 kind: OpKind::Expire,
                 // As a `get`, `set` or `invalidate`: dropped now and then
                 // within one backend timeout.
-                drop_after: rng
-                    .random_bool(0.2)
-                    .then(|| range_ms(rng, 1, timeout_ms)),
+                drop_after: rng.random_bool(0.2).then(|| range_ms(rng, 1, timeout_ms)),
                 probe_hangs: rng.random_bool(0.5),
                 past_l1: None,
             });

@@ -56,7 +56,14 @@ pub fn run_command(args: &FleetArgs) -> anyhow::Result<()> {
     let ticker = run_args
         .rate
         .map(|_| Ticker::start(progress, run_args.duration_ms));
-    let report = run_with(&run_args, args.processes, &namespace, fault, write, progress);
+    let report = run_with(
+        &run_args,
+        args.processes,
+        &namespace,
+        fault,
+        write,
+        progress,
+    );
     drop(ticker);
     let mut report = report?;
     if let Some(path) = &args.report {
@@ -332,7 +339,14 @@ mod tests {
         for bad in [
             &["--expire-at-ms", "100"][..],
             &["--rate", "10", "--expire-at-ms", "10000"],
-            &["--rate", "10", "--invalidate-at-ms", "100", "--strategy", "naive"],
+            &[
+                "--rate",
+                "10",
+                "--invalidate-at-ms",
+                "100",
+                "--strategy",
+                "naive",
+            ],
         ] {
             assert!(resolved(bad).is_err(), "{bad:?}");
         }

@@ -81,7 +81,12 @@ pub struct WriteReport {
 impl WriteReport {
     /// Works out the section from the run's calls and loads (every key's;
     /// `key` is the written key's index).
-    pub fn analyse(written: &Written, key: usize, calls: &[CallRecord], loads: &[LoadRecord]) -> Self {
+    pub fn analyse(
+        written: &Written,
+        key: usize,
+        calls: &[CallRecord],
+        loads: &[LoadRecord],
+    ) -> Self {
         let from = written.sent_ms - CLOCK_SLACK_MS;
         let mut after: Vec<&LoadRecord> = loads
             .iter()
@@ -219,7 +224,9 @@ mod tests {
                 ended_ms: Some(1_300.0),
             },
         ];
-        let mut calls: Vec<CallRecord> = (0..100).map(|i| call(i as f64 * 5.0, 0, HIT, 0.5)).collect();
+        let mut calls: Vec<CallRecord> = (0..100)
+            .map(|i| call(i as f64 * 5.0, 0, HIT, 0.5))
+            .collect();
         calls.push(call(500.0, 0, HIT, 2.0));
         calls.push(call(1_001.0, 0, 3, 201.0));
         calls.push(call(1_100.0, 0, 4, 102.0));
@@ -235,6 +242,10 @@ mod tests {
         assert_eq!(report.transition_slower_than_hit_p99, 2);
         assert_eq!(report.transition_outcomes["loaded"], 1);
         assert_eq!(report.transition_outcomes["waited"], 1);
-        assert!(report.to_text().contains("1 loads of it after"), "{}", report.to_text());
+        assert!(
+            report.to_text().contains("1 loads of it after"),
+            "{}",
+            report.to_text()
+        );
     }
 }

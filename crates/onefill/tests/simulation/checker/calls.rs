@@ -52,15 +52,12 @@ impl Checker<'_> {
     pub(super) fn check_writes(&mut self) {
         // Read your writes, per process.
         let calls: Vec<_> = self.calls.values().cloned().collect();
-        for x in calls
-            .iter()
-            .filter(|x| {
-                matches!(
-                    x.kind,
-                    CallKind::Set | CallKind::Invalidate | CallKind::Expire
-                )
-            })
-        {
+        for x in calls.iter().filter(|x| {
+            matches!(
+                x.kind,
+                CallKind::Set | CallKind::Invalidate | CallKind::Expire
+            )
+        }) {
             let Some((x_end, x_end_t, Answer::Done, _, _)) = &x.end else {
                 continue;
             };
@@ -136,7 +133,10 @@ impl Checker<'_> {
                 if let Some(&(w, wt, _)) = self.writes[key].iter().find(|(w, _, _)| {
                     born < *w
                         && *w < landed
-                        && self.expire_kept.get(w).is_none_or(|kept| *kept != Some(origin))
+                        && self
+                            .expire_kept
+                            .get(w)
+                            .is_none_or(|kept| *kept != Some(origin))
                 }) {
                     let landed_t = self.recs[landed].t;
                     self.fail(format!(
@@ -155,22 +155,31 @@ impl Checker<'_> {
     /// the stale value is served and re-stored for the throttle period) or
     /// another client's `PEXPIRE` gave it a longer life again.
     /// A fresh answer of it otherwise is a stale read after the write.
-    fn expired_and_kept(&self, executed: usize, origin: Origin, answer: &Answer, t: Duration) -> bool {
+    fn expired_and_kept(
+        &self,
+        executed: usize,
+        origin: Origin,
+        answer: &Answer,
+        t: Duration,
+    ) -> bool {
         if self.expire_kept.get(&executed) != Some(&Some(origin)) {
             return false;
         }
         let expired_at = self.recs[executed].t;
         // Fresh again since: re-stored fail-safe, or another client's
         // `PEXPIRE` (which onefill cannot know of) lengthened it.
-        let restored = self.landed.iter().flatten().any(|&(seq, o)| {
-            o == origin && seq > executed && self.recs[seq].t <= t
-        }) || self.values.iter().flatten().any(|v| {
-            v.by.is_none()
-                && v.change == Change::Ttl
-                && matches!(v.held, Some((Some(o), _)) if o == origin)
-                && expired_at <= v.t
-                && v.t <= t
-        });
+        let restored = self
+            .landed
+            .iter()
+            .flatten()
+            .any(|&(seq, o)| o == origin && seq > executed && self.recs[seq].t <= t)
+            || self.values.iter().flatten().any(|v| {
+                v.by.is_none()
+                    && v.change == Change::Ttl
+                    && matches!(v.held, Some((Some(o), _)) if o == origin)
+                    && expired_at <= v.t
+                    && v.t <= t
+            });
         let stale = matches!(
             answer,
             Answer::Got(Some(_))
