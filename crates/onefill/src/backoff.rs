@@ -1,6 +1,7 @@
 //! Jittered exponential backoff, the one pacing for everything that polls
 //! or retries: waiters polling for a fill (and a subscribed waiter's
-//! safety-net poll), the Redis subscriber reconnecting.
+//! safety-net poll), the Redis subscriber reconnecting, the replay of
+//! writes that failed in an outage.
 
 use std::time::Duration;
 
@@ -19,9 +20,8 @@ pub(crate) fn jittered(interval: Duration) -> Duration {
 /// lockstep.
 #[derive(Debug, Clone)]
 pub(crate) struct Backoff {
-    /// Where [`Backoff::reset`] starts over (only the Redis subscriber
-    /// resets; waiters make a new backoff per wait).
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    /// Where [`Backoff::reset`] starts over (the Redis subscriber and the
+    /// replay task reset; waiters make a new backoff per wait).
     initial: Duration,
     base: Duration,
     max: Duration,
@@ -48,7 +48,6 @@ impl Backoff {
     }
 
     /// Starts over from the initial interval (after a success).
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn reset(&mut self) {
         self.base = self.initial;
     }

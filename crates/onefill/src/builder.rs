@@ -224,12 +224,13 @@ where
             shared.calls.redis = self.redis;
         }
         let shared = Arc::new(shared);
-        // The cache listens, not its L1: a report reaches the outage
-        // fallback and the namespace's marks too (see `coherence.rs`). Held
-        // weakly by the backend, for as long as the cache's handles live.
-        let listener: Arc<dyn ChangeListener> = shared.clone();
         if let (Some(local), Some(l1)) = (&shared.l1, &l1) {
-            // The L1's prefix covers the marks' keys too (`MarkKeys`).
+            // The cache listens, not its L1: a report reaches the outage
+            // fallback and the namespace's marks too (see `coherence.rs`;
+            // the L1's prefix covers the marks' keys). Held weakly by the
+            // backend, for as long as the cache's handles live. (Without
+            // an L1, the marks are read again after a while instead.)
+            let listener: Arc<dyn ChangeListener> = shared.clone();
             shared
                 .calls
                 .backend
@@ -242,19 +243,6 @@ where
                     option: "l1",
                     reason: format!("cannot be kept coherent: {e}"),
                 })?;
-        } else {
-            // Only the marks. A backend that cannot report changes leaves
-            // them untrusted: each verdict then reads the marks it needs.
-            let marks = shared.marks.keys().prefix().to_owned();
-            let every = L1::new(1).confirm_every();
-            if let Err(e) =
-                shared
-                    .calls
-                    .backend
-                    .track_changes(&marks, every, Arc::downgrade(&listener))
-            {
-                tracing::debug!(%e, "the namespace's marks are read at each verdict: the backend cannot report their changes");
-            }
         }
         Ok(Cache::from_shared(shared))
     }

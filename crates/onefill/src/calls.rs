@@ -14,6 +14,7 @@ use crate::backend::{Backend, FillKeys, Stored};
 use crate::circuit::Breakers;
 use crate::deadline;
 use crate::error::{BackendError, BackendErrorKind};
+#[cfg(feature = "redis")]
 use crate::marks::{Judged, Marks};
 use crate::stats::Recorder;
 
@@ -26,6 +27,7 @@ pub(crate) struct Calls {
     pub redis: Option<crate::backend::redis::RedisBackend>,
     /// What every read is judged by (`backend` judges its own reads; the
     /// direct Redis `get` is judged here).
+    #[cfg(feature = "redis")]
     pub marks: Arc<Marks>,
     /// One circuit breaker per shard of the backend.
     pub breakers: Breakers,

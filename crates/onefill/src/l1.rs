@@ -89,7 +89,7 @@ pub struct L1 {
 }
 
 /// The default [`L1::sync_bound`].
-pub(crate) const DEFAULT_SYNC_BOUND: Duration = Duration::from_millis(250);
+const DEFAULT_SYNC_BOUND: Duration = Duration::from_millis(250);
 
 impl L1 {
     /// An L1 of at most `max_entries` values, with the default sync bound

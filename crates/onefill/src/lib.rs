@@ -142,6 +142,7 @@
 //! | `onefill.refresh` | info | `namespace`, `reason` | a background refresh: a root span that *follows from* the call that started it |
 //! | `onefill.deferred_fill` | info | `namespace` | a fill put off until after the answer: a root span that follows from its call |
 //! | `onefill.deferred_load` | info | `namespace` | the rest of a load the soft timeout answered stale (its fill or release): a root span that follows from its call |
+//! | `onefill.replay` | debug | `op` | the replay of a write that failed for want of the backend (decision 0017), in the cache's replay task: a root span over its `onefill.backend` call |
 //!
 //! `outcome` is `hit`, `stale`, `loaded`, `waited`, `degraded` or `error`
 //! (and `miss` for `get`); `coalesced` says the call shared a flight
@@ -190,6 +191,7 @@ mod loader;
 mod marks;
 pub mod metrics;
 mod options;
+mod replay;
 mod shared;
 mod stats;
 #[cfg(feature = "test-support")]
@@ -211,6 +213,8 @@ pub mod _guide {
     pub mod cached {}
     #[doc = include_str!("../docs/guide/freshness.md")]
     pub mod freshness {}
+    #[doc = include_str!("../docs/guide/tags.md")]
+    pub mod tags {}
     #[doc = include_str!("../docs/guide/waiting.md")]
     pub mod waiting {}
     #[doc = include_str!("../docs/guide/l1.md")]

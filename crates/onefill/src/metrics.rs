@@ -53,11 +53,16 @@
 //! | `onefill_l1_invalidations_total` | counter | | L1 entries dropped because the backend reported a change of their key | `l1_invalidations` |
 //! | `onefill_l1_resets_total` | counter | | times the L1 was emptied because the backend lost track of changes | `l1_resets` |
 //! | `onefill_contention_warnings_total` | counter | | 10 s windows in which at least half of the flights (and 20) waited for another process's lease | `contention_warnings` |
+//! | `onefill_writes_queued_total` | counter | | writes (`set`, `invalidate`) that failed for want of the backend (unreachable, circuit open, timed out, future dropped mid-way), queued to be replayed as invalidations once it answers | `writes_queued` |
+//! | `onefill_writes_replayed_total` | counter | | queued writes the backend ran once it answered again | `writes_replayed` |
+//! | `onefill_writes_dropped_total` | counter | `reason="full"` | queued writes dropped unreplayed, the queue being full (`replay_queue_capacity`; the oldest goes, logged in summary): other processes may answer what they replaced until it expires | `writes_dropped` |
+//! | `onefill_writes_dropped_total` | counter | `reason="refused"` | replays the backend refused (a command error, not an outage): dropped, not retried | `writes_refused` |
 //! | `onefill_load_duration_seconds` | histogram | | how long each loader run took, failed ones included | |
 //! | `onefill_lease_wait_duration_seconds` | histogram | | how long each flight waited for another process's lease, until a fill, a takeover or the deadline | |
 //! | `onefill_lease_hold_duration_seconds` | histogram | | how long this process held each lease it won, from the acquire to its fill or release | |
 //! | `onefill_flight_callers` | histogram | | callers that shared each flight in this process (1: nobody joined) | |
 //! | `onefill_lease_waiters` | gauge | | flights of this process waiting for another process's lease right now | |
+//! | `onefill_writes_pending` | gauge | | failed writes of this process waiting to be replayed right now (`Cache::pending_writes`) | |
 //!
 //! A duplicate load across processes shows on both sides: as a takeover
 //! where the lease was taken over, and as a lost lease (and, if its load
@@ -124,11 +129,15 @@ described! {
     "onefill_l1_invalidations_total" Counter Count "L1 entries dropped because the backend reported a change of their key.",
     "onefill_l1_resets_total" Counter Count "Times the L1 was emptied because the backend lost track of changes.",
     "onefill_contention_warnings_total" Counter Count "10 s windows in which at least half of the flights waited for another process's lease.",
+    "onefill_writes_queued_total" Counter Count "Writes that failed for want of the backend, queued to be replayed as invalidations once it answers.",
+    "onefill_writes_replayed_total" Counter Count "Queued writes the backend ran once it answered again.",
+    "onefill_writes_dropped_total" Counter Count "Queued writes dropped unreplayed, by reason (full: the replay queue was full; refused: the backend refused the replay).",
     "onefill_load_duration_seconds" Histogram Seconds "How long each loader run took (failed runs included).",
     "onefill_lease_wait_duration_seconds" Histogram Seconds "How long each flight waited for another process's lease.",
     "onefill_lease_hold_duration_seconds" Histogram Seconds "How long this process held each lease it won, from acquire to fill or release.",
     "onefill_flight_callers" Histogram Count "Callers that shared each flight in this process (1: nobody joined).",
     "onefill_lease_waiters" Gauge Count "Flights of this process waiting for another process's lease now.",
+    "onefill_writes_pending" Gauge Count "Failed writes of this process waiting to be replayed now.",
 }
 
 /// Describes every onefill metric (type, unit, help text) to the `metrics`

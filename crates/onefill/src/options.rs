@@ -260,6 +260,20 @@ macro_rules! with_options {
                     /// written); 0 turns it off. Healthy reads never use it.
                     fn outage_fallback_capacity(keys: usize) = keys;
                 }
+                replay_queue_capacity: usize = 10_000, check(any) {
+                    /// How many failed writes this process keeps to replay once the
+                    /// backend answers again (10,000 by default; 0 turns it off). A
+                    /// `set` or `invalidate` that fails for want of the backend
+                    /// (unreachable, circuit open, timed out, or its future dropped
+                    /// mid-way) still returns its error, and is replayed, in order,
+                    /// as an invalidation of its key, so the other processes stop
+                    /// answering the value it replaced (see
+                    /// `docs/decisions/0017-replayed-writes.md`). The newest write
+                    /// per key is kept; when the queue is full the oldest is dropped
+                    /// (counted in [`Stats::writes_dropped`](crate::Stats::writes_dropped)).
+                    /// The queue lives in memory: a process that exits loses it.
+                    fn replay_queue_capacity(writes: usize) = writes;
+                }
             }
         }
     };

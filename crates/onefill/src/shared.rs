@@ -5,7 +5,7 @@
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -24,8 +24,9 @@ use crate::fallback::Fallback;
 use crate::l1::{Local, L1};
 use crate::loader::Done;
 use crate::loader::LoadTimes;
-use crate::marks::{Judged, Marks};
+use crate::marks::{Judged, Marks, Trust, RECHECK};
 use crate::options::Policy;
+use crate::replay::{Host, Replays, Target, Write};
 use crate::stats::Recorder;
 
 /// Shared state of one cache: everything a flight needs.
@@ -55,6 +56,9 @@ pub(crate) struct Shared<V> {
     pub l1: Option<Arc<Local<V>>>,
     /// The namespace's marks (tags, `clear`) as this process knows them.
     pub marks: Arc<Marks>,
+    /// Writes that failed for want of the backend, to replay once it
+    /// answers (see `replay.rs`).
+    pub replays: Replays,
 }
 
 /// What a stored value turned out to be, for this cache's codec.
@@ -87,8 +91,13 @@ impl<V: Clone + 'static> Shared<V> {
         l1: Option<&L1>,
     ) -> Self {
         let recorder = Recorder::new(&namespace);
-        let sync_bound = l1.map_or(crate::l1::DEFAULT_SYNC_BOUND, |l1| l1.sync_bound);
-        let marks = Arc::new(Marks::new(&namespace, sync_bound));
+        // With an L1, the marks are trusted as its values are (one
+        // tracking connection reports both); without, for a while after
+        // they were read.
+        let trust = l1.map_or(Trust::Rechecked(RECHECK), |l1| {
+            Trust::Reported(l1.sync_bound)
+        });
+        let marks = Arc::new(Marks::new(&namespace, trust));
         Shared {
             l1: l1.map(|l1| Arc::new(Local::new(l1, &namespace, recorder.clone()))),
             calls: Calls {
@@ -96,6 +105,7 @@ impl<V: Clone + 'static> Shared<V> {
                     inner: backend,
                     marks: marks.clone(),
                 }),
+                #[cfg(feature = "redis")]
                 marks: marks.clone(),
                 #[cfg(feature = "redis")]
                 redis: None,
@@ -104,6 +114,11 @@ impl<V: Clone + 'static> Shared<V> {
                 timeout: policy.backend_timeout,
             },
             fallback: Fallback::new(policy.outage_fallback_capacity),
+            replays: Replays::new(
+                policy.replay_queue_capacity,
+                policy.backend_timeout,
+                recorder.clone(),
+            ),
             namespace,
             codec,
             policy,
@@ -129,6 +144,42 @@ impl<V: Clone + 'static> Shared<V> {
         self.flights.detach(key);
         self.loads.detach(keys.value());
         epoch
+    }
+
+    /// A write of `key` by this process, done or failed: what it
+    /// remembers of the key goes ([`written`](Shared::written)), and the
+    /// outage fallback keeps a tombstone that older flights cannot
+    /// overwrite.
+    fn forget_written(&self, key: &str, keys: &FillKeys) {
+        let epoch = self.written(key, keys);
+        let until = Instant::now() + self.policy.longest_flight();
+        self.fallback.forget(keys.value(), until, epoch);
+    }
+}
+
+impl<V: Clone + Send + Sync + 'static> Host for Shared<V> {
+    fn calls(&self) -> &Calls {
+        &self.calls
+    }
+    fn replays(&self) -> &Replays {
+        &self.replays
+    }
+    fn replayed(&self, key: &str, keys: &FillKeys) {
+        // As after a write, but the key's load stays attached: the failed
+        // write detached every load from before it, so the ones under way
+        // now started after it, and sharing them loses nothing.
+        let epoch = self.epoch.fetch_add(1, Ordering::SeqCst) + 1;
+        if let Some(l1) = &self.l1 {
+            l1.forget(key);
+        }
+        self.flights.detach(key);
+        let until = Instant::now() + self.policy.longest_flight();
+        self.fallback.forget(keys.value(), until, epoch);
+    }
+    fn marked(&self, mark_key: &str, generation: u64) {
+        self.marks.marked(mark_key, generation);
+        self.forget_every_copy();
+        self.flights.detach_all();
     }
 }
 
@@ -324,21 +375,33 @@ impl<V: Clone + 'static> Shared<V> {
 /// overwrite), so nothing from before the write answers after it. Only a
 /// `set` known to have landed, in a cache without an L1, records its own
 /// value instead.
-pub(crate) struct Writing<'a, V: Clone + 'static> {
-    shared: &'a Shared<V>,
+///
+/// A write that did not land for want of the backend (an error other than
+/// a refusal, or its future dropped mid-way: its outcome unknown) is queued
+/// to be replayed as an invalidation of the key (`replay.rs`); one that
+/// landed retires the key's writes queued before it started.
+pub(crate) struct Writing<'a, V: Clone + Send + Sync + 'static> {
+    shared: &'a Arc<Shared<V>>,
     key: &'a str,
     keys: &'a FillKeys,
     /// `false` once [`Writing::landed`] did the bookkeeping.
     armed: bool,
+    /// Queue a replay when dropped: unset by an answer that says whether
+    /// the write ran.
+    replay: bool,
+    /// Its place among the writes to replay (see [`Replays::landed`]).
+    ticket: u64,
 }
 
-impl<'a, V: Clone + 'static> Writing<'a, V> {
-    pub(crate) fn start(shared: &'a Shared<V>, key: &'a str, keys: &'a FillKeys) -> Self {
+impl<'a, V: Clone + Send + Sync + 'static> Writing<'a, V> {
+    pub(crate) fn start(shared: &'a Arc<Shared<V>>, key: &'a str, keys: &'a FillKeys) -> Self {
         Writing {
             shared,
             key,
             keys,
             armed: true,
+            replay: true,
+            ticket: shared.replays.ticket(),
         }
     }
 
@@ -351,6 +414,7 @@ impl<'a, V: Clone + 'static> Writing<'a, V> {
     /// it would put back what the change replaced (the L1 keeps nothing of
     /// its own writes either).
     pub(crate) fn landed(mut self, value: &Option<V>, ttl: Duration) {
+        self.ran();
         if self.shared.l1.is_some() {
             return;
         }
@@ -361,14 +425,55 @@ impl<'a, V: Clone + 'static> Writing<'a, V> {
             .fallback
             .record(self.keys.value(), value, usable_until, epoch);
     }
+
+    /// The write (a delete) is known to have run.
+    pub(crate) fn deleted(mut self) {
+        self.ran();
+    }
+
+    /// The write (an `expire`) is known to have run: no replay. Unlike a
+    /// `set` or an `invalidate`, it leaves the key's writes queued before
+    /// it queued: their replays (invalidations) remove the value it left
+    /// readable, stale.
+    pub(crate) fn expired(mut self) {
+        self.replay = false;
+    }
+
+    /// The write failed with `error`: replayed later unless the backend
+    /// refused it (an answer, not an outage: a replay would meet the same
+    /// refusal).
+    pub(crate) fn failed(mut self, error: &Error) {
+        if let Error::Backend(e) = error {
+            if !e.is_transient() {
+                self.replay = false;
+            }
+        }
+    }
+
+    /// The write ran: no replay, and the key's writes queued before this
+    /// one started are done with.
+    fn ran(&mut self) {
+        self.replay = false;
+        let target = Target::Key(self.key.to_owned());
+        self.shared.replays.landed(&target, self.ticket);
+    }
 }
 
-impl<V: Clone + 'static> Drop for Writing<'_, V> {
+impl<V: Clone + Send + Sync + 'static> Drop for Writing<'_, V> {
     fn drop(&mut self) {
         if self.armed {
-            let epoch = self.shared.written(self.key, self.keys);
-            let until = Instant::now() + self.shared.policy.longest_flight();
-            self.shared.fallback.forget(self.keys.value(), until, epoch);
+            self.shared.forget_written(self.key, self.keys);
+        }
+        if self.replay {
+            let write = Write::Invalidate {
+                key: self.key.to_owned(),
+                keys: self.keys.clone(),
+            };
+            let host = || -> Weak<dyn Host> {
+                let weak: Weak<Shared<V>> = Arc::downgrade(self.shared);
+                weak
+            };
+            self.shared.replays.push(write, host);
         }
     }
 }

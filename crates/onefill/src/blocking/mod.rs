@@ -459,6 +459,12 @@ where
         self.cache.stats()
     }
 
+    /// How many failed writes wait to be replayed. As
+    /// [`Cache::pending_writes`].
+    pub fn pending_writes(&self) -> usize {
+        self.cache.pending_writes()
+    }
+
     /// The circuit breaker's state. As [`Cache::circuit_state`].
     pub fn circuit_state(&self) -> CircuitState {
         self.cache.circuit_state()

@@ -4,6 +4,7 @@
 //! values stay where they are and are judged by it when read.
 
 use std::fmt::Display;
+use std::sync::{Arc, Weak};
 
 use tracing::Instrument;
 
@@ -11,6 +12,7 @@ use crate::backend::MarkKind;
 use crate::error::Error;
 use crate::key::MarkKeys;
 use crate::marks::{self, Marks, Target};
+use crate::replay::{Host, Write};
 use crate::shared::Shared;
 
 use super::primitives::ended;
@@ -20,16 +22,53 @@ use super::Cache;
 /// future dropped while the command may still land), what this process
 /// keeps of the namespace's values goes, and its view of the mark with it,
 /// so no call that starts after it returns answers a value it may judge.
+/// One that did not land for want of the backend (an error other than a
+/// refusal, or dropped mid-way) is queued to be replayed (`replay.rs`); one
+/// that landed retires the same mark queued before it started.
 struct Marking<'a, V: Clone + Send + Sync + 'static> {
-    shared: &'a Shared<V>,
-    mark_key: &'a str,
+    shared: &'a Arc<Shared<V>>,
+    write: Option<Write>,
+    ticket: u64,
+}
+
+impl<V: Clone + Send + Sync + 'static> Marking<'_, V> {
+    /// The mark ran, at `generation`.
+    fn landed(mut self, generation: u64) {
+        if let Some(write) = self.write.take() {
+            self.shared.replays.landed(&write.target(), self.ticket);
+            if let Write::Mark { mark_key, .. } = &write {
+                self.shared.marks.marked(mark_key, generation);
+            }
+        }
+    }
+
+    /// The mark failed with `error`: replayed later unless the backend
+    /// refused it (an answer: a replay would meet the same refusal, and
+    /// `Unsupported` is one).
+    fn failed(&mut self, error: &Error) {
+        if let Error::Backend(e) = error {
+            if !e.is_transient() {
+                self.write = None;
+            }
+        }
+    }
 }
 
 impl<V: Clone + Send + Sync + 'static> Drop for Marking<'_, V> {
     fn drop(&mut self) {
-        self.shared.marks.changed(self.mark_key.as_bytes());
-        self.shared.forget_every_copy();
-        self.shared.flights.detach_all();
+        let shared = self.shared;
+        if let Some(write) = self.write.take() {
+            if let Write::Mark { mark_key, .. } = &write {
+                shared.marks.changed(mark_key.as_bytes());
+            }
+            let host = || -> Weak<dyn Host> {
+                let weak: Weak<Shared<V>> = Arc::downgrade(shared);
+                weak
+            };
+            shared.replays.push(write, host);
+        }
+        shared.forget_every_copy();
+        shared.flights.detach_all();
     }
 }
 
@@ -44,11 +83,12 @@ where
     /// values. A load under way that began before it still answers its own
     /// callers, but what it stores is a miss too.
     ///
-    /// After it returns, this process answers no such value; another
-    /// process stops within the time its backend takes to tell it (one
-    /// round trip on Redis, whose tracking reports the mark), and at most
-    /// [`L1::sync_bound`](crate::L1::sync_bound) (250 ms by default) if it
-    /// cannot hear of it.
+    /// After it returns, this cache answers no such value. Another cache
+    /// with an [`L1`](crate::L1) stops within the time its backend takes to
+    /// tell it (one round trip on Redis, whose tracking reports the mark),
+    /// and at most [`L1::sync_bound`](crate::L1::sync_bound) (250 ms by
+    /// default) if it cannot hear of it; one without an L1, within a
+    /// second (it trusts the marks it read that long).
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), onefill::Error> {
@@ -129,21 +169,36 @@ where
             let mark_key = shared.marks.key_of(target);
             let generation_key = shared.marks.keys().generation();
             let slot = MarkKeys::slot(&shared.namespace);
-            let _marking = Marking {
-                shared,
-                mark_key: &mark_key,
-            };
             let retention = Marks::retention(target, kind);
+            let mut marking = Marking {
+                shared,
+                ticket: shared.replays.ticket(),
+                write: Some(Write::Mark {
+                    gen_key: generation_key.clone(),
+                    mark_key: mark_key.clone(),
+                    kind,
+                    retention,
+                    slot: slot.clone(),
+                }),
+            };
             let backend = &shared.calls.backend;
-            let generation = self
+            let marked = self
                 .call(
                     &slot,
                     "mark",
                     backend.mark(&generation_key, &mark_key, kind, retention),
                 )
-                .await?;
-            shared.marks.marked(&mark_key, generation);
-            Ok(())
+                .await;
+            match marked {
+                Ok(generation) => {
+                    marking.landed(generation);
+                    Ok(())
+                }
+                Err(e) => {
+                    marking.failed(&e);
+                    Err(e)
+                }
+            }
         };
         let marked = marked.instrument(span.clone()).await;
         ended(&span, &marked, |_| "ok");

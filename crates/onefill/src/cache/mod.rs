@@ -598,14 +598,21 @@ where
             let key = self.validated(key)?;
             let keys = FillKeys::new(&self.shared.namespace, &key);
             // Done, failed or dropped mid-way: what this process remembers
-            // of the key goes, and older flights cannot put it back.
-            let _writing = Writing::start(&self.shared, &key, &keys);
-            self.call(
-                &keys,
-                "invalidate",
-                self.shared.calls.backend.invalidate(&keys),
-            )
-            .await
+            // of the key goes, and older flights cannot put it back; failed
+            // or dropped, it is replayed once the backend answers.
+            let writing = Writing::start(&self.shared, &key, &keys);
+            let invalidated = self
+                .call(
+                    &keys,
+                    "invalidate",
+                    self.shared.calls.backend.invalidate(&keys),
+                )
+                .await;
+            match &invalidated {
+                Ok(()) => writing.deleted(),
+                Err(e) => writing.failed(e),
+            }
+            invalidated
         };
         let invalidated = invalidated.instrument(span.clone()).await;
         ended(&span, &invalidated, |_| "ok");
@@ -625,7 +632,9 @@ where
     /// a missing key is not an error. As with `invalidate`, any lease is
     /// removed, so a load in flight from before this call still answers its
     /// own callers but does not store its result, and this process's L1
-    /// and outage fallback forget the key.
+    /// and outage fallback forget the key. An `expire` that fails for want
+    /// of the backend is replayed as an invalidation once it answers again
+    /// (see [`replay_queue_capacity`](crate::CacheBuilder::replay_queue_capacity)).
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -663,10 +672,18 @@ where
             let key = self.validated(key)?;
             let keys = FillKeys::new(&self.shared.namespace, &key);
             // As for `invalidate`: what this process remembers of the key
-            // goes, and older flights cannot put it back.
-            let _writing = Writing::start(&self.shared, &key, &keys);
-            self.call(&keys, "expire", self.shared.calls.backend.expire(&keys))
-                .await
+            // goes, and older flights cannot put it back; failed or dropped
+            // for want of the backend, it is replayed once the backend
+            // answers (as an invalidation: more than was asked, never less).
+            let writing = Writing::start(&self.shared, &key, &keys);
+            let expired = self
+                .call(&keys, "expire", self.shared.calls.backend.expire(&keys))
+                .await;
+            match &expired {
+                Ok(()) => writing.expired(),
+                Err(e) => writing.failed(e),
+            }
+            expired
         };
         let expired = expired.instrument(span.clone()).await;
         ended(&span, &expired, |_| "ok");
@@ -676,6 +693,15 @@ where
     /// A snapshot of this cache's counters.
     pub fn stats(&self) -> Stats {
         self.shared.recorder.snapshot()
+    }
+
+    /// How many writes of this cache that failed for want of the backend
+    /// wait to be replayed (as invalidations, once it answers again; see
+    /// [`CacheBuilder::replay_queue_capacity`](crate::CacheBuilder::replay_queue_capacity)).
+    /// 0 once every such write is replayed: a process about to exit may wait
+    /// for it, since the queue lives only in memory.
+    pub fn pending_writes(&self) -> usize {
+        self.shared.replays.len()
     }
 
     /// The circuit breakers' state: the worst over the backend's shards in

@@ -151,13 +151,20 @@ where
             (as_of, tags),
         )?;
         let writing = Writing::start(&self.shared, &key, &keys);
-        self.call(
-            &keys,
-            "set",
-            self.shared.calls.backend.set(&keys, &bytes, ttl),
-        )
-        .await?;
-        writing.landed(&value, ttl);
+        let set = self
+            .call(
+                &keys,
+                "set",
+                self.shared.calls.backend.set(&keys, &bytes, ttl),
+            )
+            .await;
+        match set {
+            Ok(()) => writing.landed(&value, ttl),
+            Err(e) => {
+                writing.failed(&e);
+                return Err(e);
+            }
+        }
         Ok(())
     }
 

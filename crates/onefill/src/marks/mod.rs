@@ -7,13 +7,17 @@
 //! its load began at (`as_of`) and its tags, so a value older than a hard
 //! mark it is subject to is gone (a miss), older than a soft one stale.
 //!
-//! The marks a value needs are held here while the backend vouches for
-//! them, as an L1 holds values: the keys are tracked (every change
-//! reported, and the sync confirmed every so often), and a mark is only
-//! trusted within the sync bound of the last confirmation. So an untagged
-//! hit costs nothing more than its read, and a tagged one nothing more
-//! while its tags' marks are held; otherwise one read of the marks (all in
-//! one slot: one round trip) before the verdict.
+//! The marks a value needs are held here, and trusted in one of two ways
+//! ([`Trust`]): with an L1, the backend vouches for them as for the L1's
+//! values (the keys are tracked: every change reported, and the sync
+//! confirmed every so often; a mark is trusted within the sync bound of
+//! the last confirmation); without one, a held mark is trusted for a
+//! second after it was read, and read again beside the next read after
+//! that (no tracking connection, no `PING`s: a process that does not read
+//! costs nothing). So an untagged hit costs nothing more than its read,
+//! and a tagged one nothing more while its tags' marks are held; otherwise
+//! one read of the marks (all in one slot: one round trip) before the
+//! verdict.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
@@ -39,6 +43,27 @@ pub const TAG_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
 /// The most marks held at once; past it, the held marks are dropped (and
 /// read again as values need them).
 const HELD_MARKS: usize = 10_000;
+
+/// How long a cache without an L1 trusts a mark it read (see [`Trust`]).
+pub(crate) const RECHECK: Duration = Duration::from_secs(1);
+
+/// How a process trusts the marks it holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Trust {
+    /// The backend reports their changes and confirms its sync: trusted
+    /// within this bound of the last confirmation.
+    Reported(Duration),
+    /// Nothing reports them: each is trusted for this long after it was
+    /// read.
+    Rechecked(Duration),
+}
+
+/// A mark held, and when the read that found it began.
+#[derive(Debug, Clone, Copy)]
+struct Held {
+    mark: Mark,
+    read_at: Instant,
+}
 
 /// What the marks make of a value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,14 +93,14 @@ pub(crate) struct Marks {
     /// of its key was reported, or it was never read).
     generation_stale: std::sync::atomic::AtomicBool,
     /// The marks held, by tag (the empty tag: the whole namespace's).
-    held: Mutex<HashMap<Box<[u8]>, Mark>>,
+    held: Mutex<HashMap<Box<[u8]>, Held>>,
     /// Bumped by every change report and reset: a read of marks that began
     /// before one does not keep what it read.
     changes: AtomicU64,
     base: Instant,
     /// Milliseconds since `base` until which held marks are trusted.
     trusted_until: AtomicU64,
-    sync_bound: Duration,
+    trust: Trust,
     support: AtomicU8,
 }
 
@@ -103,9 +128,8 @@ fn verdict<'m>(as_of: u64, marks: impl IntoIterator<Item = &'m Mark>) -> Verdict
 }
 
 impl Marks {
-    /// The marks of `namespace`, trusted for `sync_bound` after each sync
-    /// the backend confirms.
-    pub(crate) fn new(namespace: &str, sync_bound: Duration) -> Self {
+    /// The marks of `namespace`, trusted as `trust` says.
+    pub(crate) fn new(namespace: &str, trust: Trust) -> Self {
         Marks {
             keys: MarkKeys::new(namespace),
             generation: AtomicU64::new(0),
@@ -114,7 +138,7 @@ impl Marks {
             changes: AtomicU64::new(0),
             base: Instant::now(),
             trusted_until: AtomicU64::new(0),
-            sync_bound,
+            trust,
             support: AtomicU8::new(SUPPORT_UNKNOWN),
         }
     }
@@ -132,8 +156,12 @@ impl Marks {
         u64::try_from(at.saturating_duration_since(self.base).as_millis()).unwrap_or(u64::MAX)
     }
 
-    fn trusted(&self, now: Instant) -> bool {
-        self.millis(now) < self.trusted_until.load(Ordering::Acquire)
+    /// Whether `held` may judge at `now`.
+    fn trusted(&self, held: &Held, now: Instant) -> bool {
+        match self.trust {
+            Trust::Reported(_) => self.millis(now) < self.trusted_until.load(Ordering::Acquire),
+            Trust::Rechecked(every) => now < held.read_at + every,
+        }
     }
 
     fn unsupported(&self) -> bool {
@@ -147,14 +175,12 @@ impl Marks {
         if self.unsupported() {
             return Some(Verdict::Valid);
         }
-        if trust && !self.trusted(now) {
-            return None;
-        }
         let held = self.held.lock();
-        let namespace = held.get(&b""[..])?;
-        let mut all = vec![namespace];
+        let usable = |h: &Held| !trust || self.trusted(h, now);
+        let namespace = held.get(&b""[..]).filter(|h| usable(h))?;
+        let mut all = vec![&namespace.mark];
         for tag in marks.tags() {
-            all.push(held.get(tag)?);
+            all.push(&held.get(tag).filter(|h| usable(h))?.mark);
         }
         Some(verdict(marks.as_of, all))
     }
@@ -169,6 +195,7 @@ impl Marks {
         tags: &[&[u8]],
     ) -> Result<Option<Vec<Mark>>, BackendError> {
         let ticket = self.changes.load(Ordering::SeqCst);
+        let read_at = Instant::now();
         let mut keys = vec![self.keys.clear()];
         keys.extend(tags.iter().map(|t| self.keys.tag(t)));
         let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
@@ -197,9 +224,10 @@ impl Marks {
             if held.len() + marks.len() > HELD_MARKS {
                 held.clear();
             }
-            held.insert(Box::from(&b""[..]), marks[0]);
+            let kept = |mark: Mark| Held { mark, read_at };
+            held.insert(Box::from(&b""[..]), kept(marks[0]));
             for (tag, mark) in tags.iter().zip(&marks[1..]) {
-                held.insert(Box::from(*tag), *mark);
+                held.insert(Box::from(*tag), kept(*mark));
             }
         }
         Ok(Some(marks))
@@ -218,7 +246,8 @@ impl Marks {
     }
 
     fn namespace_held(&self, now: Instant) -> bool {
-        self.trusted(now) && self.held.lock().contains_key(&b""[..])
+        let held = self.held.lock();
+        held.get(&b""[..]).is_some_and(|h| self.trusted(h, now))
     }
 
     /// Makes sure the generation a load records is current: read again if
@@ -228,7 +257,8 @@ impl Marks {
     /// truth, which can only make its value judged by a mark it was not
     /// subject to (and loaded again), never the other way.
     pub(crate) async fn before_load(&self, backend: &dyn Backend) {
-        if self.unsupported() || !self.generation_stale.load(Ordering::SeqCst) {
+        let stale = self.generation_stale.load(Ordering::SeqCst);
+        if self.unsupported() || !stale && self.namespace_held(Instant::now()) {
             return;
         }
         if let Err(e) = self.read(backend, &[]).await {
@@ -369,10 +399,13 @@ impl Marks {
 
     /// See [`ChangeListener::synced`](crate::backend::ChangeListener::synced).
     pub(crate) fn synced(&self, as_of: Option<Instant>) {
+        let Trust::Reported(bound) = self.trust else {
+            return;
+        };
         let until = match as_of {
             Some(at) => self
                 .millis(at)
-                .saturating_add(u64::try_from(self.sync_bound.as_millis()).unwrap_or(u64::MAX)),
+                .saturating_add(u64::try_from(bound.as_millis()).unwrap_or(u64::MAX)),
             None => 0,
         };
         self.trusted_until.store(until, Ordering::Release);

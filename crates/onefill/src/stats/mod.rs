@@ -63,6 +63,7 @@ macro_rules! counters {
             lease_hold_duration: metrics::Histogram,
             flight_callers: metrics::Histogram,
             lease_waiters: metrics::Gauge,
+            writes_pending: metrics::Gauge,
         }
 
         impl Handles {
@@ -92,6 +93,10 @@ macro_rules! counters {
                     ),
                     lease_waiters: metrics::gauge!(
                         "onefill_lease_waiters",
+                        "namespace" => namespace.to_owned()
+                    ),
+                    writes_pending: metrics::gauge!(
+                        "onefill_writes_pending",
                         "namespace" => namespace.to_owned()
                     ),
                 }
@@ -199,6 +204,21 @@ counters! {
     /// at least 20) had to wait for another process's lease: the lock is
     /// doing the work a refresh strategy (grace, early refresh) should do.
     contention_warnings => "onefill_contention_warnings_total",
+    /// Writes (`set`, `invalidate`) that failed for want of the backend
+    /// (unreachable, circuit open, timed out, or their caller's future
+    /// dropped mid-way) and were queued to be replayed as invalidations
+    /// once it answers again (a write of a key already queued takes that
+    /// one's place, and counts again).
+    writes_queued => "onefill_writes_queued_total",
+    /// Queued writes replayed: the backend ran them.
+    writes_replayed => "onefill_writes_replayed_total",
+    /// Queued writes dropped unreplayed because the queue was full
+    /// (`replay_queue_capacity`): the oldest goes. Other processes may
+    /// answer what such a write replaced until it expires.
+    writes_dropped => "onefill_writes_dropped_total" { "reason" => "full" },
+    /// Replays the backend refused (a command error, not an outage):
+    /// dropped, not retried.
+    writes_refused => "onefill_writes_dropped_total" { "reason" => "refused" },
 }
 
 /// A flight counted in the `onefill_lease_waiters` gauge while alive.
@@ -434,6 +454,31 @@ impl Recorder {
     pub(crate) fn circuit_rejected(&self) {
         bump!(self, circuit_rejected)
     }
+    /// A failed write was queued for replay.
+    pub(crate) fn write_queued(&self) {
+        bump!(self, writes_queued)
+    }
+    /// A queued write was replayed.
+    pub(crate) fn write_replayed(&self) {
+        bump!(self, writes_replayed)
+    }
+    /// A queued write was dropped, the queue being full (logged in
+    /// summary by the queue).
+    pub(crate) fn write_dropped(&self) {
+        bump!(self, writes_dropped)
+    }
+    /// A replay was refused by the backend and dropped.
+    pub(crate) fn write_refused(&self) {
+        bump!(self, writes_refused)
+    }
+    /// A cache's queue of writes to replay went from `before` to `after`
+    /// (a gauge summed over the caches of a namespace, as the waiters').
+    pub(crate) fn writes_pending(&self, before: usize, after: usize) {
+        let delta = after as f64 - before as f64;
+        if delta != 0.0 {
+            self.metrics.writes_pending.increment(delta);
+        }
+    }
     pub(crate) fn circuit_opened(&self) {
         bump!(self, circuit_opened);
         tracing::warn!("circuit breaker opened: backend calls are skipped for a while");
@@ -570,7 +615,8 @@ mod tests {
         callers.sort_by(f64::total_cmp);
         assert_eq!(callers, [1.0, 1.0, 1.0, 1.0, 3.0]);
         assert_eq!(histograms.len(), 4);
-        assert_eq!(gauges.len(), 1);
+        assert_eq!(gauges.len(), 2);
         assert_eq!(gauges["onefill_lease_waiters"].0, 0.0, "no wait left");
+        assert_eq!(gauges["onefill_writes_pending"].0, 0.0, "no write failed");
     }
 }

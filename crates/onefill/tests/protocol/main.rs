@@ -21,6 +21,7 @@ mod loader_freshness;
 mod marks;
 mod no_store;
 mod outage_memory;
+mod replays;
 mod round_trip;
 mod soft_timeout;
 mod stale_lives;

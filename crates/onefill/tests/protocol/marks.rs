@@ -349,3 +349,40 @@ async fn a_tagged_value_lives_no_longer_than_its_tags_marks() {
     assert_eq!(ttl("k"), onefill::TAG_RETENTION);
     assert!(ttl("untagged") > onefill::TAG_RETENTION);
 }
+
+/// A process without an L1 hears of no mark: it trusts the marks it read
+/// for a second (`RECHECK`), then reads them again beside its next read.
+/// So another process's mark reaches it within a second, and not sooner
+/// than the store is asked: until then it answers what it judged by the
+/// marks it held.
+#[tokio::test(start_paused = true)]
+async fn without_an_l1_a_process_reads_the_marks_again_within_a_second() {
+    let store = MemoryBackend::new();
+    let a = process(&store, Duration::ZERO);
+    let b: Cache<String, String> = Cache::builder()
+        .namespace(NS)
+        .backend(store.clone())
+        .ttl(Duration::from_secs(60))
+        .no_l1()
+        .build()
+        .unwrap();
+    let origin = Origin::default();
+    origin.fetch(&a, "k", &["t"], Duration::ZERO).await;
+    assert_eq!(
+        b.get("k").await.unwrap().as_deref(),
+        Some("v1"),
+        "marks read"
+    );
+    a.invalidate_tag("t").await.expect("marked");
+    assert_eq!(
+        b.get("k").await.unwrap().as_deref(),
+        Some("v1"),
+        "the marks it read a moment ago still judge"
+    );
+    tokio::time::sleep(Duration::from_millis(1_001)).await;
+    assert_eq!(
+        b.get("k").await.unwrap(),
+        None,
+        "read again: the mark judges"
+    );
+}

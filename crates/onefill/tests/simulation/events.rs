@@ -216,6 +216,12 @@ pub(crate) enum Ev {
         inst: usize,
     },
     Healthy,
+    /// The queue of failed writes of every live instance is empty, once
+    /// the healthy tail began (see `run.rs`).
+    Drained,
+    /// The final reads begin: every live instance reads every key
+    /// (invariant 9).
+    FinalReads,
     Entry {
         inst: usize,
         op: BOp,

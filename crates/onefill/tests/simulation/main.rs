@@ -249,6 +249,20 @@
 //!    tracking up meanwhile; a coalesced call is spared). A version never
 //!    stored (a degraded load's) is invariant 7's. Every bound comes from
 //!    the scenario and the log.
+//! 9. **Writes that fail in an outage are replayed** (decision 0017). A
+//!    `set` or `invalidate` that fails for want of the store (any error but
+//!    a refusal, `Command`; or its caller gone mid-call) is queued by its
+//!    instance and replayed as an invalidation once the store answers.
+//!    Checked: from the start of the healthy tail, every live instance's
+//!    queue is empty (`Cache::pending_writes`, polled from one backend
+//!    timeout into the tail, when every write under way has failed and
+//!    been queued) within that timeout, a tracking loss's 500 ms, the
+//!    breaker's window and the replay task's longest pause (1.25 s); then, once every L1 had the time to hear of the replays
+//!    (its sync bound and 500 ms more), every live instance reads every
+//!    key, and no read answers a version first stored before a write of its
+//!    key that failed so, by an instance that never died and whose
+//!    replays the store never refused (a refused replay is dropped, as
+//!    documented). The variant that queues nothing (`no-replay`) is caught.
 //!
 //! # Found so far
 //!
@@ -297,9 +311,10 @@
 //! a write told at once only to the L1s of the backend object that
 //! made it (`per-backend-listeners`: another cache of the process hears
 //! of it by the push), and a `take_over` that deletes whatever lease it
-//! finds, not only the gone holder's (`take-over-any`), and an `expire`
+//! finds, not only the gone holder's (`take-over-any`), an `expire`
 //! that cuts the key's TTL but leaves the expiry written in the value
-//! (`expire-unstamped`: a script without its `SETRANGE`). One test per
+//! (`expire-unstamped`: a script without its `SETRANGE`), and failed
+//! writes never queued for replay (`no-replay`). One test per
 //! variant asserts it is caught by the invariant it breaks (within 400
 //! seeds; the last three within the default 10,000, and the stamped TTL's
 //! fallback copy within the first 20,000, of which only the seeds it can
@@ -323,7 +338,10 @@
 //! survives only in a copy read after another client shortened it, and
 //! only while no report came since); the per-backend listeners by
 //! invariant 4 (another cache's L1
-//! answering the replaced value after the write returned), 701.
+//! answering the replaced value after the write returned), 701; a cache
+//! that queues no failed write (`no-replay`: `replay_queue_capacity(0)`)
+//! by invariant 9 (a version stored before a write that failed, read once
+//! the queues drained), 89.
 //!
 //! Ten library bugs fixed earlier (the conformance suite's `regressions`
 //! and `tests/protocol/outage_memory.rs` keep their cases), each reintroduced in
@@ -384,7 +402,7 @@
 //!   span), so a load is known to run under the lease its flight won;
 //! - `checker/`: the replay of the log (`replay.rs`) and the invariants
 //!   (`loads.rs`: 1 and 3, `calls.rs`: 2, 4, 5 and 7, `stats.rs`: 6,
-//!   `copies.rs`: 8);
+//!   `copies.rs`: 8, `converged.rs`: 9);
 //! - `variants.rs`: the broken variants, and the tests that each is caught;
 //! - this file: running seeds, the simulation test, replay.
 
@@ -503,7 +521,8 @@ fn simulation() {
          deaths, {} leases won with a lost reply, {} fills or releases failed, {} calls \
          rejected by breakers; {} leases taken over ({} from a live holder judged wrongly), {} \
          watches lost their signal; {} answers from an L1, {} copies of a version gone from the \
-         store during the call, {} changes by the foreign writer, {} tracking connections lost",
+         store during the call, {} changes by the foreign writer, {} tracking connections lost; \
+         {} writes failed for want of the store, {} replayed",
         started.elapsed(),
         tally.loads,
         tally.degraded_loads,
@@ -525,6 +544,8 @@ fn simulation() {
         tally.copies,
         tally.foreign_changes,
         tally.tracking_losses,
+        tally.failed_writes,
+        tally.replayed_writes,
     );
     for (seed, violations) in failures.iter().take(20) {
         println!(

@@ -17,7 +17,7 @@ use tokio::time::Instant;
 use crate::events::{Answer, CallKind, Change, Ev, Exec, LoadEnd, World};
 use crate::injector::Injector;
 use crate::liveness::Liveness;
-use crate::scenario::{ForeignOp, LoadResult, LoadSpec, Op, OpKind, Scenario, NS};
+use crate::scenario::{ms, ForeignOp, LoadResult, LoadSpec, Op, OpKind, Scenario, NS, TICK};
 use crate::tracking::Tracking;
 use crate::variants::Variant;
 
@@ -308,6 +308,32 @@ async fn foreign(
     }
 }
 
+/// Waits until no live instance has failed writes left to replay (polled
+/// every 10 ms, from one backend timeout into the healthy tail: a write
+/// under way when it began fails, and is queued, by then), then logs it;
+/// gives up after `patience` (the checker then reports the queue stuck).
+async fn drained(
+    world: Arc<World>,
+    caches: Vec<Cache<String, String>>,
+    writes_end: Duration,
+    patience: Duration,
+) -> bool {
+    let started = Instant::now();
+    tokio::time::sleep(writes_end).await;
+    loop {
+        let pending =
+            (caches.iter().enumerate()).any(|(i, c)| !world.is_dead(i) && c.pending_writes() > 0);
+        if !pending {
+            world.record(Ev::Drained);
+            return true;
+        }
+        if started.elapsed() > patience {
+            return false;
+        }
+        tokio::time::sleep(ms(10)).await;
+    }
+}
+
 fn answer_of(result: Result<Answer, Error>) -> Answer {
     result.unwrap_or_else(|e| Answer::Failed(e.to_string()))
 }
@@ -436,6 +462,12 @@ pub(crate) async fn simulate(seed: u64, s: &Scenario, variant: Variant) -> Arc<W
     // passed, one call per live instance must reach the backend.
     world.healthy.store(true, Ordering::SeqCst);
     world.record(Ev::Healthy);
+    let drained = tokio::spawn(drained(
+        world.clone(),
+        caches.clone(),
+        s.backend_timeout + TICK,
+        s.drain_patience(),
+    ));
     tokio::time::sleep(s.breaker_window()).await;
     for (i, cache) in caches.iter().enumerate() {
         if !world.is_dead(i) {
@@ -449,6 +481,28 @@ pub(crate) async fn simulate(seed: u64, s: &Scenario, variant: Variant) -> Arc<W
                 past_l1: None,
             };
             run_op(world.clone(), cache.clone(), probe, s.backend_timeout * 4).await;
+        }
+    }
+    // Once every queue of failed writes is replayed and every L1 has had
+    // the time to hear of it (a report, or its sync bound with tracking
+    // lost, which lasts at most 500 ms into the tail), every live instance
+    // reads every key: invariant 9.
+    if drained.await.unwrap_or(false) {
+        tokio::time::sleep(s.sync_bound + ms(500) + TICK).await;
+        world.record(Ev::FinalReads);
+        for (i, cache) in caches.iter().enumerate() {
+            for key in (0..s.keys).filter(|_| !world.is_dead(i)) {
+                let read = Op {
+                    at: Duration::ZERO,
+                    inst: i,
+                    key,
+                    kind: OpKind::Get,
+                    drop_after: None,
+                    probe_hangs: false,
+                    past_l1: None,
+                };
+                run_op(world.clone(), cache.clone(), read, s.backend_timeout * 4).await;
+            }
         }
     }
     // Quiescence: every flight, load, refresh, deferred fill and lease is

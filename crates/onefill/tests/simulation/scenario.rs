@@ -434,6 +434,11 @@ impl Scenario {
         } else {
             builder
         };
+        let builder = if variant == Variant::NoReplay {
+            builder.replay_queue_capacity(0)
+        } else {
+            builder
+        };
         let builder = match self.negative_ttl {
             Some(ttl) => builder.negative_ttl(ttl),
             None => builder.no_negative_caching(),
@@ -479,6 +484,23 @@ impl Scenario {
     /// for `open_for`, and the probe then takes up to one timeout.
     pub(crate) fn breaker_window(&self) -> Duration {
         self.breaker.open_for + self.backend_timeout * 2 + TICK
+    }
+
+    /// How long after the healthy tail began every live instance's queue
+    /// of failed writes is empty (decision 0017): a write under way then
+    /// fails within one backend timeout; a tracking connection lost (an
+    /// outage of its instance) may last 500 ms into the tail and open its
+    /// breaker then; the breaker rejects the replays for its window; then
+    /// the replay task's longest pause (1 s ±25 %), and the replays
+    /// themselves, a few round trips of a healthy store.
+    pub(crate) fn drain_bound(&self) -> Duration {
+        self.backend_timeout + ms(500) + self.breaker_window() + ms(1250) + TICK
+    }
+
+    /// How long the run waits for the queues to drain before it gives up
+    /// (the checker then reports them stuck).
+    pub(crate) fn drain_patience(&self) -> Duration {
+        self.drain_bound() * 4
     }
 
     /// The longest a value lives on the store after it is written (or, for

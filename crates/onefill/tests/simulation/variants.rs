@@ -33,6 +33,9 @@ pub(crate) enum Variant {
     /// value as it was (a script without its `SETRANGE`): a one-`GET` hit
     /// keeps reading the value as fresh.
     ExpireUnstamped,
+    /// Writes that fail for want of the store are not queued for replay
+    /// (`replay_queue_capacity(0)`: as before decision 0017).
+    NoReplay,
 }
 
 impl Variant {
@@ -61,6 +64,7 @@ impl Variant {
             Ok("per-backend-listeners") => Variant::PerBackendListeners,
             Ok("take-over-any") => Variant::TakeOverAny,
             Ok("expire-unstamped") => Variant::ExpireUnstamped,
+            Ok("no-replay") => Variant::NoReplay,
             _ => Variant::Correct,
         }
     }
@@ -76,6 +80,7 @@ impl Variant {
             Variant::PerBackendListeners => Some("per-backend-listeners"),
             Variant::TakeOverAny => Some("take-over-any"),
             Variant::ExpireUnstamped => Some("expire-unstamped"),
+            Variant::NoReplay => Some("no-replay"),
         }
     }
     pub(crate) fn replay_command(self, seed: u64) -> String {
@@ -203,4 +208,11 @@ fn catches_take_over_of_any_lease() {
 #[test]
 fn catches_expire_that_leaves_the_stamp() {
     caught(Variant::ExpireUnstamped, Invariant::WritesFinal);
+}
+
+/// Writes that failed in an outage, never replayed: once the faults end,
+/// another instance still answers the value such a write replaced.
+#[test]
+fn catches_writes_not_replayed() {
+    caught_where(Variant::NoReplay, Invariant::Replayed, "", 2_000);
 }

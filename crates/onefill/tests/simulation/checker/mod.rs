@@ -2,6 +2,7 @@
 //! checks the invariants (see the crate docs).
 
 mod calls;
+mod converged;
 mod copies;
 mod loads;
 mod replay;
@@ -34,6 +35,8 @@ pub(crate) enum Invariant {
     ValueLife,
     /// 8: no copy (an L1 entry, the outage fallback's) outlives the server's.
     Copies,
+    /// 9: writes that failed in an outage are replayed once it ends.
+    Replayed,
 }
 
 /// A broken invariant, and what broke it.
@@ -87,6 +90,10 @@ pub(crate) struct Tally {
     pub(crate) takeovers_of_live: u64,
     /// Watches that lost their signal.
     pub(crate) signals_lost: u64,
+    /// Writes that failed for want of the store, checked by invariant 9.
+    pub(crate) failed_writes: u64,
+    /// Writes replayed (the instances' `writes_replayed`).
+    pub(crate) replayed_writes: u64,
 }
 
 impl Tally {
@@ -112,6 +119,8 @@ impl Tally {
         self.takeovers += o.takeovers;
         self.takeovers_of_live += o.takeovers_of_live;
         self.signals_lost += o.signals_lost;
+        self.failed_writes += o.failed_writes;
+        self.replayed_writes += o.replayed_writes;
     }
 }
 
@@ -207,6 +216,10 @@ struct Checker<'a> {
     leases: HashMap<String, LeaseInfo>,
     death: Option<(usize, usize, Duration)>,
     healthy: Option<Duration>,
+    /// When every live instance's queue of failed writes was found empty.
+    drained: Option<Duration>,
+    /// The seq where the final reads begin.
+    final_reads: Option<usize>,
     /// Per key: (seq, time, origin) of every set/invalidate/expire run on
     /// the store.
     writes: Vec<Vec<(usize, Duration, Option<Origin>)>>,
@@ -267,6 +280,8 @@ impl<'a> Checker<'a> {
             leases: HashMap::new(),
             death: None,
             healthy: None,
+            drained: None,
+            final_reads: None,
             writes: vec![Vec::new(); s.keys + 1],
             landed: vec![Vec::new(); s.keys + 1],
             set_exec: HashMap::new(),
@@ -349,5 +364,8 @@ pub(crate) fn check(s: &Scenario, world: &World) -> (Vec<Violation>, Tally) {
     c.check_breaker();
     c.checking = Invariant::Stats;
     c.check_stats(&stats);
+    c.checking = Invariant::Replayed;
+    c.check_converged(&stats);
+    c.tally.replayed_writes = stats.iter().flatten().map(|s| s.writes_replayed).sum();
     (c.violations, c.tally)
 }

@@ -104,6 +104,8 @@ impl Checker<'_> {
                 }
                 Ev::Death { inst } => self.death = Some((*inst, seq, t)),
                 Ev::Healthy => self.healthy = Some(t),
+                Ev::Drained => self.drained = Some(t),
+                Ev::FinalReads => self.final_reads = Some(seq),
                 Ev::Entry {
                     inst,
                     op: BOp::Release,

@@ -1,0 +1,86 @@
+//! Writes that fail in an outage, on a real Redis (decision 0017): two
+//! backends with connections of their own stand for two processes. The
+//! server is killed and restarted with its data (an append-only file), so
+//! an `invalidate` sent while it was down is lost: only the replay can
+//! reach the other process. (A server paused with SIGSTOP would not show
+//! it: the command waits in the socket and runs when the server resumes.)
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use onefill::backend::FillKeys;
+use onefill::redis::RedisBackend;
+use onefill::{Cache, L1};
+use onefill_testkit::{time_limit, RedisServer};
+
+const LIMIT: Duration = Duration::from_secs(60);
+
+fn unique_ns(name: &str) -> String {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    format!(
+        "replay-{}-{}-{name}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+async fn process(ns: &str, server: &RedisServer) -> Cache<String, String> {
+    Cache::builder()
+        .namespace(ns)
+        .backend(RedisBackend::connect(&server.url()).await.unwrap())
+        .l1(L1::new(1_000))
+        .ttl(Duration::from_secs(60))
+        .build()
+        .unwrap()
+}
+
+/// Process A invalidates a key while Redis is down: the command fails
+/// (nothing sent), A's error says so, and Redis comes back with the old
+/// value. Process B, whose L1 keeps the key coherent, answers the old
+/// value until A's replay deletes it, then misses. Without the replay it
+/// answered the old value for its whole TTL (60 s here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_invalidate_lost_in_an_outage_reaches_the_other_process_once_redis_is_back() {
+    let _limit = time_limit(LIMIT);
+    let server = RedisServer::start_with(&["--appendonly", "yes", "--appendfsync", "always"]);
+    let ns = unique_ns("lost");
+    let (a, b) = (process(&ns, &server).await, process(&ns, &server).await);
+    let key = "k".to_owned();
+    a.set(&key, "old".into()).await.unwrap();
+    assert_eq!(b.get(&key).await.unwrap().as_deref(), Some("old"));
+
+    server.kill();
+    let failed = a.invalidate(&key).await.unwrap_err();
+    assert!(failed.is_backend(), "{failed}");
+    assert_eq!(a.pending_writes(), 1);
+    server.restart();
+    let back = Instant::now();
+    let value_key = FillKeys::new(&ns, "k").value().to_owned();
+    assert_ne!(
+        server.command(&["EXISTS", &value_key]),
+        "0",
+        "the old value came back with the server"
+    );
+
+    let mut old_seen_after_restart = 0;
+    let converged = loop {
+        assert!(
+            back.elapsed() < Duration::from_secs(20),
+            "B still answers the old value 20 s after Redis came back ({:?})",
+            a.stats()
+        );
+        match b.get(&key).await {
+            Ok(Some(old)) if old == "old" => old_seen_after_restart += 1,
+            Ok(None) => break back.elapsed(),
+            Ok(Some(other)) => panic!("B answered {other:?}"),
+            Err(_) => {} // B's reconnecting
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert_eq!(a.pending_writes(), 0);
+    assert_eq!(a.stats().writes_replayed, 1);
+    println!(
+        "B stopped answering the old value {converged:?} after Redis came back \
+         (answered it {old_seen_after_restart} times before)"
+    );
+}
