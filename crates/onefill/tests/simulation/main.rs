@@ -341,7 +341,7 @@
 //! answering the replaced value after the write returned), 701; a cache
 //! that queues no failed write (`no-replay`: `replay_queue_capacity(0)`)
 //! by invariant 9 (a version stored before a write that failed, read once
-//! the queues drained), 89.
+//! the queues drained), 196.
 //!
 //! Ten library bugs fixed earlier (the conformance suite's `regressions`
 //! and `tests/protocol/outage_memory.rs` keep their cases), each reintroduced in
