@@ -457,8 +457,8 @@ impl Backend for RedisBackend {
 
     /// The expire script (`soften.lua`: the new expiry is written both as
     /// the key's `PEXPIREAT` and in a version-2 or -4 envelope, which a one-`GET`
-    /// hit trusts). On a cluster whose slot migrates, see
-    /// [`write`](Self::write).
+    /// hit trusts). On a cluster whose slot migrates it runs apart, as
+    /// `set` and `invalidate` do (`write.rs`).
     async fn expire(&self, keys: &FillKeys) -> Result<(), BackendError> {
         let invocation = announcing(&self.inner.scripts.expire, keys);
         let expired = self
