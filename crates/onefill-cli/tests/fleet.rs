@@ -677,3 +677,67 @@ fn fleet_stop_holder_resumes_it_and_reports_it_apart() {
         "every caller of the holder answered once resumed: {h}"
     );
 }
+
+/// A steady run with one write of its hot key in the middle (the parent's
+/// `--expire-at-ms` / `--invalidate-at-ms`): with a grace window, `expire`
+/// costs one load and every call until that load ended is answered at
+/// once (stale, or a hit right at the write); `invalidate` costs one load
+/// too, and the calls until it ended wait for it (or are its own).
+#[test]
+fn a_mid_run_expire_is_answered_stale_while_an_invalidate_waits() {
+    let _limit = time_limit(LIMIT);
+    let server = RedisServer::start();
+    let run = |write: &str| {
+        fleet(
+            &[server.url()],
+            &[
+                "--processes",
+                "2",
+                "--rate",
+                "100",
+                "--duration-ms",
+                "3000",
+                "--load-ms",
+                "200",
+                "--grace-ms",
+                "30000",
+                write,
+                "1500",
+            ],
+        )
+    };
+    let expired = run("--expire-at-ms");
+    let write = &expired["write"];
+    assert_eq!(write["kind"], "expire", "{expired}");
+    assert_eq!(n(write, "loads_after"), 1, "{write}");
+    assert!(n(write, "transition_calls") >= 10, "{write}");
+    for (outcome, count) in write["transition_outcomes"].as_object().expect("outcomes") {
+        assert!(
+            ["stale", "hit"].contains(&outcome.as_str()),
+            "{count} {outcome} answers: {write}"
+        );
+    }
+    assert!(
+        write["transition_max_ms"].as_f64().expect("max") < 100.0,
+        "{write}"
+    );
+    assert_eq!(n(&expired, "errors"), 0);
+
+    let invalidated = run("--invalidate-at-ms");
+    let write = &invalidated["write"];
+    assert_eq!(write["kind"], "invalidate", "{invalidated}");
+    assert_eq!(n(write, "loads_after"), 1, "{write}");
+    assert!(
+        write["transition_outcomes"]["waited"].as_u64().unwrap_or(0) > 0,
+        "{write}"
+    );
+    assert!(
+        write["transition_outcomes"].get("stale").is_none(),
+        "{write}"
+    );
+    assert!(
+        write["transition_max_ms"].as_f64().expect("max") >= 150.0,
+        "{write}"
+    );
+    assert_eq!(n(&invalidated, "errors"), 0);
+}

@@ -135,7 +135,7 @@
 //! | --- | --- | --- | --- |
 //! | `onefill.get_or_load` | info | `namespace`, `outcome`, `coalesced`, `error`, `otel.status_code` | one call of `get_or_load`, `fetch` and their variants, unless the L1 answered it (an L1 hit makes no span); a coalesced call's span *follows from* its flight leader's |
 //! | `onefill.get_or_load_many` | info | `namespace`, `keys`, `outcome`, `error`, `otel.status_code` | one batch call (`get_or_load_many`, `fetch_many`); its task and its keys' flights are its children |
-//! | `onefill.get`, `onefill.set`, `onefill.invalidate` | info | `namespace`, `outcome`, `error`, `otel.status_code` | one call of those |
+//! | `onefill.get`, `onefill.set`, `onefill.invalidate`, `onefill.expire` | info | `namespace`, `outcome`, `error`, `otel.status_code` | one call of those |
 //! | `onefill.backend` | debug | `op` | one backend call, a child of the call's span |
 //! | `onefill.load` | info | `key`, `outcome`, `not_stored` | the loader's run, a child of the call's span (though it runs in a task of its own); `not_stored`: how many of its values must not be stored |
 //! | `onefill.wait` | info | `notified`, `polls`, `timed_out` | a wait for another process's load, a child of the call's span |

@@ -431,6 +431,14 @@ impl<'a, V: Clone + Send + Sync + 'static> Writing<'a, V> {
         self.ran();
     }
 
+    /// The write (an `expire`) is known to have run: no replay. Unlike a
+    /// `set` or an `invalidate`, it leaves the key's writes queued before
+    /// it queued: their replays (invalidations) remove the value it left
+    /// readable, stale.
+    pub(crate) fn expired(mut self) {
+        self.replay = false;
+    }
+
     /// The write failed with `error`: replayed later unless the backend
     /// refused it (an answer, not an outage: a replay would meet the same
     /// refusal).

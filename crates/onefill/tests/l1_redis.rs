@@ -300,8 +300,74 @@ async fn a_hung_server_stops_the_l1_within_the_bound() {
     until_l1_serves(&b, "k", &loads).await;
 }
 
+/// `expire` by one process: the other's L1 drops the entry when the push
+/// comes (until then it may answer the value fresh, as for any write),
+/// and its next call answers the value stale at once while it refreshes
+/// it, once; the writer's own L1 drops it before `expire` returns, so its
+/// very next call is answered stale.
+async fn an_expire_reaches_every_l1(ns: &str, a: RedisBackend, b: RedisBackend) {
+    let grace = |backend| {
+        Cache::<String, String>::builder()
+            .namespace(ns)
+            .backend(backend)
+            .l1(L1::new(1_000))
+            .ttl(Duration::from_secs(60))
+            .grace(Duration::from_secs(30))
+            .build()
+            .unwrap()
+    };
+    let (a, b) = (grace(a), grace(b));
+    let loads = Arc::new(AtomicUsize::new(0));
+
+    // The other process.
+    fetch(&a, "other", &loads).await;
+    let v1 = until_l1_serves(&b, "other", &loads).await;
+    a.expire(&"other".to_owned()).await.unwrap();
+    let start = std::time::Instant::now();
+    let first = loop {
+        let answer = fetch(&b, "other", &loads).await;
+        if answer.1 != Outcome::Hit {
+            break answer;
+        }
+        assert!(start.elapsed() < Duration::from_secs(2), "the L1 kept it");
+        tokio::task::yield_now().await;
+    };
+    assert_eq!(first, (v1, Outcome::Stale));
+    let refreshed = until_changed(&b, "other", "loaded-1", &loads).await;
+    assert!(refreshed < Duration::from_secs(2));
+    assert_eq!(loads.load(Ordering::SeqCst), 2, "one refresh");
+
+    // The writer's own L1.
+    fetch(&a, "own", &loads).await;
+    let v3 = until_l1_serves(&a, "own", &loads).await;
+    a.expire(&"own".to_owned()).await.unwrap();
+    assert_eq!(fetch(&a, "own", &loads).await, (v3, Outcome::Stale));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standalone_an_expire_reaches_every_l1() {
+    let _limit = time_limit(LIMIT);
+    let server = RedisServer::start();
+    let ns = unique_ns("expire");
+    let a = RedisBackend::connect(&server.url()).await.unwrap();
+    let b = RedisBackend::connect(&server.url()).await.unwrap();
+    an_expire_reaches_every_l1(&ns, a, b).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_an_expire_reaches_every_l1() {
+    let _limit = time_limit(LIMIT);
+    let cluster = RedisCluster::start(3);
+    let urls = cluster.urls();
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let ns = unique_ns("expire-cluster");
+    let a = RedisBackend::connect_cluster(&urls).await.unwrap();
+    let b = RedisBackend::connect_cluster(&urls).await.unwrap();
+    an_expire_reaches_every_l1(&ns, a, b).await;
+}
+
 /// Two caches of one namespace in one process, both with an L1: after
-/// `a.invalidate(k)` or `a.set(k)` returned, `b` answers the new value, never
+/// `a.invalidate(k)`, `a.set(k)` or `a.expire(k)` returned, `b` answers the new value, never
 /// the old one from its L1, whether the caches share a backend or each has
 /// its own (`two_backends`). Each used to answer the old value until the
 /// tracking push arrived: on one backend 5 times in 50 until the backend
@@ -320,14 +386,15 @@ async fn another_cache_of_the_same_process_reads_its_writes(two_backends: bool) 
     let a = cache(&ns, backend);
     let b = cache(&ns, other);
     let loads = Arc::new(AtomicUsize::new(0));
-    for i in 0..50 {
+    for i in 0..75 {
         let key = format!("k{i}");
         fetch(&a, &key, &loads).await;
         let old = until_l1_serves(&b, &key, &loads).await;
-        if i % 2 == 0 {
-            a.invalidate(&key).await.unwrap();
-        } else {
-            a.set(&key, format!("set-{i}")).await.unwrap();
+        match i % 3 {
+            0 => a.invalidate(&key).await.unwrap(),
+            1 => a.set(&key, format!("set-{i}")).await.unwrap(),
+            // Without grace: removed, as by `invalidate`.
+            _ => a.expire(&key).await.unwrap(),
         }
         assert_ne!(fetch(&b, &key, &loads).await.0, old, "round {i}");
     }

@@ -78,10 +78,20 @@ async fn a_key_whose_slot_starts_to_migrate<'c>(
     cluster: &'c RedisCluster,
     name: &str,
 ) -> Migrating<'c> {
+    a_key_with_grace_whose_slot_starts_to_migrate(cluster, name, Duration::ZERO).await
+}
+
+/// [`a_key_whose_slot_starts_to_migrate`], the cache storing with `grace`.
+async fn a_key_with_grace_whose_slot_starts_to_migrate<'c>(
+    cluster: &'c RedisCluster,
+    name: &str,
+    grace: Duration,
+) -> Migrating<'c> {
     let ns = unique_ns(name);
     let cache = Cache::<String, String>::builder()
         .namespace(&ns)
         .backend(connect(cluster).await)
+        .grace(grace)
         .strict(true)
         .build()
         .unwrap();
@@ -183,6 +193,64 @@ async fn writes_succeed_while_their_slot_migrates() {
     );
     cache.invalidate(&key).await.unwrap();
     assert_eq!(cache.get(&key).await.unwrap(), None);
+    assert_eq!(cache.stats().backend_errors, 0, "{:?}", cache.stats());
+}
+
+/// `expire` while its key's slot migrates, on a strict cache: its script
+/// (value, lock, channel) is refused with `TRYAGAIN` as `set`'s is, so it
+/// runs apart: the lock deleted, then the value made stale by a script of
+/// that key alone (read, judged and rewritten in one step, through `ASK` once
+/// the key moved), then the announcement. The value stays readable, stale
+/// for its grace window (its stamp, if it has one, kept equal to its
+/// expiry), before the key moved and after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expire_makes_the_value_stale_while_its_slot_migrates() {
+    let _limit = time_limit(LIMIT);
+    let cluster = RedisCluster::start(3);
+    let grace = Duration::from_secs(20);
+    let Migrating {
+        cache,
+        key,
+        keys,
+        source,
+        target,
+        slot,
+    } = a_key_with_grace_whose_slot_starts_to_migrate(&cluster, "migrate-expire", grace).await;
+    let stale_on = |node: &RedisServer| {
+        let pttl = node.query(&["PTTL", keys.value()]).as_int().unwrap();
+        assert!((0..=20_000).contains(&pttl), "PTTL {pttl}");
+        assert!(
+            pttl > 10_000,
+            "the grace window from the first expire: {pttl}"
+        );
+        let stored = node.query(&["GET", keys.value()]);
+        let stored = stored.as_bytes().expect("kept");
+        // Odd versions (written apart, by a plain `SET`) carry no stamp.
+        if stored[1] % 2 == 1 {
+            return;
+        }
+        let mut at = [0u8; 8];
+        at.copy_from_slice(&stored[16..24]);
+        let expiry = node.query(&["PEXPIRETIME", keys.value()]).as_int();
+        assert_eq!(Some(u64::from_be_bytes(at) as i64), expiry, "the stamp");
+    };
+
+    // Migrating, the value (written before, by a script: stamped) on the
+    // source.
+    cache.expire(&key).await.unwrap();
+    stale_on(source);
+    assert_eq!(cache.get(&key).await.unwrap().as_deref(), Some("v1"));
+
+    // The value moved to the target, and written again there (through
+    // `ASK`, by a plain `SET`: version 1, unstamped); then made stale there.
+    // (The target answers the test's own commands once the slot is its
+    // own.)
+    cluster.migrate_keys(source, target, &[keys.value()]);
+    cache.set(&key, "v2".to_owned()).await.unwrap();
+    cache.expire(&key).await.unwrap();
+    assert_eq!(cache.get(&key).await.unwrap().as_deref(), Some("v2"));
+    cluster.end_migration(slot, target, &[]);
+    stale_on(target);
     assert_eq!(cache.stats().backend_errors, 0, "{:?}", cache.stats());
 }
 

@@ -264,3 +264,106 @@ async fn a_server_that_refuses_time_still_answers_hits() {
     assert_eq!(calls(&server, "pttl"), 3);
     assert_eq!(calls(&server, "get"), 3);
 }
+
+/// `expire` keeps the stamp true: the script moves the key's expiry to
+/// now + grace (`PEXPIREAT`) and writes that instant into the version-2
+/// envelope (`SETRANGE`), so the one-`GET` hit, which trusts the stamp,
+/// reads the value as stale at once. A version-1 value gets the new expiry
+/// alone (its bytes unchanged); a value stale already keeps its expiry, and
+/// its stamp is made to tell it (another client may have cut it); a
+/// value without grace, or bytes that are no envelope, are deleted; the
+/// lease goes in every case.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expire_rewrites_the_stamp_so_a_one_get_hit_reads_the_value_stale() {
+    let _limit = time_limit(LIMIT);
+    let server = RedisServer::start();
+    let backend = RedisBackend::connect(&server.url()).await.unwrap();
+    let grace = Duration::from_secs(5);
+    let pttl = |key: &str| server.query(&["PTTL", key]).as_int().expect("an integer");
+
+    let hot = keys("hot");
+    let written = envelope(grace, b"payload");
+    backend
+        .set(&hot, &written, Duration::from_secs(65))
+        .await
+        .unwrap();
+    let fresh = backend.get(&hot).await.unwrap().expect("a value");
+    assert!(fresh.ttl > Duration::from_secs(60), "{fresh:?}");
+    let token = LeaseToken::random();
+    let leased = backend
+        .acquire(&hot, &token, Duration::from_secs(10), Duration::MAX)
+        .await
+        .unwrap();
+    assert!(matches!(leased, Acquired::Won { .. }), "{leased:?}");
+    backend.expire(&hot).await.unwrap();
+    assert_stamped(&server, hot.value(), &written);
+    assert!(
+        (0..=5_000).contains(&pttl(hot.value())),
+        "{}",
+        pttl(hot.value())
+    );
+    assert!(
+        server.query(&["GET", hot.lock()]).is_nil(),
+        "the lease is gone"
+    );
+    // The hit: stale (its GET alone could not tell, so the pair decides).
+    let stale = backend.get(&hot).await.unwrap().expect("a value");
+    assert_eq!(stale.bytes, written);
+    assert!(stale.ttl <= grace, "{stale:?}");
+    // Stale already: a second expire changes nothing.
+    let before = server
+        .query(&["PEXPIRETIME", hot.value()])
+        .as_int()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    backend.expire(&hot).await.unwrap();
+    let after = server
+        .query(&["PEXPIRETIME", hot.value()])
+        .as_int()
+        .unwrap();
+    assert_eq!(before, after);
+
+    // Cut under its stamp by another client's `PEXPIRE` (a one-`GET` hit
+    // would read the stamp: fresh), so stale already: the expiry stays, and
+    // the stamp is made to tell it.
+    let cut = keys("cut");
+    backend
+        .set(&cut, &written, Duration::from_secs(65))
+        .await
+        .unwrap();
+    server.command(&["PEXPIRE", cut.value(), "3000"]);
+    backend.expire(&cut).await.unwrap();
+    assert_stamped(&server, cut.value(), &written);
+    assert!((0..=3_000).contains(&pttl(cut.value())));
+    let stale = backend.get(&cut).await.unwrap().expect("a value");
+    assert!(stale.ttl <= Duration::from_secs(3), "{stale:?}");
+
+    // Version 1 (a release before decision 0011 wrote it): the TTL alone.
+    let old = keys("old");
+    let v1 = envelope(grace, b"o");
+    server.query_bytes(&[b"SET", old.value().as_bytes(), &v1, b"PX", b"60000"]);
+    backend.expire(&old).await.unwrap();
+    assert_eq!(raw_get(&server, old.value()), v1);
+    assert!((0..=5_000).contains(&pttl(old.value())));
+
+    // No grace, or not an envelope: deleted.
+    let graceless = keys("graceless");
+    backend
+        .set(
+            &graceless,
+            &envelope(Duration::ZERO, b"g"),
+            Duration::from_secs(60),
+        )
+        .await
+        .unwrap();
+    let foreign = keys("foreign");
+    server.command(&["SET", foreign.value(), "plain bytes of someone else"]);
+    for gone in [&graceless, &foreign] {
+        backend.expire(gone).await.unwrap();
+        assert!(server.query(&["GET", gone.value()]).is_nil());
+    }
+    // Missing: still missing.
+    let missing = keys("missing");
+    backend.expire(&missing).await.unwrap();
+    assert!(backend.get(&missing).await.unwrap().is_none());
+}

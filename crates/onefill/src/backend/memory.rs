@@ -130,6 +130,26 @@ impl State {
             }
         }
     }
+    /// The value part of the `expire` step (see [`Backend::expire`]): a
+    /// fresh value with grace lives only its grace from `now`; one without
+    /// grace, or bytes that are no envelope, go.
+    fn expire(&mut self, key: &str, now: Instant) {
+        let Some(entry) = self.live(key, now) else {
+            return;
+        };
+        match envelope::grace_of(&entry.bytes) {
+            Some(grace) if !grace.is_zero() => {
+                let soft = expiry(now, grace);
+                if let Some(entry) = self.entries.get_mut(key) {
+                    // Already stale: its expiry is no later than that.
+                    entry.expires_at = entry.expires_at.min(soft);
+                }
+            }
+            _ => {
+                self.entries.remove(key);
+            }
+        }
+    }
     fn holds(&mut self, lock: &str, token: &LeaseToken, now: Instant) -> bool {
         self.live(lock, now)
             .is_some_and(|e| e.bytes == token.as_bytes())
@@ -435,6 +455,17 @@ impl Backend for MemoryBackend {
         {
             let mut state = self.state();
             state.entries.remove(keys.value());
+            state.entries.remove(keys.lock());
+        }
+        self.changed(keys.value());
+        self.publish(keys.channel());
+        Ok(())
+    }
+
+    async fn expire(&self, keys: &FillKeys) -> Result<(), BackendError> {
+        {
+            let mut state = self.state();
+            state.expire(keys.value(), Instant::now());
             state.entries.remove(keys.lock());
         }
         self.changed(keys.value());

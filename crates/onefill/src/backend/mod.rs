@@ -13,6 +13,7 @@
 //! | [`release`](Backend::release) | lock == token ? delete lock (+ optional short entry), publish : nothing |
 //! | [`extend`](Backend::extend) | lock == token ? `PEXPIRE lock ttl` : publish the loss |
 //! | [`set`](Backend::set) / [`invalidate`](Backend::invalidate) | write / delete the value and delete any lease, publish |
+//! | [`expire`](Backend::expire) | value fresh with grace > 0 ? hard expiry = now + grace : (grace 0, unreadable) delete it; delete any lease, publish |
 //! | [`get_many`](Backend::get_many) / [`acquire_many`](Backend::acquire_many) | `get` / `acquire` of each key, sent together (each key's step atomic on its own) |
 //! | [`mark`](Backend::mark) | the namespace's generation moves past the server's clock; a tag's (or the namespace's) mark records it |
 //! | [`read_marks`](Backend::read_marks) | the generation and some marks, read together |
@@ -212,6 +213,32 @@ pub trait Backend: Debug + Send + Sync + 'static {
     /// Deletes the value and any lease (fencing out a fill in flight) and
     /// announces it.
     async fn invalidate(&self, keys: &FillKeys) -> Result<(), BackendError>;
+
+    /// Makes the value stale without deleting it, in one atomic step: if it
+    /// is a readable envelope whose grace is above zero and its remaining
+    /// TTL exceeds that grace, its hard expiry becomes now + grace (it is
+    /// stale at once and lives out the grace window); a value stale already
+    /// is left as it is; a value without grace (or bytes that are not a
+    /// readable envelope) is deleted. A missing value stays missing. In
+    /// every case any lease is deleted (fencing out a fill in flight, as
+    /// [`set`](Backend::set) does) and the change is announced on the key's
+    /// channel and to the change listeners.
+    ///
+    /// A store that records the expiry in the value too (the Redis
+    /// backend's version-2 envelopes) must rewrite it with the TTL, or
+    /// readers that trust it keep reading the value as fresh.
+    ///
+    /// # Errors
+    ///
+    /// The default: [`BackendErrorKind::Unsupported`], for a backend written
+    /// before this method existed (nothing is changed).
+    async fn expire(&self, keys: &FillKeys) -> Result<(), BackendError> {
+        let _ = keys;
+        Err(BackendError::new(
+            BackendErrorKind::Unsupported,
+            "expire: this backend cannot make a value stale in place",
+        ))
+    }
 
     /// Subscribes to the key's fill notifications.
     async fn subscribe(&self, keys: &FillKeys) -> Result<Box<dyn FillSubscription>, BackendError>;

@@ -395,6 +395,20 @@ where
         self.driver.run(self.cache.invalidate(key))?
     }
 
+    /// Marks a key's value stale, in every process, without removing it.
+    /// As [`Cache::expire`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Cache::expire`], and [`Error::BlockingInAsync`].
+    pub fn expire<Q>(&self, key: &Q) -> Result<(), Error>
+    where
+        K: Borrow<Q>,
+        Q: Display + ?Sized,
+    {
+        self.driver.run(self.cache.expire(key))?
+    }
+
     /// Stores a value carrying `tags`. As [`Cache::set_tagged`].
     ///
     /// # Errors

@@ -32,7 +32,8 @@ use crate::stats::Stats;
 /// temporary would be held through the call (~230 bytes of its future).
 static NO_OPTIONS: CallOptions = CallOptions::NONE;
 
-/// The span of a call other than a load (`get`, `set`, `invalidate`):
+/// The span of a call other than a load (`get`, `set`, `invalidate`,
+/// `expire`):
 /// `tracing` wants a literal name per call site.
 macro_rules! call_span {
     ($name:literal, $cache:expr) => {
@@ -616,6 +617,77 @@ where
         let invalidated = invalidated.instrument(span.clone()).await;
         ended(&span, &invalidated, |_| "ok");
         invalidated
+    }
+
+    /// Marks the value stale, in every process, without removing it: the
+    /// soft form of [`invalidate`](Cache::invalidate) for a hot key.
+    ///
+    /// If the value was stored with a grace window (the
+    /// [`grace`](crate::CacheBuilder::grace) it was written with), it stays
+    /// readable for that window from now, as a value whose TTL ran out:
+    /// callers get it at once (answered as [`Outcome::Stale`](crate::Outcome::Stale))
+    /// while one refresh runs under the lease, fleet-wide. A value stored
+    /// without grace is removed, as by `invalidate`: the next caller loads
+    /// and the others wait for it. A value stale already is left as it is;
+    /// a missing key is not an error. As with `invalidate`, any lease is
+    /// removed, so a load in flight from before this call still answers its
+    /// own callers but does not store its result, and this process's L1
+    /// and outage fallback forget the key. An `expire` that fails for want
+    /// of the backend is replayed as an invalidation once it answers again
+    /// (see [`replay_queue_capacity`](crate::CacheBuilder::replay_queue_capacity)).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::time::Duration;
+    /// use onefill::Outcome;
+    ///
+    /// let cache = onefill::Cache::<u32, String>::builder()
+    ///     .ttl(Duration::from_secs(60))
+    ///     .grace(Duration::from_secs(30))
+    ///     .build()?;
+    /// cache.set(&7, "old".to_string()).await?;
+    /// cache.expire(&7).await?;
+    /// // Answered at once from the stale value; the refresh runs behind it.
+    /// let got = cache
+    ///     .fetch(&7, |_| async { Ok::<_, std::io::Error>("new".to_string()) })
+    ///     .await?;
+    /// assert_eq!((got.outcome, got.value.as_str()), (Outcome::Stale, "old"));
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] for a bad key; [`Error::Backend`], and with
+    /// [`BackendErrorKind::Unsupported`](crate::BackendErrorKind::Unsupported)
+    /// for a backend that does not implement
+    /// [`Backend::expire`](crate::backend::Backend::expire) (nothing was
+    /// changed in the store; call `invalidate` instead).
+    pub async fn expire<Q>(&self, key: &Q) -> Result<(), Error>
+    where
+        K: Borrow<Q>,
+        Q: Display + ?Sized,
+    {
+        let span = call_span!("onefill.expire", self);
+        let expired = async {
+            let key = self.validated(key)?;
+            let keys = FillKeys::new(&self.shared.namespace, &key);
+            // As for `invalidate`: what this process remembers of the key
+            // goes, and older flights cannot put it back; failed or dropped
+            // for want of the backend, it is replayed once the backend
+            // answers (as an invalidation: more than was asked, never less).
+            let writing = Writing::start(&self.shared, &key, &keys);
+            let expired = self
+                .call(&keys, "expire", self.shared.calls.backend.expire(&keys))
+                .await;
+            match &expired {
+                Ok(()) => writing.expired(),
+                Err(e) => writing.failed(e),
+            }
+            expired
+        };
+        let expired = expired.instrument(span.clone()).await;
+        ended(&span, &expired, |_| "ok");
+        expired
     }
 
     /// A snapshot of this cache's counters.

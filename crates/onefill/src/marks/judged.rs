@@ -260,6 +260,9 @@ impl Backend for Judged {
     async fn invalidate(&self, keys: &FillKeys) -> Result<(), BackendError> {
         self.inner.invalidate(keys).await
     }
+    async fn expire(&self, keys: &FillKeys) -> Result<(), BackendError> {
+        self.inner.expire(keys).await
+    }
 
     async fn subscribe(&self, keys: &FillKeys) -> Result<Box<dyn FillSubscription>, BackendError> {
         self.inner.subscribe(keys).await

@@ -41,6 +41,8 @@ pub enum Op {
     Set,
     /// [`Backend::invalidate`].
     Invalidate,
+    /// [`Backend::expire`].
+    Expire,
     /// [`Backend::subscribe`].
     Subscribe,
     /// [`Backend::mark`].
@@ -51,7 +53,7 @@ pub enum Op {
 
 impl Op {
     /// Every kind of call.
-    pub const ALL: [Op; 12] = [
+    pub const ALL: [Op; 13] = [
         Op::Get,
         Op::GetMany,
         Op::Acquire,
@@ -61,12 +63,13 @@ impl Op {
         Op::Extend,
         Op::Set,
         Op::Invalidate,
+        Op::Expire,
         Op::Subscribe,
         Op::Mark,
         Op::ReadMarks,
     ];
-    /// The unconditional writes: `set` and `invalidate`.
-    pub const WRITES: [Op; 2] = [Op::Set, Op::Invalidate];
+    /// The unconditional writes: `set`, `invalidate` and `expire`.
+    pub const WRITES: [Op; 3] = [Op::Set, Op::Invalidate, Op::Expire];
 }
 
 /// What happens to a call that a fault applies to.
@@ -554,6 +557,10 @@ impl<B: Backend + ?Sized> Backend for FaultyBackend<B> {
     async fn invalidate(&self, keys: &FillKeys) -> Result<(), BackendError> {
         let call = self.inner.invalidate(keys);
         self.faults.pass(Op::Invalidate, Some(keys), call).await
+    }
+    async fn expire(&self, keys: &FillKeys) -> Result<(), BackendError> {
+        let call = self.inner.expire(keys);
+        self.faults.pass(Op::Expire, Some(keys), call).await
     }
     async fn mark(
         &self,

@@ -167,6 +167,9 @@ impl Backend for ProcessBackend {
     async fn invalidate(&self, keys: &FillKeys) -> Result<(), BackendError> {
         self.store.invalidate(keys).await
     }
+    async fn expire(&self, keys: &FillKeys) -> Result<(), BackendError> {
+        self.store.expire(keys).await
+    }
     async fn subscribe(&self, keys: &FillKeys) -> Result<Box<dyn FillSubscription>, BackendError> {
         self.store.subscribe(keys).await
     }

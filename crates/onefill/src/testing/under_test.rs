@@ -166,6 +166,17 @@ impl CacheUnderTest {
             .expect(JOINED)
     }
 
+    /// [`Cache::expire`].
+    pub async fn expire(&self, key: &str) -> Result<(), Error> {
+        let Some(blocking) = self.blocking.clone() else {
+            return self.cache.expire(key).await;
+        };
+        let key = key.to_owned();
+        tokio::task::spawn_blocking(move || blocking.expire(&key))
+            .await
+            .expect(JOINED)
+    }
+
     /// [`Cache::invalidate_tag`].
     pub async fn invalidate_tag(&self, tag: &str) -> Result<(), Error> {
         let Some(blocking) = self.blocking.clone() else {

@@ -304,3 +304,28 @@ async fn a_failed_mark_is_replayed_once_the_backend_answers() {
         assert_eq!(a.get(key).await.unwrap(), None, "{key}: replayed");
     }
 }
+
+/// An `expire` that lands queues nothing (it said it ran); one that fails
+/// while the backend is out of reach is replayed as an invalidation once
+/// it answers. (A landed expire that queued a replay would turn every
+/// expire into a deletion a moment later.)
+#[tokio::test(start_paused = true)]
+async fn an_expire_is_replayed_only_if_it_failed() {
+    let pods = two_pods(|b| b.grace(Duration::from_secs(30)));
+    let loads = Arc::new(AtomicUsize::new(0));
+    let [(a_wire, a), (_, b)] = &pods;
+    assert_eq!(fetch_now(a, "k", &loads).await.value, "k-v1");
+    a.expire(&key()).await.unwrap();
+    assert_eq!(a.pending_writes(), 0, "landed: nothing to replay");
+    tokio::time::sleep(REPLAYED).await;
+    assert!(stored(a_wire, "k").is_some(), "kept, stale");
+    assert_eq!(b.get(&key()).await.unwrap().as_deref(), Some("k-v1"));
+
+    a_wire.set_mode(REFUSE);
+    assert!(a.expire(&key()).await.unwrap_err().is_backend());
+    assert_eq!(a.pending_writes(), 1);
+    a_wire.set_mode(HEALTHY);
+    tokio::time::sleep(REPLAYED).await;
+    assert_eq!(a.pending_writes(), 0);
+    assert!(stored(a_wire, "k").is_none(), "replayed as an invalidation");
+}

@@ -24,6 +24,7 @@ pub(crate) enum BOp {
     Extend,
     Set,
     Invalidate,
+    Expire,
     Subscribe,
     /// `watch_holder` (logged with the holder's token).
     Watch,
@@ -94,6 +95,10 @@ pub(crate) enum Change {
     Delete,
     /// Its TTL changed (a raw `PEXPIRE`).
     Ttl,
+    /// Its TTL cut to its grace by `expire` (or left, if stale already),
+    /// which also writes the key's expiry into the value (as the Redis
+    /// script does for a version-2 envelope): a one-`GET` hit reads it.
+    Soft,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -135,6 +140,12 @@ pub(crate) enum Exec {
         origin: Option<Origin>,
     },
     Invalidate,
+    /// `expire`: the version the key holds after it (made stale in place,
+    /// or stale already), if the fleet can read it; `None` if it was
+    /// deleted (no grace, unreadable bytes) or missing.
+    Expire {
+        kept: Option<Origin>,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -143,6 +154,7 @@ pub(crate) enum CallKind {
     Get,
     Set,
     Invalidate,
+    Expire,
 }
 
 #[derive(Debug, Clone)]
@@ -400,6 +412,8 @@ impl World {
             let mut written = self.written_expiry.lock().unwrap();
             match change {
                 Change::Write => written[key] = held.map(|(_, expires)| expires),
+                Change::Soft if self.variant == Variant::ExpireUnstamped => {}
+                Change::Soft => written[key] = held.map(|(_, expires)| expires),
                 Change::Delete => written[key] = None,
                 Change::Ttl => {}
             }

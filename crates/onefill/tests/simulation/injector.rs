@@ -92,6 +92,7 @@ fn bop(op: Op) -> BOp {
         Op::Extend => BOp::Extend,
         Op::Set => BOp::Set,
         Op::Invalidate => BOp::Invalidate,
+        Op::Expire => BOp::Expire,
         Op::Subscribe => BOp::Subscribe,
         Op::Mark => BOp::Mark,
         Op::ReadMarks => BOp::ReadMarks,
@@ -322,12 +323,14 @@ impl Backend for Injector {
         listener: std::sync::Weak<dyn onefill::backend::ChangeListener>,
     ) -> Result<(), BackendError> {
         // Not passed down: the memory backend's own reports would reach
-        // every L1 at once (see `tracking.rs`). The fleet's namespace is
-        // the one prefix here.
-        let _ = prefix;
+        // every L1 at once (see `tracking.rs`). The prefix is the fleet's
+        // namespace (an L1's, covering the value keys: reads then report
+        // the server's TTL) or its marks' alone (a cache without an L1:
+        // its reads of values stay one-`GET` hits).
+        let values = self.world.key_names.iter().any(|k| k.starts_with(prefix));
         self.world
             .tracking
-            .register(&self.world, self.inst, listener, confirm_every);
+            .register(&self.world, self.inst, listener, confirm_every, values);
         Ok(())
     }
 
@@ -446,6 +449,15 @@ impl Backend for Injector {
         let key = self.world.key_of(keys);
         let invalidated = self.faulty.invalidate(keys);
         self.call(BOp::Invalidate, key, None, invalidated, unit_reply)
+            .await?;
+        self.own_write(keys);
+        Ok(())
+    }
+
+    async fn expire(&self, keys: &FillKeys) -> Result<(), BackendError> {
+        let key = self.world.key_of(keys);
+        let expired = self.faulty.expire(keys);
+        self.call(BOp::Expire, key, None, expired, unit_reply)
             .await?;
         self.own_write(keys);
         Ok(())

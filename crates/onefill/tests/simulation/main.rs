@@ -3,9 +3,9 @@
 //! Each seed builds a scenario: 2 to 4 [`Cache`](onefill::Cache)s (simulated processes)
 //! on one shared [`MemoryBackend`](onefill::MemoryBackend), each behind its own seeded fault injector,
 //! and a few dozen random operations on 1 to 3 keys (`fetch`, `get`, `set`,
-//! `invalidate`), whose loaders are fast, slow, hung, failing or panicking,
+//! `invalidate`, and from a stream of their own `expire`), whose loaders are fast, slow, hung, failing or panicking,
 //! and whose callers sometimes drop their futures (a `fetch`'s flight runs
-//! on; a `get`, `set` or `invalidate` is dropped with its backend call,
+//! on; a `get`, `set`, `invalidate` or `expire` is dropped with its backend call,
 //! within one backend timeout; one that would be the breaker's half-open
 //! probe is dropped after half a timeout, and half of those hang, so the
 //! probe's permit is dropped under way; a `fetch` that finds the breaker
@@ -90,19 +90,20 @@
 //!
 //! The injector logs what happens on the store (acquire with its token, TTL
 //! and refresh window, take-over with the gone holder's token and whether
-//! it still held the lease, extend, fill, release, set, invalidate), what
+//! it still held the lease, extend, fill, release, set, invalidate, expire
+//! with the version it left), what
 //! each call was answered (and in which task), how each watch of a holder
 //! ended, and each loader's start (with the task of the flight that
 //! started it, see `spans.rs`) and end, in one total order.
 //! The checker replays the log into a model of each key's lease (who holds
 //! it, until when, how it ended: filled or released by its holder, expired,
-//! revoked by `set`/`invalidate`, taken over from a holder judged gone, or
+//! revoked by `set`/`invalidate`/`expire`, taken over from a holder judged gone, or
 //! deleted by another token) and checks these invariants:
 //!
 //! 1. **One loader at a time, every duplicate explained and counted.** When
 //!    a load of a key starts while another runs anywhere in the fleet, the
 //!    running load's lease must have *expired* under it (its holder could
-//!    not extend it), or have been *revoked* by a `set`/`invalidate`
+//!    not extend it), or have been *revoked* by a `set`/`invalidate`/`expire`
 //!    (documented: that load still answers its callers but is fenced out; a
 //!    revocation is the same loss of the lease as an expiry, caused on
 //!    purpose), or been *taken over* from its holder judged gone (judged
@@ -141,8 +142,8 @@
 //!    deadline + max load time` for `fetch` (a flight loses at most one
 //!    backend timeout to failed backend calls before its callers are
 //!    answered, waits at most the deadline, loads at most the max load
-//!    time) and within one backend timeout for `get`, `set` and
-//!    `invalidate`, plus 10 ms for tokio's millisecond timers. The flight's
+//!    time) and within one backend timeout for `get`, `set`,
+//!    `invalidate` and `expire`, plus 10 ms for tokio's millisecond timers. The flight's
 //!    budget charges only the calls that fail (a slow backend that answers
 //!    is waited on as the protocol needs), so a `fetch` is also allowed the
 //!    time that its process's calls on its key took to answer while it
@@ -159,11 +160,19 @@
 //!    may have landed with its reply lost, or never have run). A fill or
 //!    release rejected by the breaker or not attempted (the flight's budget
 //!    spent) is released too, but never reaches the injector: not checked.
-//! 4. **Writes are final.** After a `set` or `invalidate` returns `Ok` in a
-//!    process, no later call there answers a value (or a cached or shared
-//!    loader failure) that originates before the write ran on the store; and
-//!    no fill (nor fail-safe or negative entry) of a load that started
-//!    before a `set`/`invalidate` ran (in any process) lands after it. A
+//! 4. **Writes are final.** After a `set`, `invalidate` or `expire` returns
+//!    `Ok` in a process, no later call there answers a value (or a cached or
+//!    shared loader failure) that originates before the write ran on the
+//!    store; and no fill (nor fail-safe or negative entry) of a load that
+//!    started before a `set`/`invalidate`/`expire` ran (in any process)
+//!    lands after it. Save for `expire`'s own allowance: the version it left
+//!    on the store (stale) may be answered stale (or by `get`) within its
+//!    grace window (plus one backend timeout), and at all once it is fresh
+//!    again by a fail-safe re-store after the expire (a refresh that failed)
+//!    or another client's `PEXPIRE`; never fresh otherwise. The store's
+//!    `expire` also writes the key's expiry into the value (`Change::Soft`),
+//!    as the Redis script keeps the version-2 stamp true, so a one-`GET` hit
+//!    of the writer's process reads the version as stale. A
 //!    load's value is never stored by a plain `SET` (only by a fill or a
 //!    release fenced on its lease, `no_lease` included). In another cache
 //!    of the writer's process (two caches on two backend objects), only
@@ -302,31 +311,37 @@
 //! a write told at once only to the L1s of the backend object that
 //! made it (`per-backend-listeners`: another cache of the process hears
 //! of it by the push), and a `take_over` that deletes whatever lease it
-//! finds, not only the gone holder's (`take-over-any`), and failed writes
-//! never queued for replay (`no-replay`). One test per
+//! finds, not only the gone holder's (`take-over-any`), an `expire`
+//! that cuts the key's TTL but leaves the expiry written in the value
+//! (`expire-unstamped`: a script without its `SETRANGE`), and failed
+//! writes never queued for replay (`no-replay`). One test per
 //! variant asserts it is caught by the invariant it breaks (within 400
 //! seeds; the last three within the default 10,000, and the stamped TTL's
 //! fallback copy within the first 20,000, of which only the seeds it can
 //! change are run: with an L1 for the L1 variants, with a store that
 //! watches holders for the take-over), and prints how many seeds it took,
-//! at the time of writing (they move by a seed or two between runs): the
+//! at the time of writing (they move by a seed or two between runs, and
+//! more when the scenario's operations change, as when `expire` came): the
 //! bare `DEL` by invariant 1 (a duplicate load whose first lease another
-//! token deleted), 24; the unfenced fill by invariant 4 (a fill from
-//! before a write landing after it), 6; the missing re-check by invariant
-//! 1 (a lease won over a fresh value), 1; the waiter without a deadline by
-//! invariant 2 (a caller answered past its bound), 10; the take-over of
-//! any lease by invariant 1 (a duplicate load whose first lease the
-//! take-over deleted), 1,708 (it needs two waiters judging one holder
-//! gone, or a lease won between a verdict and its take-over); the stamped TTL by invariant 8 twice, an
+//! token deleted), 15; the unfenced fill by invariant 4 (a fill from
+//! before a write landing after it, or a read of it), 4; the missing
+//! re-check by invariant 1 (a lease won over a fresh value), 1; the waiter
+//! without a deadline by invariant 2 (a caller answered past its bound),
+//! 40; the take-over of any lease by invariant 1 (a duplicate load, in
+//! another process or its own, whose first lease the take-over deleted),
+//! 4,959 (it needs two waiters judging one holder gone, or a lease won
+//! between a verdict and its take-over); the unstamped `expire` by
+//! invariant 4 (a fresh hit of the expired version in the writer's
+//! process), 6; the stamped TTL by invariant 8 twice, an
 //! L1 copy past the server's expiry in 87 seeds and a fallback copy in
 //! 19,671 (the fallback hears the change reports too, so the written TTL
 //! survives only in a copy read after another client shortened it, and
 //! only while no report came since); the per-backend listeners by
 //! invariant 4 (another cache's L1
-//! answering the replaced value after the write returned), 12; a cache
+//! answering the replaced value after the write returned), 701; a cache
 //! that queues no failed write (`no-replay`: `replay_queue_capacity(0)`)
 //! by invariant 9 (a version stored before a write that failed, read once
-//! the queues drained), 89.
+//! the queues drained), 196.
 //!
 //! Ten library bugs fixed earlier (the conformance suite's `regressions`
 //! and `tests/protocol/outage_memory.rs` keep their cases), each reintroduced in
@@ -501,7 +516,7 @@ fn simulation() {
     let (failures, tally) = run_seeds(first, count, Variant::Correct, None);
     println!(
         "{count} seeds in {:.1?}: {} loads, {} without a lease; overlapping loads explained by \
-         lease expiry {}, revocation by set/invalidate {}, takeover {} (of these three, {} counted \
+         lease expiry {}, revocation by set/invalidate/expire {}, takeover {} (of these three, {} counted \
          by their holder), a degraded load {} (of all these, {} in one process); {} injected faults, {} instance \
          deaths, {} leases won with a lost reply, {} fills or releases failed, {} calls \
          rejected by breakers; {} leases taken over ({} from a live holder judged wrongly), {} \

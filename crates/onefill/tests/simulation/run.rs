@@ -149,6 +149,7 @@ async fn run_op(world: Arc<World>, cache: Cache<String, String>, op: Op, probe_p
         OpKind::Get => CallKind::Get,
         OpKind::Set => CallKind::Set,
         OpKind::Invalidate => CallKind::Invalidate,
+        OpKind::Expire => CallKind::Expire,
         OpKind::SetOther | OpKind::Foreign(_) => unreachable!("run by `simulate`"),
     };
     let set_id =
@@ -184,6 +185,7 @@ async fn run_op(world: Arc<World>, cache: Cache<String, String>, op: Op, probe_p
                 answer_of(cache.set(&name, value).await.map(|()| Answer::Done))
             }
             OpKind::Invalidate => answer_of(cache.invalidate(&name).await.map(|()| Answer::Done)),
+            OpKind::Expire => answer_of(cache.expire(&name).await.map(|()| Answer::Done)),
             OpKind::SetOther | OpKind::Foreign(_) => unreachable!("run by `simulate`"),
         }
     };

@@ -103,6 +103,9 @@ pub(crate) enum OpKind {
     Get,
     Set,
     Invalidate,
+    /// `expire`: the value made stale in place (drawn from a stream of its
+    /// own, see `Scenario::generate_expires`).
+    Expire,
     /// A `set` by another version of the application: a value of another
     /// type (`Vec<u64>`) under the same key, unreadable to the fleet.
     SetOther,
@@ -288,7 +291,32 @@ impl Scenario {
         s.l1 = rng.random_bool(1.0 / 3.0);
         s.generate_foreign(seed, at, n_ops);
         s.generate_liveness(seed);
+        s.generate_expires(seed, at, n_ops);
         s
+    }
+
+    /// The fleet's `expire` calls, from a stream of their own: the rest of
+    /// a seed's scenario is what it was before they existed (they are
+    /// merged in by time, after the other ops of the same instant).
+    fn generate_expires(&mut self, seed: u64, end: Duration, n_ops: usize) {
+        let mut rng = StdRng::seed_from_u64(seed ^ 0x5EED_E4E1_2E00_0011);
+        let rng = &mut rng;
+        let end_ms = end.as_millis() as u64;
+        let timeout_ms = self.backend_timeout.as_millis() as u64;
+        for _ in 0..rng.random_range(0..=n_ops / 5) {
+            self.ops.push(Op {
+                at: ms(rng.random_range(0..=end_ms)),
+                inst: rng.random_range(0..self.instances),
+                key: rng.random_range(0..self.keys),
+                kind: OpKind::Expire,
+                // As a `get`, `set` or `invalidate`: dropped now and then
+                // within one backend timeout.
+                drop_after: rng.random_bool(0.2).then(|| range_ms(rng, 1, timeout_ms)),
+                probe_hangs: rng.random_bool(0.5),
+                past_l1: None,
+            });
+        }
+        self.ops.sort_by_key(|op| op.at);
     }
 
     /// Whether the store watches lease holders, how often a watch loses

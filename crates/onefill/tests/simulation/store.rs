@@ -405,6 +405,32 @@ impl Backend for Store {
         Ok(())
     }
 
+    /// The memory backend's `expire`, logged with the version it leaves
+    /// (stale); the value key's change is a TTL cut (`Change::Soft`, which
+    /// makes the expiry written in it the key's, as the Redis script does)
+    /// or a deletion.
+    async fn expire(&self, keys: &FillKeys) -> Result<(), BackendError> {
+        let key = self.world.key_of(keys);
+        let before = self.inner.get_raw(keys.value());
+        let inner = &self.inner;
+        self.logged(key, self.inner.expire(keys), |()| Exec::Expire {
+            kept: inner
+                .get_raw(keys.value())
+                .and_then(|(bytes, _)| origin_of_envelope(&bytes)),
+        })
+        .await?;
+        let after = self.inner.get_raw(keys.value());
+        match (before, after) {
+            (Some(_), None) => self.value_changed(keys, Change::Delete),
+            // Shortened, or stale already: either way the expiry written
+            // in it is made the key's (another client's `PEXPIRE` may have
+            // cut the TTL under it).
+            (Some(_), Some(_)) => self.value_changed(keys, Change::Soft),
+            (None, _) => {}
+        }
+        Ok(())
+    }
+
     async fn subscribe(&self, keys: &FillKeys) -> Result<Box<dyn FillSubscription>, BackendError> {
         frozen_if_dead(&self.world, self.inst).await;
         self.inner.subscribe(keys).await

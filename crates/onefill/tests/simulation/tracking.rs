@@ -71,13 +71,15 @@ impl Tracking {
         }
     }
 
-    /// Instance `inst`'s backend object starts reporting to `listener`.
+    /// Instance `inst`'s backend object starts reporting to `listener`
+    /// (`values`: on a prefix that covers the value keys).
     pub(crate) fn register(
         &self,
         world: &Arc<World>,
         inst: usize,
         listener: Listener,
         confirm_every: Duration,
+        values: bool,
     ) {
         self.listeners[self.process_of[inst]]
             .lock()
@@ -86,6 +88,7 @@ impl Tracking {
         {
             let link = &self.links[inst];
             *link.listener.lock().unwrap() = Some(listener);
+            link.values.fetch_or(values, Ordering::SeqCst);
             let mut state = link.state.lock().unwrap();
             state.every = confirm_every;
             state.next_confirm = Instant::now() + confirm_every;
@@ -98,7 +101,7 @@ impl Tracking {
     /// Whether instance `inst`'s backend object tracks the fleet's prefix
     /// (its reads then report the server's TTL, decision 0014).
     pub(crate) fn tracks(&self, inst: usize) -> bool {
-        self.links[inst].listener.lock().unwrap().is_some()
+        self.links[inst].values.load(Ordering::SeqCst)
     }
 
     /// The store changed `value_key`: a report on every connection.
@@ -181,6 +184,9 @@ enum Item {
 /// One backend object's tracking connection.
 struct Link {
     listener: Mutex<Option<Listener>>,
+    /// The prefix registered covers the value keys (an L1's), not only the
+    /// namespace's marks (a cache without an L1 tracks those alone).
+    values: std::sync::atomic::AtomicBool,
     state: Mutex<LinkState>,
 }
 
@@ -242,6 +248,7 @@ impl Link {
     fn new(rng: u64) -> Self {
         Link {
             listener: Mutex::new(None),
+            values: std::sync::atomic::AtomicBool::new(false),
             state: Mutex::new(LinkState {
                 queue: VecDeque::new(),
                 up: true,

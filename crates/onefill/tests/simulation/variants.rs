@@ -29,6 +29,10 @@ pub(crate) enum Variant {
     /// `take_over` deletes whatever lease it finds, not only the gone
     /// holder's.
     TakeOverAny,
+    /// `expire` cuts the key's TTL but leaves the expiry written in the
+    /// value as it was (a script without its `SETRANGE`): a one-`GET` hit
+    /// keeps reading the value as fresh.
+    ExpireUnstamped,
     /// Writes that fail for want of the store are not queued for replay
     /// (`replay_queue_capacity(0)`: as before decision 0017).
     NoReplay,
@@ -59,6 +63,7 @@ impl Variant {
             Ok("stamped-ttl") => Variant::StampedTtl,
             Ok("per-backend-listeners") => Variant::PerBackendListeners,
             Ok("take-over-any") => Variant::TakeOverAny,
+            Ok("expire-unstamped") => Variant::ExpireUnstamped,
             Ok("no-replay") => Variant::NoReplay,
             _ => Variant::Correct,
         }
@@ -74,6 +79,7 @@ impl Variant {
             Variant::StampedTtl => Some("stamped-ttl"),
             Variant::PerBackendListeners => Some("per-backend-listeners"),
             Variant::TakeOverAny => Some("take-over-any"),
+            Variant::ExpireUnstamped => Some("expire-unstamped"),
             Variant::NoReplay => Some("no-replay"),
         }
     }
@@ -183,15 +189,25 @@ fn catches_per_backend_listeners() {
 
 /// A take-over that deletes whatever lease it finds (not only the one
 /// still holding the gone holder's token) ends a live holder's lease
-/// nobody judged: a second leased load starts beside its load.
+/// nobody judged: a second leased load (of another process, or of the
+/// holder's own) starts beside its load, the first one's lease ended by
+/// another token.
 #[test]
 fn catches_take_over_of_any_lease() {
     caught_where(
         Variant::TakeOverAny,
         Invariant::OneLoader,
-        "unexplained duplicate load",
+        "lease ended by",
         10_000,
     );
+}
+
+/// An `expire` that leaves the expiry written in the value as it was: a
+/// later one-`GET` hit of the writer's process reads the expired version
+/// as fresh.
+#[test]
+fn catches_expire_that_leaves_the_stamp() {
+    caught(Variant::ExpireUnstamped, Invariant::WritesFinal);
 }
 
 /// Writes that failed in an outage, never replayed: once the faults end,

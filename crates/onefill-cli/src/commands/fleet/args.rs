@@ -277,6 +277,18 @@ pub struct FleetArgs {
     #[arg(long, default_value_t = 0, requires = "chaos",
           value_parser = clap::value_parser!(u64).range(0..=60_000))]
     pub clock_skew_ms: u64,
+    /// Steady mode: the parent calls `Cache::expire` of the run's first key
+    /// once, this many milliseconds after the start, and the report gets a
+    /// `write` section: the loads of the key from then on, and the calls of
+    /// it made until the first of those loads ended, against the p99 of
+    /// the run's hits. With a grace window (--grace-ms) they are answered
+    /// stale while one refresh runs; without, it is an `invalidate`.
+    #[arg(long, value_name = "MS", conflicts_with_all = ["invalidate_at_ms", "fault", "chaos"])]
+    pub expire_at_ms: Option<u64>,
+    /// Steady mode: as --expire-at-ms, with `Cache::invalidate` (the value
+    /// removed: the calls until the reload wait for it).
+    #[arg(long, value_name = "MS", conflicts_with_all = ["fault", "chaos"])]
+    pub invalidate_at_ms: Option<u64>,
     /// Worker processes.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub processes: u32,
@@ -408,6 +420,21 @@ mod tests {
         );
         assert!(fleet(&["--chaos", "--fault", "kill-holder"]).is_err());
         assert_eq!(fleet(&[]).expect("parses").fault, None);
+    }
+
+    #[test]
+    fn a_write_is_one_kind_at_one_time_without_a_fault_or_chaos() {
+        let e = fleet(&["--rate", "10", "--expire-at-ms", "500"]).expect("parses");
+        assert_eq!((e.expire_at_ms, e.invalidate_at_ms), (Some(500), None));
+        let i = fleet(&["--rate", "10", "--invalidate-at-ms", "700"]).expect("parses");
+        assert_eq!((i.expire_at_ms, i.invalidate_at_ms), (None, Some(700)));
+        for bad in [
+            &["--expire-at-ms", "5", "--invalidate-at-ms", "5"][..],
+            &["--expire-at-ms", "5", "--chaos"],
+            &["--invalidate-at-ms", "5", "--fault", "kill-holder"],
+        ] {
+            assert!(fleet(bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

@@ -11,6 +11,7 @@ use super::chaos::drive::{bound, run_chaos, ChaosPlan};
 use super::fault::kind::{FaultKind, FaultPlan};
 use super::html::html_report;
 use super::run::{fresh_namespace, run_with};
+use super::written::{WriteKind, WritePlan};
 use crate::shared::output::print_line;
 use crate::shared::progress::Progress;
 
@@ -45,10 +46,24 @@ pub fn run_command(args: &FleetArgs) -> anyhow::Result<()> {
             )
         });
     }
+    let write = write_plan(args);
+    if let Some(plan) = write {
+        progress.say(format!(
+            "{:?} of {} at {} ms",
+            plan.kind, run_args.keys[0], plan.at_ms
+        ));
+    }
     let ticker = run_args
         .rate
         .map(|_| Ticker::start(progress, run_args.duration_ms));
-    let report = run_with(&run_args, args.processes, &namespace, fault, progress);
+    let report = run_with(
+        &run_args,
+        args.processes,
+        &namespace,
+        fault,
+        write,
+        progress,
+    );
     drop(ticker);
     let mut report = report?;
     if let Some(path) = &args.report {
@@ -162,7 +177,33 @@ fn resolve(args: &FleetArgs) -> anyhow::Result<RunArgs> {
         }
         None => {}
     }
+    if let Some(plan) = write_plan(args) {
+        if run.rate.is_none() || plan.at_ms >= run.duration_ms {
+            bail!(
+                "--expire-at-ms and --invalidate-at-ms need a steady run (--rate) whose                  --duration-ms ({}) is past them",
+                run.duration_ms
+            );
+        }
+        if run.strategy == FleetStrategy::Naive {
+            bail!("--expire-at-ms and --invalidate-at-ms need a onefill strategy");
+        }
+    }
     Ok(run)
+}
+
+/// The write `--expire-at-ms` or `--invalidate-at-ms` asks for.
+fn write_plan(args: &FleetArgs) -> Option<WritePlan> {
+    match (args.expire_at_ms, args.invalidate_at_ms) {
+        (Some(at_ms), _) => Some(WritePlan {
+            kind: WriteKind::Expire,
+            at_ms,
+        }),
+        (None, Some(at_ms)) => Some(WritePlan {
+            kind: WriteKind::Invalidate,
+            at_ms,
+        }),
+        (None, None) => None,
+    }
 }
 
 /// A fault's name on the command line.
@@ -289,6 +330,26 @@ mod tests {
         }
         let run = resolved(&["--callers", "100000", "--strategy", "naive"]).expect("resolves");
         assert_eq!(run.callers_kind, CallersKind::Async, "the default");
+    }
+
+    #[test]
+    fn a_write_needs_a_steady_run_of_a_onefill_strategy_past_it() {
+        assert!(resolved(&["--rate", "10", "--expire-at-ms", "5000"]).is_ok());
+        assert!(resolved(&["--rate", "10", "--invalidate-at-ms", "9999"]).is_ok());
+        for bad in [
+            &["--expire-at-ms", "100"][..],
+            &["--rate", "10", "--expire-at-ms", "10000"],
+            &[
+                "--rate",
+                "10",
+                "--invalidate-at-ms",
+                "100",
+                "--strategy",
+                "naive",
+            ],
+        ] {
+            assert!(resolved(bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

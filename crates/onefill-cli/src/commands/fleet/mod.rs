@@ -13,13 +13,18 @@
 //! run is also written as an HTML page of charts ([`html`]). With `--chaos`,
 //! the workers read random keys through an L1 while the parent changes
 //! them, and every answer is checked against the server's history
-//! ([`chaos`]).
+//! ([`chaos`]). With `--expire-at-ms` or `--invalidate-at-ms`, a thread of
+//! the parent makes that write of the run's first key in the middle of a
+//! steady run ([`writer`]) and the report gets a `write` section
+//! ([`written`]).
 //!
 //! The files only look down. At the bottom `protocol`, `outcome` and
-//! `fault` (which reads `outcome`'s codes); then `args` (which names a
+//! `fault` (which reads `outcome`'s codes), and `written` (which reads them
+//! and the fault's records); then `args` (which names a
 //! fault's kind); then `report`, `redis_admin`, `connections` and
 //! `processes`; then `chaos` (which uses the connections and the fault's
-//! topology); then `worker` and `run`, which build on all of those; `html`
+//! topology) and `writer` (which uses the connections); then `worker` and
+//! `run`, which build on all of those; `html`
 //! over `report` and `args`; `command` on top, over `run`, `html` and
 //! `chaos`. Nothing here imports this
 //! file or the command line.
@@ -37,3 +42,5 @@ mod redis_admin;
 mod report;
 pub mod run;
 pub mod worker;
+mod writer;
+mod written;

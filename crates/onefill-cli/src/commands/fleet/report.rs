@@ -8,6 +8,7 @@ use super::args::{CallersKind, FleetStrategy, RunArgs};
 use super::fault::holder_report::HolderFaultReport;
 use super::fault::records::{CallRecord, LoadRecord};
 use super::fault::report::FaultReport;
+use super::written::WriteReport;
 
 /// The measured result of one fleet run.
 #[derive(Debug, Clone, Serialize)]
@@ -39,6 +40,10 @@ pub struct FleetReport {
     /// other processes saw.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub holder_fault: Option<HolderFaultReport>,
+    /// With `--expire-at-ms` or `--invalidate-at-ms`: the write and what
+    /// it cost.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub write: Option<WriteReport>,
     /// Commands the server executed during the run (all nodes), excluding
     /// the parent's own CONFIG/INFO.
     pub redis_commands: u64,
@@ -145,6 +150,9 @@ impl FleetReport {
         }
         if let Some(fault) = &self.holder_fault {
             text = format!("{text}\n{}", fault.to_text());
+        }
+        if let Some(write) = &self.write {
+            text = format!("{text}\n{}", write.to_text());
         }
         text
     }

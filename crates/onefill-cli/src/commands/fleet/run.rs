@@ -27,6 +27,8 @@ use super::processes::{
 use super::protocol::load_counter_key;
 use super::redis_admin::{admin, check_reachable, delete_keys, CommandCounts};
 use super::report::{FleetReport, Records, WorkerReport};
+use super::writer::Writer;
+use super::written::{WritePlan, WriteReport};
 use crate::shared::progress::Progress;
 
 /// A namespace no earlier run used.
@@ -36,7 +38,7 @@ pub fn fresh_namespace() -> String {
 
 /// Runs one fleet and measures it.
 pub fn run_fleet(args: &RunArgs, processes: u32, namespace: &str) -> anyhow::Result<FleetReport> {
-    run_with(args, processes, namespace, None, Progress::new(false))
+    run_with(args, processes, namespace, None, None, Progress::new(false))
 }
 
 /// Now, as milliseconds since the Unix epoch.
@@ -49,12 +51,14 @@ fn unix_ms() -> f64 {
 /// Runs one fleet, with a fault injected if `fault` is given: into the
 /// cluster (`args` must then be a steady run on a cluster), or into the
 /// worker holding a lease (`args` must then be a herd of the onefill
-/// strategy on one server).
+/// strategy on one server); and with `write` the parent's one write of
+/// the first key.
 pub fn run_with(
     args: &RunArgs,
     processes: u32,
     namespace: &str,
     fault: Option<FaultPlan>,
+    write: Option<WritePlan>,
     progress: Progress,
 ) -> anyhow::Result<FleetReport> {
     if let Some(plan) = fault {
@@ -113,6 +117,7 @@ pub fn run_with(
         )),
         None => None,
     };
+    let writer = write.map(|plan| Writer::start(plan, args, namespace, started));
     release(&mut workers)?;
     let (reports, holder) = match holder_injector {
         None => (collect_reports(&mut workers)?, None),
@@ -148,6 +153,18 @@ pub fn run_with(
             drop(guard);
             let injected = injected.context("injecting the fault")?;
             Some(fault_section(args, &injected, &records))
+        }
+        None => None,
+    };
+    let write_report = match writer {
+        Some(writer) => {
+            let written = writer.finish()?;
+            Some(WriteReport::analyse(
+                &written,
+                0,
+                &records.calls,
+                &records.loads,
+            ))
         }
         None => None,
     };
@@ -211,6 +228,7 @@ pub fn run_with(
             .collect(),
         fault: fault_report,
         holder_fault: holder_report,
+        write: write_report,
         redis_commands,
         calls: reports.iter().map(|r| r.calls).sum(),
         errors: reports.iter().map(|r| r.errors).sum(),

@@ -13,6 +13,7 @@
 //! | `release` | `GET lock == token`? `DEL lock` (+ `SET value PXAT at`), publish |
 //! | `extend` | `GET lock == token`? `PEXPIRE lock ttl` : publish the loss |
 //! | `set` / `invalidate` | `SET value PXAT at` / `DEL value`, `DEL lock`, publish |
+//! | `expire` | value readable, grace > 0 and `PTTL > grace`? `at = TIME + grace`: `SETRANGE value 16 at` (version 2 or 4), `PEXPIREAT value at` : grace 0 or unreadable? `DEL value`; `DEL lock`, publish |
 //!
 //! The scripts read the grace period from the envelope header; bytes that
 //! are not an envelope are never fresh. A script that writes a value takes
@@ -452,6 +453,20 @@ impl Backend for RedisBackend {
             .await;
         process_listeners().changed(keys.value());
         invalidated
+    }
+
+    /// The expire script (`soften.lua`: the new expiry is written both as
+    /// the key's `PEXPIREAT` and in a version-2 or -4 envelope, which a one-`GET`
+    /// hit trusts). On a cluster whose slot migrates it runs apart, as
+    /// `set` and `invalidate` do (`write.rs`).
+    async fn expire(&self, keys: &FillKeys) -> Result<(), BackendError> {
+        let invocation = announcing(&self.inner.scripts.expire, keys);
+        let expired = self
+            .write("expire", keys, &invocation, Unconditional::Expire)
+            .await;
+        // Failed or not, the change may have landed.
+        process_listeners().changed(keys.value());
+        expired
     }
 
     async fn mark(

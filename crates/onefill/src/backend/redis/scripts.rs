@@ -6,7 +6,9 @@
 //! placeholder is a plain Lua string, replaced by `PUBLISH` for a standalone
 //! server and by `SPUBLISH` (sharded pub/sub, routed by the channel's slot)
 //! on a cluster. The scripts that write a value start with `stamp.lua`
-//! (the server's expiry in the envelope, decision 0011).
+//! (the server's expiry in the envelope, decision 0011); the scripts that
+//! expire one in place start with `soften.lua`, which keeps that recorded
+//! expiry true.
 //!
 //! Scripts are sent with `EVALSHA`, and the server knows every one before
 //! a call needs it: all are loaded when a standalone backend connects
@@ -37,6 +39,9 @@ pub(super) struct Scripts {
     pub(super) extend: Script,
     pub(super) set: Script,
     pub(super) invalidate: Script,
+    pub(super) expire: Script,
+    /// `expire`'s step on the value alone (a cluster slot that migrates).
+    pub(super) expire_value: Script,
     pub(super) mark: Script,
 }
 
@@ -49,6 +54,10 @@ const RELEASE: &str = include_str!("scripts/release.lua");
 const EXTEND: &str = include_str!("scripts/extend.lua");
 const SET: &str = include_str!("scripts/set.lua");
 const INVALIDATE: &str = include_str!("scripts/invalidate.lua");
+const EXPIRE: &str = include_str!("scripts/expire.lua");
+const EXPIRE_VALUE: &str = include_str!("scripts/expire_value.lua");
+/// Prepended to the scripts that expire a value in place: `soften(key)`.
+const SOFTEN: &str = include_str!("scripts/soften.lua");
 const MARK: &str = include_str!("scripts/mark.lua");
 /// Prepended to the scripts that write a value: `stamp(bytes, ttl_ms)`.
 const STAMP: &str = include_str!("scripts/stamp.lua");
@@ -70,6 +79,8 @@ impl Scripts {
             &self.extend,
             &self.set,
             &self.invalidate,
+            &self.expire,
+            &self.expire_value,
             &self.mark,
         ];
         let loads = all.map(|script| {
@@ -82,6 +93,7 @@ impl Scripts {
     fn new(publish: &str) -> Scripts {
         let script = |lua: &str| Script::new(&lua.replace(PUBLISH_PLACEHOLDER, publish));
         let writing = |lua: &str| script(&format!("{STAMP}\n{lua}"));
+        let softening = |lua: &str| script(&format!("{SOFTEN}\n{lua}"));
         Scripts {
             acquire: script(ACQUIRE),
             fill: writing(FILL),
@@ -89,6 +101,8 @@ impl Scripts {
             extend: script(EXTEND),
             set: writing(SET),
             invalidate: script(INVALIDATE),
+            expire: softening(EXPIRE),
+            expire_value: softening(EXPIRE_VALUE),
             mark: script(MARK),
         }
     }
@@ -184,9 +198,10 @@ mod tests {
             CLUSTER_SCRIPTS.acquire.get_hash()
         );
         // The placeholder sits in code, not only in the header comment.
-        for lua in [FILL, RELEASE, EXTEND, SET, INVALIDATE] {
+        for lua in [FILL, RELEASE, EXTEND, SET, INVALIDATE, EXPIRE] {
             assert!(lua.contains(&format!("redis.call('{PUBLISH_PLACEHOLDER}'")));
         }
         assert!(!ACQUIRE.contains(PUBLISH_PLACEHOLDER));
+        assert!(!EXPIRE_VALUE.contains(PUBLISH_PLACEHOLDER));
     }
 }

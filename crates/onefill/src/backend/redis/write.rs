@@ -1,5 +1,7 @@
-//! The unconditional writes (`set`, `invalidate`): their script, and on a
-//! cluster whose slot migrates, the same steps as single-key commands.
+//! The unconditional writes (`set`, `invalidate`, `expire`): their script,
+//! and on a cluster whose slot migrates, the same steps as single-key
+//! commands (`expire`'s step on the value stays a script, of that key
+//! alone).
 
 use std::time::Duration;
 
@@ -11,7 +13,7 @@ use super::{Conn, RedisBackend};
 use crate::backend::{BackendError, FillKeys};
 
 impl RedisBackend {
-    /// An unconditional write (`set`, `invalidate`): its script. On a
+    /// An unconditional write (`set`, `invalidate`, `expire`): its script. On a
     /// cluster, while the key's slot migrates, the script is refused with
     /// `TRYAGAIN` for as long as the migration lasts (its keys are split
     /// between the two nodes, or the lock and the channel are missing on the
@@ -81,6 +83,21 @@ impl RedisBackend {
             Unconditional::Invalidate => {
                 one(redis::cmd("DEL").arg(keys.value()).clone()).await?;
             }
+            Unconditional::Expire => {
+                // Read, judge and rewrite the value in one step: as
+                // commands of their own, a `set` landing between the read
+                // and the rewrite would be cut to the old value's grace.
+                let scripts = self.inner.scripts;
+                let mut soften = ScriptCall::new(&scripts.expire_value);
+                soften.key(keys.value());
+                let soften = &soften;
+                router
+                    .run(slot, |mut c, asking| async move {
+                        soften.invoke::<i64, _>(scripts, &mut c, asking).await
+                    })
+                    .await
+                    .map_err(|e| classify(op, e))?;
+            }
         }
         // The write has landed: a lost announcement only leaves the
         // waiters of the key to their next poll, so it does not fail it.
@@ -93,4 +110,5 @@ impl RedisBackend {
 pub(super) enum Unconditional<'a> {
     Set { bytes: &'a [u8], ttl: Duration },
     Invalidate,
+    Expire,
 }

@@ -9,8 +9,10 @@
 //! deadline's outcomes), loader failures (errors, panics, cancellation, a
 //! hung loader), freshness (stale-while-refresh, early refresh, negative
 //! caching, fail-safe, jitter, a value not stored), writes (undecodable
-//! values, fenced fills, the size limit), marks (tags, `expire_tag`,
-//! `clear`, or a clear `Unsupported`) and regressions (the faults found
+//! values, fenced fills, the size limit), expiry (`expire`: stale in place
+//! with one refresh, removed without grace, fenced fills, the backends
+//! without it), marks (tags, `expire_tag`, `clear`, or a clear
+//! `Unsupported`) and regressions (the faults found
 //! by hostile tests that any backend could bring back: unreadable values, read-your-writes, unfenced no-lease
 //! fills, hostile keys, two loads in one process, a lease lost twice).
 
@@ -117,6 +119,8 @@ mod batch;
 #[macro_use]
 mod coalescing;
 #[macro_use]
+mod expiry;
+#[macro_use]
 mod freshness;
 #[macro_use]
 mod leases;
@@ -138,6 +142,7 @@ themes! { $
     loader_failures => __onefill_conformance_loader_failures,
     freshness => __onefill_conformance_freshness,
     writes => __onefill_conformance_writes,
+    expiry => __onefill_conformance_expiry,
     regressions => __onefill_conformance_regressions,
     batch => __onefill_conformance_batch,
     marks => __onefill_conformance_marks,

@@ -52,15 +52,25 @@ impl Checker<'_> {
     pub(super) fn check_writes(&mut self) {
         // Read your writes, per process.
         let calls: Vec<_> = self.calls.values().cloned().collect();
-        for x in calls
-            .iter()
-            .filter(|x| matches!(x.kind, CallKind::Set | CallKind::Invalidate))
-        {
+        for x in calls.iter().filter(|x| {
+            matches!(
+                x.kind,
+                CallKind::Set | CallKind::Invalidate | CallKind::Expire
+            )
+        }) {
             let Some((x_end, x_end_t, Answer::Done, _, _)) = &x.end else {
                 continue;
             };
             let executed = match x.kind {
                 CallKind::Set => x.set_id.and_then(|id| self.set_exec.get(&id).copied()),
+                CallKind::Expire => self
+                    .expire_execs
+                    .iter()
+                    .filter(|(i, k, seq)| {
+                        *i == x.inst && *k == x.key && *seq > x.start && seq < x_end
+                    })
+                    .map(|(_, _, seq)| *seq)
+                    .min(),
                 _ => self
                     .invalidate_execs
                     .iter()
@@ -100,6 +110,9 @@ impl Checker<'_> {
                     continue;
                 };
                 let older = self.origin_seq(origin).is_none_or(|o| o < executed);
+                if older && self.expired_and_kept(executed, origin, answer, *t) {
+                    continue;
+                }
                 if older {
                     self.fail(format!(
                         "stale read after a write: {:?} of k{} in instance {} returned at {x_end_t:?}; a later call (instance {}, started {:?}{}) answered at {t:?} with {answer:?}, which predates it",
@@ -108,16 +121,23 @@ impl Checker<'_> {
                 }
             }
         }
-        // No fill of a load older than a write lands after it.
+        // No fill of a load older than a write lands after it. (The version
+        // an `expire` kept may be re-stored after it, fail-safe, by a
+        // flight that read it stale after the expire and whose load failed:
+        // its lease was won after the expire, or the entry would not land.)
         for key in 0..=self.s.keys {
             for (landed, origin) in self.landed[key].clone() {
                 let Some(born) = self.origin_seq(origin) else {
                     continue;
                 };
-                if let Some(&(w, wt, _)) = self.writes[key]
-                    .iter()
-                    .find(|(w, _, _)| born < *w && *w < landed)
-                {
+                if let Some(&(w, wt, _)) = self.writes[key].iter().find(|(w, _, _)| {
+                    born < *w
+                        && *w < landed
+                        && self
+                            .expire_kept
+                            .get(w)
+                            .is_none_or(|kept| *kept != Some(origin))
+                }) {
                     let landed_t = self.recs[landed].t;
                     self.fail(format!(
                         "a fill from before a write landed after it: {origin:?} of k{key} landed at {landed_t:?}, after the set/invalidate at {wt:?} (seq {w})"
@@ -125,6 +145,50 @@ impl Checker<'_> {
                 }
             }
         }
+    }
+
+    /// Whether an answer of `origin` at `t`, older than the `expire` that
+    /// ran at seq `executed`, is one that expire allows: the version it
+    /// kept on the store (stale), answered stale (`get` answers stale
+    /// values too) within its grace window, or answered at all once a
+    /// fail-safe re-store of it landed after the expire (its load failed:
+    /// the stale value is served and re-stored for the throttle period) or
+    /// another client's `PEXPIRE` gave it a longer life again.
+    /// A fresh answer of it otherwise is a stale read after the write.
+    fn expired_and_kept(
+        &self,
+        executed: usize,
+        origin: Origin,
+        answer: &Answer,
+        t: Duration,
+    ) -> bool {
+        if self.expire_kept.get(&executed) != Some(&Some(origin)) {
+            return false;
+        }
+        let expired_at = self.recs[executed].t;
+        // Fresh again since: re-stored fail-safe, or another client's
+        // `PEXPIRE` (which onefill cannot know of) lengthened it.
+        let restored = self
+            .landed
+            .iter()
+            .flatten()
+            .any(|&(seq, o)| o == origin && seq > executed && self.recs[seq].t <= t)
+            || self.values.iter().flatten().any(|v| {
+                v.by.is_none()
+                    && v.change == Change::Ttl
+                    && matches!(v.held, Some((Some(o), _)) if o == origin)
+                    && expired_at <= v.t
+                    && v.t <= t
+            });
+        let stale = matches!(
+            answer,
+            Answer::Got(Some(_))
+                | Answer::Fetched {
+                    outcome: Outcome::Stale,
+                    ..
+                }
+        );
+        restored || (stale && t <= expired_at + self.s.grace + self.s.backend_timeout + TICK)
     }
 
     pub(super) fn check_breaker(&mut self) {

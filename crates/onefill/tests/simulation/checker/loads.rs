@@ -144,7 +144,7 @@ impl Checker<'_> {
     }
 
     /// Whether `l1` left its process's coalescer before `l2` started:
-    /// detached by a `set` or `invalidate` of the process, or displaced by
+    /// detached by a `set`, `invalidate` or `expire` of the process, or displaced by
     /// a leased load started since. A load joins the coalescer at the
     /// instant its loader is first polled, but possibly just before a write
     /// that returned in that same instant: compare times, not log order.
@@ -152,7 +152,10 @@ impl Checker<'_> {
         let detached = self.calls.values().any(|c| {
             c.inst == l1.inst
                 && c.key == l1.key
-                && matches!(c.kind, CallKind::Set | CallKind::Invalidate)
+                && matches!(
+                    c.kind,
+                    CallKind::Set | CallKind::Invalidate | CallKind::Expire
+                )
                 && c.start < l2.start
                 && c.end.as_ref().is_none_or(|e| e.1 >= l1.start_t)
         });

@@ -220,12 +220,18 @@ struct Checker<'a> {
     drained: Option<Duration>,
     /// The seq where the final reads begin.
     final_reads: Option<usize>,
-    /// Per key: (seq, time, origin) of every set/invalidate run on the store.
+    /// Per key: (seq, time, origin) of every set/invalidate/expire run on
+    /// the store.
     writes: Vec<Vec<(usize, Duration, Option<Origin>)>>,
     /// Per key: (seq, origin) of every fill or entry that landed.
     landed: Vec<Vec<(usize, Origin)>>,
     set_exec: HashMap<u64, usize>,
     invalidate_execs: Vec<(usize, usize, usize)>,
+    /// (instance, key, seq) of every `expire` run on the store.
+    expire_execs: Vec<(usize, usize, usize)>,
+    /// Per `expire` run on the store (its seq): the version it left on the
+    /// store, stale (see `Exec::Expire`).
+    expire_kept: HashMap<usize, Option<Origin>>,
     faults: Vec<Vec<Duration>>,
     held_replies: Vec<(usize, usize, Duration)>,
     /// (instance, key, time, how long it took) of every call that answered
@@ -280,6 +286,8 @@ impl<'a> Checker<'a> {
             landed: vec![Vec::new(); s.keys + 1],
             set_exec: HashMap::new(),
             invalidate_execs: Vec::new(),
+            expire_execs: Vec::new(),
+            expire_kept: HashMap::new(),
             faults: vec![Vec::new(); s.instances],
             held_replies: Vec::new(),
             slow_answers: Vec::new(),

@@ -342,6 +342,12 @@ impl Checker<'_> {
                 self.invalidate_execs.push((inst, key, seq));
                 self.writes[key].push((seq, t, None));
             }
+            Exec::Expire { kept } => {
+                end_current(slot, &mut self.leases, LeaseEnd::Revoked);
+                self.expire_execs.push((inst, key, seq));
+                self.expire_kept.insert(seq, *kept);
+                self.writes[key].push((seq, t, None));
+            }
         }
         // Acquire replies whose answer never reached the cache are checked
         // once the whole log is known (see `check_leases`).

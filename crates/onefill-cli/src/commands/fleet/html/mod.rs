@@ -344,6 +344,7 @@ mod tests {
             local_loads: 1,
             fault: None,
             holder_fault: None,
+            write: None,
             redis_commands: 10,
             calls: 2,
             errors: 0,
