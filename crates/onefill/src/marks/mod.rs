@@ -236,6 +236,22 @@ impl Marks {
         }
     }
 
+    /// The generation a write that begins at `began` records: read again
+    /// first if a change of it was reported (as [`before_load`](Self::before_load)),
+    /// within the write's own `limit`. A write made after a mark this
+    /// process has heard of must not record an older generation: it would
+    /// read back as a miss, here and everywhere. Out of time, it records
+    /// the last one known.
+    pub(crate) async fn for_write(
+        &self,
+        backend: &dyn Backend,
+        began: Instant,
+        limit: Duration,
+    ) -> u64 {
+        let _ = crate::deadline::timer(began, limit, self.before_load(backend)).await;
+        self.generation()
+    }
+
     /// The verdicts on `stored` (each `None`: nothing stored, judged
     /// [`Verdict::Valid`]), reading the marks they need that are not held
     /// (in one read).

@@ -349,3 +349,35 @@ async fn a_tagged_value_lives_no_longer_than_its_tags_marks() {
     assert_eq!(ttl("k"), onefill::TAG_RETENTION);
     assert!(ttl("untagged") > onefill::TAG_RETENTION);
 }
+
+/// A write made after another process's mark, which this process has
+/// heard of but not yet read, is not judged by it: the writer reads its own
+/// write back, and so does the other process. (It recorded the generation
+/// it last read, older than the mark, and read back as a miss.)
+#[tokio::test(start_paused = true)]
+async fn a_write_after_a_mark_heard_of_is_not_judged_by_it() {
+    for tagged in [false, true] {
+        let store = MemoryBackend::new();
+        let (a, b) = (
+            process(&store, Duration::ZERO),
+            process(&store, Duration::ZERO),
+        );
+        let origin = Origin::default();
+        // A has read the marks once: it holds them, and their generation.
+        origin.fetch(&a, "k", &["t"], Duration::ZERO).await;
+        if tagged {
+            b.invalidate_tag("t").await.expect("marked");
+            a.set_tagged("k", "mine".to_owned(), ["t"]).await.unwrap();
+        } else {
+            b.clear().await.expect("cleared");
+            a.set("k", "mine".to_owned()).await.unwrap();
+        }
+        for cache in [&a, &b] {
+            assert_eq!(
+                cache.get("k").await.unwrap().as_deref(),
+                Some("mine"),
+                "tagged: {tagged}"
+            );
+        }
+    }
+}
