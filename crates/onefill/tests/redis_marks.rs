@@ -245,3 +245,86 @@ async fn values_are_stamped_version_4_and_read_back_as_written() {
     assert_eq!(&stored[33..42], b"\x08seller:7");
     assert_eq!(a.get("k").await.unwrap().as_deref(), Some("loaded-1"));
 }
+
+/// Another client writes a generation past what the mark script counts
+/// exactly (here `u64::MAX`, which a reader parses): marks must keep
+/// working. A reader took it as the namespace's generation and recorded it
+/// in every value it loaded from then on, and the script's next generation
+/// (beyond a Lua number's exact range) wrote a mark no reader could parse:
+/// no later `invalidate_tag` or `clear` judged anything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_generation_written_over_with_garbage_does_not_disable_marks() {
+    let _limit = time_limit(LIMIT);
+    let server = RedisServer::start();
+    for garbage in [
+        "18446744073709551615",
+        "1e300",
+        "99999999999999999999",
+        "nope",
+    ] {
+        let ns = unique_ns("garbage-gen");
+        let a = cache(
+            &ns,
+            RedisBackend::connect(&server.url()).await.unwrap(),
+            false,
+        );
+        let loads = Arc::new(AtomicUsize::new(0));
+        let gen_key = format!("{ns}:{{#}}:gen");
+        server.command(&["SET", &gen_key, garbage]);
+        // Loaded after the garbage was written (its marks read with it).
+        let (first, _) = fetch(&a, "k", &["t"], &loads).await;
+        assert_eq!(a.get("k").await.unwrap().as_deref(), Some(first.as_str()));
+        a.invalidate_tag("t").await.expect("marked");
+        assert_eq!(a.get("k").await.unwrap(), None, "garbage {garbage}: tag");
+        let (second, outcome) = fetch(&a, "k", &["t"], &loads).await;
+        assert_eq!(outcome, Outcome::Loaded);
+        assert_eq!(a.get("k").await.unwrap().as_deref(), Some(second.as_str()));
+        a.clear().await.expect("cleared");
+        assert_eq!(a.get("k").await.unwrap(), None, "garbage {garbage}: clear");
+    }
+}
+
+/// On a cluster whose marks' master stops answering (frozen, connections
+/// open), the values of the other masters stay readable, judged by the
+/// last marks known: an untagged and a tagged value whose marks were read
+/// before are answered, within the backend timeout, with and without an
+/// L1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a read of the marks waits for the frozen master's response timeout (1 s), past the backend timeout (250 ms): every read times out"]
+async fn reads_of_other_masters_go_on_while_the_marks_master_is_frozen() {
+    let _limit = time_limit(LIMIT);
+    let cluster = RedisCluster::start(3);
+    let urls = cluster.urls();
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    for l1 in [false, true] {
+        let ns = unique_ns("frozen");
+        let marks_master = cluster.node_for_key(&format!("{ns}:{{#}}:gen"));
+        // Keys served by the other masters.
+        let keys: Vec<String> = (0..)
+            .map(|i| format!("k{i}"))
+            .filter(|k| {
+                cluster.node_for_key(FillKeys::new(&ns, k).value()).port() != marks_master.port()
+            })
+            .take(2)
+            .collect();
+        let a = cache(&ns, RedisBackend::connect_cluster(&urls).await.unwrap(), l1);
+        let loads = Arc::new(AtomicUsize::new(0));
+        let (tagged, _) = fetch(&a, &keys[0], &["t"], &loads).await;
+        let (untagged, _) = fetch(&a, &keys[1], &[], &loads).await;
+        marks_master.pause();
+        // Past the sync bound: neither the L1 nor the held marks are
+        // trusted, every read goes to the server.
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let mut answers = Vec::new();
+        for key in [&keys[1], &keys[0]] {
+            let start = Instant::now();
+            let got = a.get(key.as_str()).await;
+            answers.push((got, start.elapsed()));
+        }
+        marks_master.resume();
+        for ((got, took), want) in answers.into_iter().zip([&untagged, &tagged]) {
+            let got = got.unwrap_or_else(|e| panic!("l1 {l1}: {e} after {took:?}"));
+            assert_eq!(got.as_deref(), Some(want.as_str()), "l1 {l1}");
+        }
+    }
+}
