@@ -51,9 +51,9 @@ impl Calls {
         #[cfg(feature = "redis")]
         if let Some(redis) = &self.redis {
             let marks = self.marks.namespace_beside(&*self.backend);
-            let (stored, ()) =
+            let (stored, beside) =
                 futures_util::future::join(redis.read_within(keys, limit, began), marks).await;
-            return Judged::judge_one(&self.marks, &*self.backend, stored?).await;
+            return Judged::judge_one(&self.marks, &*self.backend, stored?, &beside).await;
         }
         let _ = (limit, began);
         self.backend.get(keys).await

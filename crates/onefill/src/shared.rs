@@ -88,7 +88,13 @@ impl<V: Clone + 'static> Shared<V> {
     ) -> Self {
         let recorder = Recorder::new(&namespace);
         let sync_bound = l1.map_or(crate::l1::DEFAULT_SYNC_BOUND, |l1| l1.sync_bound);
-        let marks = Arc::new(Marks::new(&namespace, sync_bound));
+        // Half the backend timeout: a read of the marks out of reach leaves
+        // the call the time to judge by the last ones known.
+        let marks = Arc::new(Marks::new(
+            &namespace,
+            sync_bound,
+            policy.backend_timeout / 2,
+        ));
         Shared {
             l1: l1.map(|l1| Arc::new(Local::new(l1, &namespace, recorder.clone()))),
             calls: Calls {

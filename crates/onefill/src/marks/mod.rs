@@ -76,8 +76,20 @@ pub(crate) struct Marks {
     /// Milliseconds since `base` until which held marks are trusted.
     trusted_until: AtomicU64,
     sync_bound: Duration,
+    /// How long a read of the marks may take: within the calls it is made
+    /// for (half the backend timeout), so that a value whose marks are out
+    /// of reach (their cluster master frozen) is still judged by the last
+    /// ones known before its call times out.
+    read_limit: Duration,
     support: AtomicU8,
 }
+
+/// How the read of the namespace's mark made beside a read of values
+/// went: if it failed, the verdict on what that read found does not try
+/// again (the call would not have the time), it judges by the marks last
+/// known.
+#[derive(Debug, Default)]
+pub(crate) struct Beside(Option<BackendError>);
 
 impl std::fmt::Debug for Marks {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -105,7 +117,7 @@ fn verdict<'m>(as_of: u64, marks: impl IntoIterator<Item = &'m Mark>) -> Verdict
 impl Marks {
     /// The marks of `namespace`, trusted for `sync_bound` after each sync
     /// the backend confirms.
-    pub(crate) fn new(namespace: &str, sync_bound: Duration) -> Self {
+    pub(crate) fn new(namespace: &str, sync_bound: Duration, read_limit: Duration) -> Self {
         Marks {
             keys: MarkKeys::new(namespace),
             generation: AtomicU64::new(0),
@@ -115,6 +127,7 @@ impl Marks {
             base: Instant::now(),
             trusted_until: AtomicU64::new(0),
             sync_bound,
+            read_limit,
             support: AtomicU8::new(SUPPORT_UNKNOWN),
         }
     }
@@ -172,7 +185,10 @@ impl Marks {
         let mut keys = vec![self.keys.clear()];
         keys.extend(tags.iter().map(|t| self.keys.tag(t)));
         let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
-        let (generation, marks) = match backend.read_marks(&self.keys.generation(), &refs).await {
+        let gen_key = self.keys.generation();
+        let read = backend.read_marks(&gen_key, &refs);
+        let read = crate::deadline::within("read_marks", Instant::now(), self.read_limit, read);
+        let (generation, marks) = match read.await {
             Ok(read) => read,
             Err(e) if e.kind() == BackendErrorKind::Unsupported => {
                 self.support.store(UNSUPPORTED, Ordering::Relaxed);
@@ -210,11 +226,11 @@ impl Marks {
     /// a process's first read, or its first after a `clear`, still costs
     /// one round trip of time), since every value needs it. Its error is
     /// the verdict's business (it reads again, or judges by what it knew).
-    pub(crate) async fn namespace_beside(&self, backend: &dyn Backend) {
+    pub(crate) async fn namespace_beside(&self, backend: &dyn Backend) -> Beside {
         if self.unsupported() || self.namespace_held(Instant::now()) {
-            return;
+            return Beside::default();
         }
-        let _ = self.read(backend, &[]).await;
+        Beside(self.read(backend, &[]).await.err())
     }
 
     fn namespace_held(&self, now: Instant) -> bool {
@@ -227,8 +243,12 @@ impl Marks {
     /// cannot be read, the load records the last one known: older than the
     /// truth, which can only make its value judged by a mark it was not
     /// subject to (and loaded again), never the other way.
-    pub(crate) async fn before_load(&self, backend: &dyn Backend) {
+    pub(crate) async fn before_load(&self, backend: &dyn Backend, beside: &Beside) {
         if self.unsupported() || !self.generation_stale.load(Ordering::SeqCst) {
+            return;
+        }
+        if beside.0.is_some() {
+            // Out of reach a moment ago: not worth the call's time.
             return;
         }
         if let Err(e) = self.read(backend, &[]).await {
@@ -248,17 +268,20 @@ impl Marks {
         began: Instant,
         limit: Duration,
     ) -> u64 {
-        let _ = crate::deadline::timer(began, limit, self.before_load(backend)).await;
+        let beside = Beside::default();
+        let refresh = self.before_load(backend, &beside);
+        let _ = crate::deadline::timer(began, limit, refresh).await;
         self.generation()
     }
 
     /// The verdicts on `stored` (each `None`: nothing stored, judged
     /// [`Verdict::Valid`]), reading the marks they need that are not held
-    /// (in one read).
+    /// (in one read), unless the read `beside` them failed.
     pub(crate) async fn judge(
         &self,
         backend: &dyn Backend,
         stored: &[Option<&Stored>],
+        beside: &Beside,
     ) -> Result<Vec<Verdict>, BackendError> {
         let now = Instant::now();
         let marks: Vec<Option<ValueMarks<'_>>> = stored
@@ -289,7 +312,11 @@ impl Marks {
                 }
             }
         }
-        let read = match self.read(backend, &tags).await {
+        let read = match &beside.0 {
+            Some(e) => Err(e.clone()),
+            None => self.read(backend, &tags).await,
+        };
+        let read = match read {
             Ok(Some(read)) => read,
             Ok(None) => return Ok(vec![Verdict::Valid; stored.len()]),
             // The marks are out of reach (on a cluster, their master may be
