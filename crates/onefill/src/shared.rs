@@ -336,6 +336,8 @@ pub(crate) struct Writing<'a, V: Clone + 'static> {
     keys: &'a FillKeys,
     /// `false` once [`Writing::landed`] did the bookkeeping.
     armed: bool,
+    /// The marks' changes when the write began.
+    marks: u64,
 }
 
 impl<'a, V: Clone + 'static> Writing<'a, V> {
@@ -345,6 +347,7 @@ impl<'a, V: Clone + 'static> Writing<'a, V> {
             key,
             keys,
             armed: true,
+            marks: shared.marks.changes(),
         }
     }
 
@@ -356,8 +359,11 @@ impl<'a, V: Clone + 'static> Writing<'a, V> {
     /// reported before the reply is seen, and recording this value after
     /// it would put back what the change replaced (the L1 keeps nothing of
     /// its own writes either).
+    ///
+    /// A mark made while the write was under way may judge the value
+    /// (the write may have landed before it): nothing is kept then either.
     pub(crate) fn landed(mut self, value: &Option<V>, ttl: Duration) {
-        if self.shared.l1.is_some() {
+        if self.shared.l1.is_some() || self.shared.marks.changes() != self.marks {
             return;
         }
         self.armed = false;

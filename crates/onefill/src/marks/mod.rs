@@ -402,6 +402,13 @@ impl Marks {
         }
     }
 
+    /// How many changes of the marks were reported so far: a write that
+    /// lands after one began keeps nothing of its value (the mark may judge
+    /// it).
+    pub(crate) fn changes(&self) -> u64 {
+        self.changes.load(Ordering::SeqCst)
+    }
+
     /// Anything may have changed.
     pub(crate) fn reset(&self) {
         let mut held = self.held.lock();

@@ -381,3 +381,37 @@ async fn a_write_after_a_mark_heard_of_is_not_judged_by_it() {
         }
     }
 }
+
+/// Without an L1, a `set` whose reply came after this process's `clear` had
+/// returned recorded its value in the outage fallback: the next outage
+/// answered a value the clear judged (the server reads it as a miss).
+#[tokio::test(start_paused = true)]
+async fn a_late_set_reply_keeps_nothing_a_mark_judged_for_outages() {
+    use crate::support::{fetch_now, two_pods, Switches, REFUSE};
+    use onefill::testing::{Fault, Op};
+    for tag in [None, Some("t")] {
+        let [(a, pod_a), _] = two_pods(|b| b);
+        let loads = Arc::new(AtomicUsize::new(0));
+        let key = "k".to_string();
+        a.faults().set([Op::Set], Fault::Gated);
+        let writing = tokio::spawn({
+            let (pod_a, key) = (pod_a.clone(), key.clone());
+            async move {
+                pod_a
+                    .set_tagged(&key, "before the mark".to_owned(), tag)
+                    .await
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        match tag {
+            None => pod_a.clear().await.unwrap(),
+            Some(tag) => pod_a.invalidate_tag(tag).await.unwrap(),
+        }
+        a.faults().open_gate(1);
+        writing.await.unwrap().unwrap();
+        assert_eq!(pod_a.get(&key).await.unwrap(), None, "judged by the mark");
+        a.set_mode(REFUSE);
+        let f = fetch_now(&pod_a, &key, &loads).await;
+        assert_eq!(f.outcome, Outcome::Degraded, "{tag:?}: {:?}", f.value);
+    }
+}
