@@ -76,10 +76,10 @@ pub(crate) struct Marks {
     /// Milliseconds since `base` until which held marks are trusted.
     trusted_until: AtomicU64,
     sync_bound: Duration,
-    /// How long a read of the marks may take: within the calls it is made
-    /// for (half the backend timeout), so that a value whose marks are out
-    /// of reach (their cluster master frozen) is still judged by the last
-    /// ones known before its call times out.
+    /// How long a read of the marks may take while some are held: within
+    /// the calls it is made for (half the backend timeout), so that a value
+    /// whose marks are out of reach (their cluster master frozen) is still
+    /// judged by the last ones known before its call times out.
     read_limit: Duration,
     support: AtomicU8,
 }
@@ -187,7 +187,14 @@ impl Marks {
         let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
         let gen_key = self.keys.generation();
         let read = backend.read_marks(&gen_key, &refs);
-        let read = crate::deadline::within("read_marks", Instant::now(), self.read_limit, read);
+        // Bounded only when the last marks known can stand in (a slow read
+        // with nothing to fall back on may as well use the call's time).
+        let limit = if self.held.lock().contains_key(&b""[..]) {
+            self.read_limit
+        } else {
+            Duration::MAX
+        };
+        let read = crate::deadline::within("read_marks", Instant::now(), limit, read);
         let (generation, marks) = match read.await {
             Ok(read) => read,
             Err(e) if e.kind() == BackendErrorKind::Unsupported => {
