@@ -14,7 +14,9 @@ use crate::backend::{Backend, FillKeys, Stored};
 use crate::circuit::Breakers;
 use crate::deadline;
 use crate::error::{BackendError, BackendErrorKind};
-use crate::marks::{Judged, Marks};
+#[cfg(feature = "redis")]
+use crate::marks::Judged;
+use crate::marks::Marks;
 use crate::stats::Recorder;
 
 /// A cache's way to the backend.
@@ -26,6 +28,7 @@ pub(crate) struct Calls {
     pub redis: Option<crate::backend::redis::RedisBackend>,
     /// What every read is judged by (`backend` judges its own reads; the
     /// direct Redis `get` is judged here).
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub marks: Arc<Marks>,
     /// One circuit breaker per shard of the backend.
     pub breakers: Breakers,

@@ -51,16 +51,16 @@ async fn stores_marks(h: &dyn Harness, ns: &str) -> bool {
     }
 }
 
+/// What a tagged load answers.
+type TaggedLoad = std::pin::Pin<
+    Box<dyn std::future::Future<Output = Result<Loaded<String>, std::io::Error>> + Send>,
+>;
+
 /// A loader whose `n`-th run answers `<key>-v<n>`, tagged `tags`.
 fn tagged(
     origin: &Origin,
     tags: &'static [&'static str],
-) -> impl FnOnce(
-    String,
-) -> std::pin::Pin<
-    Box<dyn std::future::Future<Output = Result<Loaded<String>, std::io::Error>> + Send>,
-> + Send
-       + 'static {
+) -> impl FnOnce(String) -> TaggedLoad + Send + 'static {
     let plain = origin.loader(Duration::ZERO);
     move |key| {
         Box::pin(async move {
