@@ -15,7 +15,7 @@ use crate::circuit::Breakers;
 use crate::deadline;
 use crate::error::{BackendError, BackendErrorKind};
 #[cfg(feature = "redis")]
-use crate::marks::{Judged, Marks};
+use crate::marks::{Beside, Judged, Marks};
 use crate::stats::Recorder;
 
 /// A cache's way to the backend.
@@ -66,7 +66,11 @@ impl Calls {
             if let Some(verdict) = self.marks.held_judgement(&stored) {
                 return Ok(Marks::apply(stored, verdict));
             }
-            let judged = Judged::judge_one(&self.marks, &*self.backend, Some(stored));
+            let backend = &*self.backend;
+            let judged = async move {
+                let beside = Beside::default();
+                Judged::judge_one(&self.marks, backend, Some(stored), &beside).await
+            };
             return Box::pin(judged).await;
         }
         let _ = (limit, began);
@@ -84,9 +88,9 @@ impl Calls {
         began: Instant,
     ) -> Result<Option<Stored>, BackendError> {
         let marks = self.marks.namespace_beside(&*self.backend);
-        let (stored, ()) =
+        let (stored, beside) =
             futures_util::future::join(redis.read_within(keys, limit, began), marks).await;
-        Judged::judge_one(&self.marks, &*self.backend, stored?).await
+        Judged::judge_one(&self.marks, &*self.backend, stored?, &beside).await
     }
 
     /// Calls the backend about `keys` through the circuit breaker of their

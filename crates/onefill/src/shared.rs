@@ -97,7 +97,9 @@ impl<V: Clone + 'static> Shared<V> {
         let trust = l1.map_or(Trust::Rechecked(RECHECK), |l1| {
             Trust::Reported(l1.sync_bound)
         });
-        let marks = Arc::new(Marks::new(&namespace, trust));
+        // Half the backend timeout: a read of the marks out of reach leaves
+        // the call the time to judge by the last ones known.
+        let marks = Arc::new(Marks::new(&namespace, trust, policy.backend_timeout / 2));
         Shared {
             l1: l1.map(|l1| Arc::new(Local::new(l1, &namespace, recorder.clone()))),
             calls: Calls {
@@ -391,6 +393,8 @@ pub(crate) struct Writing<'a, V: Clone + Send + Sync + 'static> {
     replay: bool,
     /// Its place among the writes to replay (see [`Replays::landed`]).
     ticket: u64,
+    /// The marks' changes when the write began.
+    marks: u64,
 }
 
 impl<'a, V: Clone + Send + Sync + 'static> Writing<'a, V> {
@@ -402,6 +406,7 @@ impl<'a, V: Clone + Send + Sync + 'static> Writing<'a, V> {
             armed: true,
             replay: true,
             ticket: shared.replays.ticket(),
+            marks: shared.marks.changes(),
         }
     }
 
@@ -413,9 +418,12 @@ impl<'a, V: Clone + Send + Sync + 'static> Writing<'a, V> {
     /// reported before the reply is seen, and recording this value after
     /// it would put back what the change replaced (the L1 keeps nothing of
     /// its own writes either).
+    ///
+    /// A mark made while the write was under way may judge the value
+    /// (the write may have landed before it): nothing is kept then either.
     pub(crate) fn landed(mut self, value: &Option<V>, ttl: Duration) {
         self.ran();
-        if self.shared.l1.is_some() {
+        if self.shared.l1.is_some() || self.shared.marks.changes() != self.marks {
             return;
         }
         self.armed = false;

@@ -245,3 +245,204 @@ async fn values_are_stamped_version_4_and_read_back_as_written() {
     assert_eq!(&stored[33..42], b"\x08seller:7");
     assert_eq!(a.get("k").await.unwrap().as_deref(), Some("loaded-1"));
 }
+
+/// Another client writes a generation past what the mark script counts
+/// exactly (here `u64::MAX`, which a reader parses): marks must keep
+/// working. A reader took it as the namespace's generation and recorded it
+/// in every value it loaded from then on, and the script's next generation
+/// (beyond a Lua number's exact range) wrote a mark no reader could parse:
+/// no later `invalidate_tag` or `clear` judged anything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_generation_written_over_with_garbage_does_not_disable_marks() {
+    let _limit = time_limit(LIMIT);
+    let server = RedisServer::start();
+    for garbage in [
+        "18446744073709551615",
+        "1e300",
+        "99999999999999999999",
+        "nope",
+    ] {
+        let ns = unique_ns("garbage-gen");
+        let a = cache(
+            &ns,
+            RedisBackend::connect(&server.url()).await.unwrap(),
+            false,
+        );
+        let loads = Arc::new(AtomicUsize::new(0));
+        let gen_key = format!("{ns}:{{#}}:gen");
+        server.command(&["SET", &gen_key, garbage]);
+        // Loaded after the garbage was written (its marks read with it).
+        let (first, _) = fetch(&a, "k", &["t"], &loads).await;
+        assert_eq!(a.get("k").await.unwrap().as_deref(), Some(first.as_str()));
+        a.invalidate_tag("t").await.expect("marked");
+        assert_eq!(a.get("k").await.unwrap(), None, "garbage {garbage}: tag");
+        let (second, outcome) = fetch(&a, "k", &["t"], &loads).await;
+        assert_eq!(outcome, Outcome::Loaded);
+        assert_eq!(a.get("k").await.unwrap().as_deref(), Some(second.as_str()));
+        a.clear().await.expect("cleared");
+        assert_eq!(a.get("k").await.unwrap(), None, "garbage {garbage}: clear");
+    }
+}
+
+/// On a cluster whose marks' master stops answering (frozen, connections
+/// open), the values of the other masters stay readable, judged by the
+/// last marks known: an untagged and a tagged value whose marks were read
+/// before are answered, within the backend timeout, with and without an
+/// L1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+
+async fn reads_of_other_masters_go_on_while_the_marks_master_is_frozen() {
+    let _limit = time_limit(LIMIT);
+    let cluster = RedisCluster::start(3);
+    let urls = cluster.urls();
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    for l1 in [false, true] {
+        let ns = unique_ns("frozen");
+        let marks_master = cluster.node_for_key(&format!("{ns}:{{#}}:gen"));
+        // Keys served by the other masters.
+        let keys: Vec<String> = (0..)
+            .map(|i| format!("k{i}"))
+            .filter(|k| {
+                cluster.node_for_key(FillKeys::new(&ns, k).value()).port() != marks_master.port()
+            })
+            .take(2)
+            .collect();
+        let a = cache(&ns, RedisBackend::connect_cluster(&urls).await.unwrap(), l1);
+        let loads = Arc::new(AtomicUsize::new(0));
+        let (tagged, _) = fetch(&a, &keys[0], &["t"], &loads).await;
+        let (untagged, _) = fetch(&a, &keys[1], &[], &loads).await;
+        // Until the tracking connections are up (each one's start forgets
+        // the marks held) and the marks are held: reads cost no `MGET`.
+        let start = Instant::now();
+        loop {
+            let before = calls(marks_master, "mget");
+            fetch(&a, &keys[0], &[], &loads).await;
+            fetch(&a, &keys[1], &[], &loads).await;
+            if calls(marks_master, "mget") == before {
+                break;
+            }
+            assert!(start.elapsed() < Duration::from_secs(5), "never held");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        marks_master.pause();
+        // Past the sync bound: neither the L1 nor the held marks are
+        // trusted, every read goes to the server.
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let mut answers = Vec::new();
+        for key in [&keys[1], &keys[0]] {
+            let start = Instant::now();
+            let got = a.get(key.as_str()).await;
+            answers.push((got, start.elapsed()));
+        }
+        marks_master.resume();
+        for ((got, took), want) in answers.into_iter().zip([&untagged, &tagged]) {
+            let got = got.unwrap_or_else(|e| panic!("l1 {l1}: {e} after {took:?}"));
+            assert_eq!(got.as_deref(), Some(want.as_str()), "l1 {l1}");
+        }
+    }
+}
+
+/// A tag's mark that another client deletes, or that Redis evicts under
+/// `maxmemory` (a tag's mark has a TTL, so even `volatile-*` policies may
+/// pick it; marks held by every process are rarely read, so LRU picks them
+/// first), must not bring back the values it invalidated.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a missing mark reads as no mark: the values it invalidated come back (needs a floor below which values are judged, e.g. the generation at which a tag's mark was first missing)"]
+async fn a_mark_lost_does_not_bring_back_what_it_invalidated() {
+    let _limit = time_limit(LIMIT);
+    let server = RedisServer::start();
+    let ns = unique_ns("lost-mark");
+    let a = cache(
+        &ns,
+        RedisBackend::connect(&server.url()).await.unwrap(),
+        false,
+    );
+    let loads = Arc::new(AtomicUsize::new(0));
+    fetch(&a, "k", &["t"], &loads).await;
+    a.invalidate_tag("t").await.unwrap();
+    assert_eq!(a.get("k").await.unwrap(), None);
+    server.command(&["DEL", &format!("{ns}:{{#}}:tag:t")]);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(a.get("k").await.unwrap(), None, "invalidated, and back");
+}
+
+/// The generation is lost (a failover that lost the write) and the master
+/// that takes over has a clock behind the old one's: a value loaded as of
+/// the old generation must still be judged by a mark made after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "the next mark's generation is the new master's clock, below the as_of of values loaded before it: they survive the mark (needs the marking process's known generation as a floor: a change of Backend::mark)"]
+async fn a_generation_lost_to_a_master_with_a_slower_clock_still_judges() {
+    let _limit = time_limit(LIMIT);
+    let server = RedisServer::start();
+    let ns = unique_ns("lost-gen");
+    let a = cache(
+        &ns,
+        RedisBackend::connect(&server.url()).await.unwrap(),
+        false,
+    );
+    let gen_key = format!("{ns}:{{#}}:gen");
+    // The old master's clock ran 10 s ahead of the new one's.
+    let now_us = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as u64;
+    server.command(&["SET", &gen_key, &(now_us + 10_000_000).to_string()]);
+    let loads = Arc::new(AtomicUsize::new(0));
+    a.invalidate_tag("warm").await.unwrap();
+    fetch(&a, "k", &["t"], &loads).await;
+    server.command(&["DEL", &gen_key]);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    a.invalidate_tag("t").await.unwrap();
+    assert_eq!(a.get("k").await.unwrap(), None, "loaded before the mark");
+}
+
+/// The marks' master of a cluster is down, and the tracking connection of
+/// another master drops and comes back (its restart reports a reset: any
+/// change of that master's keys may have gone unreported). The marks last
+/// known still judge: nothing of the marks' master was reset, and nobody
+/// can mark while it is down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a reset of any master's tracking forgets every mark held: with the marks' master down, every read of every master is an error until it is back (needs resets per master, or the marks' slot's own)"]
+async fn another_masters_tracking_reset_keeps_the_marks_known_while_theirs_is_down() {
+    let _limit = time_limit(LIMIT);
+    let cluster = RedisCluster::start(3);
+    let urls = cluster.urls();
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let ns = unique_ns("reset");
+    let marks_master = cluster.node_for_key(&format!("{ns}:{{#}}:gen"));
+    let key = (0..)
+        .map(|i| format!("k{i}"))
+        .find(|k| cluster.node_for_key(FillKeys::new(&ns, k).value()).port() != marks_master.port())
+        .unwrap();
+    let other = cluster.node_for_key(FillKeys::new(&ns, &key).value());
+    let a = cache(
+        &ns,
+        RedisBackend::connect_cluster(&urls).await.unwrap(),
+        false,
+    );
+    let loads = Arc::new(AtomicUsize::new(0));
+    let (value, _) = fetch(&a, &key, &["t"], &loads).await;
+    let start = Instant::now();
+    loop {
+        let before = calls(marks_master, "mget");
+        fetch(&a, &key, &[], &loads).await;
+        if calls(marks_master, "mget") == before {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(5), "never held");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    marks_master.kill();
+    // The other master's tracking connection (RESP3) drops and comes back.
+    let list = other.command(&["CLIENT", "LIST"]);
+    for line in list.lines().filter(|l| l.contains("resp=3")) {
+        let id = line
+            .split_whitespace()
+            .find_map(|f| f.strip_prefix("id="))
+            .unwrap();
+        other.command(&["CLIENT", "KILL", "ID", id]);
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let got = a.get(key.as_str()).await;
+    assert_eq!(got.unwrap().as_deref(), Some(value.as_str()));
+}

@@ -6,6 +6,24 @@
 
 use crate::error::{BackendError, BackendErrorKind};
 
+/// The largest generation a backend writes or a reader believes: 2^52,
+/// about the year 2112 in microseconds, and within a Lua number's exact
+/// range (the Redis script adds one). Anything above is another client's
+/// bytes, not a generation: believed, it would make every value a reader
+/// loads look newer than every mark made after, or a tag's values misses
+/// for ever.
+pub(crate) const MAX_GENERATION: u64 = 1 << 52;
+
+/// A stored generation; anything else (or past [`MAX_GENERATION`]) reads
+/// as none.
+pub(crate) fn generation_from_stored(bytes: &[u8]) -> u64 {
+    std::str::from_utf8(bytes)
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok())
+        .filter(|g| *g <= MAX_GENERATION)
+        .unwrap_or(0)
+}
+
 /// A tag's (or the whole namespace's) mark: the generation of its last
 /// invalidation and of its last expiry (0: never). A value written as of
 /// an earlier generation than `hard` is gone; than `soft`, stale. A hard
@@ -44,8 +62,8 @@ impl Mark {
         let parsed = std::str::from_utf8(bytes).ok().and_then(|s| {
             let (hard, soft) = s.split_once(' ')?;
             Some(Mark {
-                hard: hard.parse().ok()?,
-                soft: soft.parse().ok()?,
+                hard: hard.parse().ok().filter(|g| *g <= MAX_GENERATION)?,
+                soft: soft.parse().ok().filter(|g| *g <= MAX_GENERATION)?,
             })
         });
         parsed.unwrap_or_default()
@@ -81,7 +99,14 @@ mod tests {
         assert_eq!(mark, Mark { hard: 9, soft: 9 });
         let mark = mark.after(MarkKind::Soft, 12);
         assert_eq!(Mark::from_stored(mark.to_stored().as_bytes()), mark);
-        for garbage in [&b""[..], b"12", b"a b", b"1 2 3", b"\xff"] {
+        for garbage in [
+            &b""[..],
+            b"12",
+            b"a b",
+            b"1 2 3",
+            b"\xff",
+            b"18446744073709551615 18446744073709551615",
+        ] {
             assert_eq!(Mark::from_stored(garbage), Mark::default());
         }
     }

@@ -555,10 +555,7 @@ impl Backend for MemoryBackend {
 
 /// A stored generation (0 for anything else: another client's bytes).
 fn stored_gen(bytes: &[u8]) -> u64 {
-    std::str::from_utf8(bytes)
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0)
+    super::generation_from_stored(bytes)
 }
 
 struct MemorySubscription {

@@ -37,6 +37,7 @@ mod marks;
 pub mod memory;
 mod tracking;
 pub use liveness::{Gone, HolderWatch, Watch};
+pub(crate) use marks::generation_from_stored;
 pub use marks::{Mark, MarkKind};
 pub use tracking::ChangeListener;
 pub(crate) use tracking::Listeners;

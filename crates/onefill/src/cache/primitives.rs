@@ -137,10 +137,14 @@ where
             ttl = ttl.min(crate::marks::TAG_RETENTION);
         }
         let fresh = ttl.saturating_sub(policy.grace);
-        // As of the newest generation this process knows: a mark made
-        // before this write does not judge it (one this process has not
-        // heard of yet may: the value is then read as older than it is).
-        let as_of = self.shared.marks.generation();
+        // As of the newest generation this process knows, read again if a
+        // mark was reported since: a mark made before this write does not
+        // judge it (one this process has not heard of yet may: the value
+        // is then read as older than it is). Within the write's deadline.
+        let began = tokio::time::Instant::now();
+        let timeout = self.shared.policy.backend_timeout;
+        let backend = &*self.shared.calls.backend;
+        let as_of = self.shared.marks.for_write(backend, began, timeout).await;
         let bytes = self.shared.encode(
             &key,
             keys.value(),
@@ -151,13 +155,13 @@ where
             (as_of, tags),
         )?;
         let writing = Writing::start(&self.shared, &key, &keys);
+        let set = || backend.set(&keys, &bytes, ttl);
         let set = self
-            .call(
-                &keys,
-                "set",
-                self.shared.calls.backend.set(&keys, &bytes, ttl),
-            )
-            .await;
+            .shared
+            .calls
+            .call_with(&keys, began, timeout, "set", set)
+            .await
+            .map_err(Error::Backend);
         match set {
             Ok(()) => writing.landed(&value, ttl),
             Err(e) => {

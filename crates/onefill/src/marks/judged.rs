@@ -16,7 +16,7 @@ use crate::backend::{
     LeaseToken, Mark, MarkKind, Stored, Watch,
 };
 
-use super::{Marks, Verdict};
+use super::{Beside, Marks, Verdict};
 
 /// A backend whose reads are judged by `marks`.
 pub(crate) struct Judged {
@@ -75,11 +75,12 @@ impl Judged {
         marks: &Marks,
         backend: &dyn Backend,
         stored: Option<Stored>,
+        beside: &Beside,
     ) -> Result<Option<Stored>, BackendError> {
         let Some(stored) = stored else {
             return Ok(None);
         };
-        let verdict = marks.judge(backend, &[Some(&stored)]).await?;
+        let verdict = marks.judge(backend, &[Some(&stored)], beside).await?;
         Ok(Marks::apply(stored, verdict[0]))
     }
 
@@ -89,24 +90,31 @@ impl Judged {
     async fn judge_acquire<F>(
         &self,
         acquired: Acquired,
+        beside: &Beside,
         again: impl FnOnce() -> F,
     ) -> Result<Acquired, BackendError>
     where
         F: std::future::Future<Output = Result<Acquired, BackendError>>,
     {
-        let verdict = self.marks.judge(&*self.inner, &[found(&acquired)]).await?[0];
+        let verdict = self
+            .marks
+            .judge(&*self.inner, &[found(&acquired)], beside)
+            .await?[0];
         let acquired = match judged_acquire(acquired, verdict) {
             Some(acquired) => acquired,
             None => {
                 let acquired = again().await?;
-                let verdict = self.marks.judge(&*self.inner, &[found(&acquired)]).await?[0];
+                let verdict = self
+                    .marks
+                    .judge(&*self.inner, &[found(&acquired)], beside)
+                    .await?[0];
                 // Asked with the value not fresh, the answer is not `Fresh`
                 // unless the value was replaced meanwhile by a valid one.
                 judged_acquire(acquired, verdict).ok_or_else(fresh_again)?
             }
         };
         if matches!(acquired, Acquired::Won { .. }) {
-            self.marks.before_load(&*self.inner).await;
+            self.marks.before_load(&*self.inner, beside).await;
         }
         Ok(acquired)
     }
@@ -116,8 +124,8 @@ impl Judged {
 impl Backend for Judged {
     async fn get(&self, keys: &FillKeys) -> Result<Option<Stored>, BackendError> {
         let marks = self.marks.namespace_beside(&*self.inner);
-        let (stored, ()) = futures_util::future::join(self.inner.get(keys), marks).await;
-        Judged::judge_one(&self.marks, &*self.inner, stored?).await
+        let (stored, beside) = futures_util::future::join(self.inner.get(keys), marks).await;
+        Judged::judge_one(&self.marks, &*self.inner, stored?, &beside).await
     }
 
     async fn acquire(
@@ -129,9 +137,9 @@ impl Backend for Judged {
     ) -> Result<Acquired, BackendError> {
         let marks = self.marks.namespace_beside(&*self.inner);
         let acquire = self.inner.acquire(keys, token, lease_ttl, refresh_window);
-        let (acquired, ()) = futures_util::future::join(acquire, marks).await;
+        let (acquired, beside) = futures_util::future::join(acquire, marks).await;
         let acquired = acquired?;
-        self.judge_acquire(acquired, || {
+        self.judge_acquire(acquired, &beside, || {
             self.inner.acquire(keys, token, lease_ttl, Duration::MAX)
         })
         .await
@@ -139,12 +147,12 @@ impl Backend for Judged {
 
     async fn get_many(&self, keys: &[FillKeys]) -> Vec<Result<Option<Stored>, BackendError>> {
         let marks = self.marks.namespace_beside(&*self.inner);
-        let (read, ()) = futures_util::future::join(self.inner.get_many(keys), marks).await;
+        let (read, beside) = futures_util::future::join(self.inner.get_many(keys), marks).await;
         let stored: Vec<Option<&Stored>> = read
             .iter()
             .map(|r| r.as_ref().ok().and_then(Option::as_ref))
             .collect();
-        let verdicts = self.marks.judge(&*self.inner, &stored).await;
+        let verdicts = self.marks.judge(&*self.inner, &stored, &beside).await;
         read.into_iter()
             .enumerate()
             .map(|(at, r)| {
@@ -165,12 +173,12 @@ impl Backend for Judged {
     ) -> Vec<Result<Acquired, BackendError>> {
         let marks = self.marks.namespace_beside(&*self.inner);
         let acquire = self.inner.acquire_many(requests, lease_ttl);
-        let (answers, ()) = futures_util::future::join(acquire, marks).await;
+        let (answers, beside) = futures_util::future::join(acquire, marks).await;
         let stored: Vec<Option<&Stored>> = answers
             .iter()
             .map(|a| a.as_ref().ok().and_then(found))
             .collect();
-        let verdicts = match self.marks.judge(&*self.inner, &stored).await {
+        let verdicts = match self.marks.judge(&*self.inner, &stored, &beside).await {
             Ok(v) => v,
             Err(e) => {
                 return answers
@@ -204,7 +212,7 @@ impl Backend for Judged {
                 .iter()
                 .map(|a| a.as_ref().ok().and_then(found))
                 .collect();
-            let verdicts = self.marks.judge(&*self.inner, &stored).await;
+            let verdicts = self.marks.judge(&*self.inner, &stored, &beside).await;
             for (i, (at, answer)) in again.into_iter().zip(answers).enumerate() {
                 judged[at] = match (answer, &verdicts) {
                     (Err(e), _) => Err(e),
@@ -217,7 +225,7 @@ impl Backend for Judged {
             .iter()
             .any(|a| matches!(a, Ok(Some(Acquired::Won { .. }))));
         if won {
-            self.marks.before_load(&*self.inner).await;
+            self.marks.before_load(&*self.inner, &beside).await;
         }
         judged
             .into_iter()
@@ -292,9 +300,9 @@ impl Backend for Judged {
         let take_over = self
             .inner
             .take_over(keys, gone, token, lease_ttl, refresh_window);
-        let (acquired, ()) = futures_util::future::join(take_over, marks).await;
+        let (acquired, beside) = futures_util::future::join(take_over, marks).await;
         let acquired = acquired?;
-        self.judge_acquire(acquired, || {
+        self.judge_acquire(acquired, &beside, || {
             self.inner
                 .take_over(keys, gone, token, lease_ttl, Duration::MAX)
         })

@@ -101,8 +101,20 @@ pub(crate) struct Marks {
     /// Milliseconds since `base` until which held marks are trusted.
     trusted_until: AtomicU64,
     trust: Trust,
+    /// How long a read of the marks may take while some are held: within
+    /// the calls it is made for (half the backend timeout), so that a value
+    /// whose marks are out of reach (their cluster master frozen) is still
+    /// judged by the last ones known before its call times out.
+    read_limit: Duration,
     support: AtomicU8,
 }
+
+/// How the read of the namespace's mark made beside a read of values
+/// went: if it failed, the verdict on what that read found does not try
+/// again (the call would not have the time), it judges by the marks last
+/// known.
+#[derive(Debug, Default)]
+pub(crate) struct Beside(Option<BackendError>);
 
 impl std::fmt::Debug for Marks {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -128,8 +140,9 @@ fn verdict<'m>(as_of: u64, marks: impl IntoIterator<Item = &'m Mark>) -> Verdict
 }
 
 impl Marks {
-    /// The marks of `namespace`, trusted as `trust` says.
-    pub(crate) fn new(namespace: &str, trust: Trust) -> Self {
+    /// The marks of `namespace`, trusted as `trust` says; a read of them
+    /// takes at most `read_limit` while some are held.
+    pub(crate) fn new(namespace: &str, trust: Trust, read_limit: Duration) -> Self {
         Marks {
             keys: MarkKeys::new(namespace),
             generation: AtomicU64::new(0),
@@ -139,6 +152,7 @@ impl Marks {
             base: Instant::now(),
             trusted_until: AtomicU64::new(0),
             trust,
+            read_limit,
             support: AtomicU8::new(SUPPORT_UNKNOWN),
         }
     }
@@ -199,7 +213,17 @@ impl Marks {
         let mut keys = vec![self.keys.clear()];
         keys.extend(tags.iter().map(|t| self.keys.tag(t)));
         let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
-        let (generation, marks) = match backend.read_marks(&self.keys.generation(), &refs).await {
+        let gen_key = self.keys.generation();
+        let read = backend.read_marks(&gen_key, &refs);
+        // Bounded only when the last marks known can stand in (a slow read
+        // with nothing to fall back on may as well use the call's time).
+        let limit = if self.held.lock().contains_key(&b""[..]) {
+            self.read_limit
+        } else {
+            Duration::MAX
+        };
+        let read = crate::deadline::within("read_marks", Instant::now(), limit, read);
+        let (generation, marks) = match read.await {
             Ok(read) => read,
             Err(e) if e.kind() == BackendErrorKind::Unsupported => {
                 self.support.store(UNSUPPORTED, Ordering::Relaxed);
@@ -238,11 +262,11 @@ impl Marks {
     /// a process's first read, or its first after a `clear`, still costs
     /// one round trip of time), since every value needs it. Its error is
     /// the verdict's business (it reads again, or judges by what it knew).
-    pub(crate) async fn namespace_beside(&self, backend: &dyn Backend) {
+    pub(crate) async fn namespace_beside(&self, backend: &dyn Backend) -> Beside {
         if self.unsupported() || self.namespace_held(Instant::now()) {
-            return;
+            return Beside::default();
         }
-        let _ = self.read(backend, &[]).await;
+        Beside(self.read(backend, &[]).await.err())
     }
 
     /// The verdict on `stored` from the marks held and trusted now, if
@@ -270,9 +294,13 @@ impl Marks {
     /// cannot be read, the load records the last one known: older than the
     /// truth, which can only make its value judged by a mark it was not
     /// subject to (and loaded again), never the other way.
-    pub(crate) async fn before_load(&self, backend: &dyn Backend) {
+    pub(crate) async fn before_load(&self, backend: &dyn Backend, beside: &Beside) {
         let stale = self.generation_stale.load(Ordering::SeqCst);
         if self.unsupported() || !stale && self.namespace_held(Instant::now()) {
+            return;
+        }
+        if beside.0.is_some() {
+            // Out of reach a moment ago: not worth the call's time.
             return;
         }
         if let Err(e) = self.read(backend, &[]).await {
@@ -280,13 +308,32 @@ impl Marks {
         }
     }
 
+    /// The generation a write that begins at `began` records: read again
+    /// first if a change of it was reported (as [`before_load`](Self::before_load)),
+    /// within the write's own `limit`. A write made after a mark this
+    /// process has heard of must not record an older generation: it would
+    /// read back as a miss, here and everywhere. Out of time, it records
+    /// the last one known.
+    pub(crate) async fn for_write(
+        &self,
+        backend: &dyn Backend,
+        began: Instant,
+        limit: Duration,
+    ) -> u64 {
+        let beside = Beside::default();
+        let refresh = self.before_load(backend, &beside);
+        let _ = crate::deadline::timer(began, limit, refresh).await;
+        self.generation()
+    }
+
     /// The verdicts on `stored` (each `None`: nothing stored, judged
     /// [`Verdict::Valid`]), reading the marks they need that are not held
-    /// (in one read).
+    /// (in one read), unless the read `beside` them failed.
     pub(crate) async fn judge(
         &self,
         backend: &dyn Backend,
         stored: &[Option<&Stored>],
+        beside: &Beside,
     ) -> Result<Vec<Verdict>, BackendError> {
         let now = Instant::now();
         let marks: Vec<Option<ValueMarks<'_>>> = stored
@@ -317,7 +364,11 @@ impl Marks {
                 }
             }
         }
-        let read = match self.read(backend, &tags).await {
+        let read = match &beside.0 {
+            Some(e) => Err(e.clone()),
+            None => self.read(backend, &tags).await,
+        };
+        let read = match read {
             Ok(Some(read)) => read,
             Ok(None) => return Ok(vec![Verdict::Valid; stored.len()]),
             // The marks are out of reach (on a cluster, their master may be
@@ -401,6 +452,13 @@ impl Marks {
                 true
             }
         }
+    }
+
+    /// How many changes of the marks were reported so far: a write that
+    /// lands after one began keeps nothing of its value (the mark may judge
+    /// it).
+    pub(crate) fn changes(&self) -> u64 {
+        self.changes.load(Ordering::SeqCst)
     }
 
     /// Anything may have changed.

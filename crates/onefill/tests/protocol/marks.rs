@@ -386,3 +386,69 @@ async fn without_an_l1_a_process_reads_the_marks_again_within_a_second() {
         "read again: the mark judges"
     );
 }
+
+/// A write made after another process's mark, which this process has
+/// heard of but not yet read, is not judged by it: the writer reads its own
+/// write back, and so does the other process. (It recorded the generation
+/// it last read, older than the mark, and read back as a miss.)
+#[tokio::test(start_paused = true)]
+async fn a_write_after_a_mark_heard_of_is_not_judged_by_it() {
+    for tagged in [false, true] {
+        let store = MemoryBackend::new();
+        let (a, b) = (
+            process(&store, Duration::ZERO),
+            process(&store, Duration::ZERO),
+        );
+        let origin = Origin::default();
+        // A has read the marks once: it holds them, and their generation.
+        origin.fetch(&a, "k", &["t"], Duration::ZERO).await;
+        if tagged {
+            b.invalidate_tag("t").await.expect("marked");
+            a.set_tagged("k", "mine".to_owned(), ["t"]).await.unwrap();
+        } else {
+            b.clear().await.expect("cleared");
+            a.set("k", "mine".to_owned()).await.unwrap();
+        }
+        for cache in [&a, &b] {
+            assert_eq!(
+                cache.get("k").await.unwrap().as_deref(),
+                Some("mine"),
+                "tagged: {tagged}"
+            );
+        }
+    }
+}
+
+/// Without an L1, a `set` whose reply came after this process's `clear` had
+/// returned recorded its value in the outage fallback: the next outage
+/// answered a value the clear judged (the server reads it as a miss).
+#[tokio::test(start_paused = true)]
+async fn a_late_set_reply_keeps_nothing_a_mark_judged_for_outages() {
+    use crate::support::{fetch_now, two_pods, Switches, REFUSE};
+    use onefill::testing::{Fault, Op};
+    for tag in [None, Some("t")] {
+        let [(a, pod_a), _] = two_pods(|b| b);
+        let loads = Arc::new(AtomicUsize::new(0));
+        let key = "k".to_string();
+        a.faults().set([Op::Set], Fault::Gated);
+        let writing = tokio::spawn({
+            let (pod_a, key) = (pod_a.clone(), key.clone());
+            async move {
+                pod_a
+                    .set_tagged(&key, "before the mark".to_owned(), tag)
+                    .await
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        match tag {
+            None => pod_a.clear().await.unwrap(),
+            Some(tag) => pod_a.invalidate_tag(tag).await.unwrap(),
+        }
+        a.faults().open_gate(1);
+        writing.await.unwrap().unwrap();
+        assert_eq!(pod_a.get(&key).await.unwrap(), None, "judged by the mark");
+        a.set_mode(REFUSE);
+        let f = fetch_now(&pod_a, &key, &loads).await;
+        assert_eq!(f.outcome, Outcome::Degraded, "{tag:?}: {:?}", f.value);
+    }
+}

@@ -12,7 +12,7 @@ use super::errors::{classify, with_deadline};
 use super::scripts::ScriptCall;
 use super::ttl::px;
 use super::{process_listeners, Conn, RedisBackend};
-use crate::backend::{BackendError, BackendErrorKind, Mark, MarkKind};
+use crate::backend::{generation_from_stored, BackendError, BackendErrorKind, Mark, MarkKind};
 
 impl RedisBackend {
     pub(super) async fn write_mark(
@@ -110,9 +110,7 @@ impl RedisBackend {
             Value::SimpleString(s) => Some(s.clone().into_bytes()),
             _ => None,
         };
-        let generation = bytes(&values[0])
-            .and_then(|b| std::str::from_utf8(&b).ok()?.parse().ok())
-            .unwrap_or(0);
+        let generation = bytes(&values[0]).map_or(0, |b| generation_from_stored(&b));
         let marks = values[1..]
             .iter()
             .map(|v| bytes(v).map_or_else(Mark::default, |b| Mark::from_stored(&b)))

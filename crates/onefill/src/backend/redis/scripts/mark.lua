@@ -15,14 +15,20 @@
 -- no mark.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local g = tonumber(redis.call('GET', KEYS[1]) or '0') or 0
+-- A generation this script would not have written (another client's
+-- bytes, a number past 2^52 where `g + 1` stops being exact and readers
+-- stop believing it) is no generation: the clock takes over.
+local g = tonumber(redis.call('GET', KEYS[1]) or '0')
+if not g or g ~= g or g < 0 or g > 4503599627370496 or g ~= math.floor(g) then
+  g = 0
+end
 g = math.max(g + 1, now)
 redis.call('SET', KEYS[1], string.format('%.0f', g))
 local hard = 0
 local old = redis.call('GET', KEYS[2])
 if old then
   local h = string.match(old, '^(%d+) %d+$')
-  if h then
+  if h and tonumber(h) <= 4503599627370496 then
     hard = tonumber(h)
   end
 end
