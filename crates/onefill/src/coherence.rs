@@ -28,6 +28,9 @@ impl<V: Clone + Send + Sync + 'static> ChangeListener for Shared<V> {
             // next to writes; a value read again is judged again).
             self.forget_every_copy();
             self.flights.detach_all();
+            // A load under way may have begun before the mark: a degraded
+            // call from now on must not share its answer.
+            self.loads.detach_all();
             return;
         }
         let Some(l1) = &self.l1 else {

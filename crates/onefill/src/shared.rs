@@ -182,6 +182,7 @@ impl<V: Clone + Send + Sync + 'static> Host for Shared<V> {
         self.marks.marked(mark_key, generation);
         self.forget_every_copy();
         self.flights.detach_all();
+        self.loads.detach_all();
     }
 }
 

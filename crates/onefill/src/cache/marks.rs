@@ -69,6 +69,9 @@ impl<V: Clone + Send + Sync + 'static> Drop for Marking<'_, V> {
         }
         shared.forget_every_copy();
         shared.flights.detach_all();
+        // And the loads under way: a call after the mark that may not wait
+        // (a degraded load) must not share one that began before it.
+        shared.loads.detach_all();
     }
 }
 

@@ -452,3 +452,65 @@ async fn a_late_set_reply_keeps_nothing_a_mark_judged_for_outages() {
         assert_eq!(f.outcome, Outcome::Degraded, "{tag:?}: {:?}", f.value);
     }
 }
+
+/// A `set` records the generation its process knows; a mark it heard of
+/// but has not read yet (or, in a process's first write, a generation it
+/// never read) is read first, so the value is not judged by a mark made
+/// before it and read back as a miss.
+#[tokio::test(start_paused = true)]
+async fn a_set_after_a_mark_elsewhere_is_not_judged_by_it() {
+    let store = MemoryBackend::new();
+    let (a, b) = (
+        process(&store, Duration::ZERO),
+        process(&store, Duration::ZERO),
+    );
+    // `b`'s first call is a write, after a mark it never read.
+    a.clear().await.expect("cleared");
+    b.set("first", "v1".to_owned()).await.expect("set");
+    assert_eq!(b.get("first").await.expect("read"), Some("v1".to_owned()));
+    assert_eq!(a.get("first").await.expect("read"), Some("v1".to_owned()));
+    // `b` knows the generation now; it hears of the next mark (reported at
+    // once here), and its next write comes before any read.
+    a.invalidate_tag("t").await.expect("marked");
+    b.set_tagged("second", "v2".to_owned(), ["t"])
+        .await
+        .expect("set");
+    assert_eq!(b.get("second").await.expect("read"), Some("v2".to_owned()));
+    assert_eq!(a.get("second").await.expect("read"), Some("v2".to_owned()));
+}
+
+/// A call after a mark that loads without storing (here: it may not wait
+/// for the lease another flight of its process holds) runs a load of its
+/// own rather than sharing one that began before the mark.
+#[tokio::test(start_paused = true)]
+async fn a_call_after_a_mark_does_not_share_a_load_from_before_it() {
+    // The mark made here, then one made by another process and reported.
+    for elsewhere in [false, true] {
+        let store = MemoryBackend::new();
+        let cache = process(&store, Duration::ZERO);
+        let other = process(&store, Duration::ZERO);
+        let marker = if elsewhere { &other } else { &cache };
+        after_a_mark(&cache, marker).await;
+    }
+}
+
+async fn after_a_mark(cache: &Cache<String, String>, marker: &Cache<String, String>) {
+    let origin = Origin::default();
+    let before = tokio::spawn(origin.fetch(cache, "k", &["t"], Duration::from_millis(100)));
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(origin.runs(), 1, "the first load runs, under the lease");
+    marker.clear().await.expect("cleared");
+    let options = onefill::CallOptions::new().no_lease();
+    let runs = origin.runs.clone();
+    let after = cache
+        .with_options(&options)
+        .fetch("k", move |_| async move {
+            let n = runs.fetch_add(1, Ordering::SeqCst) + 1;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            Ok::<_, std::io::Error>(format!("v{n}"))
+        })
+        .await
+        .expect("answered");
+    assert_eq!(after.value, "v2", "a load of its own, begun after the mark");
+    assert_eq!(before.await.expect("joined").value, "v1");
+}
