@@ -271,6 +271,7 @@ impl Marks {
 
     /// The verdict on `stored` from the marks held and trusted now, if
     /// that is enough (no command): the hit path's case.
+    #[cfg(feature = "redis")]
     pub(crate) fn held_judgement(&self, stored: &Stored) -> Option<Verdict> {
         let Some(marks) = envelope::marks_of(&stored.bytes) else {
             return Some(Verdict::Valid);
@@ -279,6 +280,7 @@ impl Marks {
     }
 
     /// Whether the namespace's mark is held and trusted at `now`.
+    #[cfg(feature = "redis")]
     pub(crate) fn namespace_held_at(&self, now: Instant) -> bool {
         self.unsupported() || self.namespace_held(now)
     }

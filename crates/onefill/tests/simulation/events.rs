@@ -473,27 +473,6 @@ pub(crate) fn payload_at(bytes: &[u8]) -> Option<usize> {
     }
 }
 
-/// The marks recorded in envelope bytes: the generation its load began at
-/// and its tags (none before version 3).
-pub(crate) fn marks_of(bytes: &[u8]) -> (u64, Vec<String>) {
-    if bytes.get(1) != Some(&3) || bytes.len() < 25 {
-        return (0, Vec::new());
-    }
-    let mut as_of = [0u8; 8];
-    as_of.copy_from_slice(&bytes[16..24]);
-    let mut tags = Vec::new();
-    let mut at = 25;
-    for _ in 0..bytes[24] {
-        let Some(&len) = bytes.get(at) else { break };
-        let Some(tag) = bytes.get(at + 1..at + 1 + usize::from(len)) else {
-            break;
-        };
-        tags.push(String::from_utf8_lossy(tag).into_owned());
-        at += 1 + usize::from(len);
-    }
-    (u64::from_be_bytes(as_of), tags)
-}
-
 /// The grace recorded in envelope bytes, if they are an envelope.
 pub(crate) fn grace_of(bytes: &[u8]) -> Option<Duration> {
     if bytes.len() < 16 || bytes[0] != 0xF1 || !matches!(bytes[1], 1 | 3) || bytes[2] > 2 {
