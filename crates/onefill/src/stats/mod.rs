@@ -1,7 +1,10 @@
 //! Counters for everything the cache decides, exported twice: as a
 //! [`Stats`] snapshot on the cache, and through the `metrics` facade (the
 //! names in [`crate::metrics`], labelled by namespace) for whatever
-//! exporter the application installed.
+//! exporter the application installed. (Over 600 lines: each counter is a
+//! `Stats` field with its rustdoc, an atomic, a metric handle and its
+//! recording method, kept side by side so none is added without the
+//! others.)
 //!
 //! Counting sits on the hit path, so nothing is looked up or allocated per
 //! event: the `metrics` handles of a cache (one per series, each labelled
