@@ -87,7 +87,7 @@ impl Calls {
         limit: Duration,
         began: Instant,
     ) -> Result<Option<Stored>, BackendError> {
-        let marks = self.marks.namespace_beside(&*self.backend);
+        let marks = self.marks.namespace_beside(&self.backend);
         let (stored, beside) =
             futures_util::future::join(redis.read_within(keys, limit, began), marks).await;
         Judged::judge_one(&self.marks, &*self.backend, stored?, &beside).await

@@ -90,8 +90,8 @@ where
     /// with an [`L1`](crate::L1) stops within the time its backend takes to
     /// tell it (one round trip on Redis, whose tracking reports the mark),
     /// and at most [`L1::sync_bound`](crate::L1::sync_bound) (250 ms by
-    /// default) if it cannot hear of it; one without an L1, within a
-    /// second (it trusts the marks it read that long).
+    /// default) if it cannot hear of it; one without an L1, within two
+    /// seconds (it judges by the marks it read that long).
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), onefill::Error> {

@@ -123,7 +123,7 @@ impl Judged {
 #[async_trait]
 impl Backend for Judged {
     async fn get(&self, keys: &FillKeys) -> Result<Option<Stored>, BackendError> {
-        let marks = self.marks.namespace_beside(&*self.inner);
+        let marks = self.marks.namespace_beside(&self.inner);
         let (stored, beside) = futures_util::future::join(self.inner.get(keys), marks).await;
         Judged::judge_one(&self.marks, &*self.inner, stored?, &beside).await
     }
@@ -135,7 +135,7 @@ impl Backend for Judged {
         lease_ttl: Duration,
         refresh_window: Duration,
     ) -> Result<Acquired, BackendError> {
-        let marks = self.marks.namespace_beside(&*self.inner);
+        let marks = self.marks.namespace_beside(&self.inner);
         let acquire = self.inner.acquire(keys, token, lease_ttl, refresh_window);
         let (acquired, beside) = futures_util::future::join(acquire, marks).await;
         let acquired = acquired?;
@@ -146,7 +146,7 @@ impl Backend for Judged {
     }
 
     async fn get_many(&self, keys: &[FillKeys]) -> Vec<Result<Option<Stored>, BackendError>> {
-        let marks = self.marks.namespace_beside(&*self.inner);
+        let marks = self.marks.namespace_beside(&self.inner);
         let (read, beside) = futures_util::future::join(self.inner.get_many(keys), marks).await;
         let stored: Vec<Option<&Stored>> = read
             .iter()
@@ -171,7 +171,7 @@ impl Backend for Judged {
         requests: &[LeaseRequest],
         lease_ttl: Duration,
     ) -> Vec<Result<Acquired, BackendError>> {
-        let marks = self.marks.namespace_beside(&*self.inner);
+        let marks = self.marks.namespace_beside(&self.inner);
         let acquire = self.inner.acquire_many(requests, lease_ttl);
         let (answers, beside) = futures_util::future::join(acquire, marks).await;
         let stored: Vec<Option<&Stored>> = answers
@@ -296,7 +296,7 @@ impl Backend for Judged {
         lease_ttl: Duration,
         refresh_window: Duration,
     ) -> Result<Acquired, BackendError> {
-        let marks = self.marks.namespace_beside(&*self.inner);
+        let marks = self.marks.namespace_beside(&self.inner);
         let take_over = self
             .inner
             .take_over(keys, gone, token, lease_ttl, refresh_window);

@@ -12,15 +12,16 @@
 //! values (the keys are tracked: every change reported, and the sync
 //! confirmed every so often; a mark is trusted within the sync bound of
 //! the last confirmation); without one, a held mark is trusted for a
-//! second after it was read, and read again beside the next read after
-//! that (no tracking connection, no `PING`s: a process that does not read
-//! costs nothing). So an untagged hit costs nothing more than its read,
+//! second after it was read, then judged by for one more while a read in
+//! the background refreshes the namespace's (no tracking connection, no
+//! `PING`s: a process that does not read costs nothing). So an untagged hit costs nothing more than its read,
 //! and a tagged one nothing more while its tags' marks are held; otherwise
 //! one read of the marks (all in one slot: one round trip) before the
 //! verdict.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -44,7 +45,8 @@ pub const TAG_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
 /// read again as values need them).
 const HELD_MARKS: usize = 10_000;
 
-/// How long a cache without an L1 trusts a mark it read (see [`Trust`]).
+/// How long a cache without an L1 trusts a mark it read before it refreshes
+/// it (and judges by it for one such period more meanwhile; see [`Trust`]).
 pub(crate) const RECHECK: Duration = Duration::from_secs(1);
 
 /// How a process trusts the marks it holds.
@@ -107,6 +109,8 @@ pub(crate) struct Marks {
     /// judged by the last ones known before its call times out.
     read_limit: Duration,
     support: AtomicU8,
+    /// A background read of the namespace's mark is under way.
+    refreshing: std::sync::atomic::AtomicBool,
 }
 
 /// How the read of the namespace's mark made beside a read of values
@@ -154,6 +158,7 @@ impl Marks {
             trust,
             read_limit,
             support: AtomicU8::new(SUPPORT_UNKNOWN),
+            refreshing: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -174,7 +179,9 @@ impl Marks {
     fn trusted(&self, held: &Held, now: Instant) -> bool {
         match self.trust {
             Trust::Reported(_) => self.millis(now) < self.trusted_until.load(Ordering::Acquire),
-            Trust::Rechecked(every) => now < held.read_at + every,
+            // Fresh for one period; judged by for a second one while the
+            // background read refreshes it (see `namespace_beside`).
+            Trust::Rechecked(every) => now < held.read_at + 2 * every,
         }
     }
 
@@ -229,7 +236,19 @@ impl Marks {
                 self.support.store(UNSUPPORTED, Ordering::Relaxed);
                 return Ok(None);
             }
-            Err(e) => return Err(e),
+            Err(e) => {
+                // Without an L1, the marks out of reach (their master down
+                // or failing over: nobody can mark meanwhile) keep judging
+                // for another period, so reads do not each wait for the
+                // next read of them to fail.
+                if let Trust::Rechecked(every) = self.trust {
+                    let floor = Instant::now().checked_sub(every).unwrap_or(read_at);
+                    for held in self.held.lock().values_mut() {
+                        held.read_at = held.read_at.max(floor);
+                    }
+                }
+                return Err(e);
+            }
         };
         self.support.store(SUPPORTED, Ordering::Relaxed);
         if marks.len() != keys.len() {
@@ -262,11 +281,35 @@ impl Marks {
     /// a process's first read, or its first after a `clear`, still costs
     /// one round trip of time), since every value needs it. Its error is
     /// the verdict's business (it reads again, or judges by what it knew).
-    pub(crate) async fn namespace_beside(&self, backend: &dyn Backend) -> Beside {
-        if self.unsupported() || self.namespace_held(Instant::now()) {
+    ///
+    /// Without an L1 (marks rechecked), a namespace mark read less than two
+    /// recheck periods ago still judges while one read in the background
+    /// refreshes it: a value read never waits for the marks' master once
+    /// they are known (that master failing over made every process's reads
+    /// slow once a second).
+    pub(crate) async fn namespace_beside(self: &Arc<Self>, backend: &Arc<dyn Backend>) -> Beside {
+        let now = Instant::now();
+        if self.unsupported() || self.namespace_held(now) {
             return Beside::default();
         }
-        Beside(self.read(backend, &[]).await.err())
+        if let Trust::Rechecked(every) = self.trust {
+            let usable = self
+                .held
+                .lock()
+                .get(&b""[..])
+                .is_some_and(|h| now < h.read_at + 2 * every);
+            if usable {
+                if !self.refreshing.swap(true, Ordering::SeqCst) {
+                    let (marks, backend) = (self.clone(), backend.clone());
+                    tokio::spawn(async move {
+                        let _ = marks.read(&*backend, &[]).await;
+                        marks.refreshing.store(false, Ordering::SeqCst);
+                    });
+                }
+                return Beside::default();
+            }
+        }
+        Beside(self.read(backend.as_ref(), &[]).await.err())
     }
 
     /// The verdict on `stored` from the marks held and trusted now, if
@@ -285,9 +328,14 @@ impl Marks {
         self.unsupported() || self.namespace_held(now)
     }
 
+    /// Whether the namespace's mark is held and needs no read now (without
+    /// an L1: read less than one recheck period ago).
     fn namespace_held(&self, now: Instant) -> bool {
         let held = self.held.lock();
-        held.get(&b""[..]).is_some_and(|h| self.trusted(h, now))
+        held.get(&b""[..]).is_some_and(|h| match self.trust {
+            Trust::Rechecked(every) => now < h.read_at + every,
+            Trust::Reported(_) => self.trusted(h, now),
+        })
     }
 
     /// Makes sure the generation a load records is current: read again if
