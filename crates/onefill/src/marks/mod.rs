@@ -14,10 +14,10 @@
 //! the last confirmation); without one, a held mark is trusted for a
 //! second after it was read, then judged by for one more while a read in
 //! the background refreshes the namespace's (no tracking connection, no
-//! `PING`s: a process that does not read costs nothing). So an untagged hit costs nothing more than its read,
-//! and a tagged one nothing more while its tags' marks are held; otherwise
-//! one read of the marks (all in one slot: one round trip) before the
-//! verdict.
+//! `PING`s: a process that does not read costs nothing). So an untagged
+//! hit costs nothing more than its read, and a tagged one nothing more
+//! while its tags' marks are held; otherwise one read of the marks (all in
+//! one slot: one round trip) before the verdict.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
@@ -29,12 +29,13 @@ use tokio::time::Instant;
 
 use crate::backend::{Backend, Mark, MarkKind, Stored};
 use crate::envelope::{self, ValueMarks};
-use crate::envelope::{MAX_TAGS, MAX_TAG_BYTES};
-use crate::error::{BackendError, BackendErrorKind, InputError};
+use crate::error::{BackendError, BackendErrorKind};
 use crate::key::{MarkKeys, MarkName};
 
 mod judged;
+mod tags;
 pub(crate) use judged::Judged;
+pub(crate) use tags::{check_tag, check_tags};
 
 /// How long a tag's mark is kept after its last invalidation or expiry,
 /// and so the longest a tagged value lives in the store (its TTL and grace
@@ -559,37 +560,6 @@ impl Marks {
             Target::Tag(_) => Some(TAG_RETENTION),
         }
     }
-}
-
-/// Checks a value's tags: at most [`MAX_TAGS`], each 1 to
-/// [`MAX_TAG_BYTES`] bytes.
-pub(crate) fn check_tags(tags: &[String]) -> Result<(), InputError> {
-    if tags.len() > MAX_TAGS {
-        return Err(InputError::Tag {
-            tag: format!("{} tags", tags.len()),
-            reason: "more tags than a value may carry",
-        });
-    }
-    tags.iter().try_for_each(|tag| check_tag(tag))
-}
-
-/// Checks one tag: 1 to [`MAX_TAG_BYTES`] bytes.
-pub(crate) fn check_tag(tag: &str) -> Result<(), InputError> {
-    let reason = if tag.is_empty() {
-        "a tag is never empty"
-    } else if tag.len() > MAX_TAG_BYTES {
-        "longer than a tag may be"
-    } else {
-        return Ok(());
-    };
-    let mut cut = tag.len().min(64);
-    while !tag.is_char_boundary(cut) {
-        cut -= 1;
-    }
-    Err(InputError::Tag {
-        tag: tag[..cut].to_owned(),
-        reason,
-    })
 }
 
 /// What a mark is made on.

@@ -20,6 +20,17 @@ fn process(store: &MemoryBackend, grace: Duration) -> Cache<String, String> {
         .expect("valid options")
 }
 
+/// A process whose cache has no L1: it hears of no mark, and rechecks them.
+fn process_without_l1(store: &MemoryBackend) -> Cache<String, String> {
+    Cache::builder()
+        .namespace(NS)
+        .backend(store.clone())
+        .ttl(Duration::from_secs(60))
+        .no_l1()
+        .build()
+        .expect("valid options")
+}
+
 /// A loader that counts its runs and tags what it loads with `tags`
 /// (`v<n>` for the n-th run).
 #[derive(Clone, Default)]
@@ -360,13 +371,7 @@ async fn a_tagged_value_lives_no_longer_than_its_tags_marks() {
 async fn without_an_l1_a_process_reads_the_marks_again_within_two_seconds() {
     let store = MemoryBackend::new();
     let a = process(&store, Duration::ZERO);
-    let b: Cache<String, String> = Cache::builder()
-        .namespace(NS)
-        .backend(store.clone())
-        .ttl(Duration::from_secs(60))
-        .no_l1()
-        .build()
-        .unwrap();
+    let b = process_without_l1(&store);
     let origin = Origin::default();
     origin.fetch(&a, "k", &["t"], Duration::ZERO).await;
     assert_eq!(
@@ -396,13 +401,7 @@ async fn without_an_l1_a_process_reads_the_marks_again_within_two_seconds() {
 async fn without_an_l1_the_namespace_mark_is_refreshed_without_waiting() {
     let store = MemoryBackend::new();
     let a = process(&store, Duration::ZERO);
-    let b: Cache<String, String> = Cache::builder()
-        .namespace(NS)
-        .backend(store.clone())
-        .ttl(Duration::from_secs(60))
-        .no_l1()
-        .build()
-        .unwrap();
+    let b = process_without_l1(&store);
     b.set("k", "v".to_owned()).await.unwrap();
     assert_eq!(b.get("k").await.unwrap().as_deref(), Some("v"));
     a.clear().await.expect("cleared");
