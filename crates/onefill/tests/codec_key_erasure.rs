@@ -44,11 +44,15 @@ thread_local! {
 
 struct Watching;
 
-// SAFETY: every call is passed to `System` unchanged; `dealloc` only reads
+// SAFETY: every call is passed to `System` (an allocation as a zeroed one,
+// which satisfies the same contract); `dealloc` only reads
 // the block it is given, which is valid until it is handed back.
 unsafe impl GlobalAlloc for Watching {
+    // Every block starts zeroed: a block's spare capacity would otherwise
+    // hold whatever its last owner left there (another test's key list,
+    // freed before it watched), and a freed block is looked into whole.
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        unsafe { System.alloc(layout) }
+        unsafe { System.alloc_zeroed(layout) }
     }
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         if WATCHING.try_with(Cell::get).unwrap_or(false) {
