@@ -522,7 +522,7 @@ fn simulation() {
          rejected by breakers; {} leases taken over ({} from a live holder judged wrongly), {} \
          watches lost their signal; {} answers from an L1, {} copies of a version gone from the \
          store during the call, {} changes by the foreign writer, {} tracking connections lost; \
-         {} writes failed for want of the store, {} replayed",
+         {} writes failed for want of the store, {} replayed; {} marks",
         started.elapsed(),
         tally.loads,
         tally.degraded_loads,
@@ -546,6 +546,7 @@ fn simulation() {
         tally.tracking_losses,
         tally.failed_writes,
         tally.replayed_writes,
+        tally.marks,
     );
     for (seed, violations) in failures.iter().take(20) {
         println!(

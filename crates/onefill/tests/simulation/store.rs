@@ -9,10 +9,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use onefill::backend::{Acquired, Backend, FillKeys, FillSubscription, Gone, Stored, Watch};
+use onefill::backend::{
+    Acquired, Backend, FillKeys, FillSubscription, Gone, Mark, MarkKind, Stored, Watch,
+};
 use onefill::{BackendError, LeaseToken, MemoryBackend};
 
-use crate::events::{grace_of, origin_of_envelope, Change, Ev, Exec, Reply, World};
+use crate::events::{
+    grace_of, marks_of_envelope, origin_of_envelope, Change, Ev, Exec, MarkOp, Reply, World,
+};
+use crate::scenario::{NS, TAGS};
 use crate::injector::frozen_if_dead;
 use crate::liveness::{self, holder_name, holder_of};
 use crate::variants::Variant;
@@ -149,6 +154,34 @@ impl Store {
         })
     }
 
+    /// Whether the stored value of `keys` is older than a mark it is
+    /// subject to, on the store now (hard or soft: either way the cache
+    /// counts it as not fresh, and asks for the lease regardless). The
+    /// marks a process holds are at most the store's, so a value the cache
+    /// judges so is judged so here.
+    fn judged_on_store(&self, keys: &FillKeys) -> bool {
+        let Some((as_of, tags)) = self
+            .inner
+            .get_raw(keys.value())
+            .and_then(|(bytes, _)| marks_of_envelope(&bytes))
+        else {
+            return false;
+        };
+        let mark = |key: String| {
+            self.inner
+                .get_raw(&key)
+                .map_or_else(Mark::default, |(bytes, _)| Mark::from_stored(&bytes))
+        };
+        let prefix = format!("{NS}:{{#}}:");
+        let mut marks = vec![mark(format!("{prefix}clear"))];
+        marks.extend(
+            (0..TAGS)
+                .filter(|t| tags & (1 << t) != 0)
+                .map(|t| mark(format!("{prefix}tag:t{t}"))),
+        );
+        marks.iter().any(|m| m.soft > as_of)
+    }
+
     /// Whether `keys`' lease holds `token` now.
     fn lease_holds(&self, keys: &FillKeys, token: &LeaseToken) -> bool {
         self.inner
@@ -180,11 +213,13 @@ impl Store {
         let again = task.is_some_and(|task| {
             self.world.saw_unreadable.lock().unwrap().get(&task) == Some(&false)
         });
+        // A value a mark judges is not fresh to the cache: it asks for the
+        // lease with an unbounded window too (see `marks/judged.rs`).
         let fresh_before = if refresh_window == Duration::MAX {
             again && self.fresh_and_readable(keys)
         } else {
             self.fresh_beyond(keys, refresh_window)
-        };
+        } && !self.judged_on_store(keys);
         let replaced = gone.is_some_and(|gone| self.lease_holds(keys, gone));
         let acquired = async {
             let acquired = match gone {
@@ -330,6 +365,7 @@ impl Backend for Store {
         bytes: &[u8],
         ttl: Duration,
     ) -> Result<bool, BackendError> {
+        self.world.stamp(bytes);
         // The UnfencedFill variant: whatever held the lease.
         let unfenced = || self.world.variant == Variant::UnfencedFill;
         let filled = self.inner.fill(keys, token, bytes, ttl);
@@ -357,6 +393,9 @@ impl Backend for Store {
             self.world.variant == Variant::BareDelRelease
                 && self.inner.get_raw(keys.lock()).is_some()
         };
+        if let Some((bytes, _)) = entry {
+            self.world.stamp(bytes);
+        }
         let released = self.inner.release(keys, token, entry);
         let released = self
             .fenced(keys, token, unfenced, released, |ok| Exec::Release {
@@ -389,6 +428,7 @@ impl Backend for Store {
 
     async fn set(&self, keys: &FillKeys, bytes: &[u8], ttl: Duration) -> Result<(), BackendError> {
         let key = self.world.key_of(keys);
+        self.world.stamp(bytes);
         self.logged(key, self.inner.set(keys, bytes, ttl), |()| Exec::Set {
             origin: origin_of_envelope(bytes),
         })
@@ -434,6 +474,55 @@ impl Backend for Store {
     async fn subscribe(&self, keys: &FillKeys) -> Result<Box<dyn FillSubscription>, BackendError> {
         frozen_if_dead(&self.world, self.inst).await;
         self.inner.subscribe(keys).await
+    }
+
+    /// The memory backend's mark (the generation counts up by one, as the
+    /// Redis script's does while its key is not lost), logged with what it
+    /// marked and the generation it wrote; both keys' changes are reported
+    /// on the tracking connections, as Redis's are (they are under the
+    /// prefix an L1 tracks).
+    async fn mark(
+        &self,
+        gen_key: &str,
+        mark_key: &str,
+        kind: MarkKind,
+        retention: Option<Duration>,
+    ) -> Result<u64, BackendError> {
+        frozen_if_dead(&self.world, self.inst).await;
+        let generation = self.inner.mark(gen_key, mark_key, kind, retention).await?;
+        self.world.record(Ev::Marked {
+            inst: self.inst,
+            op: mark_op(mark_key, kind),
+            generation,
+        });
+        self.world.tracking.report(gen_key);
+        self.world.tracking.report(mark_key);
+        Ok(generation)
+    }
+
+    async fn read_marks(
+        &self,
+        gen_key: &str,
+        mark_keys: &[&str],
+    ) -> Result<(u64, Vec<Mark>), BackendError> {
+        frozen_if_dead(&self.world, self.inst).await;
+        let read = self.inner.read_marks(gen_key, mark_keys).await?;
+        self.world.record(Ev::MarksRead {
+            inst: self.inst,
+            generation: read.0,
+        });
+        Ok(read)
+    }
+}
+
+/// What the mark under `mark_key` is (`…:clear`: the namespace's; `…:tag:t<n>`).
+fn mark_op(mark_key: &str, kind: MarkKind) -> MarkOp {
+    let tag = mark_key
+        .rsplit_once(":tag:t")
+        .and_then(|(_, n)| n.parse().ok());
+    MarkOp {
+        hard: kind == MarkKind::Hard,
+        tag,
     }
 }
 

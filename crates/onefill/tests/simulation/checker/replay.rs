@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use super::{CallInfo, Checker, LeaseEnd, LeaseInfo, LoadInfo, ReadRec, ValueRec};
+use super::{CallInfo, Checker, LeaseEnd, LeaseInfo, LoadInfo, MarkRec, ReadRec, ValueRec};
 use crate::events::{BOp, Ev, Exec, Origin, Reply};
 
 impl Checker<'_> {
@@ -61,6 +61,7 @@ impl Checker<'_> {
                     inst,
                     key,
                     flight,
+                    tags,
                 } => {
                     // Leased: a `Won` was delivered to the flight that
                     // started the load at this very instant (the flight
@@ -95,6 +96,7 @@ impl Checker<'_> {
                         start_t: t,
                         end: None,
                         leased,
+                        tags: *tags,
                     });
                 }
                 Ev::LoadEnd { load, end } => {
@@ -126,6 +128,9 @@ impl Checker<'_> {
                     took,
                     task,
                 } => {
+                    if (*op, *reply) == (BOp::ReadMarks, Reply::Err) {
+                        self.marks_unread[*inst].push(t);
+                    }
                     let acquire = matches!(op, BOp::Acquire | BOp::TakeOver);
                     if acquire && matches!(reply, Reply::Held(_)) {
                         self.held_replies.push((*inst, *key, t));
@@ -174,6 +179,11 @@ impl Checker<'_> {
                 {
                     self.failed_ends.push((seq, *inst, t, token.clone()));
                 }
+                Ev::Abandoned {
+                    inst,
+                    op: BOp::ReadMarks,
+                    ..
+                } => self.marks_unread[*inst].push(t),
                 Ev::Abandoned { .. } => {}
                 Ev::Value {
                     key,
@@ -203,6 +213,25 @@ impl Checker<'_> {
                     expires: *expires,
                     reported: *reported,
                 }),
+                Ev::Marked {
+                    inst,
+                    op,
+                    generation,
+                } => self.marks.push(MarkRec {
+                    seq,
+                    t,
+                    inst: *inst,
+                    op: *op,
+                    generation: *generation,
+                }),
+                Ev::MarksRead { .. } => {}
+                Ev::Stamp {
+                    origin,
+                    as_of,
+                    tags,
+                } => {
+                    self.stamps.insert(*origin, (*as_of, *tags));
+                }
                 Ev::Foreign {
                     version: Some(id), ..
                 } => {
