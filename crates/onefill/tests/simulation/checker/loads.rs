@@ -9,7 +9,7 @@ use onefill::backend::Gone;
 
 use super::{Checker, LeaseEnd, LoadInfo};
 use crate::events::CallKind;
-use crate::scenario::TICK;
+use crate::scenario::{PUSH_DELAY_MAX, TICK};
 
 impl Checker<'_> {
     pub(super) fn check_loads(&mut self) {
@@ -144,7 +144,8 @@ impl Checker<'_> {
     }
 
     /// Whether `l1` left its process's coalescer before `l2` started:
-    /// detached by a `set`, `invalidate` or `expire` of the process, or displaced by
+    /// detached by a `set`, `invalidate` or `expire` of the process or a
+    /// mark (the process's, or reported to it), or displaced by
     /// a leased load started since. A load joins the coalescer at the
     /// instant its loader is first polled, but possibly just before a write
     /// that returned in that same instant: compare times, not log order.
@@ -159,6 +160,17 @@ impl Checker<'_> {
                 && c.start < l2.start
                 && c.end.as_ref().is_none_or(|e| e.1 >= l1.start_t)
         });
+        // A mark detaches every load of its process (its own mark, however
+        // it ended; another's once reported, with an L1): any key's.
+        let marked = self.calls.values().any(|c| {
+            c.inst == l1.inst
+                && matches!(c.kind, CallKind::Mark(_))
+                && c.start < l2.start
+                && c.end.as_ref().is_none_or(|e| e.1 >= l1.start_t)
+        }) || (self.s.l1
+            && self.marks.iter().any(|m| {
+                m.t <= l2.start_t && m.t + PUSH_DELAY_MAX >= l1.start_t
+            }));
         let displaced = self.loads.iter().any(|l3| {
             l3.inst == l1.inst
                 && l3.key == l1.key
@@ -166,7 +178,7 @@ impl Checker<'_> {
                 && l1.start < l3.start
                 && l3.start < l2.start
         });
-        detached || displaced
+        detached || marked || displaced
     }
 
     /// A duplicate load explained by a lost lease is counted (`lease_lost`)

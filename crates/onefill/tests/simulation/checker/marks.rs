@@ -6,7 +6,7 @@ use std::time::Duration;
 use onefill::Outcome;
 
 use super::{CallInfo, Checker, MarkRec};
-use crate::events::{origin_of, Answer, CallKind, Origin};
+use crate::events::{origin_of, Answer, CallKind, LoadEnd, Origin};
 use crate::scenario::{MARKS_RECHECKED, PUSH_DELAY_MAX, TICK};
 
 /// Whose view of a mark is bound from the call that made it: the seq that
@@ -89,7 +89,13 @@ impl Checker<'_> {
         if let Origin::Load(id) = origin {
             if let Some(&i) = self.load_index.get(&id) {
                 let l = &self.loads[i];
-                return l.start < m.seq && m.op.covers(l.tags);
+                // A load that failed has no tags: only a `clear` judges its
+                // failure.
+                let tags = match l.end {
+                    Some((_, _, LoadEnd::Value)) => l.tags,
+                    _ => 0,
+                };
+                return l.start < m.seq && m.op.covers(tags);
             }
         }
         self.stamps

@@ -11,6 +11,9 @@ impl Checker<'_> {
     pub(super) fn replay(&mut self) {
         // Per key: the live lease (token, expiry).
         let mut lock: Vec<Option<(String, Duration)>> = vec![None; self.s.keys + 1];
+        // Per task: the token of its last call answered or dropped, other
+        // than reads of the marks, if it was an acquire that won.
+        let mut last_call: HashMap<tokio::task::Id, &str> = HashMap::new();
         let recs = self.recs;
         for (seq, rec) in recs.iter().enumerate() {
             let t = rec.t;
@@ -65,10 +68,14 @@ impl Checker<'_> {
                 } => {
                     // Leased: a `Won` was delivered to the flight that
                     // started the load at this very instant (the flight
-                    // starts its loader at once), and no load started under
-                    // it yet. The lease may already be gone (a write
-                    // elsewhere may run between the answer and the loader's
-                    // first poll).
+                    // starts its loader at once), or was its last call
+                    // but for reads of the marks (the cache judges an
+                    // acquire's answer and reads the generation its load
+                    // records before it hands the lease on: they take
+                    // time), and no load started under it yet. The lease
+                    // may already be gone (a write elsewhere may run
+                    // between the answer and the loader's first poll).
+                    let last_call = flight.and_then(|f| last_call.get(&f).copied());
                     let leased = self
                         .won_delivered
                         .iter()
@@ -76,7 +83,7 @@ impl Checker<'_> {
                         .find(|(i, k, at, task, token)| {
                             *i == *inst
                                 && *k == *key
-                                && *at == t
+                                && (*at == t || last_call == Some(token.as_str()))
                                 && flight.is_some()
                                 && task == flight
                                 && !self.leases[token].used
@@ -131,6 +138,16 @@ impl Checker<'_> {
                     if (*op, *reply) == (BOp::ReadMarks, Reply::Err) {
                         self.marks_unread[*inst].push(t);
                     }
+                    if let (Some(task), true) = (task, *op != BOp::ReadMarks) {
+                        match (op, reply, token) {
+                            (BOp::Acquire | BOp::TakeOver, Reply::Won, Some(token)) => {
+                                last_call.insert(*task, token.as_str());
+                            }
+                            _ => {
+                                last_call.remove(task);
+                            }
+                        }
+                    }
                     let acquire = matches!(op, BOp::Acquire | BOp::TakeOver);
                     if acquire && matches!(reply, Reply::Held(_)) {
                         self.held_replies.push((*inst, *key, t));
@@ -184,7 +201,11 @@ impl Checker<'_> {
                     op: BOp::ReadMarks,
                     ..
                 } => self.marks_unread[*inst].push(t),
-                Ev::Abandoned { .. } => {}
+                Ev::Abandoned { task, .. } => {
+                    if let Some(task) = task {
+                        last_call.remove(task);
+                    }
+                }
                 Ev::Value {
                     key,
                     held,
