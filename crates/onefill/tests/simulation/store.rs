@@ -244,7 +244,11 @@ impl Store {
                 self.acquire_read(key, a);
             }
             if let (Some(task), Ok(a)) = (task, &acquired) {
-                let unreadable = matches!(a, Acquired::Fresh(stored) if origin_of_envelope(&stored.bytes).is_none());
+                // Or one a mark judges: the cache asks again at once with
+                // the value counted as not fresh (`marks/judged.rs`), as
+                // after reading another type's.
+                let unreadable = matches!(a, Acquired::Fresh(stored) if origin_of_envelope(&stored.bytes).is_none())
+                    || matches!(a, Acquired::Fresh(_)) && self.judged_on_store(keys);
                 self.world
                     .saw_unreadable
                     .lock()

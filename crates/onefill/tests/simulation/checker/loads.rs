@@ -167,10 +167,18 @@ impl Checker<'_> {
                 && matches!(c.kind, CallKind::Mark(_))
                 && c.start < l2.start
                 && c.end.as_ref().is_none_or(|e| e.1 >= l1.start_t)
-        }) || (self.s.l1
-            && self.marks.iter().any(|m| {
-                m.t <= l2.start_t && m.t + PUSH_DELAY_MAX >= l1.start_t
-            }));
+        }) || self.marks.iter().any(|m| {
+            // Heard of by the process: its own (a replay's, once its reply
+            // came, which may be late), or reported (with an L1).
+            let heard_by = if self.s.same_process(m.inst, l1.inst) {
+                self.s.backend_timeout * 2
+            } else if self.s.l1 {
+                PUSH_DELAY_MAX
+            } else {
+                return false;
+            };
+            m.t <= l2.start_t && m.t + heard_by >= l1.start_t
+        });
         let displaced = self.loads.iter().any(|l3| {
             l3.inst == l1.inst
                 && l3.key == l1.key

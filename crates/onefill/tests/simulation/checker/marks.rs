@@ -190,7 +190,7 @@ impl Checker<'_> {
                 {
                     continue;
                 }
-                let own = by.is_some_and(|by| self.s.same_process(by.inst, inst));
+                let own = by.is_some_and(|by| by.inst == inst);
                 let unread = self.marks_unread[inst]
                     .iter()
                     .any(|&f| m.t <= f && f <= t);

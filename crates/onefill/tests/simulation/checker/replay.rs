@@ -84,6 +84,14 @@ impl Checker<'_> {
                             *i == *inst
                                 && *k == *key
                                 && (*at == t || last_call == Some(token.as_str()))
+                                // Released already: the call failed after
+                                // all (the reads of the marks that judge
+                                // its answer timed it out), and the lease
+                                // went back in the background.
+                                && !self
+                                    .release_entries
+                                    .iter()
+                                    .any(|(_, _, _, released)| released == token)
                                 && flight.is_some()
                                 && task == flight
                                 && !self.leases[token].used
