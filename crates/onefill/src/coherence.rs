@@ -70,6 +70,16 @@ impl<V: Clone + Send + Sync + 'static> ChangeListener for Shared<V> {
 }
 
 impl<V: Clone + Send + Sync + 'static> Shared<V> {
+    /// Without an L1, a read of the marks found that another process
+    /// marked: what this process keeps of values goes, as when a mark is
+    /// reported (`changed`), and the flights and loads under way are
+    /// detached (they may predate the mark).
+    pub(crate) fn marked_elsewhere(&self) {
+        self.forget_every_copy();
+        self.flights.detach_all();
+        self.loads.detach_all();
+    }
+
     /// Every copy of every value this process keeps goes: the L1's
     /// entries and the outage fallback's. (After a mark, the flights under
     /// way are detached too, so a call from now on does not share an answer

@@ -112,6 +112,11 @@ pub(crate) struct Marks {
     support: AtomicU8,
     /// A background read of the namespace's mark is under way.
     refreshing: std::sync::atomic::AtomicBool,
+    /// Whether a read of the marks answered yet.
+    known: std::sync::atomic::AtomicBool,
+    /// Without an L1: what the cache does when a read finds that another
+    /// process marked since the last one (see [`Marks::on_moved`]).
+    on_moved: std::sync::OnceLock<Box<dyn Fn() + Send + Sync>>,
 }
 
 /// How the read of the namespace's mark made beside a read of values
@@ -160,7 +165,18 @@ impl Marks {
             read_limit,
             support: AtomicU8::new(SUPPORT_UNKNOWN),
             refreshing: std::sync::atomic::AtomicBool::new(false),
+            known: std::sync::atomic::AtomicBool::new(false),
+            on_moved: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Without an L1 nothing reports another process's marks: a read of
+    /// the marks that finds the generation moved since the last one (a
+    /// mark was made elsewhere) calls `moved`, which empties what the cache
+    /// keeps of values, as a reported mark does, and drops the marks held
+    /// (any of them may be older than the store's now).
+    pub(crate) fn on_moved(&self, moved: Box<dyn Fn() + Send + Sync>) {
+        let _ = self.on_moved.set(moved);
     }
 
     pub(crate) fn keys(&self) -> &MarkKeys {
@@ -258,12 +274,21 @@ impl Marks {
                 format!("read_marks: {} marks for {} keys", marks.len(), keys.len()),
             ));
         }
-        self.generation.fetch_max(generation, Ordering::SeqCst);
+        let before = self.generation.fetch_max(generation, Ordering::SeqCst);
+        let known = self.known.swap(true, Ordering::SeqCst);
+        let moved = matches!(self.trust, Trust::Rechecked(_)) && known && generation > before;
         let mut held = self.held.lock();
         // Under the lock, as reports are handled: a report either came
         // before this check (and what was read is not kept) or comes after
         // the insert (and removes it).
-        if self.changes.load(Ordering::SeqCst) == ticket {
+        let keep = self.changes.load(Ordering::SeqCst) == ticket;
+        if moved {
+            // Marked elsewhere since: every mark held may be older than
+            // the store's, and a read under way keeps none it read.
+            self.changes.fetch_add(1, Ordering::SeqCst);
+            held.clear();
+        }
+        if keep {
             self.generation_stale.store(false, Ordering::SeqCst);
             if held.len() + marks.len() > HELD_MARKS {
                 held.clear();
@@ -273,6 +298,10 @@ impl Marks {
             for (tag, mark) in tags.iter().zip(&marks[1..]) {
                 held.insert(Box::from(*tag), kept(*mark));
             }
+        }
+        drop(held);
+        if let (true, Some(moved)) = (moved, self.on_moved.get()) {
+            moved();
         }
         Ok(Some(marks))
     }

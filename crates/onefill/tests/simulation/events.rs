@@ -75,6 +75,8 @@ pub(crate) enum Reply {
     Moved,
     /// `watch_holder`: the holder cannot be watched.
     Unsupported,
+    /// `read_marks`: the namespace's generation it read.
+    Generation(u64),
 }
 
 /// Where a value (or a loader failure) comes from: load `n`, set `n`, or

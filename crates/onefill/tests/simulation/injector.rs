@@ -494,7 +494,8 @@ impl Backend for Injector {
         mark_keys: &[&str],
     ) -> Result<(u64, Vec<Mark>), BackendError> {
         let read = self.faulty.read_marks(gen_key, mark_keys);
-        self.call(BOp::ReadMarks, MARKS_KEY, None, read, unit_reply)
+        let reply = |read: &(u64, Vec<Mark>)| Reply::Generation(read.0);
+        self.call(BOp::ReadMarks, MARKS_KEY, None, read, reply)
             .await
     }
 

@@ -145,7 +145,8 @@ impl Checker<'_> {
 
     /// Whether `l1` left its process's coalescer before `l2` started:
     /// detached by a `set`, `invalidate` or `expire` of the process or a
-    /// mark (the process's, or reported to it), or displaced by
+    /// mark (the process's, reported to it, or found by its read of the
+    /// marks), or displaced by
     /// a leased load started since. A load joins the coalescer at the
     /// instant its loader is first polled, but possibly just before a write
     /// that returned in that same instant: compare times, not log order.
@@ -178,7 +179,13 @@ impl Checker<'_> {
                 return false;
             };
             m.t <= l2.start_t && m.t + heard_by >= l1.start_t
-        });
+        }) || (!self.s.l1
+            && self.marks_learned[l1.inst].windows(2).any(|w| {
+                // Without an L1: a read of the marks that found another
+                // process had marked (the generation moved).
+                let ((_, before), (at, g)) = (w[0], w[1]);
+                g > before && l1.start_t <= at && at <= l2.start_t
+            }));
         let displaced = self.loads.iter().any(|l3| {
             l3.inst == l1.inst
                 && l3.key == l1.key

@@ -15,6 +15,7 @@ use crate::scenario::{MARKS_RECHECKED, PUSH_DELAY_MAX, TICK};
 struct Returned {
     inst: usize,
     end: usize,
+    end_t: Duration,
 }
 
 impl Checker<'_> {
@@ -50,6 +51,7 @@ impl Checker<'_> {
                 out[i].1 = Some(Returned {
                     inst: x.inst,
                     end: *end,
+                    end_t: *end_t,
                 });
             }
         }
@@ -63,21 +65,47 @@ impl Checker<'_> {
     /// once the change report may have come (a push, or the sync bound if
     /// the tracking connection was lost), and without one, once the marks
     /// read before it were judged by for two recheck periods.
-    fn must_know(&self, m: &MarkRec, by: Option<Returned>, inst: usize, seq: usize, t: Duration) -> bool {
+    ///
+    /// Unless the process could not read the marks (`unread`: one of its
+    /// reads of them failed while the call ran) and had read none since
+    /// the mark: the last marks it knows then judge (decision 0018, on the
+    /// assumption that nobody can mark while the marks' master is down,
+    /// which a fault of one process's connection does not honour).
+    fn must_know(&self, m: &MarkRec, by: Option<Returned>, inst: usize, seq: usize, t: Duration, unread: Option<Duration>) -> bool {
         if let Some(by) = by.filter(|by| self.s.same_process(by.inst, inst)) {
             return seq > by.end;
         }
-        t > m.t + self.mark_delay()
+        let learned = self.marks_learned[inst]
+            .iter()
+            .any(|&(at, g)| at < t && g >= m.generation);
+        if learned {
+            return true;
+        }
+        let unread = unread.is_some_and(|end| {
+            self.marks_unread[inst]
+                .iter()
+                .any(|&f| t <= f && f <= end)
+        });
+        !unread && t > self.mark_bound(m, inst)
     }
 
-    /// How long after a mark ran another process may still judge by what
-    /// it held before.
-    fn mark_delay(&self) -> Duration {
+    /// When another process stops judging by what it held before mark `m`
+    /// ran, at the latest: with an L1, once the report came (or its sync
+    /// bound passed, the tracking connection lost); without one, two
+    /// recheck periods after (the marks read before are trusted that long),
+    /// pushed on by each read of the marks that failed meanwhile (which
+    /// keeps what it held judging for one more period: `marks/mod.rs`).
+    fn mark_bound(&self, m: &MarkRec, inst: usize) -> Duration {
         if self.s.l1 {
-            self.s.sync_bound + PUSH_DELAY_MAX + TICK
-        } else {
-            MARKS_RECHECKED + TICK
+            return m.t + self.s.sync_bound + PUSH_DELAY_MAX + TICK;
         }
+        let mut bound = m.t + MARKS_RECHECKED;
+        for &f in &self.marks_unread[inst] {
+            if f > m.t && f <= bound {
+                bound = bound.max(f + MARKS_RECHECKED / 2);
+            }
+        }
+        bound + TICK
     }
 
     /// Whether `m` judges `origin`: a load's value if the load began
@@ -120,12 +148,12 @@ impl Checker<'_> {
             .collect();
         for (m, by) in &marks {
             for (id, c) in &calls {
-                if !self.must_know(m, *by, c.inst, c.start, c.start_t) {
-                    continue;
-                }
                 let Some((_, t, answer, _, _)) = &c.end else {
                     continue;
                 };
+                if !self.must_know(m, *by, c.inst, c.start, c.start_t, Some(*t)) {
+                    continue;
+                }
                 let text = match answer {
                     Answer::Fetched { value, .. } => Some(value.as_str()),
                     Answer::Got(value) => value.as_deref(),
@@ -184,9 +212,16 @@ impl Checker<'_> {
                 continue;
             };
             for (m, by) in &marks {
+                // A load records the generation when its flight starts it,
+                // which may be in the instant before its loader is first
+                // polled (the log's start): a mark that returns in that
+                // instant may come between, and the load then errs on the
+                // old side (one reload, not a loop).
+                let same_instant = by.is_some_and(|by| by.end_t == t);
                 if as_of >= m.generation
                     || !m.op.covers(tags)
-                    || !self.must_know(m, *by, inst, seq, t)
+                    || !self.must_know(m, *by, inst, seq, t, None)
+                    || same_instant
                 {
                     continue;
                 }
@@ -194,7 +229,10 @@ impl Checker<'_> {
                 let unread = self.marks_unread[inst]
                     .iter()
                     .any(|&f| m.t <= f && f <= t);
-                if own || !unread {
+                let learned = self.marks_learned[inst]
+                    .iter()
+                    .any(|&(at, g)| at < t && g >= m.generation);
+                if own || learned || !unread {
                     self.fail(format!(
                         "a value born judged: {origin:?} of instance {inst}, begun at {t:?}, records generation {as_of}, older than {:?} by instance {} at {:?} (generation {}), which its process must know by then",
                         m.op, m.inst, m.t, m.generation

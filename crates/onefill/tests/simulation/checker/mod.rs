@@ -288,6 +288,9 @@ struct Checker<'a> {
     stamps: HashMap<Origin, (u64, u8)>,
     /// Per instance: when its reads of the marks failed or were dropped.
     marks_unread: Vec<Vec<Duration>>,
+    /// Per instance: when its reads of the marks answered, and the
+    /// generation each read.
+    marks_learned: Vec<Vec<(Duration, u64)>>,
 }
 
 impl<'a> Checker<'a> {
@@ -332,6 +335,7 @@ impl<'a> Checker<'a> {
             marks: Vec::new(),
             stamps: HashMap::new(),
             marks_unread: vec![Vec::new(); s.instances],
+            marks_learned: vec![Vec::new(); s.instances],
         }
     }
 

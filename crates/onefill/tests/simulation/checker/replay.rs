@@ -143,8 +143,12 @@ impl Checker<'_> {
                     took,
                     task,
                 } => {
-                    if (*op, *reply) == (BOp::ReadMarks, Reply::Err) {
-                        self.marks_unread[*inst].push(t);
+                    match (op, reply) {
+                        (BOp::ReadMarks, Reply::Err) => self.marks_unread[*inst].push(t),
+                        (BOp::ReadMarks, Reply::Generation(g)) => {
+                            self.marks_learned[*inst].push((t, *g));
+                        }
+                        _ => {}
                     }
                     if let (Some(task), true) = (task, *op != BOp::ReadMarks) {
                         match (op, reply, token) {
