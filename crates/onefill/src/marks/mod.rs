@@ -112,8 +112,6 @@ pub(crate) struct Marks {
     support: AtomicU8,
     /// A background read of the namespace's mark is under way.
     refreshing: std::sync::atomic::AtomicBool,
-    /// Whether a read of the marks answered yet.
-    known: std::sync::atomic::AtomicBool,
     /// Without an L1: what the cache does when a read finds that another
     /// process marked since the last one (see [`Marks::on_moved`]).
     on_moved: std::sync::OnceLock<Box<dyn Fn() + Send + Sync>>,
@@ -165,7 +163,6 @@ impl Marks {
             read_limit,
             support: AtomicU8::new(SUPPORT_UNKNOWN),
             refreshing: std::sync::atomic::AtomicBool::new(false),
-            known: std::sync::atomic::AtomicBool::new(false),
             on_moved: std::sync::OnceLock::new(),
         }
     }
@@ -275,8 +272,9 @@ impl Marks {
             ));
         }
         let before = self.generation.fetch_max(generation, Ordering::SeqCst);
-        let known = self.known.swap(true, Ordering::SeqCst);
-        let moved = matches!(self.trust, Trust::Rechecked(_)) && known && generation > before;
+        // (Past 0 too: what the process kept before its first read of the
+        // marks, a degraded load's value say, was judged by none.)
+        let moved = matches!(self.trust, Trust::Rechecked(_)) && generation > before;
         let mut held = self.held.lock();
         // Under the lock, as reports are handled: a report either came
         // before this check (and what was read is not kept) or comes after
@@ -568,6 +566,12 @@ impl Marks {
     /// return, whatever its backend's reports do).
     pub(crate) fn marked(&self, mark_key: &str, generation: u64) {
         self.generation.fetch_max(generation, Ordering::SeqCst);
+        if let Trust::Rechecked(_) = self.trust {
+            // The generation it knows may now be past another process's
+            // mark made since its last read of the marks: a read would not
+            // find that the generation moved, so every mark held goes.
+            self.reset();
+        }
         self.changed(mark_key.as_bytes());
     }
 

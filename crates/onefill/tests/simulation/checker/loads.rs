@@ -179,13 +179,20 @@ impl Checker<'_> {
                 return false;
             };
             m.t <= l2.start_t && m.t + heard_by >= l1.start_t
-        }) || (!self.s.l1
-            && self.marks_learned[l1.inst].windows(2).any(|w| {
-                // Without an L1: a read of the marks that found another
-                // process had marked (the generation moved).
-                let ((_, before), (at, g)) = (w[0], w[1]);
-                g > before && l1.start_t <= at && at <= l2.start_t
-            }));
+        }) || self.tracking_lost[l1.inst].iter().any(|&(_, back)| {
+            // A tracking connection back: the reset detaches them too (a
+            // mark may have gone unreported).
+            back.is_some_and(|back| l1.start_t <= back && back <= l2.start_t)
+        }) || (!self.s.l1 && {
+            // Without an L1: a read of the marks that found another process
+            // had marked (the generation moved).
+            let mut before = 0;
+            self.marks_learned[l1.inst].iter().any(|&(at, g)| {
+                let moved = g > before;
+                before = before.max(g);
+                moved && l1.start_t <= at && at <= l2.start_t
+            })
+        });
         let displaced = self.loads.iter().any(|l3| {
             l3.inst == l1.inst
                 && l3.key == l1.key

@@ -75,9 +75,13 @@ impl Checker<'_> {
         if let Some(by) = by.filter(|by| self.s.same_process(by.inst, inst)) {
             return seq > by.end;
         }
-        let learned = self.marks_learned[inst]
-            .iter()
-            .any(|&(at, g)| at < t && g >= m.generation);
+        // Without an L1, a read of the marks that found the generation at
+        // or past the mark's: the process dropped every mark and copy it
+        // held from before (`Marks::on_moved`, `Marks::marked`).
+        let learned = !self.s.l1
+            && self.marks_learned[inst]
+                .iter()
+                .any(|&(at, g)| at < t && g >= m.generation);
         if learned {
             return true;
         }
@@ -229,9 +233,10 @@ impl Checker<'_> {
                 let unread = self.marks_unread[inst]
                     .iter()
                     .any(|&f| m.t <= f && f <= t);
-                let learned = self.marks_learned[inst]
-                    .iter()
-                    .any(|&(at, g)| at < t && g >= m.generation);
+                let learned = !self.s.l1
+                    && self.marks_learned[inst]
+                        .iter()
+                        .any(|&(at, g)| at < t && g >= m.generation);
                 if own || learned || !unread {
                     self.fail(format!(
                         "a value born judged: {origin:?} of instance {inst}, begun at {t:?}, records generation {as_of}, older than {:?} by instance {} at {:?} (generation {}), which its process must know by then",
