@@ -543,3 +543,65 @@ async fn after_a_mark(cache: &Cache<String, String>, marker: &Cache<String, Stri
     assert_eq!(after.value, "v2", "a load of its own, begun after the mark");
     assert_eq!(before.await.expect("joined").value, "v1");
 }
+
+/// Without an L1, nothing reports another process's mark: the process hears
+/// of it when a read of the marks finds the generation moved, and must then
+/// drop what it kept from before. Its outage fallback kept answering a
+/// value the mark judged, for as long as the value lived.
+#[tokio::test(start_paused = true)]
+async fn without_an_l1_a_mark_read_later_empties_the_outage_fallback() {
+    use crate::support::{fetch_now, two_pods, Switches, REFUSE};
+    let [(a, pod_a), (_, pod_b)] = two_pods(|b| b);
+    let loads = Arc::new(AtomicUsize::new(0));
+    // A's flight loads and keeps the value for outages.
+    let loaded = fetch_now(&pod_a, "k", &loads).await;
+    assert_eq!(loaded.outcome, Outcome::Loaded);
+    pod_b.clear().await.expect("cleared");
+    // Past A's recheck period: its next read of another key reads the
+    // marks (in the background) and finds the generation moved.
+    tokio::time::sleep(Duration::from_millis(1_001)).await;
+    pod_a.get("other").await.expect("read");
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    a.set_mode(REFUSE);
+    let f = fetch_now(&pod_a, "k", &loads).await;
+    assert_ne!(
+        (f.outcome, f.value.as_str()),
+        (Outcome::Stale, loaded.value.as_str()),
+        "the fallback answered a value the clear judges"
+    );
+}
+
+/// Without an L1, a process's own mark moves the generation it knows past
+/// any mark made elsewhere since its last read of the marks: that read
+/// then finds nothing moved, so the marks it held from before (here a
+/// tag's, invalidated elsewhere) must go with its own.
+#[tokio::test(start_paused = true)]
+async fn without_an_l1_a_mark_of_its_own_drops_the_marks_held_before() {
+    let store = MemoryBackend::new();
+    let (a, b) = (process_without_l1(&store), process_without_l1(&store));
+    let origin = Origin::default();
+    origin.fetch(&b, "k", &["t"], Duration::ZERO).await;
+    assert_eq!(a.get("k").await.unwrap().as_deref(), Some("v1"), "t held");
+    b.invalidate_tag("t").await.expect("marked");
+    a.expire_tag("u").await.expect("marked");
+    assert_eq!(
+        a.get("k").await.unwrap(),
+        None,
+        "the invalidation of t, made before A's own mark, judges"
+    );
+}
+
+/// A `set` dropped by its caller while it reads the generation (the marks'
+/// master slow) cannot be told from one dropped mid-command: it is queued
+/// to be replayed, and what the process kept of the key goes.
+#[tokio::test(start_paused = true)]
+async fn a_set_dropped_while_it_reads_the_generation_is_replayed() {
+    use crate::support::two_pods;
+    use onefill::testing::{Fault, Op};
+    let [(a, pod_a), _] = two_pods(|b| b);
+    a.faults().set([Op::ReadMarks], Fault::Gated);
+    let set = pod_a.set("k", "v".to_owned());
+    let dropped = tokio::time::timeout(Duration::from_millis(50), set).await;
+    assert!(dropped.is_err(), "the set waits for the generation");
+    assert_eq!(pod_a.pending_writes(), 1, "queued for replay");
+}

@@ -132,7 +132,7 @@ impl Checker<'_> {
         }
         self.stamps
             .get(&origin)
-            .is_some_and(|&(as_of, tags)| as_of < m.generation && m.op.covers(tags))
+            .is_some_and(|&(as_of, tags, _)| as_of < m.generation && m.op.covers(tags))
     }
 
     /// Invariant 10: once a process must know a mark (see [`must_know`](Self::must_know)),
@@ -212,7 +212,7 @@ impl Checker<'_> {
             (c.kind == CallKind::Set).then_some((Origin::Set(id), c.inst, c.start, c.start_t))
         }));
         for (origin, inst, seq, t) in born {
-            let Some(&(as_of, tags)) = self.stamps.get(&origin) else {
+            let Some(&(as_of, tags, sent)) = self.stamps.get(&origin) else {
                 continue;
             };
             for (m, by) in &marks {
@@ -230,9 +230,11 @@ impl Checker<'_> {
                     continue;
                 }
                 let own = by.is_some_and(|by| by.inst == inst);
+                // (Up to when its bytes were sent: a write reads the
+                // generation within its own time.)
                 let unread = self.marks_unread[inst]
                     .iter()
-                    .any(|&f| m.t <= f && f <= t);
+                    .any(|&f| m.t <= f && f <= sent);
                 let learned = !self.s.l1
                     && self.marks_learned[inst]
                         .iter()

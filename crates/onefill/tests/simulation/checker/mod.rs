@@ -284,8 +284,9 @@ struct Checker<'a> {
     takeovers: Vec<(usize, usize, usize, Duration, String, bool)>,
     /// Every mark run on the store, in order.
     marks: Vec<MarkRec>,
-    /// The generation and tags each version records (see `Ev::Stamp`).
-    stamps: HashMap<Origin, (u64, u8)>,
+    /// The generation and tags each version records (see `Ev::Stamp`), and
+    /// when they were first sent to the store.
+    stamps: HashMap<Origin, (u64, u8, Duration)>,
     /// Per instance: when its reads of the marks failed or were dropped.
     marks_unread: Vec<Vec<Duration>>,
     /// Per instance: when its reads of the marks answered, and the

@@ -263,7 +263,7 @@ impl Checker<'_> {
                     as_of,
                     tags,
                 } => {
-                    self.stamps.insert(*origin, (*as_of, *tags));
+                    self.stamps.insert(*origin, (*as_of, *tags, t));
                 }
                 Ev::Foreign {
                     version: Some(id), ..
