@@ -448,11 +448,17 @@ impl World {
     /// Logs the age and tags of the version in envelope `bytes`, the first
     /// time they are seen.
     pub(crate) fn stamp(&self, bytes: &[u8]) {
-        let (Some(origin), Some((as_of, tags))) = (origin_of_envelope(bytes), marks_of_envelope(bytes)) else {
+        let (Some(origin), Some((as_of, tags))) =
+            (origin_of_envelope(bytes), marks_of_envelope(bytes))
+        else {
             return;
         };
         if self.stamped.lock().unwrap().insert(origin) {
-            self.record(Ev::Stamp { origin, as_of, tags });
+            self.record(Ev::Stamp {
+                origin,
+                as_of,
+                tags,
+            });
         }
     }
 
@@ -553,7 +559,10 @@ pub(crate) fn marks_of_envelope(bytes: &[u8]) -> Option<(u64, u8)> {
     for _ in 0..*bytes.get(body + 8)? {
         let len = usize::from(*bytes.get(at)?);
         let tag = bytes.get(at + 1..at + 1 + len)?;
-        if let Some(n) = tag.strip_prefix(b"t").and_then(|n| std::str::from_utf8(n).ok()?.parse::<u8>().ok()) {
+        if let Some(n) = tag
+            .strip_prefix(b"t")
+            .and_then(|n| std::str::from_utf8(n).ok()?.parse::<u8>().ok())
+        {
             tags |= 1 << n;
         }
         at += 1 + len;

@@ -71,7 +71,10 @@ impl Drop for LoadGuard {
 
 /// The names of the tags in `tags` (a bit per tag `t<n>`).
 fn tag_names(tags: u8) -> Vec<String> {
-    (0..8).filter(|t| tags & (1 << t) != 0).map(|t| format!("t{t}")).collect()
+    (0..8)
+        .filter(|t| tags & (1 << t) != 0)
+        .map(|t| format!("t{t}"))
+        .collect()
 }
 
 type LoadFuture = std::pin::Pin<Box<dyn Future<Output = Result<Loaded<String>, SimError>> + Send>>;

@@ -17,9 +17,9 @@ use onefill::{BackendError, LeaseToken, MemoryBackend};
 use crate::events::{
     grace_of, marks_of_envelope, origin_of_envelope, Change, Ev, Exec, MarkOp, Reply, World,
 };
-use crate::scenario::{NS, TAGS};
 use crate::injector::frozen_if_dead;
 use crate::liveness::{self, holder_name, holder_of};
+use crate::scenario::{NS, TAGS};
 use crate::variants::Variant;
 
 /// The shared store as one instance's commands reach it, past the faults:
@@ -510,7 +510,15 @@ impl Backend for Store {
         mark_keys: &[&str],
     ) -> Result<(u64, Vec<Mark>), BackendError> {
         frozen_if_dead(&self.world, self.inst).await;
-        let read = self.inner.read_marks(gen_key, mark_keys).await?;
+        let mut read = self.inner.read_marks(gen_key, mark_keys).await?;
+        if self.world.variant == Variant::MarksOffByOne {
+            for mark in &mut read.1 {
+                *mark = Mark {
+                    hard: mark.hard.saturating_sub(1),
+                    soft: mark.soft.saturating_sub(1),
+                };
+            }
+        }
         self.world.record(Ev::MarksRead {
             inst: self.inst,
             generation: read.0,

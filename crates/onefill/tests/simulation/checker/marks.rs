@@ -71,7 +71,15 @@ impl Checker<'_> {
     /// the mark: the last marks it knows then judge (decision 0018, on the
     /// assumption that nobody can mark while the marks' master is down,
     /// which a fault of one process's connection does not honour).
-    fn must_know(&self, m: &MarkRec, by: Option<Returned>, inst: usize, seq: usize, t: Duration, unread: Option<Duration>) -> bool {
+    fn must_know(
+        &self,
+        m: &MarkRec,
+        by: Option<Returned>,
+        inst: usize,
+        seq: usize,
+        t: Duration,
+        unread: Option<Duration>,
+    ) -> bool {
         if let Some(by) = by.filter(|by| self.s.same_process(by.inst, inst)) {
             return seq > by.end;
         }
@@ -85,11 +93,8 @@ impl Checker<'_> {
         if learned {
             return true;
         }
-        let unread = unread.is_some_and(|end| {
-            self.marks_unread[inst]
-                .iter()
-                .any(|&f| t <= f && f <= end)
-        });
+        let unread =
+            unread.is_some_and(|end| self.marks_unread[inst].iter().any(|&f| t <= f && f <= end));
         !unread && t > self.mark_bound(m, inst)
     }
 
