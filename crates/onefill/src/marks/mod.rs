@@ -34,8 +34,11 @@ use crate::key::{MarkKeys, MarkName};
 
 mod judged;
 mod tags;
+mod verdict;
 pub(crate) use judged::Judged;
 pub(crate) use tags::{check_tag, check_tags};
+use verdict::verdict;
+pub(crate) use verdict::Verdict;
 
 /// How long a tag's mark is kept after its last invalidation or expiry,
 /// and so the longest a tagged value lives in the store (its TTL and grace
@@ -66,18 +69,6 @@ pub(crate) enum Trust {
 struct Held {
     mark: Mark,
     read_at: Instant,
-}
-
-/// What the marks make of a value.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Verdict {
-    /// Untouched by any mark.
-    Valid,
-    /// Older than a soft mark: stale (within its grace window), or gone
-    /// without one.
-    Stale,
-    /// Older than a hard mark: gone.
-    Invalid,
 }
 
 const SUPPORT_UNKNOWN: u8 = 0;
@@ -131,20 +122,6 @@ impl std::fmt::Debug for Marks {
             .field("generation", &self.generation.load(Ordering::Relaxed))
             .finish_non_exhaustive()
     }
-}
-
-/// The marks that judge a value: the namespace's and its tags'.
-fn verdict<'m>(as_of: u64, marks: impl IntoIterator<Item = &'m Mark>) -> Verdict {
-    let mut verdict = Verdict::Valid;
-    for mark in marks {
-        if mark.hard > as_of {
-            return Verdict::Invalid;
-        }
-        if mark.soft > as_of {
-            verdict = Verdict::Stale;
-        }
-    }
-    verdict
 }
 
 impl Marks {
@@ -487,26 +464,6 @@ impl Marks {
             .collect())
     }
 
-    /// What a read answers of `stored` under `verdict`: as it is, stale
-    /// (the server's TTL cut to the value's grace, so it reads as stale
-    /// for at most that long), or nothing.
-    pub(crate) fn apply(stored: Stored, verdict: Verdict) -> Option<Stored> {
-        match verdict {
-            Verdict::Valid => Some(stored),
-            Verdict::Invalid => None,
-            Verdict::Stale => {
-                let grace = envelope::grace_of(&stored.bytes).unwrap_or(Duration::ZERO);
-                if grace.is_zero() {
-                    return None;
-                }
-                Some(Stored {
-                    ttl: stored.ttl.min(grace),
-                    bytes: stored.bytes,
-                })
-            }
-        }
-    }
-
     /// The backend reported a change of `key`: whether it was one of the
     /// marks (a tag's or the namespace's: what the cache kept of values may
     /// be judged otherwise now).
@@ -601,25 +558,4 @@ pub(crate) enum Target<'a> {
     /// Every value of the namespace (`clear`).
     Namespace,
     Tag(&'a str),
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_oldest_value_loses_and_a_hard_mark_wins_over_a_soft_one() {
-        let soft = Mark { hard: 0, soft: 10 };
-        let hard = Mark { hard: 20, soft: 20 };
-        assert_eq!(verdict(5, [&Mark::default()]), Verdict::Valid);
-        assert_eq!(verdict(5, [&soft]), Verdict::Stale);
-        assert_eq!(
-            verdict(10, [&soft]),
-            Verdict::Valid,
-            "as of the mark: loaded after it"
-        );
-        assert_eq!(verdict(5, [&soft, &hard]), Verdict::Invalid);
-        assert_eq!(verdict(15, [&hard, &soft]), Verdict::Invalid);
-        assert_eq!(verdict(25, [&hard, &soft]), Verdict::Valid);
-    }
 }

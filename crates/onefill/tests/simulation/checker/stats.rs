@@ -141,7 +141,7 @@ impl Checker<'_> {
                     _ => unknown += 1,
                 }
             }
-            let (dead, frozen, takeovers) = self.liveness_counts(inst);
+            let (dead, frozen, takeovers, takeovers_unsure) = self.liveness_counts(inst);
             let mut expect = |what: &str, holds: bool, detail: String| {
                 if !holds {
                     self.violations.push(Violation {
@@ -174,16 +174,18 @@ impl Checker<'_> {
                     frozen,
                     "holders judged frozen",
                 ),
-                (
-                    "lease_takeovers",
-                    st.lease_takeovers,
-                    takeovers,
-                    "leases won by a take-over or after the holder's lease ran out unannounced",
-                ),
             ]);
             for (what, counted, seen, of) in exact {
                 expect(what, counted == seen, format!("{counted} != {seen} {of}"));
             }
+            expect(
+                "lease_takeovers",
+                st.lease_takeovers <= takeovers && st.lease_takeovers + takeovers_unsure >= takeovers,
+                format!(
+                    "{} outside [{takeovers} leases won by a take-over or after the holder's lease ran out unannounced - {takeovers_unsure} judged by marks that could not be read, {takeovers}]",
+                    st.lease_takeovers
+                ),
+            );
             expect(
                 "lease_acquired",
                 st.lease_acquired <= won && st.lease_acquired + won_unsure >= won,
@@ -245,11 +247,16 @@ impl Checker<'_> {
     /// holder's lease had run out (as the flight's last `Held` said) with
     /// no notification since (a notified flight reads the key first: a
     /// `get` in its task).
-    fn liveness_counts(&self, inst: usize) -> (u64, u64, u64) {
+    ///
+    /// Also how many of those takeovers the cache may not count: the reads
+    /// of the marks that judge the acquire's answer failed (the call fails,
+    /// the lease goes back).
+    fn liveness_counts(&self, inst: usize) -> (u64, u64, u64, u64) {
         let taken_from_frozen = |holder: &str| {
             LeaseToken::from_stored(holder.as_bytes()).is_some_and(|t| t.is_taken_from_frozen())
         };
-        let (mut dead, mut frozen, mut takeovers) = (0, 0, 0);
+        let (mut dead, mut frozen, mut takeovers, mut unsure) = (0, 0, 0, 0);
+        let mut pending: HashMap<Option<tokio::task::Id>, bool> = HashMap::new();
         let mut judged = |gone: &Gone| match gone {
             Gone::Dead => dead += 1,
             _ => frozen += 1,
@@ -266,6 +273,10 @@ impl Checker<'_> {
                     task,
                     ..
                 } if *i == inst => match (op, reply) {
+                    (BOp::ReadMarks, Reply::Err) => {
+                        unsure += u64::from(pending.remove(task).is_some());
+                    }
+                    (BOp::ReadMarks, _) => {}
                     (BOp::Acquire | BOp::TakeOver, Reply::Held(ttl)) => {
                         waits.insert(*task, (rec.t + *ttl, false));
                     }
@@ -278,11 +289,25 @@ impl Checker<'_> {
                         let ran_out = waits
                             .remove(task)
                             .is_some_and(|(at, told)| !told && rec.t >= at);
-                        takeovers += u64::from(*op == BOp::TakeOver || ran_out);
+                        let took = *op == BOp::TakeOver || ran_out;
+                        takeovers += u64::from(took);
+                        if took {
+                            pending.insert(*task, true);
+                        }
                     }
                     (BOp::Watch, Reply::Judged(gone)) => judged(gone),
-                    _ => {}
+                    _ => {
+                        pending.remove(task);
+                    }
                 },
+                Ev::Abandoned {
+                    inst: i,
+                    op: BOp::ReadMarks,
+                    task,
+                    ..
+                } if *i == inst => {
+                    unsure += u64::from(pending.remove(task).is_some());
+                }
                 // The cache ignores (and does not count) a frozen verdict on
                 // a holder that took its lease over from a frozen one.
                 Ev::Verdict {
@@ -299,6 +324,6 @@ impl Checker<'_> {
                 _ => {}
             }
         }
-        (dead, frozen, takeovers)
+        (dead, frozen, takeovers, unsure)
     }
 }
