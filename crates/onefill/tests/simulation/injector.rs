@@ -329,10 +329,10 @@ impl Backend for Injector {
         listener: std::sync::Weak<dyn onefill::backend::ChangeListener>,
     ) -> Result<(), BackendError> {
         // Not passed down: the memory backend's own reports would reach
-        // every L1 at once (see `tracking.rs`). The prefix is the fleet's
-        // namespace (an L1's, covering the value keys: reads then report
-        // the server's TTL) or its marks' alone (a cache without an L1:
-        // its reads of values stay one-`GET` hits).
+        // every L1 at once (see `tracking.rs`). Only a cache with an L1
+        // registers, on the fleet's namespace (covering the value keys and
+        // the marks': reads then report the server's TTL); one without an
+        // L1 registers nothing (it rechecks its marks).
         let values = self.world.key_names.iter().any(|k| k.starts_with(prefix));
         self.world
             .tracking
