@@ -180,7 +180,7 @@ fn catches_stamped_ttl_in_the_fallback() {
         Variant::StampedTtl,
         Invariant::Copies,
         "a fallback copy",
-        200_000,
+        30_000,
     );
 }
 
