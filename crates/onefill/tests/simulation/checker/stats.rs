@@ -1,7 +1,7 @@
 //! Invariant 6: the stats add up.
 
 use onefill::LeaseToken;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use onefill::backend::Gone;
@@ -41,8 +41,8 @@ impl Checker<'_> {
             // `Won` answers the cache may not have been handed: the reads
             // of the marks that judge them (made before the answer is
             // handed on) failed, and with them the call, perhaps.
-            let mut won_unsure = 0;
-            let mut pending_won: HashMap<Option<tokio::task::Id>, bool> = HashMap::new();
+            let mut pending_won: HashMap<Option<tokio::task::Id>, &str> = HashMap::new();
+            let mut unsure_tokens: HashSet<&str> = HashSet::new();
             // Errors the cache may never count: a read's error while the
             // read of the marks beside it (joined with it) still runs, if
             // that one is dropped (the call with it, by its caller or the
@@ -60,7 +60,7 @@ impl Checker<'_> {
                     } if *i == inst => {
                         if *reply == Reply::Err {
                             marks_errors += 1;
-                            won_unsure += u64::from(pending_won.remove(task).is_some());
+                            unsure_tokens.extend(pending_won.remove(task));
                         }
                     }
                     Ev::Abandoned {
@@ -70,7 +70,7 @@ impl Checker<'_> {
                         ..
                     } if *i == inst => {
                         abandoned += 1;
-                        won_unsure += u64::from(pending_won.remove(task).is_some());
+                        unsure_tokens.extend(pending_won.remove(task));
                         err_unsure += u64::from(pending_err.remove(task).is_some());
                     }
                     Ev::Delivered {
@@ -89,7 +89,9 @@ impl Checker<'_> {
                         match (op, reply) {
                             (BOp::Acquire | BOp::TakeOver, Reply::Won) => {
                                 won += 1;
-                                pending_won.insert(*task, true);
+                                if let Some(token) = token {
+                                    pending_won.insert(*task, token.as_str());
+                                }
                             }
                             (BOp::Extend, Reply::True) => extended += 1,
                             // A release in the background (see `told_lost`)
@@ -109,6 +111,12 @@ impl Checker<'_> {
                     _ => {}
                 }
             }
+            // Or judged by marks it knew too little of, with the read of
+            // them beside the acquire failed already: no read more, the
+            // call fails and the lease goes back in the background before
+            // its flight used it.
+            unsure_tokens.extend(self.given_back(inst));
+            let won_unsure = unsure_tokens.len() as u64;
             let (mut coalesced, mut unknown, mut hits, mut stale, mut degraded) = (0, 0, 0, 0, 0);
             for c in self
                 .calls
@@ -241,6 +249,43 @@ impl Checker<'_> {
             );
         }
     }
+    /// The leases of instance `inst` won (`Won` delivered) and released in
+    /// the background before their flight filled, extended or released
+    /// them: perhaps never handed on (the call failed after all).
+    fn given_back(&self, inst: usize) -> Vec<&str> {
+        let mut used: HashSet<&str> = HashSet::new();
+        let mut given_back = Vec::new();
+        for rec in self.recs {
+            let Ev::Delivered {
+                inst: i,
+                op,
+                token: Some(token),
+                task,
+                ..
+            } = &rec.ev
+            else {
+                continue;
+            };
+            let Some(lease) = self.leases.get(token).filter(|_| *i == inst) else {
+                continue;
+            };
+            let own = lease.delivered.is_some_and(|d| d == *task);
+            match op {
+                BOp::Fill | BOp::Extend => {
+                    used.insert(token);
+                }
+                BOp::Release if own => {
+                    used.insert(token);
+                }
+                BOp::Release if lease.delivered.is_some() && !used.contains(token.as_str()) => {
+                    given_back.push(token.as_str());
+                }
+                _ => {}
+            }
+        }
+        given_back
+    }
+
     /// Instance `inst`'s holders judged dead and frozen (a `watch_holder`
     /// that answered so, a watch that said so), and its takeovers: the
     /// leases a flight won by a take-over, or by an acquire made once the
@@ -256,6 +301,7 @@ impl Checker<'_> {
             LeaseToken::from_stored(holder.as_bytes()).is_some_and(|t| t.is_taken_from_frozen())
         };
         let (mut dead, mut frozen, mut takeovers, mut unsure) = (0, 0, 0, 0);
+        let given_back: HashSet<&str> = self.given_back(inst).into_iter().collect();
         let mut pending: HashMap<Option<tokio::task::Id>, bool> = HashMap::new();
         let mut judged = |gone: &Gone| match gone {
             Gone::Dead => dead += 1,
@@ -270,6 +316,7 @@ impl Checker<'_> {
                     inst: i,
                     op,
                     reply,
+                    token,
                     task,
                     ..
                 } if *i == inst => match (op, reply) {
@@ -291,7 +338,9 @@ impl Checker<'_> {
                             .is_some_and(|(at, told)| !told && rec.t >= at);
                         let took = *op == BOp::TakeOver || ran_out;
                         takeovers += u64::from(took);
-                        if took {
+                        if took && token.as_deref().is_some_and(|t| given_back.contains(t)) {
+                            unsure += 1;
+                        } else if took {
                             pending.insert(*task, true);
                         }
                     }
