@@ -379,6 +379,8 @@ pub(crate) struct World {
     /// `acquire` found a fresh value it could not read (another type), the
     /// one reason to ask for the lease regardless of a fresh value again.
     pub(crate) saw_unreadable: Mutex<std::collections::HashMap<tokio::task::Id, bool>>,
+    /// Per flight: the value its last `acquire` answered fresh, if it did.
+    pub(crate) fresh_answered: Mutex<std::collections::HashMap<tokio::task::Id, Vec<u8>>>,
     pub(crate) next_id: AtomicU64,
     pub(crate) next_call: AtomicUsize,
     pub(crate) variant: Variant,

@@ -377,6 +377,7 @@ pub(crate) async fn simulate(seed: u64, s: &Scenario, variant: Variant) -> Arc<W
         dead: (0..s.instances).map(|_| AtomicBool::new(false)).collect(),
         hang_next: (0..s.instances).map(|_| AtomicBool::new(false)).collect(),
         saw_unreadable: Mutex::default(),
+        fresh_answered: Mutex::default(),
         next_id: AtomicU64::new(1),
         next_call: AtomicUsize::new(0),
         variant,

@@ -160,11 +160,15 @@ impl Store {
     /// marks a process holds are at most the store's, so a value the cache
     /// judges so is judged so here.
     fn judged_on_store(&self, keys: &FillKeys) -> bool {
-        let Some((as_of, tags)) = self
-            .inner
+        self.inner
             .get_raw(keys.value())
-            .and_then(|(bytes, _)| marks_of_envelope(&bytes))
-        else {
+            .is_some_and(|(bytes, _)| self.judged_now(&bytes))
+    }
+
+    /// Whether the version in `bytes` is older than a mark it is subject
+    /// to, on the store now.
+    fn judged_now(&self, bytes: &[u8]) -> bool {
+        let Some((as_of, tags)) = marks_of_envelope(bytes) else {
             return false;
         };
         let mark = |key: String| {
@@ -210,8 +214,18 @@ impl Store {
         // after losing the lease to a holder would win it from under that
         // holder's fresh fill: a duplicate of a fresh value.
         let task = tokio::task::try_id();
+        // (Nor after a fresh value a mark judges by now: the cache judges an
+        // answer when it comes, which a late reply makes later than the
+        // command, and asks again at once if a mark made meanwhile judges it.)
         let again = task.is_some_and(|task| {
-            self.world.saw_unreadable.lock().unwrap().get(&task) == Some(&false)
+            let judged = self
+                .world
+                .fresh_answered
+                .lock()
+                .unwrap()
+                .get(&task)
+                .is_some_and(|bytes| self.judged_now(bytes));
+            self.world.saw_unreadable.lock().unwrap().get(&task) == Some(&false) && !judged
         });
         // A value a mark judges is not fresh to the cache: it asks for the
         // lease with an unbounded window too (see `marks/judged.rs`).
@@ -254,6 +268,11 @@ impl Store {
                     .lock()
                     .unwrap()
                     .insert(task, unreadable);
+                let mut fresh = self.world.fresh_answered.lock().unwrap();
+                match a {
+                    Acquired::Fresh(stored) => fresh.insert(task, stored.bytes.clone()),
+                    _ => fresh.remove(&task),
+                };
             }
             acquired
         };

@@ -54,15 +54,18 @@ impl Checker<'_> {
                     Ev::Delivered {
                         inst: i,
                         op: BOp::ReadMarks,
-                        reply,
+                        reply: Reply::Err,
                         task,
                         ..
                     } if *i == inst => {
-                        if *reply == Reply::Err {
-                            marks_errors += 1;
-                            unsure_tokens.extend(pending_won.remove(task));
-                        }
+                        marks_errors += 1;
+                        unsure_tokens.extend(pending_won.remove(task));
                     }
+                    Ev::Delivered {
+                        inst: i,
+                        op: BOp::ReadMarks,
+                        ..
+                    } if *i == inst => {}
                     Ev::Abandoned {
                         inst: i,
                         op: BOp::ReadMarks,
