@@ -271,6 +271,7 @@
 //!    stored (a degraded load's) is invariant 7's. Every bound comes from
 //!    the scenario and the log.
 //! 9. **Writes that fail in an outage are replayed** (decision 0017). A
+//!    mark that fails so has run on the store once the queues drained. A
 //!    `set` or `invalidate` that fails for want of the store (any error but
 //!    a refusal, `Command`; or its caller gone mid-call) is queued by its
 //!    instance and replayed as an invalidation once the store answers.
@@ -420,7 +421,7 @@
 //! without a deadline by invariant 2 (a caller answered past its bound),
 //! 17; the take-over of any lease by invariant 1 (a duplicate load, in
 //! another process or its own, whose first lease the take-over deleted),
-//! 2,852 (it needs two waiters judging one holder gone, or a lease won
+//! 2,852 and 6,703 in two runs (it needs two waiters judging one holder gone, or a lease won
 //! between a verdict and its take-over); the unstamped `expire` by
 //! invariant 4 (a fresh hit of the expired version in the writer's
 //! process), 5; the stamped TTL by invariant 8 twice, an
@@ -431,8 +432,9 @@
 //! invariant 4 (another cache's L1
 //! answering the replaced value after the write returned), 701; a cache
 //! that queues no failed write (`no-replay`: `replay_queue_capacity(0)`)
-//! by invariant 9 (a version stored before a write that failed, read once
-//! the queues drained), 133; marks read one generation old by invariant
+//! by invariant 9 (a mark that failed in an outage and never ran, 4; a
+//! version stored before a write that failed, read once the queues
+//! drained, 133 before invariant 9 checked marks); marks read one generation old by invariant
 //! 10 (a value loaded before a mark answered after it, in the process
 //! that made it, or another past its bound), 5.
 //!
