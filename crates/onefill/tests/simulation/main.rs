@@ -360,8 +360,8 @@
 //! `without_an_l1_a_mark_of_its_own_drops_the_marks_held_before`); a
 //! tracking reset, which may hide a mark's report, left the flights and
 //! loads under way attached, and a call after it shared a load that began
-//! before a `clear` (seed 4427; no deterministic test: a reset needs a
-//! tracking connection, the simulation guards it); a `set` dropped by its
+//! before a `clear` (seed 4427:
+//! `a_reset_detaches_the_loads_a_missed_mark_would_have`); a `set` dropped by its
 //! caller while it read the generation (the marks' master slow) was
 //! neither queued for replay nor made the process forget the key, by
 //! invariant 9 (seed 4480:
