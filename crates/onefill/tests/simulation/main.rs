@@ -330,7 +330,9 @@
 //! asked for again at once with an unbounded window, which races a fill as
 //! the re-ask after another type's value does. Invariant 6 allows the
 //! counts those failed judgings leave unsure (`lease_acquired`,
-//! `lease_takeovers`, `backend_errors`).
+//! `lease_takeovers`, `backend_errors`), and counts a waiting flight's
+//! holder's lease from when its `Held` reached the cache (after the reads
+//! of the marks that judged it).
 //!
 //! # Found so far
 //!

@@ -313,7 +313,41 @@ impl Checker<'_> {
         // Per flight (its task): when the holder's lease runs out, and
         // whether a notification came since.
         let mut waits: HashMap<Option<tokio::task::Id>, (Duration, bool)> = HashMap::new();
+        // A `Held` reaches the cache once the marks judged what it found
+        // (the reads of them after it, in its task): the flight counts the
+        // holder's lease from then.
+        let mut held_last: HashMap<Option<tokio::task::Id>, Duration> = HashMap::new();
         for rec in self.recs {
+            // A read of the marks in a task ended: a `Held` just before it
+            // reached the cache now.
+            let marks_read = match &rec.ev {
+                Ev::Delivered {
+                    inst: i,
+                    op: BOp::ReadMarks,
+                    task,
+                    ..
+                }
+                | Ev::Abandoned {
+                    inst: i,
+                    op: BOp::ReadMarks,
+                    task,
+                    ..
+                } if *i == inst => Some(task),
+                _ => None,
+            };
+            if let Some(task) = marks_read {
+                if let (Some(ttl), Some(wait)) = (held_last.get(task), waits.get_mut(task)) {
+                    wait.0 = rec.t + *ttl;
+                }
+            }
+            if let Ev::Delivered {
+                inst: i, op, task, ..
+            } = &rec.ev
+            {
+                if *i == inst && *op != BOp::ReadMarks {
+                    held_last.remove(task);
+                }
+            }
             match &rec.ev {
                 Ev::Delivered {
                     inst: i,
@@ -329,6 +363,7 @@ impl Checker<'_> {
                     (BOp::ReadMarks, _) => {}
                     (BOp::Acquire | BOp::TakeOver, Reply::Held(ttl)) => {
                         waits.insert(*task, (rec.t + *ttl, false));
+                        held_last.insert(*task, *ttl);
                     }
                     (BOp::Get, _) => {
                         if let Some(wait) = waits.get_mut(task) {
