@@ -152,7 +152,8 @@ impl Checker<'_> {
                     _ => unknown += 1,
                 }
             }
-            let (dead, frozen, takeovers, takeovers_unsure) = self.liveness_counts(inst);
+            let (dead, frozen, takeovers, takeovers_unsure, takeovers_maybe) =
+                self.liveness_counts(inst);
             let mut expect = |what: &str, holds: bool, detail: String| {
                 if !holds {
                     self.violations.push(Violation {
@@ -191,9 +192,10 @@ impl Checker<'_> {
             }
             expect(
                 "lease_takeovers",
-                st.lease_takeovers <= takeovers && st.lease_takeovers + takeovers_unsure >= takeovers,
+                st.lease_takeovers <= takeovers + takeovers_maybe
+                    && st.lease_takeovers + takeovers_unsure >= takeovers,
                 format!(
-                    "{} outside [{takeovers} leases won by a take-over or after the holder's lease ran out unannounced - {takeovers_unsure} judged by marks that could not be read, {takeovers}]",
+                    "{} outside [{takeovers} leases won by a take-over or after the holder's lease ran out unannounced - {takeovers_unsure} judged by marks that could not be read, + {takeovers_maybe} handed on after it ran out]",
                     st.lease_takeovers
                 ),
             );
@@ -299,11 +301,13 @@ impl Checker<'_> {
     /// Also how many of those takeovers the cache may not count: the reads
     /// of the marks that judge the acquire's answer failed (the call fails,
     /// the lease goes back).
-    fn liveness_counts(&self, inst: usize) -> (u64, u64, u64, u64) {
+    /// And how many more it may count: won before the holder's lease ran
+    /// out, but handed on after.
+    fn liveness_counts(&self, inst: usize) -> (u64, u64, u64, u64, u64) {
         let taken_from_frozen = |holder: &str| {
             LeaseToken::from_stored(holder.as_bytes()).is_some_and(|t| t.is_taken_from_frozen())
         };
-        let (mut dead, mut frozen, mut takeovers, mut unsure) = (0, 0, 0, 0);
+        let (mut dead, mut frozen, mut takeovers, mut unsure, mut maybe) = (0, 0, 0, 0, 0);
         let given_back: HashSet<&str> = self.given_back(inst).into_iter().collect();
         let mut pending: HashMap<Option<tokio::task::Id>, bool> = HashMap::new();
         let mut judged = |gone: &Gone| match gone {
@@ -317,7 +321,7 @@ impl Checker<'_> {
         // (the reads of them after it, in its task): the flight counts the
         // holder's lease from then.
         let mut held_last: HashMap<Option<tokio::task::Id>, Duration> = HashMap::new();
-        for rec in self.recs {
+        for (seq, rec) in self.recs.iter().enumerate() {
             // A read of the marks in a task ended: a `Held` just before it
             // reached the cache now.
             let marks_read = match &rec.ev {
@@ -371,9 +375,14 @@ impl Checker<'_> {
                         }
                     }
                     (BOp::Acquire | BOp::TakeOver, Reply::Won) => {
-                        let ran_out = waits
-                            .remove(task)
-                            .is_some_and(|(at, told)| !told && rec.t >= at);
+                        // The cache decides when the answer reaches it,
+                        // once the marks judged it: by then the holder's
+                        // lease may have run out.
+                        let reached = self.judged_by(seq, *task);
+                        let wait = waits.remove(task);
+                        let ran_out = wait.is_some_and(|(at, told)| !told && rec.t >= at);
+                        let ran_out_late = wait.is_some_and(|(at, told)| !told && reached >= at);
+                        maybe += u64::from(*op != BOp::TakeOver && ran_out_late && !ran_out);
                         let took = *op == BOp::TakeOver || ran_out;
                         takeovers += u64::from(took);
                         if took && token.as_deref().is_some_and(|t| given_back.contains(t)) {
@@ -411,6 +420,26 @@ impl Checker<'_> {
                 _ => {}
             }
         }
-        (dead, frozen, takeovers, unsure)
+        (dead, frozen, takeovers, unsure, maybe)
+    }
+
+    /// When the answer delivered at log entry `seq` in `task` reached the
+    /// cache: after the reads of the marks that follow it in that task.
+    fn judged_by(&self, seq: usize, task: Option<tokio::task::Id>) -> Duration {
+        let mut reached = self.recs[seq].t;
+        for rec in &self.recs[seq + 1..] {
+            match &rec.ev {
+                Ev::Delivered { op, task: t, .. } | Ev::Abandoned { op, task: t, .. }
+                    if *t == task =>
+                {
+                    if *op != BOp::ReadMarks {
+                        break;
+                    }
+                    reached = rec.t;
+                }
+                _ => {}
+            }
+        }
+        reached
     }
 }
