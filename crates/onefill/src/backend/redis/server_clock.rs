@@ -9,7 +9,8 @@
 //! least `time + (now − received)`. Only the upper bound is used to read a
 //! TTL, so a figure is never fresher than the server's own `PTTL`; the
 //! difference (the sample's round trip plus the drift allowance) is how
-//! much less fresh it can look. The first sample is taken when the
+//! much less fresh it can look. The lower bound tells a value that is
+//! stale whatever the server's clock reads within them. The first sample is taken when the
 //! backend connects; later ones ride on a hit (a pipelined `GET` + `TIME`,
 //! one round trip, at most one in flight) once the last one was sent ten
 //! seconds ago, when the drift allowance has grown to 5 ms: a figure a few
@@ -50,6 +51,15 @@ impl Sample {
     fn error_us(&self, now_us: u64) -> u64 {
         let round_trip = self.received_us.saturating_sub(self.sent_us);
         round_trip.saturating_add(drift_us(now_us.saturating_sub(self.sent_us)))
+    }
+
+    /// The earliest the server's clock can read at `now_us`, in unix
+    /// microseconds.
+    fn earliest_us(&self, now_us: u64) -> u64 {
+        let elapsed = now_us.saturating_sub(self.received_us);
+        self.server_us
+            .saturating_add(elapsed)
+            .saturating_sub(drift_us(elapsed))
     }
 
     /// The latest the server's clock can read at `now_us`, in unix
@@ -146,6 +156,16 @@ impl Estimate {
             .saturating_mul(1_000)
             .checked_sub(self.sample.latest_us(now_us))?;
         (left_us > 0).then(|| Duration::from_micros(left_us))
+    }
+
+    /// The most TTL the server can have left, at `now`, for a key that
+    /// expires at `expires_at_ms`: never less than it would report.
+    pub(super) fn remaining_at_most(&self, expires_at_ms: u64, now: Instant) -> Duration {
+        let now_us = micros(now.saturating_duration_since(self.anchor));
+        let left_us = expires_at_ms
+            .saturating_mul(1_000)
+            .saturating_sub(self.sample.earliest_us(now_us));
+        Duration::from_micros(left_us)
     }
 }
 
@@ -311,6 +331,12 @@ mod tests {
         assert!(left <= Duration::from_millis(100), "{left:?}");
         assert!(left >= Duration::from_micros(99_800), "{left:?}");
         assert_eq!(estimate.remaining(1_700_000_000_250, Instant::now()), None);
+        // And at most 100 ms plus the drift allowance: the server read
+        // .250 s no earlier than the answer came, which was now.
+        let most = estimate.remaining_at_most(1_700_000_000_350, Instant::now());
+        assert!(most >= Duration::from_millis(100), "{most:?}");
+        assert!(most <= Duration::from_micros(100_001), "{most:?}");
+        assert!(most >= left);
         // A second later the sample is renewed by one hit.
         tokio::time::advance(RESAMPLE_AFTER).await;
         assert_eq!(plan_kind(&clock.plan(Instant::now())), "sample");
