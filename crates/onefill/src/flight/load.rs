@@ -17,6 +17,13 @@ use crate::loader::{self, Done, Loaded, Place, Sharing};
 
 use super::{early_refresh, server_expiry, Flight, Refresh, RefreshingGuard, StoredFreshness};
 
+/// The longest a refresh that found the lease held keeps its key marked as
+/// refreshing in this process (shorter if the holder's lease ends sooner):
+/// a holder that dies or gives up is retried within it, and a hot key
+/// costs each other process one lease request per pause while the holder
+/// loads, not one per stale read.
+const REFRESH_RETRY_AFTER: Duration = Duration::from_secs(1);
+
 /// A load under way, owned (not borrowing the flight), so it can go on
 /// after the callers' answer.
 pub(super) type Loading<V> = Pin<Box<dyn Future<Output = Result<Done<V>, Error>> + Send>>;
@@ -385,7 +392,18 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
                 let stale = self.stale_value(stale);
                 let _ = self.load_leased(lease, stale).await;
             }
-            Ok(Acquisition::Held { .. }) => self.rec().lease_contended(),
+            Ok(Acquisition::Held { lease_ttl, .. }) => {
+                self.rec().lease_contended();
+                // Another process refreshes: the key stays marked as
+                // refreshing here for a while, so this process's next
+                // stale reads (every read of a hot key until the holder
+                // fills) do not each ask for the lease again. Without the
+                // pause, a refresh under way drew one lease request per
+                // stale read from every other process.
+                let pause = lease_ttl.min(REFRESH_RETRY_AFTER);
+                drop(self);
+                tokio::time::sleep(pause).await;
+            }
             Ok(Acquisition::Fresh(_)) | Err(_) => {}
         }
     }
