@@ -362,12 +362,13 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         // Nobody waits for a refresh: no soft timeout to answer anyone at.
         self.policy.soft_timeout = None;
         let key = self.keys.value().to_owned();
-        if !self.shared.refreshing.lock().insert(key.clone()) {
+        let Some(id) = self.shared.refreshing.start(&key) else {
             return;
-        }
-        let _done = RefreshingGuard {
+        };
+        let done = RefreshingGuard {
             shared: self.shared.clone(),
             key,
+            id,
         };
         let window = match why {
             Refresh::Stale => {
@@ -382,7 +383,9 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         // Without the lease policy the refresh still needs a free lease: it
         // fences the write, and nobody waits for it anyway.
         let lease = self.policy.lease_ttl.unwrap_or_default();
-        match self.acquire(lease, window, None).await {
+        // The answer (and the stale value it may carry) goes before any
+        // pause: nothing of it is needed while the key waits.
+        let pause = match self.acquire(lease, window, None).await {
             Ok(Acquisition::Won { lease, stale }) => {
                 // Counted when it starts for real (not at each attempt that
                 // found the lease held).
@@ -391,21 +394,27 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
                 }
                 let stale = self.stale_value(stale);
                 let _ = self.load_leased(lease, stale).await;
+                None
             }
             Ok(Acquisition::Held { lease_ttl, .. }) => {
                 self.rec().lease_contended();
-                // Another process refreshes: the key stays marked as
-                // refreshing here for a while, so this process's next
-                // stale reads (every read of a hot key until the holder
-                // fills) do not each ask for the lease again. Without the
-                // pause, a refresh under way drew one lease request per
-                // stale read from every other process.
-                let pause = lease_ttl.min(REFRESH_RETRY_AFTER);
-                drop(self);
-                tokio::time::sleep(pause).await;
+                Some(lease_ttl.min(REFRESH_RETRY_AFTER))
             }
-            Ok(Acquisition::Fresh(_)) | Err(_) => {}
+            Ok(Acquisition::Fresh(_)) | Err(_) => None,
+        };
+        if let Some(pause) = pause {
+            // Another process refreshes: the key stays marked as
+            // refreshing here for a while, so this process's next stale
+            // reads (every read of a hot key until the holder fills) do
+            // not each ask for the lease again. Without the pause, a
+            // refresh under way drew one lease request per stale read from
+            // every other process. A write of the key here ends the pause
+            // (see `refreshing.rs`).
+            done.pause();
+            drop(self);
+            tokio::time::sleep(pause).await;
         }
+        drop(done);
     }
 
     /// The early-refresh window of a value with `fresh_for` left whose load

@@ -91,3 +91,47 @@ async fn a_refresh_held_elsewhere_is_retried_when_the_holder_s_lease_lapses() {
     tokio::time::sleep(ms(50)).await;
     assert_eq!(origin.count(), 2, "refreshed once the lease lapsed");
 }
+
+/// An `expire` made here ends this process's pause: it removed the
+/// holder's lease (that load will not be stored), so nobody refreshes the
+/// value it left stale unless this process does; its next stale read
+/// refreshes at once, as without the pause. The pause that ended leaves
+/// the new refresh's mark alone.
+#[tokio::test(start_paused = true)]
+async fn an_expire_made_here_ends_the_pause_of_a_refresh_held_elsewhere() {
+    let store = MemoryBackend::new();
+    let holder = process(store.clone());
+    let counted = FaultyBackend::new(store.clone());
+    let faults = counted.faults().clone();
+    let reader = process(counted);
+    let origin = Origin::default();
+    holder.fetch("k", origin.loader(ms(10))).await.unwrap();
+    tokio::time::sleep(ms(1100)).await;
+    // The holder refreshes the stale value, slowly.
+    let stale = holder.fetch("k", origin.loader(ms(3000))).await.unwrap();
+    assert_eq!(stale.outcome, Outcome::Stale);
+    tokio::time::sleep(ms(1)).await;
+    // The reader's refresh finds the holder's lease: paused for a second.
+    let got = reader.fetch("k", origin.loader(ms(10))).await.unwrap();
+    assert_eq!(got.outcome, Outcome::Stale);
+    tokio::time::sleep(ms(1)).await;
+    assert_eq!(origin.count(), 2);
+    // The origin changed: the reader expires the key.
+    reader.expire("k").await.unwrap();
+    let got = reader.fetch("k", origin.loader(ms(1500))).await.unwrap();
+    assert_eq!((got.outcome, got.value.as_str()), (Outcome::Stale, "k-v1"));
+    tokio::time::sleep(ms(50)).await;
+    assert_eq!(origin.count(), 3, "the reader refreshed at once");
+    // Past the end of the pause, the reader's refresh still runs: its
+    // stale reads ask for no lease.
+    tokio::time::sleep(ms(1000)).await;
+    faults.reset_calls();
+    let got = reader.fetch("k", origin.loader(ms(10))).await.unwrap();
+    assert_eq!(got.outcome, Outcome::Stale);
+    tokio::time::sleep(ms(1)).await;
+    assert_eq!(faults.calls(Op::Acquire), 0, "lease requests");
+    tokio::time::sleep(ms(500)).await;
+    let got = reader.fetch("k", origin.loader(ms(10))).await.unwrap();
+    assert_eq!((got.outcome, got.value.as_str()), (Outcome::Hit, "k-v3"));
+    assert_eq!(origin.count(), 3);
+}
