@@ -18,7 +18,8 @@ use crate::loader::{self, Done, Loaded, Place, Sharing};
 use super::{early_refresh, server_expiry, Flight, Refresh, RefreshingGuard, StoredFreshness};
 
 /// The longest a refresh that found the lease held keeps its key marked as
-/// refreshing in this process (shorter if the holder's lease ends sooner):
+/// refreshing in this process (shorter if the holder's lease ends sooner,
+/// or if the value has less than twice that left on the server):
 /// a holder that dies or gives up is retried within it, and a hot key
 /// costs each other process one lease request per pause while the holder
 /// loads, not one per stale read.
@@ -396,9 +397,15 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
                 let _ = self.load_leased(lease, stale).await;
                 None
             }
-            Ok(Acquisition::Held { lease_ttl, .. }) => {
+            Ok(Acquisition::Held {
+                lease_ttl, stale, ..
+            }) => {
                 self.rec().lease_contended();
-                Some(lease_ttl.min(REFRESH_RETRY_AFTER))
+                // Half of what the value has left, too: a holder that gives
+                // up (its load failed, another process's write removed its
+                // lease) is replaced while the value is still served.
+                let left = stale.as_ref().map_or(Duration::MAX, |s| s.ttl / 2);
+                Some(lease_ttl.min(REFRESH_RETRY_AFTER).min(left))
             }
             Ok(Acquisition::Fresh(_)) | Err(_) => None,
         };

@@ -135,3 +135,51 @@ async fn an_expire_made_here_ends_the_pause_of_a_refresh_held_elsewhere() {
     assert_eq!((got.outcome, got.value.as_str()), (Outcome::Hit, "k-v3"));
     assert_eq!(origin.count(), 3);
 }
+
+/// The pause is at most half of what the value has left: with a short
+/// grace, a holder whose lease another process's write removed is
+/// replaced while the value is still served, and nobody waits for a load.
+#[tokio::test(start_paused = true)]
+async fn a_pause_ends_within_the_value_s_grace() {
+    let store = MemoryBackend::new();
+    let short = |backend: MemoryBackend| {
+        Cache::<String, String>::builder()
+            .namespace("stale-refresh")
+            .backend(backend)
+            .ttl(ms(1000))
+            .grace(ms(400))
+            .jitter(0.0)
+            .early_refresh_beta(0.0)
+            .lease_ttl(LeaseTtl::Fixed(ms(5000)))
+            .no_l1()
+            .build()
+            .unwrap()
+    };
+    let (holder, reader, writer) = (
+        short(store.clone()),
+        short(store.clone()),
+        short(store.clone()),
+    );
+    let origin = Origin::default();
+    holder.fetch("k", origin.loader(ms(10))).await.unwrap();
+    tokio::time::sleep(ms(1100)).await;
+    // 300 ms of grace left; the holder refreshes, slowly.
+    let stale = holder.fetch("k", origin.loader(ms(3000))).await.unwrap();
+    assert_eq!(stale.outcome, Outcome::Stale);
+    tokio::time::sleep(ms(1)).await;
+    let got = reader.fetch("k", origin.loader(ms(10))).await.unwrap();
+    assert_eq!(got.outcome, Outcome::Stale);
+    // Its refresh finds the holder's lease: paused.
+    tokio::time::sleep(ms(1)).await;
+    // Another process's write removes the holder's lease (its load will
+    // never be stored); the value keeps its expiry.
+    writer.expire("k").await.unwrap();
+    // 200 ms on (100 ms of grace left), the reader's pause is over: its
+    // refresh takes the lease and stores before the value runs out.
+    tokio::time::sleep(ms(200)).await;
+    let got = reader.fetch("k", origin.loader(ms(10))).await.unwrap();
+    assert_eq!((got.outcome, got.value.as_str()), (Outcome::Stale, "k-v1"));
+    tokio::time::sleep(ms(150)).await;
+    let got = reader.fetch("k", origin.loader(ms(10))).await.unwrap();
+    assert_eq!((got.outcome, got.value.as_str()), (Outcome::Hit, "k-v3"));
+}
