@@ -95,11 +95,9 @@ impl RedisBackend {
         // freshness, or that may have expired since the `GET` (its bytes
         // still came back, so it had not), has the server's own `PTTL`
         // decide: a stale answer costs a round trip, as a hit does.
-        let known = envelope::expires_at_ms(&bytes).and_then(|at| {
-            let ttl = estimate.remaining(at, now)?;
-            let grace = envelope::grace_of(&bytes)?;
-            (ttl > grace || estimate.remaining_at_most(at, now) <= grace).then_some(ttl)
-        });
+        let known = envelope::expires_at_ms(&bytes)
+            .zip(envelope::grace_of(&bytes))
+            .and_then(|(at, grace)| estimate.judged_ttl(at, grace, now));
         match known {
             Some(ttl) => {
                 envelope::strip_expiry(&mut bytes);

@@ -158,9 +158,24 @@ impl Estimate {
         (left_us > 0).then(|| Duration::from_micros(left_us))
     }
 
+    /// The TTL a read at `now` reports for a value that expires at
+    /// `expires_at_ms` with `grace` of it stale: the lower bound, when both
+    /// bounds tell the same (fresh by the lower one, or stale by the upper
+    /// one too); `None` when the server's own `PTTL` must decide (the
+    /// bounds straddle the end of its freshness, or it may have expired).
+    pub(super) fn judged_ttl(
+        &self,
+        expires_at_ms: u64,
+        grace: Duration,
+        now: Instant,
+    ) -> Option<Duration> {
+        let ttl = self.remaining(expires_at_ms, now)?;
+        (ttl > grace || self.remaining_at_most(expires_at_ms, now) <= grace).then_some(ttl)
+    }
+
     /// The most TTL the server can have left, at `now`, for a key that
     /// expires at `expires_at_ms`: never less than it would report.
-    pub(super) fn remaining_at_most(&self, expires_at_ms: u64, now: Instant) -> Duration {
+    fn remaining_at_most(&self, expires_at_ms: u64, now: Instant) -> Duration {
         let now_us = micros(now.saturating_duration_since(self.anchor));
         let left_us = expires_at_ms
             .saturating_mul(1_000)
@@ -356,6 +371,29 @@ mod tests {
         // 900 ms later, 500 ppm of it (450 µs) more may have passed there.
         let left = estimate.remaining(1_000_000 + 1_000, at).unwrap();
         assert!(left <= Duration::from_micros(100_000 - 450), "{left:?}");
+
+        // A read's verdict, from a sample whose answer took 10 ms (the
+        // server read 1.000 s between 0 and 10 ms ago): a value expiring
+        // at 1.500 s with 300 ms of grace has 490–500 ms left, fresh; at
+        // 1.305 s, 295–305 ms: the bounds straddle its grace, so `PTTL`
+        // decides; at 1.250 s, 240–250 ms, stale by both.
+        let clock = ServerClock::default();
+        let Plan::Sample(sampling) = clock.plan(Instant::now()) else {
+            panic!("no sample");
+        };
+        tokio::time::advance(Duration::from_millis(10)).await;
+        sampling.record(1, 0);
+        let Plan::Get(estimate) = clock.plan(Instant::now()) else {
+            panic!("no GET alone");
+        };
+        let grace = Duration::from_millis(300);
+        let now = Instant::now();
+        let fresh = estimate.judged_ttl(1_500, grace, now).expect("fresh");
+        assert!(fresh >= Duration::from_millis(489) && fresh <= Duration::from_millis(490));
+        assert_eq!(estimate.judged_ttl(1_305, grace, now), None);
+        let stale = estimate.judged_ttl(1_250, grace, now).expect("stale");
+        assert!(stale >= Duration::from_millis(239) && stale <= Duration::from_millis(240));
+        assert_eq!(estimate.judged_ttl(1_005, grace, now), None, "may be gone");
 
         // A sample whose answer took longer than MAX_ERROR is not used.
         let clock = ServerClock::default();
