@@ -191,6 +191,7 @@ mod loader;
 mod marks;
 pub mod metrics;
 mod options;
+mod refreshing;
 mod replay;
 mod shared;
 mod stats;

@@ -3,12 +3,10 @@
 //! every flight does with stored bytes (turn envelopes into values and back
 //! with the cache's codec).
 
-use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use parking_lot::Mutex;
 use tokio::time::Instant;
 
 use crate::answer::Answer;
@@ -26,6 +24,7 @@ use crate::loader::Done;
 use crate::loader::LoadTimes;
 use crate::marks::{Judged, Marks, Trust, RECHECK};
 use crate::options::Policy;
+use crate::refreshing::Refreshing;
 use crate::replay::{Host, Replays, Target, Write};
 use crate::stats::Recorder;
 
@@ -50,7 +49,7 @@ pub(crate) struct Shared<V> {
     /// told apart from what those writes put there (see `fallback.rs`).
     pub epoch: AtomicU64,
     /// Keys with a background refresh under way in this process.
-    pub refreshing: Mutex<HashSet<String>>,
+    pub refreshing: Refreshing,
     pub fallback: Fallback<V>,
     /// The in-process L1, if configured.
     pub l1: Option<Arc<Local<V>>>,
@@ -129,7 +128,7 @@ impl<V: Clone + 'static> Shared<V> {
             flights: Coalescer::default(),
             loads: Coalescer::default(),
             epoch: AtomicU64::new(0),
-            refreshing: Mutex::default(),
+            refreshing: Refreshing::default(),
             marks,
         }
     }
@@ -145,6 +144,7 @@ impl<V: Clone + 'static> Shared<V> {
         }
         self.flights.detach(key);
         self.loads.detach(keys.value());
+        self.refreshing.written(keys.value());
         epoch
     }
 
@@ -175,6 +175,7 @@ impl<V: Clone + Send + Sync + 'static> Host for Shared<V> {
             l1.forget(key);
         }
         self.flights.detach(key);
+        self.refreshing.written(keys.value());
         let until = Instant::now() + self.policy.longest_flight();
         self.fallback.forget(keys.value(), until, epoch);
     }

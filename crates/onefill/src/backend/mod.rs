@@ -125,6 +125,15 @@ pub trait FillSubscription: Send {
 /// (namespaces) may share one backend. Another store can implement it too:
 /// the conformance suite (feature `test-support`) checks an implementation
 /// against the contract.
+///
+/// A wrapper over another backend (to count or log its calls, say) must
+/// forward every method, the provided ones included: one that keeps a
+/// default answers for the store as if it lacked the step. Over a store
+/// where other processes mark, a wrapper that keeps the default
+/// [`read_marks`](Backend::read_marks) answers values their
+/// `invalidate_tag` and `clear` judged gone (the cache logs an error once
+/// when it sees one), and one that keeps the default
+/// [`expire`](Backend::expire) makes `Cache::expire` fail.
 #[async_trait]
 pub trait Backend: Debug + Send + Sync + 'static {
     /// The value and its remaining TTL, if present.

@@ -122,7 +122,7 @@ where
             Lookup::Stale(value) => {
                 self.shared.recorder.stale_served();
                 let keys = FillKeys::new(&self.shared.namespace, user_key);
-                let running = self.shared.refreshing.lock().contains(keys.value());
+                let running = self.shared.refreshing.contains(keys.value());
                 Some(FromL1::Stale(value, (!running).then_some(keys)))
             }
             Lookup::Miss => None,

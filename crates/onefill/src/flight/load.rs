@@ -17,6 +17,14 @@ use crate::loader::{self, Done, Loaded, Place, Sharing};
 
 use super::{early_refresh, server_expiry, Flight, Refresh, RefreshingGuard, StoredFreshness};
 
+/// The longest a refresh that found the lease held keeps its key marked as
+/// refreshing in this process (shorter if the holder's lease ends sooner,
+/// or if the value has less than twice that left on the server):
+/// a holder that dies or gives up is retried within it, and a hot key
+/// costs each other process one lease request per pause while the holder
+/// loads, not one per stale read.
+const REFRESH_RETRY_AFTER: Duration = Duration::from_secs(1);
+
 /// A load under way, owned (not borrowing the flight), so it can go on
 /// after the callers' answer.
 pub(super) type Loading<V> = Pin<Box<dyn Future<Output = Result<Done<V>, Error>> + Send>>;
@@ -355,12 +363,13 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         // Nobody waits for a refresh: no soft timeout to answer anyone at.
         self.policy.soft_timeout = None;
         let key = self.keys.value().to_owned();
-        if !self.shared.refreshing.lock().insert(key.clone()) {
+        let Some(id) = self.shared.refreshing.start(&key) else {
             return;
-        }
-        let _done = RefreshingGuard {
+        };
+        let done = RefreshingGuard {
             shared: self.shared.clone(),
             key,
+            id,
         };
         let window = match why {
             Refresh::Stale => {
@@ -375,7 +384,9 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
         // Without the lease policy the refresh still needs a free lease: it
         // fences the write, and nobody waits for it anyway.
         let lease = self.policy.lease_ttl.unwrap_or_default();
-        match self.acquire(lease, window, None).await {
+        // The answer (and the stale value it may carry) goes before any
+        // pause: nothing of it is needed while the key waits.
+        let pause = match self.acquire(lease, window, None).await {
             Ok(Acquisition::Won { lease, stale }) => {
                 // Counted when it starts for real (not at each attempt that
                 // found the lease held).
@@ -384,10 +395,33 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
                 }
                 let stale = self.stale_value(stale);
                 let _ = self.load_leased(lease, stale).await;
+                None
             }
-            Ok(Acquisition::Held { .. }) => self.rec().lease_contended(),
-            Ok(Acquisition::Fresh(_)) | Err(_) => {}
+            Ok(Acquisition::Held {
+                lease_ttl, stale, ..
+            }) => {
+                self.rec().lease_contended();
+                // Half of what the value has left, too: a holder that gives
+                // up (its load failed, another process's write removed its
+                // lease) is replaced while the value is still served.
+                let left = stale.as_ref().map_or(Duration::MAX, |s| s.ttl / 2);
+                Some(lease_ttl.min(REFRESH_RETRY_AFTER).min(left))
+            }
+            Ok(Acquisition::Fresh(_)) | Err(_) => None,
+        };
+        if let Some(pause) = pause {
+            // Another process refreshes: the key stays marked as
+            // refreshing here for a while, so this process's next stale
+            // reads (every read of a hot key until the holder fills) do
+            // not each ask for the lease again. Without the pause, a
+            // refresh under way drew one lease request per stale read from
+            // every other process. A write of the key here ends the pause
+            // (see `refreshing.rs`).
+            done.pause();
+            drop(self);
+            tokio::time::sleep(pause).await;
         }
+        drop(done);
     }
 
     /// The early-refresh window of a value with `fresh_for` left whose load

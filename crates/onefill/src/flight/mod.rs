@@ -484,10 +484,19 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
 pub(crate) struct RefreshingGuard<V> {
     shared: Arc<Shared<V>>,
     key: String,
+    /// The mark's number ([`Refreshing::start`](crate::refreshing::Refreshing::start)).
+    id: u64,
+}
+
+impl<V> RefreshingGuard<V> {
+    /// The refresh only waits out another process's lease now.
+    pub(crate) fn pause(&self) {
+        self.shared.refreshing.pause(&self.key, self.id);
+    }
 }
 
 impl<V> Drop for RefreshingGuard<V> {
     fn drop(&mut self) {
-        self.shared.refreshing.lock().remove(&self.key);
+        self.shared.refreshing.end(&self.key, self.id);
     }
 }

@@ -106,6 +106,9 @@ pub(crate) struct Marks {
     /// Without an L1: what the cache does when a read finds that another
     /// process marked since the last one (see [`Marks::on_moved`]).
     on_moved: std::sync::OnceLock<Box<dyn Fn() + Send + Sync>>,
+    /// Told once: the backend cannot read marks, but a value it read was
+    /// written by a process that knew of some.
+    warned: std::sync::atomic::AtomicBool,
 }
 
 /// How the read of the namespace's mark made beside a read of values
@@ -141,6 +144,7 @@ impl Marks {
             support: AtomicU8::new(SUPPORT_UNKNOWN),
             refreshing: std::sync::atomic::AtomicBool::new(false),
             on_moved: std::sync::OnceLock::new(),
+            warned: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -185,6 +189,7 @@ impl Marks {
     /// marks cannot be read).
     fn held_verdict(&self, marks: &ValueMarks<'_>, now: Instant, trust: bool) -> Option<Verdict> {
         if self.unsupported() {
+            self.warn_unjudged(marks);
             return Some(Verdict::Valid);
         }
         let held = self.held.lock();
@@ -195,6 +200,25 @@ impl Marks {
             all.push(&held.get(tag).filter(|h| usable(h))?.mark);
         }
         Some(verdict(marks.as_of, all))
+    }
+
+    /// A value was judged valid because the backend cannot read marks. If
+    /// its writer knew a generation, the store holds marks that other
+    /// processes read (this one is behind a backend that does not pass
+    /// them on: a wrapper written before marks, say), and their
+    /// `invalidate_tag` and `clear` do not reach this cache's answers.
+    /// Judging such values gone instead would reload them for ever (every
+    /// fill records the marks again): an error in the log, once.
+    fn warn_unjudged(&self, marks: &ValueMarks<'_>) {
+        if marks.as_of > 0 && !self.warned.swap(true, Ordering::Relaxed) {
+            tracing::error!(
+                namespace = %self.keys.prefix(),
+                "values here were written by processes that read marks, but this cache's \
+                 backend cannot (its read_marks answers Unsupported): their invalidate_tag, \
+                 expire_tag and clear are not applied to this cache's answers; a Backend \
+                 wrapper must forward mark and read_marks"
+            );
+        }
     }
 
     /// Reads the namespace's mark, `tags`' marks and the generation

@@ -25,6 +25,7 @@ mod replays;
 mod round_trip;
 mod soft_timeout;
 mod stale_lives;
+mod stale_refresh;
 mod third_party_backend;
 mod wait_pacing;
 mod writes;

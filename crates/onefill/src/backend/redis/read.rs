@@ -1,7 +1,8 @@
 //! The hit: [`Backend::get`](crate::Backend::get) on Redis, and the
 //! direct entry a cache calls it by ([`RedisBackend::read_within`]). On a
 //! standalone server a plain `GET` when the server's clock, estimated from
-//! samples, tells the value is fresh; else the pipelined `GET` + `PTTL`.
+//! samples, tells the value is fresh, or stale in its grace window; else
+//! the pipelined `GET` + `PTTL`.
 //!
 //! A key an L1 of this process may keep ([`KeptPrefixes`]) is always read
 //! with the pair: the L1 entry, and the outage fallback's copy, then live no
@@ -87,14 +88,17 @@ impl RedisBackend {
             return Ok(None);
         };
         let now = Instant::now();
-        // Fresh by the lower bound is fresh by the server's clock too; at
-        // or below the grace (stale, or in its last moments) the server's
-        // own `PTTL` decides, as before.
-        let fresh = envelope::expires_at_ms(&bytes).and_then(|at| {
-            let ttl = estimate.remaining(at, now)?;
-            (ttl > envelope::grace_of(&bytes)?).then_some(ttl)
-        });
-        match fresh {
+        // Fresh by the lower bound of the TTL left is fresh by the server's
+        // clock too; in its grace window by the upper bound too, it is
+        // stale by the server's clock (the lower bound reported, as for a
+        // fresh value). Only a value whose bounds straddle the end of its
+        // freshness, or that may have expired since the `GET` (its bytes
+        // still came back, so it had not), has the server's own `PTTL`
+        // decide: a stale answer costs a round trip, as a hit does.
+        let known = envelope::expires_at_ms(&bytes)
+            .zip(envelope::grace_of(&bytes))
+            .and_then(|(at, grace)| estimate.judged_ttl(at, grace, now));
+        match known {
             Some(ttl) => {
                 envelope::strip_expiry(&mut bytes);
                 Ok(Some(Stored { bytes, ttl }))

@@ -9,7 +9,8 @@
 //! least `time + (now − received)`. Only the upper bound is used to read a
 //! TTL, so a figure is never fresher than the server's own `PTTL`; the
 //! difference (the sample's round trip plus the drift allowance) is how
-//! much less fresh it can look. The first sample is taken when the
+//! much less fresh it can look. The lower bound tells a value that is
+//! stale whatever the server's clock reads within them. The first sample is taken when the
 //! backend connects; later ones ride on a hit (a pipelined `GET` + `TIME`,
 //! one round trip, at most one in flight) once the last one was sent ten
 //! seconds ago, when the drift allowance has grown to 5 ms: a figure a few
@@ -50,6 +51,15 @@ impl Sample {
     fn error_us(&self, now_us: u64) -> u64 {
         let round_trip = self.received_us.saturating_sub(self.sent_us);
         round_trip.saturating_add(drift_us(now_us.saturating_sub(self.sent_us)))
+    }
+
+    /// The earliest the server's clock can read at `now_us`, in unix
+    /// microseconds.
+    fn earliest_us(&self, now_us: u64) -> u64 {
+        let elapsed = now_us.saturating_sub(self.received_us);
+        self.server_us
+            .saturating_add(elapsed)
+            .saturating_sub(drift_us(elapsed))
     }
 
     /// The latest the server's clock can read at `now_us`, in unix
@@ -146,6 +156,31 @@ impl Estimate {
             .saturating_mul(1_000)
             .checked_sub(self.sample.latest_us(now_us))?;
         (left_us > 0).then(|| Duration::from_micros(left_us))
+    }
+
+    /// The TTL a read at `now` reports for a value that expires at
+    /// `expires_at_ms` with `grace` of it stale: the lower bound, when both
+    /// bounds tell the same (fresh by the lower one, or stale by the upper
+    /// one too); `None` when the server's own `PTTL` must decide (the
+    /// bounds straddle the end of its freshness, or it may have expired).
+    pub(super) fn judged_ttl(
+        &self,
+        expires_at_ms: u64,
+        grace: Duration,
+        now: Instant,
+    ) -> Option<Duration> {
+        let ttl = self.remaining(expires_at_ms, now)?;
+        (ttl > grace || self.remaining_at_most(expires_at_ms, now) <= grace).then_some(ttl)
+    }
+
+    /// The most TTL the server can have left, at `now`, for a key that
+    /// expires at `expires_at_ms`: never less than it would report.
+    fn remaining_at_most(&self, expires_at_ms: u64, now: Instant) -> Duration {
+        let now_us = micros(now.saturating_duration_since(self.anchor));
+        let left_us = expires_at_ms
+            .saturating_mul(1_000)
+            .saturating_sub(self.sample.earliest_us(now_us));
+        Duration::from_micros(left_us)
     }
 }
 
@@ -311,6 +346,12 @@ mod tests {
         assert!(left <= Duration::from_millis(100), "{left:?}");
         assert!(left >= Duration::from_micros(99_800), "{left:?}");
         assert_eq!(estimate.remaining(1_700_000_000_250, Instant::now()), None);
+        // And at most 100 ms plus the drift allowance: the server read
+        // .250 s no earlier than the answer came, which was now.
+        let most = estimate.remaining_at_most(1_700_000_000_350, Instant::now());
+        assert!(most >= Duration::from_millis(100), "{most:?}");
+        assert!(most <= Duration::from_micros(100_001), "{most:?}");
+        assert!(most >= left);
         // A second later the sample is renewed by one hit.
         tokio::time::advance(RESAMPLE_AFTER).await;
         assert_eq!(plan_kind(&clock.plan(Instant::now())), "sample");
@@ -330,6 +371,29 @@ mod tests {
         // 900 ms later, 500 ppm of it (450 µs) more may have passed there.
         let left = estimate.remaining(1_000_000 + 1_000, at).unwrap();
         assert!(left <= Duration::from_micros(100_000 - 450), "{left:?}");
+
+        // A read's verdict, from a sample whose answer took 10 ms (the
+        // server read 1.000 s between 0 and 10 ms ago): a value expiring
+        // at 1.500 s with 300 ms of grace has 490–500 ms left, fresh; at
+        // 1.305 s, 295–305 ms: the bounds straddle its grace, so `PTTL`
+        // decides; at 1.250 s, 240–250 ms, stale by both.
+        let clock = ServerClock::default();
+        let Plan::Sample(sampling) = clock.plan(Instant::now()) else {
+            panic!("no sample");
+        };
+        tokio::time::advance(Duration::from_millis(10)).await;
+        sampling.record(1, 0);
+        let Plan::Get(estimate) = clock.plan(Instant::now()) else {
+            panic!("no GET alone");
+        };
+        let grace = Duration::from_millis(300);
+        let now = Instant::now();
+        let fresh = estimate.judged_ttl(1_500, grace, now).expect("fresh");
+        assert!(fresh >= Duration::from_millis(489) && fresh <= Duration::from_millis(490));
+        assert_eq!(estimate.judged_ttl(1_305, grace, now), None);
+        let stale = estimate.judged_ttl(1_250, grace, now).expect("stale");
+        assert!(stale >= Duration::from_millis(239) && stale <= Duration::from_millis(240));
+        assert_eq!(estimate.judged_ttl(1_005, grace, now), None, "may be gone");
 
         // A sample whose answer took longer than MAX_ERROR is not used.
         let clock = ServerClock::default();
