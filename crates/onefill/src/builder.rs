@@ -224,6 +224,16 @@ where
             shared.calls.redis = self.redis;
         }
         let shared = Arc::new(shared);
+        if shared.l1.is_none() {
+            // Nothing reports another process's marks: the cache hears of
+            // them when it reads the marks again (see `Marks::on_moved`).
+            let weak = Arc::downgrade(&shared);
+            shared.marks.on_moved(Box::new(move || {
+                if let Some(shared) = weak.upgrade() {
+                    shared.marked_elsewhere();
+                }
+            }));
+        }
         if let (Some(local), Some(l1)) = (&shared.l1, &l1) {
             // The cache listens, not its L1: a report reaches the outage
             // fallback and the namespace's marks too (see `coherence.rs`;

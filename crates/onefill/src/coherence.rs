@@ -59,6 +59,10 @@ impl<V: Clone + Send + Sync + 'static> ChangeListener for Shared<V> {
         // Changes went unreported for a while: anything kept before may
         // have been replaced since.
         self.forget_every_copy();
+        // A mark among them would have detached the flights and loads under
+        // way (they may predate it): a call from now on must not share them.
+        self.flights.detach_all();
+        self.loads.detach_all();
     }
 
     fn synced(&self, as_of: Option<Instant>) {
@@ -70,11 +74,20 @@ impl<V: Clone + Send + Sync + 'static> ChangeListener for Shared<V> {
 }
 
 impl<V: Clone + Send + Sync + 'static> Shared<V> {
+    /// Without an L1, a read of the marks found that another process
+    /// marked: what this process keeps of values goes, as when a mark is
+    /// reported (`changed`), and the flights and loads under way are
+    /// detached (they may predate the mark).
+    pub(crate) fn marked_elsewhere(&self) {
+        self.forget_every_copy();
+        self.flights.detach_all();
+        self.loads.detach_all();
+    }
+
     /// Every copy of every value this process keeps goes: the L1's
-    /// entries and the outage fallback's. (After a mark, the flights under
-    /// way are detached too, so a call from now on does not share an answer
-    /// read before it; a reset, which says only that changes may have gone
-    /// unreported, leaves them, as it always did.)
+    /// entries and the outage fallback's. (After a mark, or a reset that
+    /// may have hidden one, the flights under way are detached too, so a
+    /// call from now on does not share an answer read before it.)
     pub(crate) fn forget_every_copy(&self) {
         if let Some(l1) = &self.l1 {
             l1.reset();

@@ -449,6 +449,12 @@ impl<'a, V: Clone + Send + Sync + 'static> Writing<'a, V> {
         self.replay = false;
     }
 
+    /// The write was refused before anything was sent (its value could
+    /// not be encoded): nothing to replay.
+    pub(crate) fn not_sent(mut self) {
+        self.replay = false;
+    }
+
     /// The write failed with `error`: replayed later unless the backend
     /// refused it (an answer, not an outage: a replay would meet the same
     /// refusal).

@@ -144,8 +144,12 @@ where
         let began = tokio::time::Instant::now();
         let timeout = self.shared.policy.backend_timeout;
         let backend = &*self.shared.calls.backend;
+        // Under way from here: a caller that drops the write while the
+        // generation is read cannot tell it from one dropped mid-command,
+        // so it is replayed as such a write is.
+        let writing = Writing::start(&self.shared, &key, &keys);
         let as_of = self.shared.marks.for_write(backend, began, timeout).await;
-        let bytes = self.shared.encode(
+        let encoded = self.shared.encode(
             &key,
             keys.value(),
             &policy,
@@ -153,8 +157,14 @@ where
             Duration::ZERO,
             Some(fresh),
             (as_of, tags),
-        )?;
-        let writing = Writing::start(&self.shared, &key, &keys);
+        );
+        let bytes = match encoded {
+            Ok(bytes) => bytes,
+            Err(e) => {
+                writing.not_sent();
+                return Err(e);
+            }
+        };
         let set = || backend.set(&keys, &bytes, ttl);
         let set = self
             .shared

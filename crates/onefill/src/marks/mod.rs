@@ -34,8 +34,11 @@ use crate::key::{MarkKeys, MarkName};
 
 mod judged;
 mod tags;
+mod verdict;
 pub(crate) use judged::Judged;
 pub(crate) use tags::{check_tag, check_tags};
+use verdict::verdict;
+pub(crate) use verdict::Verdict;
 
 /// How long a tag's mark is kept after its last invalidation or expiry,
 /// and so the longest a tagged value lives in the store (its TTL and grace
@@ -66,18 +69,6 @@ pub(crate) enum Trust {
 struct Held {
     mark: Mark,
     read_at: Instant,
-}
-
-/// What the marks make of a value.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Verdict {
-    /// Untouched by any mark.
-    Valid,
-    /// Older than a soft mark: stale (within its grace window), or gone
-    /// without one.
-    Stale,
-    /// Older than a hard mark: gone.
-    Invalid,
 }
 
 const SUPPORT_UNKNOWN: u8 = 0;
@@ -112,6 +103,9 @@ pub(crate) struct Marks {
     support: AtomicU8,
     /// A background read of the namespace's mark is under way.
     refreshing: std::sync::atomic::AtomicBool,
+    /// Without an L1: what the cache does when a read finds that another
+    /// process marked since the last one (see [`Marks::on_moved`]).
+    on_moved: std::sync::OnceLock<Box<dyn Fn() + Send + Sync>>,
     /// Told once: the backend cannot read marks, but a value it read was
     /// written by a process that knew of some.
     warned: std::sync::atomic::AtomicBool,
@@ -133,20 +127,6 @@ impl std::fmt::Debug for Marks {
     }
 }
 
-/// The marks that judge a value: the namespace's and its tags'.
-fn verdict<'m>(as_of: u64, marks: impl IntoIterator<Item = &'m Mark>) -> Verdict {
-    let mut verdict = Verdict::Valid;
-    for mark in marks {
-        if mark.hard > as_of {
-            return Verdict::Invalid;
-        }
-        if mark.soft > as_of {
-            verdict = Verdict::Stale;
-        }
-    }
-    verdict
-}
-
 impl Marks {
     /// The marks of `namespace`, trusted as `trust` says; a read of them
     /// takes at most `read_limit` while some are held.
@@ -163,8 +143,18 @@ impl Marks {
             read_limit,
             support: AtomicU8::new(SUPPORT_UNKNOWN),
             refreshing: std::sync::atomic::AtomicBool::new(false),
+            on_moved: std::sync::OnceLock::new(),
             warned: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// Without an L1 nothing reports another process's marks: a read of
+    /// the marks that finds the generation moved since the last one (a
+    /// mark was made elsewhere) calls `moved`, which empties what the cache
+    /// keeps of values, as a reported mark does, and drops the marks held
+    /// (any of them may be older than the store's now).
+    pub(crate) fn on_moved(&self, moved: Box<dyn Fn() + Send + Sync>) {
+        let _ = self.on_moved.set(moved);
     }
 
     pub(crate) fn keys(&self) -> &MarkKeys {
@@ -282,12 +272,22 @@ impl Marks {
                 format!("read_marks: {} marks for {} keys", marks.len(), keys.len()),
             ));
         }
-        self.generation.fetch_max(generation, Ordering::SeqCst);
+        let before = self.generation.fetch_max(generation, Ordering::SeqCst);
+        // (Past 0 too: what the process kept before its first read of the
+        // marks, a degraded load's value say, was judged by none.)
+        let moved = matches!(self.trust, Trust::Rechecked(_)) && generation > before;
         let mut held = self.held.lock();
         // Under the lock, as reports are handled: a report either came
         // before this check (and what was read is not kept) or comes after
         // the insert (and removes it).
-        if self.changes.load(Ordering::SeqCst) == ticket {
+        let keep = self.changes.load(Ordering::SeqCst) == ticket;
+        if moved {
+            // Marked elsewhere since: every mark held may be older than
+            // the store's, and a read under way keeps none it read.
+            self.changes.fetch_add(1, Ordering::SeqCst);
+            held.clear();
+        }
+        if keep {
             self.generation_stale.store(false, Ordering::SeqCst);
             if held.len() + marks.len() > HELD_MARKS {
                 held.clear();
@@ -297,6 +297,10 @@ impl Marks {
             for (tag, mark) in tags.iter().zip(&marks[1..]) {
                 held.insert(Box::from(*tag), kept(*mark));
             }
+        }
+        drop(held);
+        if let (true, Some(moved)) = (moved, self.on_moved.get()) {
+            moved();
         }
         Ok(Some(marks))
     }
@@ -484,26 +488,6 @@ impl Marks {
             .collect())
     }
 
-    /// What a read answers of `stored` under `verdict`: as it is, stale
-    /// (the server's TTL cut to the value's grace, so it reads as stale
-    /// for at most that long), or nothing.
-    pub(crate) fn apply(stored: Stored, verdict: Verdict) -> Option<Stored> {
-        match verdict {
-            Verdict::Valid => Some(stored),
-            Verdict::Invalid => None,
-            Verdict::Stale => {
-                let grace = envelope::grace_of(&stored.bytes).unwrap_or(Duration::ZERO);
-                if grace.is_zero() {
-                    return None;
-                }
-                Some(Stored {
-                    ttl: stored.ttl.min(grace),
-                    bytes: stored.bytes,
-                })
-            }
-        }
-    }
-
     /// The backend reported a change of `key`: whether it was one of the
     /// marks (a tag's or the namespace's: what the cache kept of values may
     /// be judged otherwise now).
@@ -563,6 +547,12 @@ impl Marks {
     /// return, whatever its backend's reports do).
     pub(crate) fn marked(&self, mark_key: &str, generation: u64) {
         self.generation.fetch_max(generation, Ordering::SeqCst);
+        if let Trust::Rechecked(_) = self.trust {
+            // The generation it knows may now be past another process's
+            // mark made since its last read of the marks: a read would not
+            // find that the generation moved, so every mark held goes.
+            self.reset();
+        }
         self.changed(mark_key.as_bytes());
     }
 
@@ -592,25 +582,4 @@ pub(crate) enum Target<'a> {
     /// Every value of the namespace (`clear`).
     Namespace,
     Tag(&'a str),
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_oldest_value_loses_and_a_hard_mark_wins_over_a_soft_one() {
-        let soft = Mark { hard: 0, soft: 10 };
-        let hard = Mark { hard: 20, soft: 20 };
-        assert_eq!(verdict(5, [&Mark::default()]), Verdict::Valid);
-        assert_eq!(verdict(5, [&soft]), Verdict::Stale);
-        assert_eq!(
-            verdict(10, [&soft]),
-            Verdict::Valid,
-            "as of the mark: loaded after it"
-        );
-        assert_eq!(verdict(5, [&soft, &hard]), Verdict::Invalid);
-        assert_eq!(verdict(15, [&hard, &soft]), Verdict::Invalid);
-        assert_eq!(verdict(25, [&hard, &soft]), Verdict::Valid);
-    }
 }

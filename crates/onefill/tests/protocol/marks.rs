@@ -543,3 +543,223 @@ async fn after_a_mark(cache: &Cache<String, String>, marker: &Cache<String, Stri
     assert_eq!(after.value, "v2", "a load of its own, begun after the mark");
     assert_eq!(before.await.expect("joined").value, "v1");
 }
+
+/// Without an L1, nothing reports another process's mark: the process hears
+/// of it when a read of the marks finds the generation moved, and must then
+/// drop what it kept from before. Its outage fallback kept answering a
+/// value the mark judged, for as long as the value lived.
+#[tokio::test(start_paused = true)]
+async fn without_an_l1_a_mark_read_later_empties_the_outage_fallback() {
+    use crate::support::{fetch_now, two_pods, Switches, REFUSE};
+    let [(a, pod_a), (_, pod_b)] = two_pods(|b| b);
+    let loads = Arc::new(AtomicUsize::new(0));
+    // A's flight loads and keeps the value for outages.
+    let loaded = fetch_now(&pod_a, "k", &loads).await;
+    assert_eq!(loaded.outcome, Outcome::Loaded);
+    pod_b.clear().await.expect("cleared");
+    // Past A's recheck period: its next read of another key reads the
+    // marks (in the background) and finds the generation moved.
+    tokio::time::sleep(Duration::from_millis(1_001)).await;
+    pod_a.get("other").await.expect("read");
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    a.set_mode(REFUSE);
+    let f = fetch_now(&pod_a, "k", &loads).await;
+    assert_ne!(
+        (f.outcome, f.value.as_str()),
+        (Outcome::Stale, loaded.value.as_str()),
+        "the fallback answered a value the clear judges"
+    );
+}
+
+/// Without an L1, a process's own mark moves the generation it knows past
+/// any mark made elsewhere since its last read of the marks: that read
+/// then finds nothing moved, so the marks it held from before (here a
+/// tag's, invalidated elsewhere) must go with its own.
+#[tokio::test(start_paused = true)]
+async fn without_an_l1_a_mark_of_its_own_drops_the_marks_held_before() {
+    let store = MemoryBackend::new();
+    let (a, b) = (process_without_l1(&store), process_without_l1(&store));
+    let origin = Origin::default();
+    origin.fetch(&b, "k", &["t"], Duration::ZERO).await;
+    assert_eq!(a.get("k").await.unwrap().as_deref(), Some("v1"), "t held");
+    b.invalidate_tag("t").await.expect("marked");
+    a.expire_tag("u").await.expect("marked");
+    assert_eq!(
+        a.get("k").await.unwrap(),
+        None,
+        "the invalidation of t, made before A's own mark, judges"
+    );
+}
+
+/// A `set` dropped by its caller while it reads the generation (the marks'
+/// master slow) cannot be told from one dropped mid-command: it is queued
+/// to be replayed, and what the process kept of the key goes.
+#[tokio::test(start_paused = true)]
+async fn a_set_dropped_while_it_reads_the_generation_is_replayed() {
+    use crate::support::two_pods;
+    use onefill::testing::{Fault, Op};
+    let [(a, pod_a), _] = two_pods(|b| b);
+    a.faults().set([Op::ReadMarks], Fault::Gated);
+    let set = pod_a.set("k", "v".to_owned());
+    let dropped = tokio::time::timeout(Duration::from_millis(50), set).await;
+    assert!(dropped.is_err(), "the set waits for the generation");
+    assert_eq!(pod_a.pending_writes(), 1, "queued for replay");
+}
+
+/// A store that reports nothing (as a tracking connection that went silent
+/// does), and lets the test say when the connection is back.
+struct Silent {
+    store: MemoryBackend,
+    listener: Heard,
+}
+
+/// Where [`Silent`] keeps the listener the cache registered.
+type Heard = Arc<std::sync::Mutex<Option<std::sync::Weak<dyn onefill::backend::ChangeListener>>>>;
+
+impl std::fmt::Debug for Silent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Silent")
+    }
+}
+
+/// The connection is back: the cache is told it may have missed changes.
+fn back(heard: &Heard) {
+    let listener = heard.lock().unwrap().clone();
+    if let Some(listener) = listener.and_then(|l| l.upgrade()) {
+        listener.reset();
+    }
+}
+
+#[async_trait::async_trait]
+impl onefill::Backend for Silent {
+    async fn get(
+        &self,
+        keys: &onefill::backend::FillKeys,
+    ) -> Result<Option<onefill::backend::Stored>, onefill::BackendError> {
+        self.store.get(keys).await
+    }
+    async fn acquire(
+        &self,
+        keys: &onefill::backend::FillKeys,
+        token: &onefill::LeaseToken,
+        ttl: Duration,
+        window: Duration,
+    ) -> Result<onefill::backend::Acquired, onefill::BackendError> {
+        self.store.acquire(keys, token, ttl, window).await
+    }
+    async fn fill(
+        &self,
+        keys: &onefill::backend::FillKeys,
+        token: &onefill::LeaseToken,
+        bytes: &[u8],
+        ttl: Duration,
+    ) -> Result<bool, onefill::BackendError> {
+        self.store.fill(keys, token, bytes, ttl).await
+    }
+    async fn release(
+        &self,
+        keys: &onefill::backend::FillKeys,
+        token: &onefill::LeaseToken,
+        entry: Option<(&[u8], Duration)>,
+    ) -> Result<bool, onefill::BackendError> {
+        self.store.release(keys, token, entry).await
+    }
+    async fn extend(
+        &self,
+        keys: &onefill::backend::FillKeys,
+        token: &onefill::LeaseToken,
+        ttl: Duration,
+    ) -> Result<bool, onefill::BackendError> {
+        self.store.extend(keys, token, ttl).await
+    }
+    async fn set(
+        &self,
+        keys: &onefill::backend::FillKeys,
+        bytes: &[u8],
+        ttl: Duration,
+    ) -> Result<(), onefill::BackendError> {
+        self.store.set(keys, bytes, ttl).await
+    }
+    async fn invalidate(
+        &self,
+        keys: &onefill::backend::FillKeys,
+    ) -> Result<(), onefill::BackendError> {
+        self.store.invalidate(keys).await
+    }
+    async fn subscribe(
+        &self,
+        keys: &onefill::backend::FillKeys,
+    ) -> Result<Box<dyn onefill::backend::FillSubscription>, onefill::BackendError> {
+        self.store.subscribe(keys).await
+    }
+    async fn mark(
+        &self,
+        gen_key: &str,
+        mark_key: &str,
+        kind: onefill::backend::MarkKind,
+        retention: Option<Duration>,
+    ) -> Result<u64, onefill::BackendError> {
+        self.store.mark(gen_key, mark_key, kind, retention).await
+    }
+    async fn read_marks(
+        &self,
+        gen_key: &str,
+        mark_keys: &[&str],
+    ) -> Result<(u64, Vec<onefill::backend::Mark>), onefill::BackendError> {
+        self.store.read_marks(gen_key, mark_keys).await
+    }
+    fn track_changes(
+        &self,
+        _prefix: &str,
+        _every: Duration,
+        listener: std::sync::Weak<dyn onefill::backend::ChangeListener>,
+    ) -> Result<(), onefill::BackendError> {
+        *self.listener.lock().unwrap() = Some(listener);
+        Ok(())
+    }
+}
+
+/// With an L1 whose tracking connection went silent, another process's
+/// mark is not reported; the reset when the connection is back says changes
+/// may have been missed, a mark among them: a call after it must not share
+/// a load that began before (it shared it, and answered a value the mark
+/// judged).
+#[tokio::test(start_paused = true)]
+async fn a_reset_detaches_the_loads_a_missed_mark_would_have() {
+    let store = MemoryBackend::new();
+    let heard = Heard::default();
+    let silent = Silent {
+        store: store.clone(),
+        listener: heard.clone(),
+    };
+    let cache: Cache<String, String> = Cache::builder()
+        .namespace(NS)
+        .backend(silent)
+        .ttl(Duration::from_secs(60))
+        .l1(onefill::L1::new(64))
+        .build()
+        .expect("valid options");
+    let other = process(&store, Duration::ZERO);
+    let origin = Origin::default();
+    let before = tokio::spawn(origin.fetch(&cache, "k", &["t"], Duration::from_millis(100)));
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(origin.runs(), 1, "the first load runs, under the lease");
+    other.clear().await.expect("cleared");
+    back(&heard);
+    let options = onefill::CallOptions::new().no_lease();
+    let runs = origin.runs.clone();
+    let after = cache
+        .with_options(&options)
+        .fetch("k", move |_| async move {
+            let n = runs.fetch_add(1, Ordering::SeqCst) + 1;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            Ok::<_, std::io::Error>(format!("v{n}"))
+        })
+        .await
+        .expect("answered");
+    assert_eq!(
+        after.value, "v2",
+        "a load of its own, begun after the reset"
+    );
+    assert_eq!(before.await.expect("joined").value, "v1");
+}

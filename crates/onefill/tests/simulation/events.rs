@@ -75,6 +75,8 @@ pub(crate) enum Reply {
     Moved,
     /// `watch_holder`: the holder cannot be watched.
     Unsupported,
+    /// `read_marks`: the namespace's generation it read.
+    Generation(u64),
 }
 
 /// Where a value (or a loader failure) comes from: load `n`, set `n`, or
@@ -155,7 +157,30 @@ pub(crate) enum CallKind {
     Set,
     Invalidate,
     Expire,
+    /// `invalidate_tag`, `expire_tag` or `clear` (the call's key is
+    /// meaningless: a mark concerns the namespace).
+    Mark(MarkOp),
 }
+
+/// A mark the fleet makes: a hard or soft one on tag `t<n>`, or a hard one
+/// on the namespace (`clear`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct MarkOp {
+    pub(crate) hard: bool,
+    /// The tag's number, or `None` for the namespace.
+    pub(crate) tag: Option<u8>,
+}
+
+impl MarkOp {
+    /// Whether this mark concerns a value carrying `tags` (a bit per tag).
+    pub(crate) fn covers(self, tags: u8) -> bool {
+        self.tag.is_none_or(|t| tags & (1 << t) != 0)
+    }
+}
+
+/// The key under which the log records the calls of the marks (`read_marks`,
+/// `mark`): none of the scenario's keys.
+pub(crate) const MARKS_KEY: usize = usize::MAX;
 
 #[derive(Debug, Clone)]
 pub(crate) enum Answer {
@@ -207,6 +232,8 @@ pub(crate) enum Ev {
         inst: usize,
         key: usize,
         flight: Option<tokio::task::Id>,
+        /// The tags its value carries (a bit per tag `t<n>`).
+        tags: u8,
     },
     LoadEnd {
         load: u64,
@@ -289,6 +316,26 @@ pub(crate) enum Ev {
         op: ForeignOp,
         version: Option<u64>,
     },
+    /// Instance `inst`'s `mark` ran on the store: `op` at `generation`.
+    Marked {
+        inst: usize,
+        op: MarkOp,
+        generation: u64,
+    },
+    /// Instance `inst`'s `read_marks` ran on the store and read the
+    /// namespace's generation `generation`.
+    MarksRead {
+        inst: usize,
+        generation: u64,
+    },
+    /// The first bytes of a version the fleet can read reached the store
+    /// (or were sent to it): the generation it records as its age
+    /// (`as_of`) and its tags (a bit per tag `t<n>`).
+    Stamp {
+        origin: Origin,
+        as_of: u64,
+        tags: u8,
+    },
     /// Instance `inst`'s tracking connection is lost (`noticed`: the
     /// backend says at once that it is out of sync).
     TrackingLost {
@@ -332,6 +379,8 @@ pub(crate) struct World {
     /// `acquire` found a fresh value it could not read (another type), the
     /// one reason to ask for the lease regardless of a fresh value again.
     pub(crate) saw_unreadable: Mutex<std::collections::HashMap<tokio::task::Id, bool>>,
+    /// Per flight: the value its last `acquire` answered fresh, if it did.
+    pub(crate) fresh_answered: Mutex<std::collections::HashMap<tokio::task::Id, Vec<u8>>>,
     pub(crate) next_id: AtomicU64,
     pub(crate) next_call: AtomicUsize,
     pub(crate) variant: Variant,
@@ -367,6 +416,8 @@ pub(crate) struct World {
     /// An instance to die this long into the next load it starts (see
     /// `Scenario::dies_in_load`).
     pub(crate) doomed: Mutex<Option<(usize, Duration)>>,
+    /// The versions whose `Ev::Stamp` is logged.
+    pub(crate) stamped: Mutex<std::collections::HashSet<Origin>>,
 }
 
 impl World {
@@ -396,6 +447,23 @@ impl World {
         Instant::now() - self.t0
     }
 
+    /// Logs the age and tags of the version in envelope `bytes`, the first
+    /// time they are seen.
+    pub(crate) fn stamp(&self, bytes: &[u8]) {
+        let (Some(origin), Some((as_of, tags))) =
+            (origin_of_envelope(bytes), marks_of_envelope(bytes))
+        else {
+            return;
+        };
+        if self.stamped.lock().unwrap().insert(origin) {
+            self.record(Ev::Stamp {
+                origin,
+                as_of,
+                tags,
+            });
+        }
+    }
+
     /// The value key `key` changed on the store, by `by`'s command (or
     /// another client's): logs what it holds now, keeps the expiry written
     /// in it, and queues the change report on every tracking connection
@@ -404,10 +472,11 @@ impl World {
     pub(crate) fn value_changed(&self, key: usize, change: Change, by: Option<usize>) {
         let name = &self.key_names[key];
         let now = self.since_t0();
-        let held = self
-            .store
-            .get_raw(name)
-            .map(|(bytes, ttl)| (origin_of_envelope(&bytes), now + ttl));
+        let raw = self.store.get_raw(name);
+        if let Some((bytes, _)) = &raw {
+            self.stamp(bytes);
+        }
+        let held = raw.map(|(bytes, ttl)| (origin_of_envelope(&bytes), now + ttl));
         {
             let mut written = self.written_expiry.lock().unwrap();
             match change {
@@ -458,19 +527,49 @@ pub(crate) fn origin_of_envelope(bytes: &[u8]) -> Option<Origin> {
     origin_of(&String::from_utf8_lossy(bytes.get(payload_at(bytes)?..)?))
 }
 
-/// Where the payload of envelope bytes (version 1 or 3) starts.
+/// Where the payload of envelope bytes (version 1 to 4) starts.
 pub(crate) fn payload_at(bytes: &[u8]) -> Option<usize> {
     match bytes.get(1)? {
         1 => Some(16),
-        3 => {
-            let mut at = 16 + 9;
-            for _ in 0..*bytes.get(24)? {
+        2 => Some(24),
+        3 | 4 => {
+            let body = if bytes[1] == 3 { 16 } else { 24 };
+            let mut at = body + 9;
+            for _ in 0..*bytes.get(body + 8)? {
                 at += 1 + usize::from(*bytes.get(at)?);
             }
             Some(at)
         }
         _ => None,
     }
+}
+
+/// The marks block of envelope bytes (version 3 or 4, see `envelope.rs`):
+/// the generation the version records (`as_of`) and its tags, a bit per
+/// tag `t<n>` (the scenario's tags). Versions 1 and 2 record none: as of
+/// generation 0, untagged.
+pub(crate) fn marks_of_envelope(bytes: &[u8]) -> Option<(u64, u8)> {
+    let body = match bytes.get(1)? {
+        1 | 2 => return Some((0, 0)),
+        3 => 16,
+        4 => 24,
+        _ => return None,
+    };
+    let as_of = u64::from_be_bytes(bytes.get(body..body + 8)?.try_into().ok()?);
+    let mut tags = 0u8;
+    let mut at = body + 9;
+    for _ in 0..*bytes.get(body + 8)? {
+        let len = usize::from(*bytes.get(at)?);
+        let tag = bytes.get(at + 1..at + 1 + len)?;
+        if let Some(n) = tag
+            .strip_prefix(b"t")
+            .and_then(|n| std::str::from_utf8(n).ok()?.parse::<u8>().ok())
+        {
+            tags |= 1 << n;
+        }
+        at += 1 + len;
+    }
+    Some((as_of, tags))
 }
 
 /// The grace recorded in envelope bytes, if they are an envelope.

@@ -14,14 +14,16 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use onefill::backend::{Acquired, Backend, FillKeys, FillSubscription, Stored, Watch};
+use onefill::backend::{
+    Acquired, Backend, FillKeys, FillSubscription, Mark, MarkKind, Stored, Watch,
+};
 use onefill::testing::{self, FaultyBackend, Op};
 use onefill::{BackendError, BackendErrorKind, LeaseToken, MemoryBackend};
 use rand::rngs::StdRng;
 use rand::RngExt;
 use tokio::time::Instant;
 
-use crate::events::{BOp, Ev, Fault, Reply, World};
+use crate::events::{BOp, Ev, Fault, Reply, World, MARKS_KEY};
 use crate::scenario::ms;
 use crate::store::{acquired_reply, Store};
 use crate::subscription::Subscription;
@@ -137,10 +139,14 @@ impl Injector {
     /// This instance's write of `keys` was answered `Ok`: the L1s of its
     /// process hear of it before it returns.
     fn own_write(&self, keys: &FillKeys) {
+        self.own_change(keys.value());
+    }
+
+    /// This instance's write of `key` (a value's, or a mark's) was answered
+    /// `Ok`: the L1s of its process hear of it before it returns.
+    fn own_change(&self, key: &str) {
         let only_own = self.world.variant == Variant::PerBackendListeners;
-        self.world
-            .tracking
-            .own_write(self.inst, keys.value(), only_own);
+        self.world.tracking.own_write(self.inst, key, only_own);
     }
 
     /// Runs one backend call through the faults, logging its entry and how
@@ -323,10 +329,10 @@ impl Backend for Injector {
         listener: std::sync::Weak<dyn onefill::backend::ChangeListener>,
     ) -> Result<(), BackendError> {
         // Not passed down: the memory backend's own reports would reach
-        // every L1 at once (see `tracking.rs`). The prefix is the fleet's
-        // namespace (an L1's, covering the value keys: reads then report
-        // the server's TTL) or its marks' alone (a cache without an L1:
-        // its reads of values stay one-`GET` hits).
+        // every L1 at once (see `tracking.rs`). Only a cache with an L1
+        // registers, on the fleet's namespace (covering the value keys and
+        // the marks': reads then report the server's TTL); one without an
+        // L1 registers nothing (it rechecks its marks).
         let values = self.world.key_names.iter().any(|k| k.starts_with(prefix));
         self.world
             .tracking
@@ -461,6 +467,36 @@ impl Backend for Injector {
             .await?;
         self.own_write(keys);
         Ok(())
+    }
+
+    /// Through the faults as any call; answered `Ok`, the mark's keys'
+    /// changes reach the L1s of the process before it returns (the Redis
+    /// backend's one registry of own-process listeners).
+    async fn mark(
+        &self,
+        gen_key: &str,
+        mark_key: &str,
+        kind: MarkKind,
+        retention: Option<Duration>,
+    ) -> Result<u64, BackendError> {
+        let marked = self.faulty.mark(gen_key, mark_key, kind, retention);
+        let generation = self
+            .call(BOp::Mark, MARKS_KEY, None, marked, unit_reply)
+            .await?;
+        self.own_change(mark_key);
+        self.own_change(gen_key);
+        Ok(generation)
+    }
+
+    async fn read_marks(
+        &self,
+        gen_key: &str,
+        mark_keys: &[&str],
+    ) -> Result<(u64, Vec<Mark>), BackendError> {
+        let read = self.faulty.read_marks(gen_key, mark_keys);
+        let reply = |read: &(u64, Vec<Mark>)| Reply::Generation(read.0);
+        self.call(BOp::ReadMarks, MARKS_KEY, None, read, reply)
+            .await
     }
 
     async fn subscribe(&self, keys: &FillKeys) -> Result<Box<dyn FillSubscription>, BackendError> {

@@ -9,7 +9,7 @@ use std::task::Poll;
 use std::time::Duration;
 
 use onefill::backend::FillKeys;
-use onefill::{Cache, CallOptions, CircuitState, Error, MemoryBackend};
+use onefill::{Cache, CallOptions, CircuitState, Error, Loaded, MemoryBackend};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use tokio::time::Instant;
@@ -69,14 +69,23 @@ impl Drop for LoadGuard {
     }
 }
 
+/// The names of the tags in `tags` (a bit per tag `t<n>`).
+fn tag_names(tags: u8) -> Vec<String> {
+    (0..8)
+        .filter(|t| tags & (1 << t) != 0)
+        .map(|t| format!("t{t}"))
+        .collect()
+}
+
+type LoadFuture = std::pin::Pin<Box<dyn Future<Output = Result<Loaded<String>, SimError>> + Send>>;
+
 fn loader(
     world: &Arc<World>,
     inst: usize,
     key: usize,
     spec: LoadSpec,
-) -> impl FnOnce(String) -> std::pin::Pin<Box<dyn Future<Output = Result<String, SimError>> + Send>>
-       + Send
-       + 'static {
+    tags: u8,
+) -> impl FnOnce(String) -> LoadFuture + Send + 'static {
     let world = world.clone();
     move |name: String| {
         Box::pin(async move {
@@ -90,6 +99,7 @@ fn loader(
                 inst,
                 key,
                 flight,
+                tags,
             });
             doom(&world, inst);
             let mut guard = LoadGuard {
@@ -108,7 +118,7 @@ fn loader(
             match spec.result {
                 LoadResult::Value => {
                     guard.end = LoadEnd::Value;
-                    Ok(value)
+                    Ok(Loaded::new(value).tags(tag_names(tags)))
                 }
                 LoadResult::Error => {
                     guard.end = LoadEnd::Error;
@@ -150,6 +160,7 @@ async fn run_op(world: Arc<World>, cache: Cache<String, String>, op: Op, probe_p
         OpKind::Set => CallKind::Set,
         OpKind::Invalidate => CallKind::Invalidate,
         OpKind::Expire => CallKind::Expire,
+        OpKind::Mark(mark) => CallKind::Mark(mark),
         OpKind::SetOther | OpKind::Foreign(_) => unreachable!("run by `simulate`"),
     };
     let set_id =
@@ -169,7 +180,7 @@ async fn run_op(world: Arc<World>, cache: Cache<String, String>, op: Op, probe_p
                     Some(ttl) => CallOptions::new().ttl(ttl),
                     None => CallOptions::new(),
                 };
-                let loader = loader(&world, op.inst, op.key, load);
+                let loader = loader(&world, op.inst, op.key, load, op.tags);
                 match cache.with_options(&options).fetch(&name, loader).await {
                     Ok(f) => Answer::Fetched {
                         value: f.value,
@@ -182,10 +193,24 @@ async fn run_op(world: Arc<World>, cache: Cache<String, String>, op: Op, probe_p
             OpKind::Get => answer_of(cache.get(&name).await.map(Answer::Got)),
             OpKind::Set => {
                 let value = format!("{name}/S{}", set_id.unwrap_or_default());
-                answer_of(cache.set(&name, value).await.map(|()| Answer::Done))
+                let set = if op.tags == 0 {
+                    cache.set(&name, value).await
+                } else {
+                    let tags = tag_names(op.tags);
+                    cache.set_tagged(&name, value, &tags).await
+                };
+                answer_of(set.map(|()| Answer::Done))
             }
             OpKind::Invalidate => answer_of(cache.invalidate(&name).await.map(|()| Answer::Done)),
             OpKind::Expire => answer_of(cache.expire(&name).await.map(|()| Answer::Done)),
+            OpKind::Mark(mark) => {
+                let marked = match mark.tag {
+                    None => cache.clear().await,
+                    Some(tag) if mark.hard => cache.invalidate_tag(&format!("t{tag}")).await,
+                    Some(tag) => cache.expire_tag(&format!("t{tag}")).await,
+                };
+                answer_of(marked.map(|()| Answer::Done))
+            }
             OpKind::SetOther | OpKind::Foreign(_) => unreachable!("run by `simulate`"),
         }
     };
@@ -352,6 +377,7 @@ pub(crate) async fn simulate(seed: u64, s: &Scenario, variant: Variant) -> Arc<W
         dead: (0..s.instances).map(|_| AtomicBool::new(false)).collect(),
         hang_next: (0..s.instances).map(|_| AtomicBool::new(false)).collect(),
         saw_unreadable: Mutex::default(),
+        fresh_answered: Mutex::default(),
         next_id: AtomicU64::new(1),
         next_call: AtomicUsize::new(0),
         variant,
@@ -370,6 +396,7 @@ pub(crate) async fn simulate(seed: u64, s: &Scenario, variant: Variant) -> Arc<W
         settling: AtomicBool::new(false),
         liveness: Liveness::new(s.liveness, s.instances, seed),
         doomed: Mutex::new(None),
+        stamped: Mutex::default(),
     });
     let _spans = world.load_spans.install();
     let caches: Vec<Cache<String, String>> = (0..s.instances)
@@ -479,6 +506,7 @@ pub(crate) async fn simulate(seed: u64, s: &Scenario, variant: Variant) -> Arc<W
                 drop_after: None,
                 probe_hangs: false,
                 past_l1: None,
+                tags: 0,
             };
             run_op(world.clone(), cache.clone(), probe, s.backend_timeout * 4).await;
         }
@@ -500,6 +528,7 @@ pub(crate) async fn simulate(seed: u64, s: &Scenario, variant: Variant) -> Arc<W
                     drop_after: None,
                     probe_hangs: false,
                     past_l1: None,
+                    tags: 0,
                 };
                 run_op(world.clone(), cache.clone(), read, s.backend_timeout * 4).await;
             }

@@ -8,6 +8,7 @@ use onefill::{Cache, CircuitBreaker, LeaseTtl, MemoryBackend, OnWaitTimeout, Wai
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 
+use crate::events::MarkOp;
 use crate::injector::Injector;
 use crate::liveness::WatchRates;
 use crate::variants::Variant;
@@ -19,6 +20,13 @@ pub(crate) const TICK: Duration = Duration::from_millis(10);
 /// The longest a change report (or a sync confirmation) takes to reach an
 /// L1 over a healthy tracking connection (see `tracking.rs`).
 pub(crate) const PUSH_DELAY_MAX: Duration = Duration::from_millis(5);
+/// The longest a cache without an L1 judges by a mark it read: trusted
+/// for one recheck period (`RECHECK` in `src/marks/`, one second) after
+/// the read that found it began, then judged by for one more while it is
+/// refreshed in the background (decision 0018's bound).
+pub(crate) const MARKS_RECHECKED: Duration = Duration::from_secs(2);
+/// How many tags the values draw theirs from (`t0`, `t1`, …).
+pub(crate) const TAGS: u8 = 3;
 
 pub(crate) fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
@@ -93,6 +101,10 @@ pub(crate) struct Op {
     /// answer comes from the backend, or in an outage from the fallback,
     /// whose copies the L1 would otherwise mostly answer for.
     pub(crate) past_l1: Option<Duration>,
+    /// The tags of this fetch's loaded value, or of this `set`'s value
+    /// (then written with `set_tagged`, if any): a bit per tag `t<n>`,
+    /// drawn from the marks' stream (see `Scenario::generate_marks`).
+    pub(crate) tags: u8,
 }
 
 #[derive(Debug, Clone)]
@@ -106,6 +118,9 @@ pub(crate) enum OpKind {
     /// `expire`: the value made stale in place (drawn from a stream of its
     /// own, see `Scenario::generate_expires`).
     Expire,
+    /// `invalidate_tag`, `expire_tag` or `clear` (drawn from a stream of
+    /// their own, see `Scenario::generate_marks`).
+    Mark(MarkOp),
     /// A `set` by another version of the application: a value of another
     /// type (`Vec<u64>`) under the same key, unreadable to the fleet.
     SetOther,
@@ -279,6 +294,7 @@ impl Scenario {
                 drop_after,
                 probe_hangs: rng.random_bool(0.5),
                 past_l1: None,
+                tags: 0,
             });
         }
         s.no_lease = rng.random_bool(0.1);
@@ -292,7 +308,68 @@ impl Scenario {
         s.generate_foreign(seed, at, n_ops);
         s.generate_liveness(seed);
         s.generate_expires(seed, at, n_ops);
+        s.generate_marks(seed, at, n_ops);
         s
+    }
+
+    /// The values' tags and the fleet's marks, from a stream of their own:
+    /// the rest of a seed's scenario is what it was before they existed.
+    /// Each fetch's value carries 0 to 2 of the [`TAGS`] tags, and so does
+    /// each `set`'s (written with `set_tagged`) in one seed in two (else
+    /// a plain `set`: untagged); `invalidate_tag`, `expire_tag` and `clear`
+    /// come at random times (none in one seed in four), merged in by time
+    /// after the other ops of the same instant, and are dropped now and
+    /// then within one backend timeout, as other writes.
+    fn generate_marks(&mut self, seed: u64, end: Duration, n_ops: usize) {
+        let mut rng = StdRng::seed_from_u64(seed ^ 0x7A65_3A11_0C1E_A400);
+        let rng = &mut rng;
+        let tagged_sets = rng.random_bool(0.5);
+        let draw_tags = |rng: &mut StdRng| {
+            let mut tags = 0u8;
+            for _ in 0..rng.random_range(0..=2) {
+                tags |= 1 << rng.random_range(0..TAGS);
+            }
+            tags
+        };
+        for op in &mut self.ops {
+            match op.kind {
+                OpKind::Fetch { .. } => op.tags = draw_tags(rng),
+                OpKind::Set if tagged_sets => op.tags = draw_tags(rng),
+                _ => {}
+            }
+        }
+        if rng.random_bool(0.25) {
+            return;
+        }
+        let end_ms = end.as_millis() as u64;
+        let timeout_ms = self.backend_timeout.as_millis() as u64;
+        for _ in 0..rng.random_range(1..=(n_ops / 6).max(1)) {
+            let op = match rng.random_range(0..10) {
+                0..=4 => MarkOp {
+                    hard: true,
+                    tag: Some(rng.random_range(0..TAGS)),
+                },
+                5..=7 => MarkOp {
+                    hard: false,
+                    tag: Some(rng.random_range(0..TAGS)),
+                },
+                _ => MarkOp {
+                    hard: true,
+                    tag: None,
+                },
+            };
+            self.ops.push(Op {
+                at: ms(rng.random_range(0..=end_ms)),
+                inst: rng.random_range(0..self.instances),
+                key: 0,
+                kind: OpKind::Mark(op),
+                drop_after: rng.random_bool(0.2).then(|| range_ms(rng, 1, timeout_ms)),
+                probe_hangs: rng.random_bool(0.5),
+                past_l1: None,
+                tags: 0,
+            });
+        }
+        self.ops.sort_by_key(|op| op.at);
     }
 
     /// The fleet's `expire` calls, from a stream of their own: the rest of
@@ -314,6 +391,7 @@ impl Scenario {
                 drop_after: rng.random_bool(0.2).then(|| range_ms(rng, 1, timeout_ms)),
                 probe_hangs: rng.random_bool(0.5),
                 past_l1: None,
+                tags: 0,
             });
         }
         self.ops.sort_by_key(|op| op.at);
@@ -385,6 +463,7 @@ impl Scenario {
                 drop_after: None,
                 probe_hangs: false,
                 past_l1: None,
+                tags: 0,
             });
         }
         // Drawn after the foreign ops, which stay what they were.

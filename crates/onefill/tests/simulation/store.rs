@@ -9,12 +9,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use onefill::backend::{Acquired, Backend, FillKeys, FillSubscription, Gone, Stored, Watch};
+use onefill::backend::{
+    Acquired, Backend, FillKeys, FillSubscription, Gone, Mark, MarkKind, Stored, Watch,
+};
 use onefill::{BackendError, LeaseToken, MemoryBackend};
 
-use crate::events::{grace_of, origin_of_envelope, Change, Ev, Exec, Reply, World};
+use crate::events::{
+    grace_of, marks_of_envelope, origin_of_envelope, Change, Ev, Exec, MarkOp, Reply, World,
+};
 use crate::injector::frozen_if_dead;
 use crate::liveness::{self, holder_name, holder_of};
+use crate::scenario::{NS, TAGS};
 use crate::variants::Variant;
 
 /// The shared store as one instance's commands reach it, past the faults:
@@ -149,6 +154,38 @@ impl Store {
         })
     }
 
+    /// Whether the stored value of `keys` is older than a mark it is
+    /// subject to, on the store now (hard or soft: either way the cache
+    /// counts it as not fresh, and asks for the lease regardless). The
+    /// marks a process holds are at most the store's, so a value the cache
+    /// judges so is judged so here.
+    fn judged_on_store(&self, keys: &FillKeys) -> bool {
+        self.inner
+            .get_raw(keys.value())
+            .is_some_and(|(bytes, _)| self.judged_now(&bytes))
+    }
+
+    /// Whether the version in `bytes` is older than a mark it is subject
+    /// to, on the store now.
+    fn judged_now(&self, bytes: &[u8]) -> bool {
+        let Some((as_of, tags)) = marks_of_envelope(bytes) else {
+            return false;
+        };
+        let mark = |key: String| {
+            self.inner
+                .get_raw(&key)
+                .map_or_else(Mark::default, |(bytes, _)| Mark::from_stored(&bytes))
+        };
+        let prefix = format!("{NS}:{{#}}:");
+        let mut marks = vec![mark(format!("{prefix}clear"))];
+        marks.extend(
+            (0..TAGS)
+                .filter(|t| tags & (1 << t) != 0)
+                .map(|t| mark(format!("{prefix}tag:t{t}"))),
+        );
+        marks.iter().any(|m| m.soft > as_of)
+    }
+
     /// Whether `keys`' lease holds `token` now.
     fn lease_holds(&self, keys: &FillKeys, token: &LeaseToken) -> bool {
         self.inner
@@ -177,14 +214,26 @@ impl Store {
         // after losing the lease to a holder would win it from under that
         // holder's fresh fill: a duplicate of a fresh value.
         let task = tokio::task::try_id();
+        // (Nor after a fresh value a mark judges by now: the cache judges an
+        // answer when it comes, which a late reply makes later than the
+        // command, and asks again at once if a mark made meanwhile judges it.)
         let again = task.is_some_and(|task| {
-            self.world.saw_unreadable.lock().unwrap().get(&task) == Some(&false)
+            let judged = self
+                .world
+                .fresh_answered
+                .lock()
+                .unwrap()
+                .get(&task)
+                .is_some_and(|bytes| self.judged_now(bytes));
+            self.world.saw_unreadable.lock().unwrap().get(&task) == Some(&false) && !judged
         });
+        // A value a mark judges is not fresh to the cache: it asks for the
+        // lease with an unbounded window too (see `marks/judged.rs`).
         let fresh_before = if refresh_window == Duration::MAX {
             again && self.fresh_and_readable(keys)
         } else {
             self.fresh_beyond(keys, refresh_window)
-        };
+        } && !self.judged_on_store(keys);
         let replaced = gone.is_some_and(|gone| self.lease_holds(keys, gone));
         let acquired = async {
             let acquired = match gone {
@@ -209,12 +258,21 @@ impl Store {
                 self.acquire_read(key, a);
             }
             if let (Some(task), Ok(a)) = (task, &acquired) {
-                let unreadable = matches!(a, Acquired::Fresh(stored) if origin_of_envelope(&stored.bytes).is_none());
+                // Or one a mark judges: the cache asks again at once with
+                // the value counted as not fresh (`marks/judged.rs`), as
+                // after reading another type's.
+                let unreadable = matches!(a, Acquired::Fresh(stored) if origin_of_envelope(&stored.bytes).is_none())
+                    || matches!(a, Acquired::Fresh(_)) && self.judged_on_store(keys);
                 self.world
                     .saw_unreadable
                     .lock()
                     .unwrap()
                     .insert(task, unreadable);
+                let mut fresh = self.world.fresh_answered.lock().unwrap();
+                match a {
+                    Acquired::Fresh(stored) => fresh.insert(task, stored.bytes.clone()),
+                    _ => fresh.remove(&task),
+                };
             }
             acquired
         };
@@ -330,6 +388,7 @@ impl Backend for Store {
         bytes: &[u8],
         ttl: Duration,
     ) -> Result<bool, BackendError> {
+        self.world.stamp(bytes);
         // The UnfencedFill variant: whatever held the lease.
         let unfenced = || self.world.variant == Variant::UnfencedFill;
         let filled = self.inner.fill(keys, token, bytes, ttl);
@@ -357,6 +416,9 @@ impl Backend for Store {
             self.world.variant == Variant::BareDelRelease
                 && self.inner.get_raw(keys.lock()).is_some()
         };
+        if let Some((bytes, _)) = entry {
+            self.world.stamp(bytes);
+        }
         let released = self.inner.release(keys, token, entry);
         let released = self
             .fenced(keys, token, unfenced, released, |ok| Exec::Release {
@@ -389,6 +451,7 @@ impl Backend for Store {
 
     async fn set(&self, keys: &FillKeys, bytes: &[u8], ttl: Duration) -> Result<(), BackendError> {
         let key = self.world.key_of(keys);
+        self.world.stamp(bytes);
         self.logged(key, self.inner.set(keys, bytes, ttl), |()| Exec::Set {
             origin: origin_of_envelope(bytes),
         })
@@ -434,6 +497,63 @@ impl Backend for Store {
     async fn subscribe(&self, keys: &FillKeys) -> Result<Box<dyn FillSubscription>, BackendError> {
         frozen_if_dead(&self.world, self.inst).await;
         self.inner.subscribe(keys).await
+    }
+
+    /// The memory backend's mark (the generation counts up by one, as the
+    /// Redis script's does while its key is not lost), logged with what it
+    /// marked and the generation it wrote; both keys' changes are reported
+    /// on the tracking connections, as Redis's are (they are under the
+    /// prefix an L1 tracks).
+    async fn mark(
+        &self,
+        gen_key: &str,
+        mark_key: &str,
+        kind: MarkKind,
+        retention: Option<Duration>,
+    ) -> Result<u64, BackendError> {
+        frozen_if_dead(&self.world, self.inst).await;
+        let generation = self.inner.mark(gen_key, mark_key, kind, retention).await?;
+        self.world.record(Ev::Marked {
+            inst: self.inst,
+            op: mark_op(mark_key, kind),
+            generation,
+        });
+        self.world.tracking.report(gen_key);
+        self.world.tracking.report(mark_key);
+        Ok(generation)
+    }
+
+    async fn read_marks(
+        &self,
+        gen_key: &str,
+        mark_keys: &[&str],
+    ) -> Result<(u64, Vec<Mark>), BackendError> {
+        frozen_if_dead(&self.world, self.inst).await;
+        let mut read = self.inner.read_marks(gen_key, mark_keys).await?;
+        if self.world.variant == Variant::MarksOffByOne {
+            for mark in &mut read.1 {
+                *mark = Mark {
+                    hard: mark.hard.saturating_sub(1),
+                    soft: mark.soft.saturating_sub(1),
+                };
+            }
+        }
+        self.world.record(Ev::MarksRead {
+            inst: self.inst,
+            generation: read.0,
+        });
+        Ok(read)
+    }
+}
+
+/// What the mark under `mark_key` is (`…:clear`: the namespace's; `…:tag:t<n>`).
+fn mark_op(mark_key: &str, kind: MarkKind) -> MarkOp {
+    let tag = mark_key
+        .rsplit_once(":tag:t")
+        .and_then(|(_, n)| n.parse().ok());
+    MarkOp {
+        hard: kind == MarkKind::Hard,
+        tag,
     }
 }
 

@@ -9,7 +9,8 @@
 //!
 //! - **The tracking connection** of each backend object ([`Link`]): every
 //!   change of a value key on the store, whoever made it (the fleet, the
-//!   other application, the foreign writer), reaches the L1 after a drawn
+//!   other application, the foreign writer), and of a mark's keys (the
+//!   generation's and the mark's), reaches the L1 after a drawn
 //!   delay of at most [`PUSH_DELAY_MAX`], in order (FIFO per connection).
 //!   Every `confirm_every` the connection confirms the sync like the
 //!   `PING` on Redis's: `synced(Some(sent))` is delivered behind every
@@ -20,8 +21,8 @@
 //!   serving within its sync bound), and when it is back the L1 is `reset`
 //!   and in sync again.
 //! - **The process's own writes** ([`Tracking::own_write`]): a fill, an
-//!   entry, a `set` or an `invalidate` answered `Ok` by any backend object
-//!   of a process tells every L1 of that process before the write returns
+//!   entry, a `set`, an `invalidate` or a mark answered `Ok` by any backend
+//!   object of a process tells every L1 of that process before it returns
 //!   (the Redis backend's one registry of own-process listeners). The
 //!   `PerBackendListeners` variant tells only the L1s registered through
 //!   the same backend object.
@@ -184,8 +185,8 @@ enum Item {
 /// One backend object's tracking connection.
 struct Link {
     listener: Mutex<Option<Listener>>,
-    /// The prefix registered covers the value keys (an L1's), not only the
-    /// namespace's marks (a cache without an L1 tracks those alone).
+    /// The prefix registered covers the value keys (an L1's, the only
+    /// kind registered: a cache without an L1 tracks nothing).
     values: std::sync::atomic::AtomicBool,
     state: Mutex<LinkState>,
 }

@@ -4,7 +4,7 @@
 
 use crate::checker::{Invariant, Violation};
 use crate::run_seeds;
-use crate::scenario::Scenario;
+use crate::scenario::{OpKind, Scenario};
 
 /// The protocol as the library implements it, or broken on purpose.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,6 +36,10 @@ pub(crate) enum Variant {
     /// Writes that fail for want of the store are not queued for replay
     /// (`replay_queue_capacity(0)`: as before decision 0017).
     NoReplay,
+    /// `read_marks` answers each mark one generation older than it is: the
+    /// values as of the generation just before a mark (every value loaded
+    /// since the one before) escape it, as a `<=` for a `<` would let them.
+    MarksOffByOne,
 }
 
 impl Variant {
@@ -50,6 +54,10 @@ impl Variant {
             Variant::StampedTtl | Variant::PerBackendListeners => scenario.l1,
             // Takeovers happen only where the store watches holders.
             Variant::TakeOverAny => scenario.liveness.is_some(),
+            Variant::MarksOffByOne => scenario
+                .ops
+                .iter()
+                .any(|op| matches!(op.kind, OpKind::Mark(_))),
             _ => true,
         }
     }
@@ -65,6 +73,7 @@ impl Variant {
             Ok("take-over-any") => Variant::TakeOverAny,
             Ok("expire-unstamped") => Variant::ExpireUnstamped,
             Ok("no-replay") => Variant::NoReplay,
+            Ok("marks-off-by-one") => Variant::MarksOffByOne,
             _ => Variant::Correct,
         }
     }
@@ -81,6 +90,7 @@ impl Variant {
             Variant::TakeOverAny => Some("take-over-any"),
             Variant::ExpireUnstamped => Some("expire-unstamped"),
             Variant::NoReplay => Some("no-replay"),
+            Variant::MarksOffByOne => Some("marks-off-by-one"),
         }
     }
     pub(crate) fn replay_command(self, seed: u64) -> String {
@@ -170,7 +180,7 @@ fn catches_stamped_ttl_in_the_fallback() {
         Variant::StampedTtl,
         Invariant::Copies,
         "a fallback copy",
-        20_000,
+        30_000,
     );
 }
 
@@ -215,4 +225,12 @@ fn catches_expire_that_leaves_the_stamp() {
 #[test]
 fn catches_writes_not_replayed() {
     caught_where(Variant::NoReplay, Invariant::Replayed, "", 2_000);
+}
+
+/// Marks read one generation old: a value loaded before a mark (as of the
+/// generation before it) is answered after the mark returned, in the
+/// process that made it.
+#[test]
+fn catches_marks_judged_one_generation_late() {
+    caught(Variant::MarksOffByOne, Invariant::MarksFinal);
 }

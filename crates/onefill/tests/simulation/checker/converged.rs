@@ -58,6 +58,35 @@ impl Checker<'_> {
                 *latest = Some(latest.map_or(c.start_t, |t| t.max(c.start_t)));
             }
         }
+        // A mark that failed so ran on the store since (replayed, or its
+        // command ran after all): invariant 10 then checks every process
+        // against it, from its run.
+        let unrun: Vec<String> = self
+            .calls
+            .values()
+            .filter(|c| !self.is_dead(c.inst) && !refused(c.inst))
+            .filter_map(|c| {
+                let CallKind::Mark(op) = c.kind else {
+                    return None;
+                };
+                let queued = c.dropped
+                    || matches!(&c.end, Some((_, _, Answer::Failed(why), _, _))
+                        if !why.contains("command rejected") && !why.contains("protocol error"));
+                let ran = self
+                    .marks
+                    .iter()
+                    .any(|m| m.inst == c.inst && m.op == op && m.seq > c.start);
+                (queued && !ran).then(|| {
+                    format!(
+                        "{op:?} in instance {} failed at {:?} for want of the store and never ran on it once the queues drained",
+                        c.inst, c.start_t
+                    )
+                })
+            })
+            .collect();
+        for what in unrun {
+            self.fail(what);
+        }
         let reads: Vec<_> = self
             .calls
             .iter()

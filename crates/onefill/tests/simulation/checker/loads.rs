@@ -9,7 +9,7 @@ use onefill::backend::Gone;
 
 use super::{Checker, LeaseEnd, LoadInfo};
 use crate::events::CallKind;
-use crate::scenario::TICK;
+use crate::scenario::{PUSH_DELAY_MAX, TICK};
 
 impl Checker<'_> {
     pub(super) fn check_loads(&mut self) {
@@ -144,7 +144,9 @@ impl Checker<'_> {
     }
 
     /// Whether `l1` left its process's coalescer before `l2` started:
-    /// detached by a `set`, `invalidate` or `expire` of the process, or displaced by
+    /// detached by a `set`, `invalidate` or `expire` of the process or a
+    /// mark (the process's, reported to it, or found by its read of the
+    /// marks), or displaced by
     /// a leased load started since. A load joins the coalescer at the
     /// instant its loader is first polled, but possibly just before a write
     /// that returned in that same instant: compare times, not log order.
@@ -159,6 +161,38 @@ impl Checker<'_> {
                 && c.start < l2.start
                 && c.end.as_ref().is_none_or(|e| e.1 >= l1.start_t)
         });
+        // A mark detaches every load of its process (its own mark, however
+        // it ended; another's once reported, with an L1): any key's.
+        let marked = self.calls.values().any(|c| {
+            c.inst == l1.inst
+                && matches!(c.kind, CallKind::Mark(_))
+                && c.start < l2.start
+                && c.end.as_ref().is_none_or(|e| e.1 >= l1.start_t)
+        }) || self.marks.iter().any(|m| {
+            // Heard of by the process: its own (a replay's, once its reply
+            // came, which may be late), or reported (with an L1).
+            let heard_by = if self.s.same_process(m.inst, l1.inst) {
+                self.s.backend_timeout * 2
+            } else if self.s.l1 {
+                PUSH_DELAY_MAX
+            } else {
+                return false;
+            };
+            m.t <= l2.start_t && m.t + heard_by >= l1.start_t
+        }) || self.tracking_lost[l1.inst].iter().any(|&(_, back)| {
+            // A tracking connection back: the reset detaches them too (a
+            // mark may have gone unreported).
+            back.is_some_and(|back| l1.start_t <= back && back <= l2.start_t)
+        }) || (!self.s.l1 && {
+            // Without an L1: a read of the marks that found another process
+            // had marked (the generation moved).
+            let mut before = 0;
+            self.marks_learned[l1.inst].iter().any(|&(at, g)| {
+                let moved = g > before;
+                before = before.max(g);
+                moved && l1.start_t <= at && at <= l2.start_t
+            })
+        });
         let displaced = self.loads.iter().any(|l3| {
             l3.inst == l1.inst
                 && l3.key == l1.key
@@ -166,7 +200,7 @@ impl Checker<'_> {
                 && l1.start < l3.start
                 && l3.start < l2.start
         });
-        detached || displaced
+        detached || marked || displaced
     }
 
     /// A duplicate load explained by a lost lease is counted (`lease_lost`)

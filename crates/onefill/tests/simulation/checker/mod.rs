@@ -5,6 +5,7 @@ mod calls;
 mod converged;
 mod copies;
 mod loads;
+mod marks;
 mod replay;
 mod stats;
 
@@ -13,7 +14,7 @@ use std::time::Duration;
 
 use onefill::backend::Gone;
 
-use crate::events::{Answer, CallKind, Change, LoadEnd, Origin, Rec, World};
+use crate::events::{Answer, CallKind, Change, LoadEnd, MarkOp, Origin, Rec, World};
 use crate::scenario::Scenario;
 
 /// The invariants, numbered as in the crate docs.
@@ -37,6 +38,11 @@ pub(crate) enum Invariant {
     Copies,
     /// 9: writes that failed in an outage are replayed once it ends.
     Replayed,
+    /// 10: marks are final.
+    MarksFinal,
+    /// 11: no reload loop: a value stored once its process must know a
+    /// mark is not judged by it.
+    NoReloadLoop,
 }
 
 /// A broken invariant, and what broke it.
@@ -94,6 +100,8 @@ pub(crate) struct Tally {
     pub(crate) failed_writes: u64,
     /// Writes replayed (the instances' `writes_replayed`).
     pub(crate) replayed_writes: u64,
+    /// Marks run on the store (`invalidate_tag`, `expire_tag`, `clear`).
+    pub(crate) marks: u64,
 }
 
 impl Tally {
@@ -121,6 +129,7 @@ impl Tally {
         self.signals_lost += o.signals_lost;
         self.failed_writes += o.failed_writes;
         self.replayed_writes += o.replayed_writes;
+        self.marks += o.marks;
     }
 }
 
@@ -168,6 +177,18 @@ struct LoadInfo {
     start_t: Duration,
     end: Option<(usize, Duration, LoadEnd)>,
     leased: Option<String>,
+    /// The tags its value carries.
+    tags: u8,
+}
+
+/// A mark that ran on the store (see `Ev::Marked`).
+#[derive(Debug, Clone, Copy)]
+struct MarkRec {
+    seq: usize,
+    t: Duration,
+    inst: usize,
+    op: MarkOp,
+    generation: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -261,6 +282,16 @@ struct Checker<'a> {
     /// (seq, instance, key, time, gone token, whether it held the lease)
     /// of every take-over run on the store.
     takeovers: Vec<(usize, usize, usize, Duration, String, bool)>,
+    /// Every mark run on the store, in order.
+    marks: Vec<MarkRec>,
+    /// The generation and tags each version records (see `Ev::Stamp`), and
+    /// when they were first sent to the store.
+    stamps: HashMap<Origin, (u64, u8, Duration)>,
+    /// Per instance: when its reads of the marks failed or were dropped.
+    marks_unread: Vec<Vec<Duration>>,
+    /// Per instance: when its reads of the marks answered, and the
+    /// generation each read.
+    marks_learned: Vec<Vec<(Duration, u64)>>,
 }
 
 impl<'a> Checker<'a> {
@@ -302,6 +333,10 @@ impl<'a> Checker<'a> {
             tracking_lost: vec![Vec::new(); s.instances],
             verdicts: Vec::new(),
             takeovers: Vec::new(),
+            marks: Vec::new(),
+            stamps: HashMap::new(),
+            marks_unread: vec![Vec::new(); s.instances],
+            marks_learned: vec![Vec::new(); s.instances],
         }
     }
 
@@ -366,6 +401,10 @@ pub(crate) fn check(s: &Scenario, world: &World) -> (Vec<Violation>, Tally) {
     c.check_stats(&stats);
     c.checking = Invariant::Replayed;
     c.check_converged(&stats);
+    c.checking = Invariant::MarksFinal;
+    c.check_marks();
+    c.checking = Invariant::NoReloadLoop;
+    c.check_reloads();
     c.tally.replayed_writes = stats.iter().flatten().map(|s| s.writes_replayed).sum();
     (c.violations, c.tally)
 }

@@ -4,13 +4,16 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use super::{CallInfo, Checker, LeaseEnd, LeaseInfo, LoadInfo, ReadRec, ValueRec};
+use super::{CallInfo, Checker, LeaseEnd, LeaseInfo, LoadInfo, MarkRec, ReadRec, ValueRec};
 use crate::events::{BOp, Ev, Exec, Origin, Reply};
 
 impl Checker<'_> {
     pub(super) fn replay(&mut self) {
         // Per key: the live lease (token, expiry).
         let mut lock: Vec<Option<(String, Duration)>> = vec![None; self.s.keys + 1];
+        // Per task: the token of its last call answered or dropped, other
+        // than reads of the marks, if it was an acquire that won.
+        let mut last_call: HashMap<tokio::task::Id, &str> = HashMap::new();
         let recs = self.recs;
         for (seq, rec) in recs.iter().enumerate() {
             let t = rec.t;
@@ -61,13 +64,18 @@ impl Checker<'_> {
                     inst,
                     key,
                     flight,
+                    tags,
                 } => {
                     // Leased: a `Won` was delivered to the flight that
                     // started the load at this very instant (the flight
-                    // starts its loader at once), and no load started under
-                    // it yet. The lease may already be gone (a write
-                    // elsewhere may run between the answer and the loader's
-                    // first poll).
+                    // starts its loader at once), or was its last call
+                    // but for reads of the marks (the cache judges an
+                    // acquire's answer and reads the generation its load
+                    // records before it hands the lease on: they take
+                    // time), and no load started under it yet. The lease
+                    // may already be gone (a write elsewhere may run
+                    // between the answer and the loader's first poll).
+                    let last_call = flight.and_then(|f| last_call.get(&f).copied());
                     let leased = self
                         .won_delivered
                         .iter()
@@ -75,7 +83,15 @@ impl Checker<'_> {
                         .find(|(i, k, at, task, token)| {
                             *i == *inst
                                 && *k == *key
-                                && *at == t
+                                && (*at == t || last_call == Some(token.as_str()))
+                                // Released already: the call failed after
+                                // all (the reads of the marks that judge
+                                // its answer timed it out), and the lease
+                                // went back in the background.
+                                && !self
+                                    .release_entries
+                                    .iter()
+                                    .any(|(_, _, _, released)| released == token)
                                 && flight.is_some()
                                 && task == flight
                                 && !self.leases[token].used
@@ -95,6 +111,7 @@ impl Checker<'_> {
                         start_t: t,
                         end: None,
                         leased,
+                        tags: *tags,
                     });
                 }
                 Ev::LoadEnd { load, end } => {
@@ -126,6 +143,23 @@ impl Checker<'_> {
                     took,
                     task,
                 } => {
+                    match (op, reply) {
+                        (BOp::ReadMarks, Reply::Err) => self.marks_unread[*inst].push(t),
+                        (BOp::ReadMarks, Reply::Generation(g)) => {
+                            self.marks_learned[*inst].push((t, *g));
+                        }
+                        _ => {}
+                    }
+                    if let (Some(task), true) = (task, *op != BOp::ReadMarks) {
+                        match (op, reply, token) {
+                            (BOp::Acquire | BOp::TakeOver, Reply::Won, Some(token)) => {
+                                last_call.insert(*task, token.as_str());
+                            }
+                            _ => {
+                                last_call.remove(task);
+                            }
+                        }
+                    }
                     let acquire = matches!(op, BOp::Acquire | BOp::TakeOver);
                     if acquire && matches!(reply, Reply::Held(_)) {
                         self.held_replies.push((*inst, *key, t));
@@ -174,7 +208,16 @@ impl Checker<'_> {
                 {
                     self.failed_ends.push((seq, *inst, t, token.clone()));
                 }
-                Ev::Abandoned { .. } => {}
+                Ev::Abandoned {
+                    inst,
+                    op: BOp::ReadMarks,
+                    ..
+                } => self.marks_unread[*inst].push(t),
+                Ev::Abandoned { task, .. } => {
+                    if let Some(task) = task {
+                        last_call.remove(task);
+                    }
+                }
                 Ev::Value {
                     key,
                     held,
@@ -203,6 +246,25 @@ impl Checker<'_> {
                     expires: *expires,
                     reported: *reported,
                 }),
+                Ev::Marked {
+                    inst,
+                    op,
+                    generation,
+                } => self.marks.push(MarkRec {
+                    seq,
+                    t,
+                    inst: *inst,
+                    op: *op,
+                    generation: *generation,
+                }),
+                Ev::MarksRead { .. } => {}
+                Ev::Stamp {
+                    origin,
+                    as_of,
+                    tags,
+                } => {
+                    self.stamps.insert(*origin, (*as_of, *tags, t));
+                }
                 Ev::Foreign {
                     version: Some(id), ..
                 } => {
