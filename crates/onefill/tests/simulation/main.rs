@@ -377,8 +377,13 @@
 //! judges (seed 160,632: a degraded load's value, 1.5 s after a `clear`).
 //! The values' own changes share the gap (see "Not caught" below). And
 //! one seed in those 200,000 (95,095) where a flight's `lease_takeovers`
-//! counted one takeover the log does not show (invariant 6), not looked
-//! into yet.
+//! counted one takeover the log does not show (invariant 6): the flight
+//! waited past the end of the holder's lease as its last `Held` gave it;
+//! the holder had filled meanwhile, but a mark judged that value, so the
+//! acquire's `Fresh` was asked again inside the cache's judged view of
+//! the backend and answered `Won`. The flight sees only that `Won`, late
+//! and unannounced, and counts a takeover: an over-count of
+//! `lease_takeovers` when a mark judges the value a wait ends on.
 //!
 //! # Running it
 //!
