@@ -375,15 +375,13 @@
 //! connection is back (its reset detaches them) a call may still join a
 //! load, or a flight, that began before the mark, and answer what it
 //! judges (seed 160,632: a degraded load's value, 1.5 s after a `clear`).
-//! The values' own changes share the gap (see "Not caught" below). And
-//! one seed in those 200,000 (95,095) where a flight's `lease_takeovers`
-//! counted one takeover the log does not show (invariant 6): the flight
-//! waited past the end of the holder's lease as its last `Held` gave it;
-//! the holder had filled meanwhile, but a mark judged that value, so the
-//! acquire's `Fresh` was asked again inside the cache's judged view of
-//! the backend and answered `Won`. The flight sees only that `Won`, late
-//! and unannounced, and counts a takeover: an over-count of
-//! `lease_takeovers` when a mark judges the value a wait ends on.
+//! The values' own changes share the gap (see "Not caught" below). Three
+//! more seeds there (95,095 and two like it) were the checker's: it took
+//! the read of the marks beside a flight's next acquire for the judging
+//! of its last `Held`, so it counted the holder's lease from too late and
+//! found a `lease_takeovers` the cache rightly counted unexplained; a read
+//! of the marks now moves a `Held`'s start only if it was sent when that
+//! `Held` came.
 //!
 //! # Running it
 //!

@@ -319,29 +319,35 @@ impl Checker<'_> {
         let mut waits: HashMap<Option<tokio::task::Id>, (Duration, bool)> = HashMap::new();
         // A `Held` reaches the cache once the marks judged what it found
         // (the reads of them after it, in its task): the flight counts the
-        // holder's lease from then.
-        let mut held_last: HashMap<Option<tokio::task::Id>, Duration> = HashMap::new();
+        // holder's lease from then. Kept with when it was delivered.
+        let mut held_last: HashMap<Option<tokio::task::Id>, (Duration, Duration)> = HashMap::new();
         for (seq, rec) in self.recs.iter().enumerate() {
             // A read of the marks in a task ended: a `Held` just before it
-            // reached the cache now.
+            // reached the cache now, if the read was made for it (sent when
+            // the `Held` came; a read sent later is the flight's next call's,
+            // the read beside its next acquire, say). An abandoned read's
+            // start is not logged: counted as the `Held`'s.
             let marks_read = match &rec.ev {
                 Ev::Delivered {
                     inst: i,
                     op: BOp::ReadMarks,
                     task,
+                    took,
                     ..
-                }
-                | Ev::Abandoned {
+                } if *i == inst => Some((task, rec.t.saturating_sub(*took))),
+                Ev::Abandoned {
                     inst: i,
                     op: BOp::ReadMarks,
                     task,
                     ..
-                } if *i == inst => Some(task),
+                } if *i == inst => Some((task, Duration::ZERO)),
                 _ => None,
             };
-            if let Some(task) = marks_read {
-                if let (Some(ttl), Some(wait)) = (held_last.get(task), waits.get_mut(task)) {
-                    wait.0 = rec.t + *ttl;
+            if let Some((task, sent)) = marks_read {
+                if let (Some((ttl, at)), Some(wait)) = (held_last.get(task), waits.get_mut(task)) {
+                    if sent <= *at {
+                        wait.0 = rec.t + *ttl;
+                    }
                 }
             }
             if let Ev::Delivered {
@@ -367,7 +373,7 @@ impl Checker<'_> {
                     (BOp::ReadMarks, _) => {}
                     (BOp::Acquire | BOp::TakeOver, Reply::Held(ttl)) => {
                         waits.insert(*task, (rec.t + *ttl, false));
-                        held_last.insert(*task, *ttl);
+                        held_last.insert(*task, (*ttl, rec.t));
                     }
                     (BOp::Get, _) => {
                         if let Some(wait) = waits.get_mut(task) {
