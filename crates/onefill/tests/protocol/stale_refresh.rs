@@ -15,17 +15,43 @@ fn ms(n: u64) -> Duration {
 
 /// TTL 1 s, grace 10 s, no jitter nor early refresh, a 5 s lease.
 fn process(backend: impl onefill::backend::Backend) -> Cache<String, String> {
+    process_with_grace(backend, ms(10_000))
+}
+
+fn process_with_grace(
+    backend: impl onefill::backend::Backend,
+    grace: Duration,
+) -> Cache<String, String> {
     Cache::builder()
         .namespace("stale-refresh")
         .backend(backend)
         .ttl(ms(1000))
-        .grace(ms(10_000))
+        .grace(grace)
         .jitter(0.0)
         .early_refresh_beta(0.0)
         .lease_ttl(LeaseTtl::Fixed(ms(5000)))
         .no_l1()
         .build()
         .unwrap()
+}
+
+/// `holder` loads `k`; 100 ms after it went stale, `holder` refreshes it
+/// (a 3 s load), then `reader` reads it stale and its refresh finds the
+/// holder's lease: paused.
+async fn refresh_held_elsewhere(
+    holder: &Cache<String, String>,
+    reader: &Cache<String, String>,
+    origin: &Origin,
+) {
+    holder.fetch("k", origin.loader(ms(10))).await.unwrap();
+    tokio::time::sleep(ms(1100)).await;
+    let stale = holder.fetch("k", origin.loader(ms(3000))).await.unwrap();
+    assert_eq!(stale.outcome, Outcome::Stale);
+    tokio::time::sleep(ms(1)).await;
+    let got = reader.fetch("k", origin.loader(ms(10))).await.unwrap();
+    assert_eq!(got.outcome, Outcome::Stale);
+    tokio::time::sleep(ms(1)).await;
+    assert_eq!(origin.count(), 2);
 }
 
 /// A hot key read 100 times a second by a process while another one's
@@ -105,17 +131,7 @@ async fn an_expire_made_here_ends_the_pause_of_a_refresh_held_elsewhere() {
     let faults = counted.faults().clone();
     let reader = process(counted);
     let origin = Origin::default();
-    holder.fetch("k", origin.loader(ms(10))).await.unwrap();
-    tokio::time::sleep(ms(1100)).await;
-    // The holder refreshes the stale value, slowly.
-    let stale = holder.fetch("k", origin.loader(ms(3000))).await.unwrap();
-    assert_eq!(stale.outcome, Outcome::Stale);
-    tokio::time::sleep(ms(1)).await;
-    // The reader's refresh finds the holder's lease: paused for a second.
-    let got = reader.fetch("k", origin.loader(ms(10))).await.unwrap();
-    assert_eq!(got.outcome, Outcome::Stale);
-    tokio::time::sleep(ms(1)).await;
-    assert_eq!(origin.count(), 2);
+    refresh_held_elsewhere(&holder, &reader, &origin).await;
     // The origin changed: the reader expires the key.
     reader.expire("k").await.unwrap();
     let got = reader.fetch("k", origin.loader(ms(1500))).await.unwrap();
@@ -142,35 +158,11 @@ async fn an_expire_made_here_ends_the_pause_of_a_refresh_held_elsewhere() {
 #[tokio::test(start_paused = true)]
 async fn a_pause_ends_within_the_value_s_grace() {
     let store = MemoryBackend::new();
-    let short = |backend: MemoryBackend| {
-        Cache::<String, String>::builder()
-            .namespace("stale-refresh")
-            .backend(backend)
-            .ttl(ms(1000))
-            .grace(ms(400))
-            .jitter(0.0)
-            .early_refresh_beta(0.0)
-            .lease_ttl(LeaseTtl::Fixed(ms(5000)))
-            .no_l1()
-            .build()
-            .unwrap()
-    };
-    let (holder, reader, writer) = (
-        short(store.clone()),
-        short(store.clone()),
-        short(store.clone()),
-    );
+    let short = |store: &MemoryBackend| process_with_grace(store.clone(), ms(400));
+    let (holder, reader, writer) = (short(&store), short(&store), short(&store));
     let origin = Origin::default();
-    holder.fetch("k", origin.loader(ms(10))).await.unwrap();
-    tokio::time::sleep(ms(1100)).await;
-    // 300 ms of grace left; the holder refreshes, slowly.
-    let stale = holder.fetch("k", origin.loader(ms(3000))).await.unwrap();
-    assert_eq!(stale.outcome, Outcome::Stale);
-    tokio::time::sleep(ms(1)).await;
-    let got = reader.fetch("k", origin.loader(ms(10))).await.unwrap();
-    assert_eq!(got.outcome, Outcome::Stale);
-    // Its refresh finds the holder's lease: paused.
-    tokio::time::sleep(ms(1)).await;
+    // 300 ms of grace left when the holder's refresh starts.
+    refresh_held_elsewhere(&holder, &reader, &origin).await;
     // Another process's write removes the holder's lease (its load will
     // never be stored); the value keeps its expiry.
     writer.expire("k").await.unwrap();
