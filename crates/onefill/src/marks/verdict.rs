@@ -9,8 +9,9 @@ use crate::envelope;
 
 use super::Marks;
 
-/// What the marks make of a value.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What the marks make of a value, from the mildest to the gravest (the
+/// order a value's marks are combined in: the gravest wins).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum Verdict {
     /// Untouched by any mark.
     Valid,
