@@ -117,12 +117,15 @@ impl RedisBackend {
                 match driver_within(
                     "get_many",
                     limit,
-                    send(&mut c.clone(), &all, per_key, build),
+                    send(&mut c.manager(), &all, per_key, build),
                 )
                 .await
                 {
                     Ok(replies) => replies,
-                    Err(e) => keys.iter().map(|_| Err(e.clone())).collect(),
+                    Err(e) => {
+                        c.saw(&classify("get_many", e.clone()));
+                        keys.iter().map(|_| Err(e.clone())).collect()
+                    }
                 }
             }
             Conn::Cluster(router) => {

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use redis::aio::ConnectionManagerConfig;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 use redis::{Client, ProtocolVersion};
 use tokio::sync::mpsc::unbounded_channel;
@@ -15,6 +15,7 @@ use super::cluster::ClusterRouter;
 use super::errors::{classify, with_deadline};
 use super::liveness::Liveness;
 use super::options::{check_url_and_tls, connect_deadline, open_client, RedisOptions};
+use super::primary::{Fixed, Primary};
 use super::push;
 use super::scripts::{Scripts, CLUSTER_SCRIPTS, STANDALONE_SCRIPTS};
 use super::server_clock::{Plan, ServerClock};
@@ -40,50 +41,37 @@ impl RedisBackend {
         options: RedisOptions,
     ) -> Result<RedisBackend, BackendError> {
         let client = open_client(url, &options)?;
-        // No response timeout on the command connection: the `Backend`
-        // methods bound their commands by it themselves, but a cache's hit
-        // calls `read` directly, bounded by the cache's own timeout alone
-        // (a second timer per hit cost about a tenth of a Redis hit's
-        // instructions, measured with callgrind). A reply that comes after its
-        // caller gave up is read and dropped, as before.
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(options.connection_timeout))
-            .set_response_timeout(None)
-            .set_number_of_retries(options.reconnect_retries)
-            .set_max_delay(options.max_backoff);
-        let manager = with_deadline(
-            "connect",
-            connect_deadline(&options),
-            client.get_connection_manager_with_config(config),
-        )
-        .await?;
-        // Every script known to the server before a call needs it (see
-        // `scripts.rs`). A server that does not answer fails the connect;
-        // one that refuses the loads (an ACL without `SCRIPT`) is left to
-        // the call that needs a script, which meets the same refusal then.
-        let loads = STANDALONE_SCRIPTS.load_all(&manager);
-        match with_deadline("connect", options.response_timeout, loads).await {
-            Err(e) if e.is_transient() => return Err(e),
-            _ => {}
-        }
+        let manager = command_connection(&client, &options).await?;
+        let resp3 = push::resp3(&client).map_err(|e| classify("connect", e))?;
+        let primary = Primary::Fixed(Arc::new(Fixed { manager, resp3 }));
+        Self::standalone(primary, options, redact(url), Arc::default()).await
+    }
 
+    /// The backend of a standalone server (`primary`, fixed or followed),
+    /// its command connection open: the fill notifications' connection,
+    /// the first clock sample, the holders' liveness.
+    pub(super) async fn standalone(
+        primary: Primary,
+        options: RedisOptions,
+        target: String,
+        clock: Arc<ServerClock>,
+    ) -> Result<RedisBackend, BackendError> {
         // Fill notifications use RESP3 pushes on a connection of their own.
-        let sub_client = push::resp3(&client).map_err(|e| classify("connect", e))?;
-        let mut link = SingleLink::new(sub_client.clone(), options.clone());
+        let mut link = SingleLink::new(&primary, options.clone());
         link.push.connect().await?;
 
         let backend = Self::assemble(
-            Conn::Single(manager.clone()),
-            Some(sub_client),
+            Conn::Single(primary.clone()),
             &STANDALONE_SCRIPTS,
             Link::Single(Box::new(link)),
             options.clone(),
-            redact(url),
+            target,
+            clock,
         );
         backend.sample_clock().await;
         let liveness = Liveness::start(
             backend.inner.pubsub.clone(),
-            manager,
+            primary,
             options.response_timeout,
         )
         .await;
@@ -143,11 +131,11 @@ impl RedisBackend {
         let target = urls.iter().map(|u| redact(u)).collect::<Vec<_>>().join(",");
         Ok(Self::assemble(
             Conn::Cluster(router),
-            None,
             &CLUSTER_SCRIPTS,
             Link::Cluster(link),
             options,
             target,
+            Arc::default(),
         ))
     }
 
@@ -156,13 +144,13 @@ impl RedisBackend {
     /// server that does not answer or refuses is left to the hits, which
     /// sample on their own.
     async fn sample_clock(&self) {
-        let Conn::Single(manager) = &self.inner.conn else {
+        let Conn::Single(primary) = &self.inner.conn else {
             return;
         };
         let Plan::Sample(sampling) = self.inner.clock.plan(Instant::now()) else {
             return;
         };
-        let (cmd, mut conn) = (redis::cmd("TIME"), manager.clone());
+        let (cmd, mut conn) = (redis::cmd("TIME"), primary.manager());
         let time = cmd.query_async::<(u64, u64)>(&mut conn);
         match with_deadline("connect", self.inner.options.response_timeout, time).await {
             Ok((seconds, micros)) => {
@@ -175,18 +163,17 @@ impl RedisBackend {
 
     fn assemble(
         conn: Conn,
-        resp3: Option<Client>,
         scripts: &'static Scripts,
         link: Link,
         options: RedisOptions,
         target: String,
+        clock: Arc<ServerClock>,
     ) -> RedisBackend {
         RedisBackend {
             inner: Arc::new(Inner {
                 conn,
-                resp3,
                 scripts,
-                clock: ServerClock::default(),
+                clock,
                 kept: Default::default(),
                 pubsub: PubSubShared::start(link, options.clone()),
                 liveness: std::sync::OnceLock::new(),
@@ -194,5 +181,39 @@ impl RedisBackend {
                 target,
             }),
         }
+    }
+}
+
+/// The command connection of a standalone server, with every script
+/// loaded.
+pub(super) async fn command_connection(
+    client: &Client,
+    options: &RedisOptions,
+) -> Result<ConnectionManager, BackendError> {
+    // No response timeout on the command connection: the `Backend`
+    // methods bound their commands by it themselves, but a cache's hit
+    // calls `read` directly, bounded by the cache's own timeout alone
+    // (a second timer per hit cost about a tenth of a Redis hit's
+    // instructions, measured with callgrind). A reply that comes after its
+    // caller gave up is read and dropped, as before.
+    let config = ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(options.connection_timeout))
+        .set_response_timeout(None)
+        .set_number_of_retries(options.reconnect_retries)
+        .set_max_delay(options.max_backoff);
+    let manager = with_deadline(
+        "connect",
+        connect_deadline(options),
+        client.get_connection_manager_with_config(config),
+    )
+    .await?;
+    // Every script known to the server before a call needs it (see
+    // `scripts.rs`). A server that does not answer fails the connect;
+    // one that refuses the loads (an ACL without `SCRIPT`) is left to
+    // the call that needs a script, which meets the same refusal then.
+    let loads = STANDALONE_SCRIPTS.load_all(&manager);
+    match with_deadline("connect", options.response_timeout, loads).await {
+        Err(e) if e.is_transient() => Err(e),
+        _ => Ok(manager),
     }
 }

@@ -39,11 +39,11 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use parking_lot::Mutex;
-use redis::aio::ConnectionManager;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use super::errors::with_deadline;
+use super::primary::Primary;
 use super::subscriber::{PubSubShared, RedisSubscription, CONFIRM_PATIENCE};
 use crate::backend::{BackendError, FillKeys, FillSubscription, Gone, HolderWatch, Watch};
 use crate::token::LeaseToken;
@@ -77,7 +77,7 @@ fn beats(id: &str) -> String {
 pub(super) struct Liveness {
     id: String,
     pubsub: Arc<PubSubShared>,
-    conn: ConnectionManager,
+    conn: Primary,
     response_timeout: Duration,
     beating: Mutex<Beating>,
     /// Dropped with the backend: ends the presence task.
@@ -97,7 +97,7 @@ impl Liveness {
     /// to half a second for the confirmation).
     pub(super) async fn start(
         pubsub: Arc<PubSubShared>,
-        conn: ConnectionManager,
+        conn: Primary,
         response_timeout: Duration,
     ) -> Arc<Liveness> {
         let id = format!("{:016x}", rand::random::<u64>());
@@ -156,7 +156,7 @@ impl Liveness {
             .cmd("PUBLISH")
             .arg(presence(id))
             .arg(ASK);
-        let mut conn = self.conn.clone();
+        let mut conn = self.conn.manager();
         let (lock, receivers): (Option<Vec<u8>>, i64) = with_deadline(
             "watch holder",
             self.response_timeout,
@@ -227,7 +227,7 @@ async fn beat(liveness: Weak<Liveness>) {
             return;
         };
         live.beating.lock().asked = false;
-        let mut conn = live.conn.clone();
+        let mut conn = live.conn.manager();
         let publish = redis::cmd("PUBLISH").arg(beats(&live.id)).arg("").clone();
         let receivers: Result<i64, _> = with_deadline(
             "beat",
@@ -250,7 +250,7 @@ async fn beat(liveness: Weak<Liveness>) {
 struct Watching {
     beats: RedisSubscription,
     presence: String,
-    conn: ConnectionManager,
+    conn: Primary,
     response_timeout: Duration,
     last_beat: Instant,
     /// Asked the holder's presence since its last beat (it was there).
@@ -261,7 +261,7 @@ impl Watching {
     /// Whether the holder's connection is still subscribed to its presence
     /// channel (`None`: the server did not answer).
     async fn present(&self) -> Option<bool> {
-        let mut conn = self.conn.clone();
+        let mut conn = self.conn.manager();
         let publish = redis::cmd("PUBLISH").arg(&self.presence).arg(ASK).clone();
         let asked: Result<i64, _> = with_deadline(
             "watch holder",

@@ -39,9 +39,10 @@ impl RedisBackend {
                 with_deadline(
                     "mark",
                     limit,
-                    invocation.invoke(scripts, &mut c.clone(), false),
+                    invocation.invoke(scripts, &mut c.manager(), false),
                 )
                 .await
+                .inspect_err(|e| c.saw(e))
             }
             Conn::Cluster(router) => router
                 .run(slot_of(gen_key.as_bytes()), |mut c, asking| {
@@ -75,11 +76,12 @@ impl RedisBackend {
         let values: Vec<Value> = match &self.inner.conn {
             Conn::Single(c) => {
                 let limit = self.inner.options.response_timeout;
-                let mut c = c.clone();
+                let mut conn = c.manager();
                 with_deadline("read_marks", limit, async move {
-                    mget.query_async(&mut c).await
+                    mget.query_async(&mut conn).await
                 })
-                .await?
+                .await
+                .inspect_err(|e| c.saw(e))?
             }
             Conn::Cluster(router) => router
                 .run(slot_of(gen_key.as_bytes()), |mut c, asking| async move {

@@ -1,4 +1,5 @@
-//! The Redis backend: standalone Redis or Redis Cluster (7.0 or later).
+//! The Redis backend: standalone Redis, Redis under Sentinel, or Redis
+//! Cluster (7.0 or later).
 //!
 //! Every [`Backend`] step is one server-side Lua script, so it is atomic
 //! exactly like the [`MemoryBackend`](crate::MemoryBackend)'s critical
@@ -41,6 +42,9 @@
 //! - **Standalone**: a [`ConnectionManager`] (one multiplexed connection that
 //!   reconnects by itself) for commands, plus one dedicated RESP3 connection
 //!   for fill notifications (`SUBSCRIBE`/`PUBLISH`).
+//! - **Sentinel** ([`RedisBackend::connect_sentinel`]): standalone
+//!   connections to the primary that the sentinels name, which follow it
+//!   across failovers (see [Sentinel](#sentinel) below).
 //! - **Cluster**: onefill's own routing (`cluster/`): a slot map read
 //!   with `CLUSTER SLOTS`, one multiplexed connection per master, commands
 //!   routed by the hash-tagged key (so all keys of one script share a
@@ -64,6 +68,45 @@
 //! trust store, or against the CA given to `RedisOptions::tls_root_cert`;
 //! `RedisOptions::tls_client_cert` adds a client certificate for mutual TLS.
 //! Without the feature, a `rediss://` URL is an error that says so.
+//!
+//! # Sentinel
+//!
+//! [`connect_sentinel`](RedisBackend::connect_sentinel) asks every sentinel
+//! for the primary (`SENTINEL MASTER`: the answer of the highest config
+//! epoch wins, and the server must say `ROLE` master) and connects to it as
+//! to a standalone server. Each sentinel is kept subscribed to
+//! `+switch-master`; the sentinels are asked again when one announces a
+//! switch, when a call meets a connection failure, a timeout or `READONLY`
+//! (at most every 250 ms), and every 5 s. A new primary gets new
+//! connections: commands, fill notifications (subscriptions made again,
+//! waiters woken) and the L1's tracking, which empties the L1 (writes the
+//! old primary acknowledged may be lost in the failover: replication is
+//! asynchronous). The estimate of the server's clock starts over, and
+//! calls go to a new [shard](Backend::shard): the circuit breaker the old
+//! primary opened is left behind. Credentials and TLS of the sentinels are
+//! in their URLs, those of the data nodes in [`SentinelOptions`]. See
+//! `docs/decisions/0019-sentinel.md`.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), onefill::BackendError> {
+//! use onefill::redis::{RedisBackend, SentinelOptions};
+//!
+//! let backend = RedisBackend::connect_sentinel(
+//!     &["redis://10.0.0.1:26379", "redis://10.0.0.2:26379", "redis://10.0.0.3:26379"],
+//!     "mymaster",
+//! )
+//! .await?;
+//! // With a password on the data nodes (the sentinels' is in their URLs):
+//! let options = SentinelOptions::new().password("secret");
+//! let protected = RedisBackend::connect_sentinel_with(
+//!     &["redis://:sentinel-secret@10.0.0.1:26379"],
+//!     "mymaster",
+//!     options,
+//! )
+//! .await?;
+//! # drop((backend, protected));
+//! # Ok(()) }
+//! ```
 //!
 //! # Fill notifications
 //!
@@ -148,8 +191,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use redis::aio::ConnectionManager;
-use redis::{Client, FromRedisValue, Script};
+use redis::{FromRedisValue, Script};
 use tokio::time::Instant;
 
 use super::Listeners;
@@ -167,9 +209,11 @@ mod errors;
 mod liveness;
 mod marks;
 mod options;
+mod primary;
 mod push;
 mod read;
 mod scripts;
+mod sentinel;
 mod server_clock;
 mod subscriber;
 mod tracking;
@@ -178,12 +222,14 @@ mod urls;
 mod write;
 
 pub use options::RedisOptions;
+pub use sentinel::SentinelOptions;
 pub use ttl::NO_EXPIRY_TTL;
 
 use acquire::{acquired_from, AcquireAnswer};
 use cluster::{slot_of, ClusterRouter};
 use errors::{classify, with_deadline};
 use liveness::Liveness;
+use primary::Primary;
 use read::stored;
 use scripts::{ScriptCall, Scripts};
 use server_clock::ServerClock;
@@ -191,7 +237,7 @@ use subscriber::PubSubShared;
 use ttl::{ms_ceil, px};
 use write::Unconditional;
 
-/// A [`Backend`] on Redis: standalone or Redis Cluster.
+/// A [`Backend`] on Redis: standalone, under Sentinel, or Redis Cluster.
 ///
 /// Cheap to clone; clones share the connections. See the
 /// [module docs](self) for the scripts, the connections and how fill
@@ -243,14 +289,12 @@ where
 
 struct Inner {
     conn: Conn,
-    /// Standalone: a RESP3 client of the server, for L1 tracking
-    /// connections (a cluster's come from the router's nodes).
-    resp3: Option<Client>,
     options: RedisOptions,
     scripts: &'static Scripts,
     /// Standalone hits read the TTL from the envelope with this estimate
-    /// (decision 0011); unused on a cluster.
-    clock: ServerClock,
+    /// (decision 0011); unused on a cluster. Shared with a Sentinel
+    /// follower, which starts it over when the primary changes.
+    clock: Arc<ServerClock>,
     /// Prefixes an L1 keeps: their hits read the server's TTL.
     kept: read::KeptPrefixes,
     pubsub: Arc<PubSubShared>,
@@ -263,7 +307,8 @@ struct Inner {
 
 #[derive(Clone)]
 enum Conn {
-    Single(ConnectionManager),
+    /// A standalone server, fixed or followed under Sentinel.
+    Single(Primary),
     /// onefill's own routing (see `cluster/`): the driver's cluster
     /// connection never leaves a hung master.
     Cluster(ClusterRouter),
@@ -271,8 +316,9 @@ enum Conn {
 
 impl fmt::Debug for RedisBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mode = match self.inner.conn {
-            Conn::Single(_) => "standalone",
+        let mode = match &self.inner.conn {
+            Conn::Single(Primary::Fixed(_)) => "standalone",
+            Conn::Single(Primary::Followed(_)) => "sentinel",
             Conn::Cluster(_) => "cluster",
         };
         f.debug_struct("RedisBackend")
@@ -283,6 +329,15 @@ impl fmt::Debug for RedisBackend {
 }
 
 impl RedisBackend {
+    /// `error`, after a followed primary's follower has seen it (see
+    /// [`Primary::saw`]).
+    fn saw(&self, error: BackendError) -> BackendError {
+        if let Conn::Single(primary) = &self.inner.conn {
+            primary.saw(&error);
+        }
+        error
+    }
+
     /// Runs `invocation`, whose keys all share `keys`' hash tag.
     async fn eval<T: FromRedisValue>(
         &self,
@@ -297,7 +352,13 @@ impl RedisBackend {
             Conn::Single(c) => {
                 let limit = self.inner.options.response_timeout;
                 let scripts = self.inner.scripts;
-                with_deadline(op, limit, invocation.invoke(scripts, &mut c.clone(), false)).await
+                let mut conn = c.manager();
+                let answer =
+                    with_deadline(op, limit, invocation.invoke(scripts, &mut conn, false)).await;
+                if let Err(e) = &answer {
+                    c.saw(e);
+                }
+                answer
             }
             Conn::Cluster(router) => {
                 let scripts = self.inner.scripts;
@@ -530,36 +591,27 @@ impl Backend for RedisBackend {
             options: self.inner.options.clone(),
             listener,
         };
-        match (&self.inner.conn, &self.inner.resp3) {
-            (Conn::Single(_), Some(client)) => {
-                tracking::track_standalone(client.clone(), tracking);
-                Ok(())
-            }
-            (Conn::Cluster(router), _) => {
-                tracking::track_cluster(router.downgrade(), tracking);
-                Ok(())
-            }
-            (Conn::Single(_), None) => Err(BackendError::new(
-                BackendErrorKind::Connection,
-                "no RESP3 client for the L1's tracking connection",
-            )),
+        match &self.inner.conn {
+            Conn::Single(primary) => tracking::track_standalone(primary.clone(), tracking),
+            Conn::Cluster(router) => tracking::track_cluster(router.downgrade(), tracking),
         }
+        Ok(())
     }
 
-    /// Standalone: one shard. Cluster: the master that serves the key's
-    /// slot now.
+    /// Standalone: one shard (under Sentinel, one per primary in turn).
+    /// Cluster: the master that serves the key's slot now.
     fn shard(&self, keys: &FillKeys) -> u64 {
         match &self.inner.conn {
-            Conn::Single(_) => 0,
+            Conn::Single(primary) => primary.shard(),
             Conn::Cluster(router) => router.shard_of(slot_of(keys.value().as_bytes())),
         }
     }
 
-    /// Standalone: its one shard. Cluster: a master that owns a slot in
-    /// the router's slot map now.
+    /// Standalone: its one shard (under Sentinel, the current primary's).
+    /// Cluster: a master that owns a slot in the router's slot map now.
     fn shard_serves_keys(&self, shard: u64) -> bool {
         match &self.inner.conn {
-            Conn::Single(_) => true,
+            Conn::Single(primary) => primary.serves(shard),
             Conn::Cluster(router) => shard == 0 || router.serves_keys(shard),
         }
     }

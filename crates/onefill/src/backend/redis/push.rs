@@ -36,6 +36,7 @@ use tokio::time::{Instant, Interval, MissedTickBehavior};
 
 use super::errors::{classify, with_deadline};
 use super::options::{RedisOptions, MIN_BACKOFF};
+use super::primary::Primary;
 use crate::backoff::Backoff;
 use crate::error::BackendError;
 
@@ -64,6 +65,10 @@ pub(super) enum Due {
 /// module docs.
 pub(super) struct PushConnection {
     client: Client,
+    /// A primary followed across failovers: each connection goes to the
+    /// current one, and a change of primary drops the connection at once
+    /// (see [`following`](Self::following)).
+    following: Option<(Primary, tokio::sync::watch::Receiver<u64>)>,
     options: RedisOptions,
     names: Names,
     /// Sent after connecting, before the connection counts as up.
@@ -105,6 +110,7 @@ impl PushConnection {
     ) -> PushConnection {
         PushConnection {
             client,
+            following: None,
             backoff: Backoff::new(MIN_BACKOFF, options.max_backoff),
             options,
             names,
@@ -150,6 +156,18 @@ impl PushConnection {
         self
     }
 
+    /// Connects to `primary`'s current server rather than the client's;
+    /// when the primary changes (a followed one, under Sentinel) the
+    /// connection counts as lost at once and connects again without
+    /// waiting, to the new primary: the owner reacts as to any loss and
+    /// reconnection (a subscriber subscribes again, the L1 empties).
+    pub(super) fn following(mut self, primary: &Primary) -> PushConnection {
+        if let Some(epochs) = primary.epochs() {
+            self.following = Some((primary.clone(), epochs));
+        }
+        self
+    }
+
     /// `cmd` (called `op`) is sent on every new connection before it counts
     /// as up; if it fails, the connection is dropped and tried again later.
     pub(super) fn with_setup(mut self, op: &'static str, cmd: Cmd) -> PushConnection {
@@ -165,27 +183,63 @@ impl PushConnection {
     /// What happened, or is due next. Cancel-safe: nothing is lost if the
     /// future is dropped before it answers.
     pub(super) async fn due(&mut self) -> Due {
+        let following = &mut self.following;
+        let moved = async {
+            match following {
+                // An error: the follower is gone with its backend; wait
+                // for nothing more.
+                Some((_, epochs)) => {
+                    if epochs.changed().await.is_err() {
+                        std::future::pending::<()>().await
+                    }
+                }
+                None => std::future::pending().await,
+            }
+        };
         let (Some(pushes), true) = (self.pushes.as_mut(), self.conn.is_some()) else {
-            tokio::time::sleep_until(self.retry_at).await;
+            let moved = tokio::select! {
+                _ = tokio::time::sleep_until(self.retry_at) => false,
+                _ = moved => true,
+            };
+            if moved {
+                // A new primary: connect to it now, not after the backoff
+                // that the old one's failures built up.
+                self.backoff.reset();
+            }
             return Due::Connect;
         };
-        let received = loop {
-            let received = tokio::select! {
-                push = pushes.recv() => Some(push),
-                _ = self.ping.tick() => None,
-            };
-            if received.is_none() && self.when_quiet && std::mem::take(&mut self.heard) {
-                continue;
+        let received = {
+            tokio::pin!(moved);
+            loop {
+                let received = tokio::select! {
+                    push = pushes.recv() => Some(Some(push)),
+                    _ = self.ping.tick() => Some(None),
+                    _ = &mut moved => None,
+                };
+                if matches!(received, Some(None))
+                    && self.when_quiet
+                    && std::mem::take(&mut self.heard)
+                {
+                    continue;
+                }
+                break received;
             }
-            break received;
         };
         match received {
-            None => Due::Ping,
-            Some(Some(push)) if push.kind != PushKind::Disconnection => {
+            // The primary changed: this connection is the old one's.
+            None => {
+                self.conn = None;
+                self.pushes = None;
+                self.backoff.reset();
+                self.retry_at = Instant::now();
+                Due::Lost
+            }
+            Some(None) => Due::Ping,
+            Some(Some(Some(push))) if push.kind != PushKind::Disconnection => {
                 self.heard = true;
                 Due::Push(push)
             }
-            Some(_) => {
+            Some(Some(_)) => {
                 self.lost();
                 Due::Lost
             }
@@ -226,9 +280,11 @@ impl PushConnection {
             .options
             .connection_timeout
             .saturating_add(self.options.response_timeout);
-        let connecting = self
-            .client
-            .get_multiplexed_async_connection_with_config(&config);
+        let client = match &self.following {
+            Some((primary, _)) => primary.resp3().0,
+            None => self.client.clone(),
+        };
+        let connecting = client.get_multiplexed_async_connection_with_config(&config);
         let mut conn = with_deadline(self.names.connect, limit, connecting).await?;
         if let Some((op, setup)) = &self.setup {
             let sent = setup.query_async::<Value>(&mut conn);

@@ -66,7 +66,7 @@ impl RedisBackend {
     /// `server_clock.rs`, decision 0011).
     async fn get_standalone(
         &self,
-        conn: &ConnectionManager,
+        mut conn: ConnectionManager,
         keys: &FillKeys,
         began: Instant,
     ) -> Result<Option<Stored>, BackendError> {
@@ -81,9 +81,9 @@ impl RedisBackend {
         };
         let bytes: Option<Vec<u8>> = redis::cmd("GET")
             .arg(keys.value())
-            .query_async(&mut conn.clone())
+            .query_async(&mut conn)
             .await
-            .map_err(|e| classify("get", e))?;
+            .map_err(|e| self.saw(classify("get", e)))?;
         let Some(mut bytes) = bytes else {
             return Ok(None);
         };
@@ -113,13 +113,13 @@ impl RedisBackend {
     /// `PTTL` would be.
     async fn get_sampling(
         &self,
-        conn: &ConnectionManager,
+        mut conn: ConnectionManager,
         keys: &FillKeys,
         sampling: server_clock::Sampling<'_>,
     ) -> Result<Option<Stored>, BackendError> {
         let mut pipe = redis::pipe();
         pipe.cmd("GET").arg(keys.value()).cmd("TIME");
-        let answer: Result<SampledRead, RedisError> = pipe.query_async(&mut conn.clone()).await;
+        let answer: Result<SampledRead, RedisError> = pipe.query_async(&mut conn).await;
         match answer {
             Ok((bytes, (secs, micros))) => {
                 let server_us = sampling.record(secs, micros);
@@ -147,7 +147,7 @@ impl RedisBackend {
                 sampling.refused();
                 self.get_pttl(keys).await
             }
-            Err(e) => Err(classify("get", e)),
+            Err(e) => Err(self.saw(classify("get", e))),
         }
     }
 
@@ -180,7 +180,7 @@ impl RedisBackend {
     async fn read(&self, keys: &FillKeys, now: Instant) -> Result<Option<Stored>, BackendError> {
         match &self.inner.conn {
             Conn::Single(c) if !self.inner.kept.covers(keys.value()) => {
-                self.get_standalone(c, keys, now).await
+                self.get_standalone(c.manager(), keys, now).await
             }
             _ => Box::pin(self.get_pttl(keys)).await,
         }
@@ -195,7 +195,7 @@ impl RedisBackend {
             .cmd("PTTL")
             .arg(keys.value());
         let result: Result<(Option<Vec<u8>>, i64), RedisError> = match &self.inner.conn {
-            Conn::Single(c) => pipe.query_async(&mut c.clone()).await,
+            Conn::Single(c) => pipe.query_async(&mut c.manager()).await,
             Conn::Cluster(router) => {
                 let pipe = &pipe;
                 // After an `ASK`: `ASKING` before each command.
@@ -217,7 +217,7 @@ impl RedisBackend {
                 .await
             }
         };
-        let (bytes, pttl) = result.map_err(|e| classify("get", e))?;
+        let (bytes, pttl) = result.map_err(|e| self.saw(classify("get", e)))?;
         Ok(stored(bytes, pttl))
     }
 }

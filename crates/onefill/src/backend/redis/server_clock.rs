@@ -18,6 +18,11 @@
 //! process is a command the fleet pays for; the tighter of the kept and
 //! the new is kept.
 //! No client wall clock is read anywhere.
+//!
+//! A backend under Sentinel talks to another server after a failover,
+//! whose clock is another machine's: [`ServerClock::start_over`] makes the
+//! samples of the old primary count for nothing (hits send `GET` + `PTTL`
+//! until the new primary's first sample, taken by the next hit).
 
 use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
@@ -104,6 +109,10 @@ pub(super) struct ServerClock {
     received_us: AtomicU64,
     /// When the last answered sample was sent, plus one (0: never).
     tried_us: AtomicU64,
+    /// The era the stored sample and attempt belong to.
+    stored_era: AtomicU64,
+    /// The current era: bumped by [`start_over`](ServerClock::start_over).
+    era: AtomicU64,
     sampling: AtomicBool,
 }
 
@@ -116,6 +125,8 @@ impl Default for ServerClock {
             sent_us: AtomicU64::new(0),
             received_us: AtomicU64::new(0),
             tried_us: AtomicU64::new(0),
+            stored_era: AtomicU64::new(0),
+            era: AtomicU64::new(0),
             sampling: AtomicBool::new(false),
         }
     }
@@ -127,6 +138,8 @@ struct State {
     kept: Option<Sample>,
     /// When the last answered sample was sent (kept or not).
     tried_us: Option<u64>,
+    /// The era of both.
+    era: u64,
 }
 
 /// What a hit sends.
@@ -189,6 +202,8 @@ impl Estimate {
 pub(super) struct Sampling<'a> {
     clock: &'a ServerClock,
     sent_us: u64,
+    /// The era it was sent in: its answer may be the old server's.
+    era: u64,
 }
 
 impl Sampling<'_> {
@@ -205,7 +220,9 @@ impl Sampling<'_> {
             sent_us: self.sent_us,
             received_us,
         };
-        let old = self.clock.load();
+        let Some(old) = self.clock.load_current(self.era) else {
+            return sample.server_us;
+        };
         // Keep the tighter one (a reply delayed by a busy client widens
         // the bounds; an older sample widens by its drift allowance).
         let better = old
@@ -214,6 +231,7 @@ impl Sampling<'_> {
         self.clock.store(State {
             kept: if better { Some(sample) } else { old.kept },
             tried_us: Some(self.sent_us),
+            era: self.era,
         });
         sample.server_us
     }
@@ -221,10 +239,13 @@ impl Sampling<'_> {
     /// The server refused the sample: try again ten seconds later, not at
     /// every hit.
     pub(super) fn refused(self) {
-        let old = self.clock.load();
+        let Some(old) = self.clock.load_current(self.era) else {
+            return;
+        };
         self.clock.store(State {
             kept: old.kept,
             tried_us: Some(self.sent_us),
+            era: self.era,
         });
     }
 }
@@ -249,6 +270,7 @@ impl ServerClock {
                 let sent_us = self.sent_us.load(Ordering::Relaxed);
                 let received_us = self.received_us.load(Ordering::Relaxed);
                 let tried_us = self.tried_us.load(Ordering::Relaxed);
+                let era = self.stored_era.load(Ordering::Relaxed);
                 fence(Ordering::Acquire);
                 if self.seq.load(Ordering::Relaxed) == before {
                     return State {
@@ -258,6 +280,7 @@ impl ServerClock {
                             received_us,
                         }),
                         tried_us: tried_us.checked_sub(1),
+                        era,
                     };
                 }
             }
@@ -280,13 +303,43 @@ impl ServerClock {
             state.tried_us.map_or(0, |t| t.saturating_add(1)),
             Ordering::Relaxed,
         );
+        self.stored_era.store(state.era, Ordering::Relaxed);
         self.seq.store(seq.wrapping_add(2), Ordering::Release);
+    }
+
+    /// The state, if it is of `era` and `era` is the current one; for a
+    /// state of an earlier era, an empty one.
+    fn load_current(&self, era: u64) -> Option<State> {
+        if self.era.load(Ordering::Acquire) != era {
+            return None;
+        }
+        let state = self.load();
+        Some(if state.era == era {
+            state
+        } else {
+            State {
+                kept: None,
+                tried_us: None,
+                era,
+            }
+        })
+    }
+
+    /// The samples taken so far are another server's (a Sentinel
+    /// failover): none of them counts any more, and the next hit samples.
+    pub(super) fn start_over(&self) {
+        self.era.fetch_add(1, Ordering::AcqRel);
     }
 
     /// How the hit about to be sent should ask.
     pub(super) fn plan(&self, now: Instant) -> Plan<'_> {
         let now_us = self.now_us(now);
-        let State { kept, tried_us } = self.load();
+        let era = self.era.load(Ordering::Acquire);
+        let State { kept, tried_us, .. } = self.load_current(era).unwrap_or(State {
+            kept: None,
+            tried_us: None,
+            era,
+        });
         let due = tried_us.is_none_or(|t| now_us.saturating_sub(t) >= micros(RESAMPLE_AFTER));
         if due
             && self
@@ -297,6 +350,7 @@ impl ServerClock {
             return Plan::Sample(Sampling {
                 clock: self,
                 sent_us: self.now_us(Instant::now()),
+                era,
             });
         }
         match kept {

@@ -48,6 +48,7 @@ use tokio::time::Instant;
 
 use super::cluster::WeakRouter;
 use super::options::RedisOptions;
+use super::primary::Primary;
 use super::push::{resp3, Due, Names, PushConnection};
 use crate::backend::ChangeListener;
 
@@ -74,10 +75,12 @@ impl Confirm for Direct {
     }
 }
 
-/// Tracks a standalone server (`client` must speak RESP3).
-pub(super) fn track_standalone(client: Client, tracking: Tracking) {
+/// Tracks a standalone server (under Sentinel, whichever is the primary:
+/// a change of primary is a reconnection, which resets the listener).
+pub(super) fn track_standalone(primary: Primary, tracking: Tracking) {
     tokio::spawn(track_node(
-        client,
+        primary.resp3().0,
+        Some(primary),
         tracking,
         Arc::new(Direct),
         redis::cmd("PING"),
@@ -89,6 +92,7 @@ pub(super) fn track_standalone(client: Client, tracking: Tracking) {
 /// answered `check`s (sent in place of its `PING`s) are the confirmations.
 async fn track_node(
     client: Client,
+    following: Option<Primary>,
     tracking: Tracking,
     confirm: Arc<dyn Confirm>,
     check: redis::Cmd,
@@ -112,6 +116,9 @@ async fn track_node(
             .with_setup("CLIENT TRACKING", on)
             .health_check(check)
             .ping_at_connect();
+    if let Some(primary) = &following {
+        conn = conn.following(primary);
+    }
     // The first failure to track is worth a warning (the L1 does not serve
     // meanwhile); the retries after it are not.
     let mut warned = false;
@@ -278,7 +285,13 @@ pub(super) fn track_cluster(router: WeakRouter, tracking: Tracking) {
                 master_only.arg(0).arg(0);
                 tasks.insert(
                     addr,
-                    tokio::spawn(track_node(client, tracking.clone(), confirm, master_only)),
+                    tokio::spawn(track_node(
+                        client,
+                        None,
+                        tracking.clone(),
+                        confirm,
+                        master_only,
+                    )),
                 );
                 changed = true;
             }

@@ -12,13 +12,14 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
-use redis::{Client, PushInfo};
+use redis::PushInfo;
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 use tokio::time::Instant;
 
 use super::super::cluster::{slot_of, ClusterRouter, WeakRouter};
 use super::super::errors::with_deadline;
 use super::super::options::RedisOptions;
+use super::super::primary::Primary;
 use super::super::push::{disconnected, Names, PushConnection};
 use crate::error::{BackendError, BackendErrorKind};
 
@@ -56,14 +57,16 @@ pub(in super::super) struct ClusterLink {
 impl SingleLink {
     /// A link for `client` (which must speak RESP3, for pushes), not yet
     /// connected.
-    pub(in super::super) fn new(client: Client, options: RedisOptions) -> SingleLink {
+    pub(in super::super) fn new(primary: &Primary, options: RedisOptions) -> SingleLink {
         let names = Names {
             connect: "subscriber connect",
             ping: "subscriber ping",
         };
         let (every, timeout) = (options.ping_interval, options.response_timeout);
         SingleLink {
-            push: PushConnection::new(client, options, names, every, timeout).ping_when_quiet(),
+            push: PushConnection::new(primary.resp3().0, options, names, every, timeout)
+                .following(primary)
+                .ping_when_quiet(),
             response_timeout: timeout,
         }
     }

@@ -1,0 +1,160 @@
+//! The standalone server a backend talks to: fixed for a plain
+//! [`connect`](super::RedisBackend::connect), or followed across failovers
+//! for a backend under Redis Sentinel (`sentinel.rs` does the following).
+//!
+//! Everything that opens connections to the server asks this for them: the
+//! command connection (a [`ConnectionManager`]) for each call, and the
+//! RESP3 client for the push connections (fill notifications, holders'
+//! presence, the L1's tracking) at each of their (re)connections. When a
+//! followed primary changes, its epoch moves on: the push connections drop
+//! and reconnect to the new primary at once (which empties the L1, as any
+//! reconnection of its tracking does: writes the old primary acknowledged
+//! may be lost), and each epoch is a shard of its own, so the circuit
+//! breaker of the old primary stays behind with it.
+
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+use redis::aio::ConnectionManager;
+use redis::Client;
+use tokio::sync::{watch, Notify};
+
+use crate::error::{BackendError, BackendErrorKind};
+
+/// Where a standalone backend's connections go.
+#[derive(Clone)]
+pub(super) enum Primary {
+    /// One server for the backend's life (behind a pointer: a client is large, and
+    /// every backend call matches on this).
+    Fixed(Arc<Fixed>),
+    /// The primary the sentinels name, which a failover changes.
+    Followed(Arc<Followed>),
+}
+
+/// A server for the backend's life.
+pub(super) struct Fixed {
+    pub(super) manager: ConnectionManager,
+    pub(super) resp3: Client,
+}
+
+/// A primary that can change (see the module docs).
+pub(super) struct Followed {
+    current: RwLock<Current>,
+    /// The current epoch, for the push connections to follow.
+    epoch: watch::Sender<u64>,
+    /// Calls that met a sign of a demoted or dead primary (a connection
+    /// failure, `READONLY`, a timeout) ask the follower to look again.
+    suspect: Notify,
+}
+
+/// The primary of one epoch.
+#[derive(Clone)]
+pub(super) struct Current {
+    pub(super) epoch: u64,
+    pub(super) manager: ConnectionManager,
+    pub(super) resp3: Client,
+    /// `host:port`, for logs.
+    pub(super) addr: String,
+}
+
+impl Followed {
+    /// Follows from `first` (epoch 1).
+    pub(super) fn new(manager: ConnectionManager, resp3: Client, addr: String) -> Arc<Followed> {
+        let first = Current {
+            epoch: 1,
+            manager,
+            resp3,
+            addr,
+        };
+        Arc::new(Followed {
+            current: RwLock::new(first),
+            epoch: watch::channel(1).0,
+            suspect: Notify::new(),
+        })
+    }
+
+    pub(super) fn current(&self) -> Current {
+        self.current.read().clone()
+    }
+
+    /// A new primary: its connections replace the old one's, and the push
+    /// connections are told to move. Returns the new epoch.
+    pub(super) fn switch(&self, manager: ConnectionManager, resp3: Client, addr: String) -> u64 {
+        let epoch = {
+            let mut current = self.current.write();
+            let epoch = current.epoch + 1;
+            *current = Current {
+                epoch,
+                manager,
+                resp3,
+                addr,
+            };
+            epoch
+        };
+        self.epoch.send_replace(epoch);
+        epoch
+    }
+
+    /// Resolves when a call asked the follower to look again.
+    pub(super) async fn suspected(&self) {
+        self.suspect.notified().await
+    }
+}
+
+impl Primary {
+    /// The command connection (a clone: cheap, it shares the connection).
+    pub(super) fn manager(&self) -> ConnectionManager {
+        match self {
+            Primary::Fixed(fixed) => fixed.manager.clone(),
+            Primary::Followed(followed) => followed.current.read().manager.clone(),
+        }
+    }
+
+    /// The RESP3 client for a push connection, and the epoch it belongs to
+    /// (always 0 for a fixed server).
+    pub(super) fn resp3(&self) -> (Client, u64) {
+        match self {
+            Primary::Fixed(fixed) => (fixed.resp3.clone(), 0),
+            Primary::Followed(followed) => {
+                let current = followed.current.read();
+                (current.resp3.clone(), current.epoch)
+            }
+        }
+    }
+
+    /// Tells of each change of primary (`None` for a fixed server).
+    pub(super) fn epochs(&self) -> Option<watch::Receiver<u64>> {
+        match self {
+            Primary::Fixed(_) => None,
+            Primary::Followed(followed) => Some(followed.epoch.subscribe()),
+        }
+    }
+
+    /// The shard a call goes to: the epoch (each primary has a circuit
+    /// breaker of its own), 0 for a fixed server.
+    pub(super) fn shard(&self) -> u64 {
+        match self {
+            Primary::Fixed(_) => 0,
+            Primary::Followed(followed) => *followed.epoch.borrow(),
+        }
+    }
+
+    /// Whether `shard` is the current primary's.
+    pub(super) fn serves(&self, shard: u64) -> bool {
+        self.shard() == shard
+    }
+
+    /// A call's error: one that may mean the primary is gone or demoted
+    /// asks the follower to look again (it asks the sentinels, at most so
+    /// often). Does nothing for a fixed server.
+    pub(super) fn saw(&self, error: &BackendError) {
+        if let Primary::Followed(followed) = self {
+            if matches!(
+                error.kind(),
+                BackendErrorKind::Connection | BackendErrorKind::Busy | BackendErrorKind::Timeout
+            ) {
+                followed.suspect.notify_one();
+            }
+        }
+    }
+}
