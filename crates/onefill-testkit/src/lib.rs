@@ -1,4 +1,5 @@
-//! Test support for onefill: private `redis-server` processes and clusters.
+//! Test support for onefill: private `redis-server` processes, clusters
+//! and Sentinel set-ups.
 //!
 //! Modelled on redis-rs's own test harness: every server gets a free port
 //! on 127.0.0.1, persistence off (`--save ''`, `--appendonly no`), a private
@@ -31,12 +32,14 @@ mod cluster;
 mod limit;
 mod process;
 mod resp;
+mod sentinel;
 mod server;
 
 pub use cluster::RedisCluster;
 pub use limit::{time_limit, TimeLimit};
 pub use process::output_within;
 pub use resp::Reply;
+pub use sentinel::RedisSentinel;
 pub use server::RedisServer;
 
 #[cfg(test)]
@@ -217,5 +220,73 @@ mod tests {
             );
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// A Sentinel set-up forms (3 data nodes, 3 Sentinels knowing them
+    /// all), and replicates what the primary is told.
+    #[test]
+    fn a_sentinel_set_up_forms_and_replicates() {
+        let _limit = time_limit(CLUSTER_LIMIT);
+        let set = RedisSentinel::start();
+        assert_eq!(set.nodes().len(), 3);
+        assert_eq!(set.sentinels().len(), 3);
+        assert_eq!(set.sentinel_urls().len(), 3);
+        let primary = set.primary();
+        assert_eq!(
+            primary.port(),
+            set.nodes()[0].port(),
+            "the first node starts as the primary"
+        );
+        assert_eq!(set.replicas().len(), 2);
+        for sentinel in set.sentinels() {
+            let addr =
+                sentinel.command(&["SENTINEL", "GET-MASTER-ADDR-BY-NAME", set.master_name()]);
+            assert_eq!(addr, format!("127.0.0.1\n{}", primary.port()));
+            let replicas = sentinel.query(&["SENTINEL", "REPLICAS", set.master_name()]);
+            assert!(
+                matches!(&replicas, Reply::Array(Some(r)) if r.len() == 2),
+                "{replicas:?}"
+            );
+        }
+        assert_eq!(primary.command(&["SET", "k", "v"]), "OK");
+        assert_eq!(primary.command(&["WAIT", "2", "2000"]), "2");
+        for replica in set.replicas() {
+            assert_eq!(replica.command(&["GET", "k"]), "v");
+            assert!(replica.command(&["SET", "k", "w"]).starts_with("-READONLY"));
+        }
+    }
+
+    /// `SENTINEL FAILOVER` promotes a replica, which keeps the data; the
+    /// old primary follows it; the set-up is ready again afterwards.
+    #[test]
+    fn a_sentinel_failover_promotes_a_replica() {
+        let _limit = time_limit(CLUSTER_LIMIT);
+        let set = RedisSentinel::start();
+        let old = set.primary();
+        assert_eq!(old.command(&["SET", "k", "v"]), "OK");
+        assert_eq!(old.command(&["WAIT", "2", "2000"]), "2");
+        set.failover();
+        let (new, took) = set.wait_for_new_primary(old.port(), Duration::from_secs(30));
+        assert_ne!(new, old.port());
+        assert!(set.replicas().iter().any(|r| r.port() == old.port()));
+        assert_eq!(set.primary().port(), new);
+        assert_eq!(set.primary().command(&["GET", "k"]), "v");
+        eprintln!("SENTINEL FAILOVER: new primary named after {took:?}");
+        set.wait_until_ready();
+        let info = old.command(&["INFO", "replication"]);
+        assert!(info.contains(&format!("master_port:{new}")), "{info}");
+    }
+
+    /// A killed primary is replaced once the Sentinels see it down.
+    #[test]
+    fn a_killed_primary_is_replaced() {
+        let _limit = time_limit(CLUSTER_LIMIT);
+        let set = RedisSentinel::start();
+        let old = set.primary().port();
+        set.kill_primary();
+        let (new, took) = set.wait_for_new_primary(old, Duration::from_secs(30));
+        assert_ne!(new, old);
+        assert!(set.node_with_port(new).unwrap().is_running());
+        eprintln!("SIGKILL: new primary named after {took:?}");
     }
 }

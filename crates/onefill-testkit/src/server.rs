@@ -24,6 +24,10 @@ pub(crate) const COMMAND_TIMEOUT: Duration = Duration::from_secs(5);
 pub struct RedisServer {
     port: u16,
     args: Vec<String>,
+    /// A Sentinel's configuration: the server runs as `redis-server
+    /// <dir>/sentinel.conf --sentinel`, from this text when first started
+    /// (a restart keeps the file as the Sentinel rewrote it).
+    sentinel_conf: Option<String>,
     dir: TempDir,
     child: Mutex<Option<Child>>,
 }
@@ -43,6 +47,18 @@ impl RedisServer {
     /// Paths in the arguments are relative to the server's private
     /// directory ([`dir`](Self::dir)).
     pub fn start_with(extra_args: &[&str]) -> RedisServer {
+        Self::start_mode(extra_args, None)
+    }
+
+    /// A Redis Sentinel (`redis-server <conf> --sentinel`) on a free port,
+    /// its configuration file written from `conf` into its private
+    /// directory (a Sentinel needs a file it can rewrite). Ready when it
+    /// answers `PING`.
+    pub(crate) fn start_sentinel(conf: &str) -> RedisServer {
+        Self::start_mode(&[], Some(conf.to_owned()))
+    }
+
+    fn start_mode(extra_args: &[&str], sentinel_conf: Option<String>) -> RedisServer {
         let args: Vec<String> = extra_args.iter().map(|s| s.to_string()).collect();
         // A port found free can be taken by someone else before the server
         // binds it; try a few ports before giving up.
@@ -55,6 +71,7 @@ impl RedisServer {
             let server = RedisServer {
                 port: free_port(),
                 args: args.clone(),
+                sentinel_conf: sentinel_conf.clone(),
                 dir,
                 child: Mutex::new(None),
             };
@@ -237,6 +254,17 @@ impl RedisServer {
         let _ = std::fs::remove_file(self.log_path());
         let port = self.port.to_string();
         let mut cmd = Command::new("redis-server");
+        if let Some(conf) = &self.sentinel_conf {
+            // The file comes first on the command line, as redis-server
+            // requires; written once, so a restart keeps what the Sentinel
+            // learnt (and rewrote into it).
+            let path = dir.join("sentinel.conf");
+            if !path.exists() {
+                std::fs::write(&path, conf)
+                    .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+            }
+            cmd.arg(&path).arg("--sentinel");
+        }
         cmd.args([
             "--port",
             &port,
