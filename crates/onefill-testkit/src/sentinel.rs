@@ -227,7 +227,7 @@ impl RedisSentinel {
             .sentinels
             .iter()
             .filter(|s| s.is_running())
-            .filter_map(|s| named_port(s))
+            .filter_map(named_port)
             .collect();
         let mut best: Option<(u16, usize)> = None;
         for &port in &named {
@@ -315,7 +315,7 @@ impl RedisSentinel {
                 .sentinels
                 .iter()
                 .filter(|s| s.is_running())
-                .filter_map(|s| named_port(s))
+                .filter_map(named_port)
                 .filter(|p| *p != old_port)
                 .collect();
             for &port in &named {
