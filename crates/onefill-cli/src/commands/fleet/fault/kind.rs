@@ -73,4 +73,27 @@ pub struct Injected {
     pub promoted_at_ms: Option<f64>,
     /// `ip:port` of the node serving the victim's slots then.
     pub promoted_to: Option<String>,
+    /// The values found on the old primary and looked for on the new one
+    /// (a Sentinel set-up; `None` on a cluster, or without a promotion).
+    pub values: Option<ValueCheck>,
+}
+
+/// The run's values looked for on the new primary right after a
+/// promotion, against the old primary's as last read (just before the
+/// fault; for a failover, again at the promotion, the old primary still
+/// answering).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ValueCheck {
+    /// Values the old primary held that should still have lived at the
+    /// check by far (more than the margin), so no refresh could have
+    /// replaced them.
+    pub checked: u64,
+    /// Of those, the ones missing on the new primary, or replaced there by
+    /// a younger value (a longer remaining TTL than the old value had
+    /// left): acknowledged fills that did not survive the promotion.
+    pub vanished: u64,
+    /// The indices (into the run's keys) of the vanished values.
+    pub vanished_keys: Vec<usize>,
+    /// How long a value had to have left at the check to be checked, ms.
+    pub margin_ms: u64,
 }
