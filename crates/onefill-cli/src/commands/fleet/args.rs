@@ -286,6 +286,14 @@ pub struct FleetArgs {
     /// 2 × load, the healthy keys' p99) as slow; the victim's recovery is
     /// the end of its last abnormal call after the promotion.
     ///
+    /// Steady mode through Sentinels (the same three): fault the primary
+    /// the Sentinels name. `failover` sends SENTINEL FAILOVER to a
+    /// Sentinel; `kill` and `hang` as above. The promotion is when a
+    /// majority of the Sentinels name another primary and it answers ROLE
+    /// as a master (polled every 20 ms). Every key is the victim's; the
+    /// section also counts the writes the promotion lost (`lost_writes`:
+    /// see the operating guide).
+    ///
     /// Herd mode on one server (`kill-holder`, `stop-holder`, the onefill
     /// strategy): fault the worker process that holds the lease of the
     /// first of the run's keys whose lease is held (the process named by

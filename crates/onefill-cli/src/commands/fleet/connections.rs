@@ -94,29 +94,55 @@ fn node_url(ip: &str, port: u16) -> String {
 /// connection for long.
 const RAW_ATTEMPT: Duration = Duration::from_secs(1);
 
-/// The primary of a Sentinel set-up, found again after every failure.
+/// How often a [`Raw::Sentinel`] connection asks the Sentinels which
+/// node is the primary, failure or not: after a failover the old primary
+/// may answer as a master for seconds, and what the fleet counts there is
+/// lost.
+const RAW_RECHECK: Duration = Duration::from_millis(500);
+
+/// The primary of a Sentinel set-up, asked of the Sentinels again every
+/// [`RAW_RECHECK`] and after every failure.
 pub struct SentinelRaw {
     sentinels: Vec<String>,
     name: String,
-    con: tokio::sync::Mutex<Option<redis::aio::MultiplexedConnection>>,
+    con: tokio::sync::Mutex<Option<Primary>>,
+}
+
+/// A connection to the primary, whose address, and when the Sentinels last
+/// named it.
+struct Primary {
+    url: String,
+    con: redis::aio::MultiplexedConnection,
+    named_at: std::time::Instant,
 }
 
 impl SentinelRaw {
-    /// The connection to the primary, made if there is none.
+    /// The connection to the primary the Sentinels name: the one there is,
+    /// unless they name another now.
     async fn connection(&self) -> redis::RedisResult<redis::aio::MultiplexedConnection> {
-        let mut con = self.con.lock().await;
-        if let Some(c) = con.as_ref() {
-            return Ok(c.clone());
+        let mut held = self.con.lock().await;
+        if let Some(p) = held.as_ref() {
+            if p.named_at.elapsed() < RAW_RECHECK {
+                return Ok(p.con.clone());
+            }
         }
         let url = named_primary(&self.sentinels, &self.name)
             .await
             .map_err(|e| {
                 redis::RedisError::from((redis::ErrorKind::Io, "no primary", e.to_string()))
             })?;
+        if let Some(p) = held.as_mut().filter(|p| p.url == url) {
+            p.named_at = std::time::Instant::now();
+            return Ok(p.con.clone());
+        }
         let client = redis::Client::open(url.as_str())?;
-        let fresh = client.get_multiplexed_async_connection().await?;
-        *con = Some(fresh.clone());
-        Ok(fresh)
+        let con = client.get_multiplexed_async_connection().await?;
+        *held = Some(Primary {
+            url,
+            con: con.clone(),
+            named_at: std::time::Instant::now(),
+        });
+        Ok(con)
     }
 
     /// Runs `query` on the primary; on a failure or after

@@ -96,4 +96,19 @@ pub struct ValueCheck {
     pub vanished_keys: Vec<usize>,
     /// How long a value had to have left at the check to be checked, ms.
     pub margin_ms: u64,
+    /// After a failover, writes the old primary took after the promotion,
+    /// while it still answered as a master (polled every 100 ms to the end
+    /// of the run, or until it answers as a replica): a value it holds
+    /// that it did not hold at the promotion, or a younger one. The new
+    /// primary never gets them, and the old one drops them when it is
+    /// made a replica. Writes between two polls to one key count once.
+    #[serde(default)]
+    pub old_primary_writes: u64,
+    /// The keys (indices) of those writes.
+    #[serde(default)]
+    pub old_primary_written_keys: Vec<usize>,
+    /// When the old primary first answered as a replica, ms after "go"
+    /// (`None`: not within the run, or not watched).
+    #[serde(default)]
+    pub old_primary_demoted_at_ms: Option<f64>,
 }

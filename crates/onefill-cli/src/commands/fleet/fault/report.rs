@@ -108,7 +108,9 @@ pub struct VictimFigures {
 /// - `values` (a Sentinel set-up): the run's values read on the old primary
 ///   just before the fault (after a failover, again at the promotion: it
 ///   may have taken fills after the fault) looked for on the new primary
-///   right after the promotion; see [`ValueCheck`].
+///   right after the promotion; and after a failover, the writes the old
+///   primary took after the promotion while it still answered as a master
+///   (all lost: it drops them when made a replica); see [`ValueCheck`].
 ///
 /// Not counted: a fill or lease the old primary acknowledged between the
 /// fault and the promotion, other than through `values` after a failover
@@ -228,8 +230,13 @@ impl FaultReport {
                 self.lost_writes.values.as_ref().map_or_else(
                     || "values not checked".to_owned(),
                     |v| format!(
-                        "{} of {} values vanished (checked with over {} ms to live)",
-                        v.vanished, v.checked, v.margin_ms
+                        "{} of {} values vanished (checked with over {} ms to live); {} writes \
+                         to the old primary after the promotion (demoted at {})",
+                        v.vanished,
+                        v.checked,
+                        v.margin_ms,
+                        v.old_primary_writes,
+                        opt(v.old_primary_demoted_at_ms)
                     )
                 )
             ),

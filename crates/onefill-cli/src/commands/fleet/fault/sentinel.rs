@@ -118,6 +118,32 @@ pub fn check_values(
     check
 }
 
+/// The writes an old primary took since `base` (its remaining TTLs read
+/// at `base_at_ms`) as `now` (read at `now_at_ms`) shows them: a key it has
+/// a value of now that it had none of then, or one with more time left
+/// than the old value could have had (beyond the reads' tolerance).
+pub fn written_since(base: &[i64], base_at_ms: f64, now: &[i64], now_at_ms: f64) -> Vec<usize> {
+    let elapsed = (now_at_ms - base_at_ms).max(0.0).round() as i64;
+    base.iter()
+        .zip(now)
+        .enumerate()
+        .filter(|(_, (&then, &now))| {
+            now > 0 && (then <= 0 || now > then - elapsed + TTL_TOLERANCE_MS)
+        })
+        .map(|(key, _)| key)
+        .collect()
+}
+
+/// Whether the node at `addr` answers `ROLE` as a replica.
+fn is_replica(addr: &str) -> bool {
+    let role = connect(&node_url(addr))
+        .and_then(|mut c| redis::cmd("ROLE").query::<Vec<redis::Value>>(&mut c));
+    matches!(
+        role.as_deref(),
+        Ok([redis::Value::BulkString(r), ..]) if r == b"slave"
+    )
+}
+
 /// Where the injector finds the primary and the run's values.
 pub struct SentinelTarget {
     /// The Sentinels' URLs.
@@ -272,7 +298,7 @@ impl Shared {
             }
         }
         let promoted = self.watch(&victim);
-        let values = match &promoted {
+        let mut values = match &promoted {
             Some((_, to)) => {
                 // After a failover the old primary still answers, and may
                 // have taken fills after the fault: its latest values are
@@ -299,6 +325,9 @@ impl Shared {
             }
             None => None,
         };
+        if let (Some(check), FaultKind::Failover) = (values.as_mut(), self.plan.kind) {
+            self.watch_old_primary(&victim, before, check);
+        }
         match &promoted {
             Some((t, to)) => self.progress.say(format!(
                 "fault: the Sentinels name {to} at {t:.0} ms ({:.0} ms after the fault)",
@@ -318,6 +347,31 @@ impl Shared {
             promoted_to: promoted.map(|(_, to)| to),
             values,
         })
+    }
+
+    /// After a failover, polls the old primary every 100 ms, until the
+    /// end of the run or until it answers as a replica, for the writes it
+    /// takes after the promotion (`base`: its values then).
+    fn watch_old_primary(&self, victim: &str, base: (Vec<i64>, f64), check: &mut ValueCheck) {
+        let keys = &self.target.value_keys;
+        let (mut base, mut base_at) = base;
+        let mut written = std::collections::BTreeSet::new();
+        while Instant::now() < self.end && !self.is_closed() {
+            std::thread::sleep(Duration::from_millis(100));
+            if is_replica(victim) {
+                check.old_primary_demoted_at_ms = Some(self.ms());
+                break;
+            }
+            let Ok((now, now_at)) = ttls(victim, keys, || self.ms()) else {
+                continue;
+            };
+            for key in written_since(&base, base_at, &now, now_at) {
+                check.old_primary_writes += 1;
+                written.insert(key);
+            }
+            (base, base_at) = (now, now_at);
+        }
+        check.old_primary_written_keys = written.into_iter().collect();
     }
 
     /// Polls every Sentinel until a majority of them name a primary other
@@ -375,6 +429,15 @@ mod tests {
         assert_eq!((check.checked, check.vanished), (1, 0));
         let check = check_values(&[3_000], 0.0, &[3_101], 0.0, 500);
         assert_eq!((check.checked, check.vanished), (1, 1));
+    }
+
+    #[test]
+    fn writes_since_a_read_are_new_or_younger_values() {
+        // Read 100 ms apart.
+        let base = [3_000, -2, 3_000, 3_000, 500];
+        let now = [2_900, 4_000, 3_950, -2, 450];
+        assert_eq!(written_since(&base, 0.0, &now, 100.0), [1, 2]);
+        assert!(written_since(&base, 0.0, &base, 0.0).is_empty());
     }
 
     #[test]
