@@ -71,8 +71,9 @@ pub fn run_with(
                  (no --cluster)"
             );
         }
-        let replicated = args.cluster || !args.sentinel.is_empty();
-        if !plan.kind.is_holder() && !(replicated && args.rate.is_some()) {
+        let steady_and_replicated =
+            (args.cluster || !args.sentinel.is_empty()) && args.rate.is_some();
+        if !plan.kind.is_holder() && !steady_and_replicated {
             bail!(
                 "a fault of a master needs a steady run (--rate) on a cluster (--cluster) or \
                  through Sentinels (--sentinel)"
