@@ -6,23 +6,32 @@
 //! Sentinels with `down-after-milliseconds 1000`: see
 //! `onefill_testkit::RedisSentinel`) and runs the real `onefill fleet`
 //! binary through the Sentinels: 4 processes × 200 calls/s over 50 keys
-//! for 9 s, ttl 4 s, loader 50 ms, grace 0, every other option at its
-//! default. At t = 4.5 s the fleet faults the primary — `SENTINEL
+//! for 10 s, loader 50 ms, grace 0, every other option at its default.
+//! At t = 5.5 s (ttl 5 s; 3.5 s, ttl 3 s, for a failover: see below) the
+//! fleet faults the primary — `SENTINEL
 //! FAILOVER`, a SIGKILL, or a SIGSTOP (a hung host, resumed only at the
 //! end of the run) — and reports, from every call the workers made, what
 //! the callers saw.
 //!
-//! The TTL is longer than the outage (about 2 s for a kill) so that the
-//! values filled before the fault still live at the promotion, and the
-//! report's lost writes (values the old primary acknowledged that the new
-//! one lacks) have something to measure: each key loads at about 0 and
-//! 4.05 s, and the second fills live to about 8 s.
+//! The TTL is longer than the outage (about 1 s for a failover, 2 s for a
+//! kill, 3 s for a hang) so that the values filled before the fault still
+//! live at the promotion, and the report's lost writes (values the old
+//! primary acknowledged that the new one lacks) have something to measure:
+//! with a 5 s TTL each key loads at about 0 and 5.05 s (the first loads
+//! take up to a few hundred milliseconds longer, as the workers start), so
+//! a fault at 5.5 s finds every key's second value, which lives to about
+//! 10 s. A failover is checked with a 3 s TTL and a fault at 3.5 s, so the
+//! keys refresh again at about 6.1 and 9.15 s, after the promotion, while
+//! the old primary still answers as a master.
 //!
 //! What they prove, for each fault:
 //! - no caller got an error;
 //! - the Sentinels named a new primary (a majority of them, and it
 //!   answers as a master), and every key answered normally again (no
 //!   error, stale, degraded, too old or slow answer) within 500 ms of that;
+//! - after a failover, the old primary (which answers as a master for
+//!   seconds after the Sentinels name the new one) took no write after
+//!   the promotion: the fleet had moved to the new primary;
 //! - no extra loads: outside the outage window `[fault, promotion + 1.5
 //!   s]` the keys loaded within 10 % of once per `ttl + load` (plus one
 //!   per key, as rounding).
@@ -44,7 +53,7 @@ const RECOVERY_MS: f64 = 500.0;
 /// The loads allowed outside the outage window, as a multiple of the ideal.
 const LOADS_OVER_IDEAL: f64 = 1.10;
 
-/// A 9 s run takes about 10 s; one that has not ended after this is hung
+/// A 10 s run takes about 11 s; one that has not ended after this is hung
 /// (and fails the test rather than hanging it).
 const FLEET_PATIENCE: Duration = Duration::from_secs(120);
 /// A scenario: the set-up forming (seconds), then the fleet.
@@ -57,7 +66,7 @@ static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 /// Runs the scenario with `--fault fault` through a fresh set-up and
 /// checks the report.
-fn failover_scenario(fault: &str) {
+fn failover_scenario(fault: &str, ttl_ms: u64, fault_at_ms: u64) {
     let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     // Bounded from here: the wait for the scenarios before it is not its own.
     let _limit = time_limit(LIMIT);
@@ -74,17 +83,17 @@ fn failover_scenario(fault: &str) {
         "--rate",
         "200",
         "--duration-ms",
-        "9000",
+        "10000",
         "--key-count",
         "50",
         "--ttl-ms",
-        "4000",
+        &ttl_ms.to_string(),
         "--load-ms",
         "50",
         "--fault",
         fault,
         "--fault-at-ms",
-        "4500",
+        &fault_at_ms.to_string(),
     ]);
     let out = output_within(&mut cmd, FLEET_PATIENCE);
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -123,7 +132,7 @@ fn failover_scenario(fault: &str) {
         "{f}"
     );
     assert_eq!(n(victim, "keys"), 50);
-    assert_eq!(n(f, "age_limit_ms"), 4_000 + 250);
+    assert_eq!(n(f, "age_limit_ms"), ttl_ms + 250);
 
     // Every check below is made and the failed ones reported together, so
     // one run says all that is wrong.
@@ -170,8 +179,8 @@ fn failover_scenario(fault: &str) {
     // time and then every `ttl + load` loads up to one more than its share
     // of the stretch; outside the outage window are two stretches (before
     // the fault, after the window), so two loads per key are allowed on
-    // top, as rounding. (With a 4 s TTL in a 9 s run the rounding is most
-    // of the allowance: every key loads at about 0, 4.05 and 8.1 s. A
+    // top, as rounding. (With a TTL of seconds in a 10 s run the rounding
+    // is most of the allowance: every key loads at about the same times. A
     // lease that does not hold across processes loads up to 4 times as
     // often, and fails this by far.)
     let (loads, ideal) = (
@@ -196,6 +205,13 @@ fn failover_scenario(fault: &str) {
         checked > 0,
         format!("no value was checked for loss: {lost}"),
     );
+    if fault == "failover" {
+        let writes = lost["values"]["old_primary_writes"].as_u64().unwrap_or(0);
+        check(
+            writes == 0,
+            format!("{writes} writes went to the old primary after the promotion: {lost}"),
+        );
+    }
     assert!(
         failed.is_empty(),
         "--fault {fault}:\n- {}\n{f}",
@@ -206,21 +222,21 @@ fn failover_scenario(fault: &str) {
 /// `SENTINEL FAILOVER`: a replica is promoted, the old primary demoted.
 #[test]
 fn a_sentinel_failover_is_invisible() {
-    failover_scenario("failover");
+    failover_scenario("failover", 3_000, 3_500);
 }
 
 /// SIGKILL of the primary: the Sentinels see it down after 1 s and
 /// promote a replica.
 #[test]
 fn a_killed_primary_is_replaced_without_errors() {
-    failover_scenario("kill");
+    failover_scenario("kill", 5_000, 5_500);
 }
 
 /// SIGSTOP of the primary (a hung host, connections open): the same,
 /// while every connection to it hangs instead of being refused.
 #[test]
 fn a_hung_primary_is_replaced_without_errors() {
-    failover_scenario("hang");
+    failover_scenario("hang", 5_000, 5_500);
 }
 
 /// `--fault` through Sentinels needs a steady run.
