@@ -15,13 +15,15 @@ use crate::shared::urls::redact;
 pub async fn connect(args: &RunArgs) -> anyhow::Result<RedisBackend> {
     if let Some(name) = sentinel_name(args) {
         let sentinels: Vec<&str> = args.sentinel.iter().map(String::as_str).collect();
-        connect_sentinel(&sentinels, name).await.with_context(|| {
-            let shown: Vec<String> = args.sentinel.iter().map(|u| redact(u)).collect();
-            format!(
-                "connecting to {name} through the Sentinels at {}",
-                shown.join(", ")
-            )
-        })
+        RedisBackend::connect_sentinel(&sentinels, name)
+            .await
+            .with_context(|| {
+                let shown: Vec<String> = args.sentinel.iter().map(|u| redact(u)).collect();
+                format!(
+                    "connecting to {name} through the Sentinels at {}",
+                    shown.join(", ")
+                )
+            })
     } else if args.cluster {
         let urls: Vec<&str> = args.redis.iter().map(String::as_str).collect();
         RedisBackend::connect_cluster(&urls).await.with_context(|| {
@@ -43,18 +45,9 @@ fn sentinel_name(args: &RunArgs) -> Option<&str> {
     }
 }
 
-/// TEMPORARY, until the library connects through Sentinels itself: the
-/// primary the Sentinels name now, connected to as one server. It does
-/// not follow a failover.
-async fn connect_sentinel(sentinels: &[&str], name: &str) -> anyhow::Result<RedisBackend> {
-    let urls: Vec<String> = sentinels.iter().map(|s| s.to_string()).collect();
-    let primary = named_primary(&urls, name).await?;
-    Ok(RedisBackend::connect(&primary).await?)
-}
-
 /// `redis://ip:port` of the primary the first Sentinel that answers names
 /// for `name` (`SENTINEL get-master-addr-by-name`).
-pub async fn named_primary(sentinels: &[String], name: &str) -> anyhow::Result<String> {
+async fn named_primary(sentinels: &[String], name: &str) -> anyhow::Result<String> {
     let mut errors = Vec::new();
     for url in sentinels {
         let asked = async {
