@@ -100,7 +100,9 @@ pub struct VictimFigures {
 ///   promotion (under a lease the new primary granted: the first was not
 ///   there).
 /// - `premature_reloads`: keys whose first load after the promotion
-///   started less than `reload_window_ms` (`ttl − 10 × load`) after the end
+///   started less than `reload_window_ms` (`0.9 × ttl − 10 × load`: the
+///   TTL written, up to 10 % shorter for its jitter, less more than an
+///   early refresh takes ahead) after the end
 ///   of their last load that ended at least 20 ms before the fault: the
 ///   value that load stored (its fill acknowledged by the healthy old
 ///   primary) should still have lived, and no early refresh starts that
@@ -128,8 +130,8 @@ pub struct LostWrites {
     pub premature_reloads: u64,
     /// Their indices into the run's keys.
     pub premature_keys: Vec<usize>,
-    /// `ttl − 10 × load`: a reload this soon after the value's load is
-    /// premature, ms.
+    /// `0.9 × ttl − 10 × load`: a reload this soon after the value's load
+    /// is premature, ms.
     pub reload_window_ms: f64,
     /// The values looked for on the new primary (`None`: not checked).
     pub values: Option<ValueCheck>,
