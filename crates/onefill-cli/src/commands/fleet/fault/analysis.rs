@@ -204,6 +204,22 @@ pub fn analyse(
         .iter()
         .filter(|l| (from..=until).contains(&l.started_ms))
         .count() as u64;
+    let outside: Vec<&LoadRecord> = victim_loads
+        .iter()
+        .copied()
+        .filter(|l| !(from..=until).contains(&l.started_ms))
+        .collect();
+    let extra = outside
+        .iter()
+        .filter(|l| {
+            outside.iter().any(|p| {
+                p.key == l.key
+                    && (p.started_ms, p.ended_ms) < (l.started_ms, l.ended_ms)
+                    && p.ended_ms
+                        .is_some_and(|end| end > l.started_ms - lost.reload_window_ms)
+            })
+        })
+        .count() as u64;
     FaultReport {
         kind: injected.kind,
         victim_address: injected.victim.clone(),
@@ -233,6 +249,7 @@ pub fn analyse(
             ideal_loads_outside_outage: shape
                 .ideal_loads(victim_count, (duration - (until - from)).max(0.0)),
             loads_inside_outage: inside,
+            extra_loads_outside_outage: extra,
         },
         lost_writes: lost,
     }
@@ -401,13 +418,13 @@ mod tests {
     #[test]
     fn loads_are_split_by_class_and_window() {
         let mut loads = Vec::new();
-        // Every key loads every 1 050 ms from t = 0.
+        // Every key loads every 1 050 ms from t = 0, for 50 ms.
         for k in 0..4 {
             for i in 0..10 {
                 loads.push(LoadRecord {
                     started_ms: i as f64 * 1_050.0,
                     key: k,
-                    ended_ms: None,
+                    ended_ms: Some(i as f64 * 1_050.0 + 50.0),
                 });
             }
         }
@@ -423,6 +440,23 @@ mod tests {
         // 5 250, 6 300, 7 350 and 8 400 lie in [5 000, 8 500]: 4 per key.
         assert_eq!(r.victim.loads_inside_outage, 8);
         assert_eq!(r.victim.loads_outside_outage, 12);
+        assert_eq!(r.victim.extra_loads_outside_outage, 0, "one per ttl + load");
+        // A second process loading each key 100 ms after the first: every
+        // second load is extra.
+        let mut twice = loads.clone();
+        twice.extend(loads.iter().map(|l| LoadRecord {
+            started_ms: l.started_ms + 100.0,
+            ..*l
+        }));
+        let r2 = analyse(
+            &injected(Some(7_000.0)),
+            &names(),
+            shape(),
+            &quiet_calls(),
+            &twice,
+        );
+        assert_eq!(r2.victim.loads_outside_outage, 24);
+        assert_eq!(r2.victim.extra_loads_outside_outage, 12);
         let text = r.to_text();
         assert!(text.contains("fault Kill of 127.0.0.1:7000"), "{text}");
         assert!(

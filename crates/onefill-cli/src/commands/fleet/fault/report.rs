@@ -86,6 +86,12 @@ pub struct VictimFigures {
     pub loads_outside_outage: u64,
     /// `keys × (duration − window) / (ttl + load)`.
     pub ideal_loads_outside_outage: f64,
+    /// Of the loads outside the outage window, those that started while
+    /// another load of the key outside the window still ran or had ended
+    /// less than `lost_writes.reload_window_ms` before (its value should
+    /// still have lived): loads beyond one per expiry.
+    #[serde(default)]
+    pub extra_loads_outside_outage: u64,
     /// Loads that started inside the outage window.
     pub loads_inside_outage: u64,
 }
@@ -215,12 +221,13 @@ impl FaultReport {
             class("victim keys", &self.victim.answers),
             format!(
                 "    recovered {} after the promotion; loads outside [{:.0}, {:.0}] ms {} \
-                 (ideal {:.1}), inside {}",
+                 (ideal {:.1}, {} before the last value could expire), inside {}",
                 opt(self.victim.recovered_after_promotion_ms),
                 self.outage_window_ms[0],
                 self.outage_window_ms[1],
                 self.victim.loads_outside_outage,
                 self.victim.ideal_loads_outside_outage,
+                self.victim.extra_loads_outside_outage,
                 self.victim.loads_inside_outage
             ),
             format!(
