@@ -108,10 +108,7 @@ fn failover_scenario(fault: &str, ttl_ms: u64, fault_at_ms: u64) {
     );
     let report: Value = serde_json::from_slice(&out.stdout).expect("fleet JSON");
     let f = &report["fault"];
-    eprintln!(
-        "--fault {fault}: {}",
-        serde_json::to_string_pretty(f).unwrap()
-    );
+    eprintln!("--fault {fault}: {f}");
     let victim = &f["victim"];
     let n = |v: &Value, field: &str| -> u64 {
         v[field]
