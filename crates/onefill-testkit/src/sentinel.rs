@@ -11,12 +11,13 @@ const MASTER_NAME: &str = "onefill-primary";
 
 /// How long the Sentinels wait for a primary that does not answer before
 /// they call it down (`down-after-milliseconds`). Redis's default is 30 s;
-/// 1 s makes a killed or hung primary be replaced within a few seconds, so
-/// a test of a failure takes seconds, not a minute. Not less: a loaded CI
-/// machine can leave a healthy server unanswered for a few hundred
-/// milliseconds, and a Sentinel that calls it down then fails it over for
-/// nothing.
-const DOWN_AFTER_MS: u64 = 1_000;
+/// 2 s makes a killed or hung primary be replaced within a few seconds, so
+/// a test of a failure takes seconds, not a minute. Not less: with 1 s, on
+/// a loaded 2-core machine, about one failover in four was followed by a
+/// second one, a Sentinel calling the freshly promoted primary down a
+/// second after it learnt of it (its first replies late), and the test
+/// measured two failovers where it caused one.
+const DOWN_AFTER_MS: u64 = 2_000;
 
 /// `failover-timeout`: how long a failover may take before the Sentinels
 /// give it up (and, twice that, how soon they retry the same primary).
@@ -44,13 +45,14 @@ const ASK_TIMEOUT: Duration = Duration::from_millis(500);
 /// ```text
 /// sentinel resolve-hostnames no
 /// sentinel monitor onefill-primary 127.0.0.1 <port> 2
-/// sentinel down-after-milliseconds onefill-primary 1000
+/// sentinel down-after-milliseconds onefill-primary 2000
 /// sentinel failover-timeout onefill-primary 5000
 /// sentinel parallel-syncs onefill-primary 1
 /// ```
 ///
-/// `down-after-milliseconds` is 1 s (Redis's default is 30 s) so a failed
-/// primary is replaced within seconds; `failover-timeout` is 5 s (default
+/// `down-after-milliseconds` is 2 s (Redis's default is 30 s) so a failed
+/// primary is replaced within seconds (1 s made a second, spurious
+/// failover of the new primary likely on a loaded machine); `failover-timeout` is 5 s (default
 /// 3 minutes), so a failover that stalls is retried within seconds. Every
 /// process is on a free port of 127.0.0.1 and is killed when this is
 /// dropped.
@@ -279,7 +281,7 @@ impl RedisSentinel {
         );
     }
 
-    /// Kills the primary (SIGKILL): the Sentinels see it down after 1 s
+    /// Kills the primary (SIGKILL): the Sentinels see it down after 2 s
     /// and promote a replica.
     pub fn kill_primary(&self) {
         self.primary().kill();

@@ -24,8 +24,8 @@ pub(crate) const COMMAND_TIMEOUT: Duration = Duration::from_secs(5);
 pub struct RedisServer {
     port: u16,
     args: Vec<String>,
-    /// A Sentinel's configuration: the server runs as `redis-server
-    /// <dir>/sentinel.conf --sentinel`, from this text when first started
+    /// A Sentinel's configuration: the server runs as
+    /// `redis-server <dir>/sentinel.conf --sentinel`, from this text when first started
     /// (a restart keeps the file as the Sentinel rewrote it).
     sentinel_conf: Option<String>,
     dir: TempDir,

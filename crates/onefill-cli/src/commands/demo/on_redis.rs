@@ -32,6 +32,8 @@ pub fn run(args: &DemoArgs, url: &str) -> anyhow::Result<()> {
         let run = RunArgs {
             redis: vec![url.to_owned()],
             cluster: false,
+            sentinel: Vec::new(),
+            master_name: None,
             strategy,
             keys: vec![args.key.clone()],
             callers: per_process,

@@ -59,11 +59,39 @@ pub enum CallersKind {
 #[serde(deny_unknown_fields)]
 pub struct RunArgs {
     /// Redis URL (repeat for the nodes of a cluster, with --cluster).
-    #[arg(long = "redis", value_name = "URL", required = true)]
+    #[arg(
+        long = "redis",
+        value_name = "URL",
+        required_unless_present = "sentinel"
+    )]
+    #[serde(default)]
     pub redis: Vec<String>,
     /// The URLs are nodes of a Redis Cluster.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "sentinel")]
     pub cluster: bool,
+    /// Redis Sentinel URL (repeat for each Sentinel), instead of --redis:
+    /// the run uses the primary the Sentinels name for --master-name, and
+    /// follows their failovers. The data nodes are reached as
+    /// `redis://ip:port` at the address the Sentinels give.
+    #[arg(
+        long = "sentinel",
+        value_name = "URL",
+        requires = "master_name",
+        conflicts_with = "redis"
+    )]
+    #[serde(default)]
+    pub sentinel: Vec<String>,
+    /// With --sentinel: the name the Sentinels know the primary by.
+    // (`requires` alone is waived when --redis, which excludes --sentinel,
+    // is given.)
+    #[arg(
+        long,
+        value_name = "NAME",
+        requires = "sentinel",
+        conflicts_with = "redis"
+    )]
+    #[serde(default)]
+    pub master_name: Option<String>,
     /// Strategy of every process.
     #[arg(long, value_enum, default_value_t = FleetStrategy::Onefill)]
     pub strategy: FleetStrategy,
@@ -154,8 +182,16 @@ impl RunArgs {
     /// The bounds clap enforces on the flags, for a run that did not come
     /// through them.
     fn check(&self) -> Result<(), String> {
-        if self.redis.is_empty() {
-            return Err("at least one Redis URL is needed".to_owned());
+        match (self.redis.is_empty(), self.sentinel.is_empty()) {
+            (true, true) => return Err("at least one Redis URL is needed".to_owned()),
+            (false, false) => return Err("Redis URLs and Sentinel URLs both given".to_owned()),
+            (true, false) if self.master_name.is_none() => {
+                return Err("Sentinel URLs need a master name".to_owned())
+            }
+            (true, false) if self.cluster => {
+                return Err("a Sentinel set-up is not a cluster".to_owned())
+            }
+            _ => {}
         }
         if self.keys.is_empty() {
             return Err("at least one key is needed".to_owned());
@@ -250,6 +286,14 @@ pub struct FleetArgs {
     /// 2 × load, the healthy keys' p99) as slow; the victim's recovery is
     /// the end of its last abnormal call after the promotion.
     ///
+    /// Steady mode through Sentinels (the same three): fault the primary
+    /// the Sentinels name. `failover` sends SENTINEL FAILOVER to a
+    /// Sentinel; `kill` and `hang` as above. The promotion is when a
+    /// majority of the Sentinels name another primary and it answers ROLE
+    /// as a master (polled every 20 ms). Every key is the victim's; the
+    /// section also counts the writes the promotion lost (`lost_writes`:
+    /// see the operating guide).
+    ///
     /// Herd mode on one server (`kill-holder`, `stop-holder`, the onefill
     /// strategy): fault the worker process that holds the lease of the
     /// first of the run's keys whose lease is held (the process named by
@@ -311,7 +355,7 @@ pub struct FleetArgs {
 /// Flags of `onefill worker`: what to run, either as the run flags or as
 /// one `--run-json` value (how `fleet` starts its workers).
 #[derive(Debug, Clone, Args)]
-#[command(mut_arg("redis", |redis| redis.required(false).required_unless_present("run_json")))]
+#[command(mut_arg("redis", |redis| redis.required(false).required_unless_present_any(["run_json", "sentinel"])))]
 pub struct WorkerArgs {
     /// What to run, given as flags.
     #[command(flatten)]
@@ -362,6 +406,9 @@ mod tests {
         RunArgs {
             redis: vec!["redis://a:7000".to_owned(), "redis://b:7001".to_owned()],
             cluster: true,
+            // Not with the URLs of a cluster: see the Sentinel test below.
+            sentinel: vec![],
+            master_name: None,
             strategy: FleetStrategy::CoalescingOnly,
             keys: vec!["k1".to_owned(), "user:42".to_owned()],
             callers: 7,
@@ -466,6 +513,93 @@ mod tests {
         assert_eq!(args.run(), &run);
         assert_eq!(args.namespace, "ns");
         assert!(args.sync);
+    }
+
+    #[test]
+    fn a_sentinel_run_reaches_the_worker_and_excludes_redis_urls() {
+        let run = RunArgs {
+            redis: vec![],
+            cluster: false,
+            sentinel: vec!["redis://s1:26379".to_owned(), "redis://s2:26379".to_owned()],
+            master_name: Some("primary".to_owned()),
+            ..every_field_set()
+        };
+        let json = run.to_json().expect("encodes");
+        let argv = WorkerArgs::command_line(&json, "ns");
+        let flags: Vec<&str> = argv[1..].iter().map(String::as_str).collect();
+        assert_eq!(worker(&flags).expect("parses").run(), &run);
+        for (what, bad) in [
+            (
+                "no master name",
+                RunArgs {
+                    master_name: None,
+                    ..run.clone()
+                },
+            ),
+            (
+                "a cluster",
+                RunArgs {
+                    cluster: true,
+                    ..run.clone()
+                },
+            ),
+            (
+                "Redis URLs too",
+                RunArgs {
+                    redis: vec!["redis://x".to_owned()],
+                    ..run.clone()
+                },
+            ),
+        ] {
+            assert!(
+                RunArgs::from_json(&bad.to_json().expect("encodes")).is_err(),
+                "{what}"
+            );
+        }
+        let flags = parse_flags::<FleetArgs>(&[
+            "--sentinel",
+            "redis://s1",
+            "--sentinel",
+            "redis://s2",
+            "--master-name",
+            "m",
+        ])
+        .expect("parses");
+        assert_eq!(flags.run.sentinel.len(), 2);
+        assert_eq!(flags.run.master_name.as_deref(), Some("m"));
+        assert!(flags.run.redis.is_empty());
+        for bad in [
+            &["--sentinel", "redis://s1"][..],
+            &["--master-name", "m", "--redis", "redis://x"],
+            &[
+                "--sentinel",
+                "redis://s1",
+                "--master-name",
+                "m",
+                "--redis",
+                "redis://x",
+            ],
+            &[
+                "--sentinel",
+                "redis://s1",
+                "--master-name",
+                "m",
+                "--cluster",
+            ],
+            &[],
+        ] {
+            assert!(parse_flags::<FleetArgs>(bad).is_err(), "{bad:?}");
+        }
+        let w = worker(&[
+            "--namespace",
+            "ns",
+            "--sentinel",
+            "redis://s",
+            "--master-name",
+            "m",
+        ])
+        .expect("a worker takes Sentinel URLs instead of --redis");
+        assert_eq!(w.run().sentinel, ["redis://s"]);
     }
 
     #[test]

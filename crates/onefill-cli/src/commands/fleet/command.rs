@@ -37,6 +37,11 @@ pub fn run_command(args: &FleetArgs) -> anyhow::Result<()> {
                 "fault {:?} of a lease holder at {} ms",
                 plan.kind, plan.at_ms
             )
+        } else if !run_args.sentinel.is_empty() {
+            format!(
+                "fault {:?} of the primary the Sentinels name at {} ms",
+                plan.kind, plan.at_ms
+            )
         } else {
             format!(
                 "fault {:?} of the master owning the most of the {} keys at {} ms",
@@ -145,11 +150,14 @@ fn resolve(args: &FleetArgs) -> anyhow::Result<RunArgs> {
         run.keys = (0..n).map(|i| format!("key-{i}")).collect();
     }
     run.check_callers_kind().map_err(anyhow::Error::msg)?;
+    if run.chaos && !run.sentinel.is_empty() {
+        bail!("--chaos runs on one server or a cluster, not through Sentinels");
+    }
     match args.fault {
         Some(kind) if kind.is_holder() => {
-            if run.cluster || run.rate.is_some() {
+            if run.cluster || !run.sentinel.is_empty() || run.rate.is_some() {
                 bail!(
-                    "--fault {} needs a herd (no --rate) on one server (no --cluster)",
+                    "--fault {} needs a herd (no --rate) on one server (no --cluster or --sentinel)",
                     fault_name(kind)
                 );
             }
@@ -161,9 +169,10 @@ fn resolve(args: &FleetArgs) -> anyhow::Result<RunArgs> {
             }
         }
         Some(kind) => {
-            if !(run.cluster && run.rate.is_some()) {
+            if !((run.cluster || !run.sentinel.is_empty()) && run.rate.is_some()) {
                 bail!(
-                    "--fault {} needs a steady run (--rate) on a cluster (--cluster)",
+                    "--fault {} needs a steady run (--rate) on a cluster (--cluster) or through \
+                     Sentinels (--sentinel)",
                     fault_name(kind)
                 );
             }
@@ -299,6 +308,31 @@ mod tests {
             resolved(&["--cluster", "--fault", "kill"]).is_err(),
             "no rate"
         );
+    }
+
+    #[test]
+    fn a_fault_of_the_primary_through_sentinels_needs_a_steady_run() {
+        let sentinel = |extra: &[&str]| {
+            let argv: Vec<&str> = ["--sentinel", "redis://s:26379", "--master-name", "m"]
+                .into_iter()
+                .chain(extra.iter().copied())
+                .collect();
+            parse_flags::<FleetArgs>(&argv)
+                .map_err(anyhow::Error::from)
+                .and_then(|a| resolve(&a))
+        };
+        for kind in ["failover", "kill", "hang"] {
+            assert!(
+                sentinel(&["--rate", "10", "--fault", kind]).is_ok(),
+                "{kind}"
+            );
+            assert!(
+                sentinel(&["--fault", kind]).is_err(),
+                "{kind} without --rate"
+            );
+        }
+        assert!(sentinel(&["--fault", "kill-holder"]).is_err());
+        assert!(sentinel(&["--chaos"]).is_err());
     }
 
     #[test]

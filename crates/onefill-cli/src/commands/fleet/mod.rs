@@ -5,8 +5,8 @@
 //! A run starts `--processes` copies of this binary as the hidden
 //! `onefill worker` ([`worker`]), which [`protocol`] and the run's JSON tie
 //! to the parent; the parent reads the servers directly ([`redis_admin`]).
-//! With `--cluster --fault`, a thread of the parent faults one master in the
-//! middle of a steady run and the report gets a `fault` section worked out
+//! With `--cluster --fault` (or `--sentinel --fault`), a thread of the
+//! parent faults one master (the primary) in the middle of a steady run and the report gets a `fault` section worked out
 //! from the workers' call logs ([`fault`], [`outcome`]); with `--fault
 //! kill-holder|stop-holder` it faults the worker holding a lease in a herd,
 //! and the report gets a `holder_fault` section. With `--report FILE` the

@@ -2,7 +2,10 @@
 //! the servers' command statistics around a run.
 //!
 //! Every connection has a timeout; in a cluster a node that cannot be
-//! reached (killed by `--fault kill`, say) is skipped.
+//! reached (killed by `--fault kill`, say) is skipped. Through Sentinels,
+//! the parent talks to the primary they name at the time ([`admin_run`]):
+//! after a failover, the command counts before and after the run are
+//! then of different servers (the new primary's count from zero).
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -10,7 +13,28 @@ use std::time::Duration;
 use anyhow::bail;
 
 use super::args::RunArgs;
+use super::fault::sentinel::{node_url, primary_named};
 use crate::shared::urls::redact;
+
+/// The run as the parent's own commands see it: through Sentinels, the
+/// one server they name as the primary now (asked again at each call, so
+/// after a failover the new one); otherwise the run as given.
+pub fn admin_run(args: &RunArgs) -> anyhow::Result<RunArgs> {
+    let Some(name) = args
+        .master_name
+        .as_deref()
+        .filter(|_| !args.sentinel.is_empty())
+    else {
+        return Ok(args.clone());
+    };
+    let primary = primary_named(&args.sentinel, name)?;
+    Ok(RunArgs {
+        redis: vec![node_url(&primary)],
+        sentinel: Vec::new(),
+        master_name: None,
+        ..args.clone()
+    })
+}
 
 /// Connect, read and write timeout of the parent's own commands.
 const ADMIN_TIMEOUT: Duration = Duration::from_secs(2);

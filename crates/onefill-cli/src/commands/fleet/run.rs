@@ -13,19 +13,20 @@ use anyhow::{bail, Context};
 use onefill::backend::FillKeys;
 
 use super::args::{FleetStrategy, RunArgs};
-use super::fault::analysis::analyse;
+use super::fault::analysis::{analyse, EARLY_LOADS};
 use super::fault::holder::{HolderInjector, HolderKeys};
 use super::fault::holder_report::{analyse_holder, SurvivorLogs};
 use super::fault::injector::Injector;
 use super::fault::kind::{FaultKind, FaultPlan, Injected};
 use super::fault::records::RunShape;
 use super::fault::report::FaultReport;
+use super::fault::sentinel::{SentinelInjector, SentinelTarget};
 use super::fault::topology::key_slots;
 use super::processes::{
     collect_faulted, collect_report, collect_reports, release, start_workers, Worker,
 };
 use super::protocol::load_counter_key;
-use super::redis_admin::{admin, check_reachable, delete_keys, CommandCounts};
+use super::redis_admin::{admin, admin_run, check_reachable, delete_keys, CommandCounts};
 use super::report::{FleetReport, Records, WorkerReport};
 use super::writer::Writer;
 use super::written::{WritePlan, WriteReport};
@@ -70,14 +71,20 @@ pub fn run_with(
                  (no --cluster)"
             );
         }
-        let steady_on_a_cluster = args.cluster && args.rate.is_some();
-        if !plan.kind.is_holder() && !steady_on_a_cluster {
-            bail!("a fault of a master needs a steady run (--rate) on a cluster (--cluster)");
+        let steady_and_replicated =
+            (args.cluster || !args.sentinel.is_empty()) && args.rate.is_some();
+        if !plan.kind.is_holder() && !steady_and_replicated {
+            bail!(
+                "a fault of a master needs a steady run (--rate) on a cluster (--cluster) or \
+                 through Sentinels (--sentinel)"
+            );
         }
     }
-    let cluster_fault = fault.filter(|p| !p.kind.is_holder());
+    let through_sentinels = !args.sentinel.is_empty();
+    let sentinel_fault = fault.filter(|p| !p.kind.is_holder() && through_sentinels);
+    let cluster_fault = fault.filter(|p| !p.kind.is_holder() && !through_sentinels);
     let holder_fault = fault.filter(|p| p.kind.is_holder());
-    check_reachable(args)?;
+    check_reachable(&admin_run(args)?)?;
     let mut workers = start_workers(args, processes, namespace)?;
     // The slot of each key's value key, for the victim's choice.
     let slots = match cluster_fault {
@@ -91,7 +98,7 @@ pub fn run_with(
         }
         None => Vec::new(),
     };
-    let commands_before = CommandCounts::read(args)?;
+    let commands_before = CommandCounts::read(&admin_run(args)?)?;
     let started = Instant::now();
     let started_unix_ms = unix_ms();
     // From here on a hung victim is resumed whatever happens: the
@@ -101,6 +108,25 @@ pub fn run_with(
             plan,
             args.redis.clone(),
             slots,
+            started,
+            args.duration_ms,
+            progress,
+        )
+    });
+    let sentinel_injector = sentinel_fault.map(|plan| {
+        SentinelInjector::start(
+            plan,
+            SentinelTarget {
+                sentinels: args.sentinel.clone(),
+                name: args.master_name.clone().unwrap_or_default(),
+                value_keys: args
+                    .keys
+                    .iter()
+                    .map(|k| FillKeys::new(namespace, k).value().to_owned())
+                    .collect(),
+                // Longer than an early refresh starts before expiry.
+                margin_ms: (EARLY_LOADS * args.load_ms as f64) as u64,
+            },
             started,
             args.duration_ms,
             progress,
@@ -146,9 +172,13 @@ pub fn run_with(
     for r in &reports {
         records.extend(Records::of_worker(r, started_unix_ms));
     }
-    let fault_report = match injector {
-        Some(injector) => {
-            let (injected, guard) = injector.finish();
+    let finished = match (injector, sentinel_injector) {
+        (Some(injector), _) => Some(injector.finish()),
+        (None, Some(injector)) => Some(injector.finish()),
+        (None, None) => None,
+    };
+    let fault_report = match finished {
+        Some((injected, guard)) => {
             // Resume a hung victim before asking the nodes anything.
             drop(guard);
             let injected = injected.context("injecting the fault")?;
@@ -156,6 +186,9 @@ pub fn run_with(
         }
         None => None,
     };
+    // The primary now (a failover may have changed it).
+    let admin_args = admin_run(args)?;
+    let args = &admin_args;
     let write_report = match writer {
         Some(writer) => {
             let written = writer.finish()?;

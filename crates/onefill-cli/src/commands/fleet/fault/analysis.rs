@@ -17,7 +17,9 @@ use std::time::Duration;
 
 use super::kind::Injected;
 use super::records::{CallRecord, LoadRecord, RunShape};
-use super::report::{AbnormalKinds, AnswerFigures, FaultReport, HealthyFigures, VictimFigures};
+use super::report::{
+    AbnormalKinds, AnswerFigures, FaultReport, HealthyFigures, LostWrites, VictimFigures,
+};
 use crate::commands::fleet::outcome::{DEGRADED, ERROR, STALE};
 use crate::shared::percentile::percentile;
 
@@ -26,6 +28,73 @@ use crate::shared::percentile::percentile;
 pub const RECOVERY_MS: f64 = 1_500.0;
 /// The width of one bucket of the abnormal-call timelines, ms.
 pub const TIMELINE_MS: f64 = 500.0;
+/// A load that ended this long before the fault had its fill acknowledged
+/// by the old primary: a fill on a healthy primary takes a millisecond or
+/// two; 20 leaves room for a busy machine.
+pub const FILL_MARGIN_MS: f64 = 20.0;
+/// An early refresh starts within about `1.2 × β × load` of expiry (β = 1
+/// by default, the load time as measured): 10 load times early is out of
+/// its reach, so a reload that early is not a refresh.
+pub const EARLY_LOADS: f64 = 10.0;
+/// The library's default TTL jitter: a TTL written is up to 10 % shorter
+/// than `--ttl-ms` (the fleet does not change it).
+pub const TTL_JITTER: f64 = 0.1;
+
+/// The acknowledged writes a promotion lost, as the victim's loads show
+/// them (see [`LostWrites`]); the value check comes from the injector.
+pub fn lost_writes(
+    injected: &Injected,
+    shape: RunShape,
+    victim_key: &dyn Fn(usize) -> bool,
+    loads: &[LoadRecord],
+) -> LostWrites {
+    let reload_window_ms =
+        (1.0 - TTL_JITTER) * shape.ttl_ms as f64 - EARLY_LOADS * shape.load_ms as f64;
+    let mut lost = LostWrites {
+        reload_window_ms: reload_window_ms.max(0.0),
+        values: injected.values.clone(),
+        ..LostWrites::default()
+    };
+    let Some(promoted) = injected.promoted_at_ms else {
+        return lost;
+    };
+    let fault = injected.fault_at_ms;
+    let keys = loads.iter().map(|l| l.key).max().map_or(0, |k| k + 1);
+    for key in (0..keys).filter(|&k| victim_key(k)) {
+        let of_key = || loads.iter().filter(move |l| l.key == key);
+        // Two holders: a load after the promotion while one that started
+        // before the fault (its lease granted by the healthy old primary)
+        // still ran.
+        for later in of_key().filter(|l| l.started_ms >= promoted) {
+            lost.two_holders += of_key()
+                .filter(|l| l.started_ms < fault)
+                .filter(|l| l.ended_ms.is_some_and(|end| end > later.started_ms))
+                .count() as u64;
+        }
+        // A premature reload: the key's first load after the promotion,
+        // although the value its last load before the fault stored should
+        // still have lived.
+        let stored = of_key()
+            .filter_map(|l| l.ended_ms)
+            .filter(|&end| end <= fault - FILL_MARGIN_MS)
+            .fold(None, |last: Option<f64>, end| {
+                Some(last.map_or(end, |l| l.max(end)))
+            });
+        let first_after = of_key()
+            .map(|l| l.started_ms)
+            .filter(|&start| start >= promoted)
+            .fold(None, |first: Option<f64>, s| {
+                Some(first.map_or(s, |f| f.min(s)))
+            });
+        if let (Some(end), Some(start)) = (stored, first_after) {
+            if start < end + reload_window_ms {
+                lost.premature_reloads += 1;
+                lost.premature_keys.push(key);
+            }
+        }
+    }
+    lost
+}
 
 /// Works the `fault` section out of the injector's observation and the
 /// merged call and load logs (on the parent's clock). `key_names` are the
@@ -129,10 +198,27 @@ pub fn analyse(
             after.slow += u64::from(c.latency_ms > slow_limit);
         }
     }
+    let lost = lost_writes(injected, shape, &victim_key, loads);
     let victim_loads: Vec<&LoadRecord> = loads.iter().filter(|l| victim_key(l.key)).collect();
     let inside = victim_loads
         .iter()
         .filter(|l| (from..=until).contains(&l.started_ms))
+        .count() as u64;
+    let outside: Vec<&LoadRecord> = victim_loads
+        .iter()
+        .copied()
+        .filter(|l| !(from..=until).contains(&l.started_ms))
+        .collect();
+    let extra = outside
+        .iter()
+        .filter(|l| {
+            outside.iter().any(|p| {
+                p.key == l.key
+                    && (p.started_ms, p.ended_ms) < (l.started_ms, l.ended_ms)
+                    && p.ended_ms
+                        .is_some_and(|end| end > l.started_ms - lost.reload_window_ms)
+            })
+        })
         .count() as u64;
     FaultReport {
         kind: injected.kind,
@@ -163,7 +249,9 @@ pub fn analyse(
             ideal_loads_outside_outage: shape
                 .ideal_loads(victim_count, (duration - (until - from)).max(0.0)),
             loads_inside_outage: inside,
+            extra_loads_outside_outage: extra,
         },
+        lost_writes: lost,
     }
 }
 
@@ -196,6 +284,7 @@ mod tests {
             fault_at_ms: 5_000.0,
             promoted_at_ms,
             promoted_to: promoted_at_ms.map(|_| "127.0.0.1:7003".to_owned()),
+            values: None,
         }
     }
 
@@ -329,13 +418,13 @@ mod tests {
     #[test]
     fn loads_are_split_by_class_and_window() {
         let mut loads = Vec::new();
-        // Every key loads every 1 050 ms from t = 0.
+        // Every key loads every 1 050 ms from t = 0, for 50 ms.
         for k in 0..4 {
             for i in 0..10 {
                 loads.push(LoadRecord {
                     started_ms: i as f64 * 1_050.0,
                     key: k,
-                    ended_ms: None,
+                    ended_ms: Some(i as f64 * 1_050.0 + 50.0),
                 });
             }
         }
@@ -351,11 +440,82 @@ mod tests {
         // 5 250, 6 300, 7 350 and 8 400 lie in [5 000, 8 500]: 4 per key.
         assert_eq!(r.victim.loads_inside_outage, 8);
         assert_eq!(r.victim.loads_outside_outage, 12);
+        assert_eq!(r.victim.extra_loads_outside_outage, 0, "one per ttl + load");
+        // A second process loading each key 100 ms after the first: every
+        // second load is extra.
+        let mut twice = loads.clone();
+        twice.extend(loads.iter().map(|l| LoadRecord {
+            started_ms: l.started_ms + 100.0,
+            ..*l
+        }));
+        let r2 = analyse(
+            &injected(Some(7_000.0)),
+            &names(),
+            shape(),
+            &quiet_calls(),
+            &twice,
+        );
+        assert_eq!(r2.victim.loads_outside_outage, 24);
+        assert_eq!(r2.victim.extra_loads_outside_outage, 12);
         let text = r.to_text();
         assert!(text.contains("fault Kill of 127.0.0.1:7000"), "{text}");
         assert!(
             text.contains("recovered 0 ms after the promotion"),
             "{text}"
         );
+    }
+
+    fn load(started_ms: f64, key: usize, ended_ms: f64) -> LoadRecord {
+        LoadRecord {
+            started_ms,
+            key,
+            ended_ms: Some(ended_ms),
+        }
+    }
+
+    /// Fault at 5 s, promotion at 7 s; ttl 1 s, load 50 ms: a reload within
+    /// 400 ms of a fill (0.9 × ttl − 10 × load) is premature.
+    #[test]
+    fn lost_writes_are_premature_reloads_and_overlapping_holders() {
+        let loads = [
+            // Key 2: filled at 4 900, gone at the promotion: reloaded at
+            // 7 100, 2 200 ms later (a TTL of 1 s would be over by then:
+            // not premature).
+            load(4_850.0, 2, 4_900.0),
+            load(7_100.0, 2, 7_150.0),
+            // Key 3: a long load from 4 000 to 7 300, and another at 7 200:
+            // two holders. Its fill (after the fault) is not checked.
+            load(4_000.0, 3, 7_300.0),
+            load(7_200.0, 3, 7_250.0),
+        ];
+        let lost = lost_writes(&injected(Some(7_000.0)), shape(), &|k| k >= 2, &loads);
+        assert_eq!(lost.two_holders, 1);
+        assert_eq!(lost.premature_reloads, 0);
+        assert!((lost.reload_window_ms - 400.0).abs() < 1e-9);
+
+        let long = RunShape {
+            ttl_ms: 5_000,
+            ..shape()
+        };
+        let lost = lost_writes(&injected(Some(7_000.0)), long, &|k| k >= 2, &loads);
+        // Key 2's value (stored at 4 900, ttl 5 s, up to 10 % shorter)
+        // should have lived to 9 400 at least; reloaded at 7 100 < 4 900 +
+        // 4 000.
+        assert_eq!(
+            (lost.premature_reloads, lost.premature_keys.clone()),
+            (1, vec![2])
+        );
+        // A fill ending 20 ms or less before the fault is not counted: it
+        // may not have been acknowledged.
+        let late = [load(4_950.0, 2, 4_990.0), load(7_100.0, 2, 7_150.0)];
+        let lost = lost_writes(&injected(Some(7_000.0)), long, &|k| k >= 2, &late);
+        assert_eq!(lost.premature_reloads, 0);
+        // Healthy keys (0 and 1) are not the victim's: not counted.
+        let healthy = [load(4_850.0, 0, 4_900.0), load(7_100.0, 0, 7_150.0)];
+        let lost = lost_writes(&injected(Some(7_000.0)), long, &|k| k >= 2, &healthy);
+        assert_eq!(lost.premature_reloads, 0);
+        // Without a promotion nothing is lost to one.
+        let lost = lost_writes(&injected(None), long, &|k| k >= 2, &loads);
+        assert_eq!((lost.two_holders, lost.premature_reloads), (0, 0));
     }
 }

@@ -206,6 +206,7 @@ impl Shared {
             fault_at_ms,
             promoted_at_ms,
             promoted_to,
+            values: None,
         })
     }
 

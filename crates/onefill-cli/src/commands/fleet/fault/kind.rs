@@ -73,4 +73,42 @@ pub struct Injected {
     pub promoted_at_ms: Option<f64>,
     /// `ip:port` of the node serving the victim's slots then.
     pub promoted_to: Option<String>,
+    /// The values found on the old primary and looked for on the new one
+    /// (a Sentinel set-up; `None` on a cluster, or without a promotion).
+    pub values: Option<ValueCheck>,
+}
+
+/// The run's values looked for on the new primary right after a
+/// promotion, against the old primary's as last read (just before the
+/// fault; for a failover, again at the promotion, the old primary still
+/// answering).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ValueCheck {
+    /// Values the old primary held that should still have lived at the
+    /// check by far (more than the margin), so no refresh could have
+    /// replaced them.
+    pub checked: u64,
+    /// Of those, the ones missing on the new primary, or replaced there by
+    /// a younger value (a longer remaining TTL than the old value had
+    /// left): acknowledged fills that did not survive the promotion.
+    pub vanished: u64,
+    /// The indices (into the run's keys) of the vanished values.
+    pub vanished_keys: Vec<usize>,
+    /// How long a value had to have left at the check to be checked, ms.
+    pub margin_ms: u64,
+    /// After a failover, writes the old primary took after the promotion,
+    /// while it still answered as a master (polled every 100 ms to the end
+    /// of the run, or until it answers as a replica): a value it holds
+    /// that it did not hold at the promotion, or a younger one. The new
+    /// primary never gets them, and the old one drops them when it is
+    /// made a replica. Writes between two polls to one key count once.
+    #[serde(default)]
+    pub old_primary_writes: u64,
+    /// The keys (indices) of those writes.
+    #[serde(default)]
+    pub old_primary_written_keys: Vec<usize>,
+    /// When the old primary first answered as a replica, ms after "go"
+    /// (`None`: not within the run, or not watched).
+    #[serde(default)]
+    pub old_primary_demoted_at_ms: Option<f64>,
 }

@@ -1,6 +1,6 @@
-//! `fleet --fault`: injecting one fault into a Redis Cluster in the middle
-//! of a steady run, or into the worker holding a lease in a herd, and what
-//! callers saw of it.
+//! `fleet --fault`: injecting one fault into a Redis Cluster or the primary
+//! of a Sentinel set-up in the middle of a steady run, or into the worker
+//! holding a lease in a herd, and what callers saw of it.
 //!
 //! The parent computes the slot of every key's value key before the run
 //! ([`topology::key_slots`]); the [`injector`] thread faults the victim at
@@ -15,7 +15,9 @@
 //! others; `signals` reads the topology; `injector` uses all three;
 //! `records` is plain data; `report` names the kind; `analysis` reads
 //! records and writes the report; `holder` uses `kind`, `signals` and the
-//! topology's connection; `holder_report` reads `holder` and `records`.
+//! topology's connection; `holder_report` reads `holder` and `records`;
+//! [`sentinel`], the injector of a Sentinel set-up's primary, uses `kind`,
+//! `signals` and the topology's connection.
 
 pub mod analysis;
 pub mod holder;
@@ -24,5 +26,6 @@ pub mod injector;
 pub mod kind;
 pub mod records;
 pub mod report;
+pub mod sentinel;
 mod signals;
 pub mod topology;

@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::kind::FaultKind;
+use super::kind::{FaultKind, ValueCheck};
 
 /// What the callers of one class of keys saw.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -86,8 +86,61 @@ pub struct VictimFigures {
     pub loads_outside_outage: u64,
     /// `keys × (duration − window) / (ttl + load)`.
     pub ideal_loads_outside_outage: f64,
+    /// Of the loads outside the outage window, those that started while
+    /// another load of the key outside the window still ran or had ended
+    /// less than `lost_writes.reload_window_ms` before (its value should
+    /// still have lived): loads beyond one per expiry.
+    #[serde(default)]
+    pub extra_loads_outside_outage: u64,
     /// Loads that started inside the outage window.
     pub loads_inside_outage: u64,
+}
+
+/// Writes the old primary acknowledged that the promotion lost: leases
+/// and fills of the victim's keys it granted or stored that the new
+/// primary did not have.
+///
+/// - `two_holders`: pairs of loads of one key that ran at once across the
+///   promotion: one started before the fault (under a lease the healthy
+///   old primary granted) and still ran when the other started, after the
+///   promotion (under a lease the new primary granted: the first was not
+///   there).
+/// - `premature_reloads`: keys whose first load after the promotion
+///   started less than `reload_window_ms` (`0.9 × ttl − 10 × load`: the
+///   TTL written, up to 10 % shorter for its jitter, less more than an
+///   early refresh takes ahead) after the end
+///   of their last load that ended at least 20 ms before the fault: the
+///   value that load stored (its fill acknowledged by the healthy old
+///   primary) should still have lived, and no early refresh starts that
+///   soon, so it was gone from the new primary.
+/// - `values` (a Sentinel set-up): the run's values read on the old primary
+///   just before the fault (after a failover, again at the promotion: it
+///   may have taken fills after the fault) looked for on the new primary
+///   right after the promotion; and after a failover, the writes the old
+///   primary took after the promotion while it still answered as a master
+///   (all lost: it drops them when made a replica); see [`ValueCheck`].
+///
+/// Not counted: a fill or lease the old primary acknowledged between the
+/// fault and the promotion, other than through `values` after a failover
+/// (from the logs alone, such a load cannot be told from one whose fill
+/// failed). With loads shorter than the outage `two_holders` is 0 by
+/// construction; with a TTL shorter than the outage, `premature_reloads`
+/// and `values` find nothing to check.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct LostWrites {
+    /// Loads after the promotion overlapping one that held a lease from
+    /// before the fault.
+    pub two_holders: u64,
+    /// Keys reloaded after the promotion while their value should have
+    /// lived.
+    pub premature_reloads: u64,
+    /// Their indices into the run's keys.
+    pub premature_keys: Vec<usize>,
+    /// `0.9 × ttl − 10 × load`: a reload this soon after the value's load
+    /// is premature, ms.
+    pub reload_window_ms: f64,
+    /// The values looked for on the new primary (`None`: not checked).
+    pub values: Option<ValueCheck>,
 }
 
 /// The `fault` section of a fleet report.
@@ -120,6 +173,9 @@ pub struct FaultReport {
     pub healthy: HealthyFigures,
     /// The victim's keys.
     pub victim: VictimFigures,
+    /// Acknowledged writes the promotion lost.
+    #[serde(default)]
+    pub lost_writes: LostWrites,
 }
 
 impl FaultReport {
@@ -146,12 +202,16 @@ impl FaultReport {
         };
         [
             format!(
-                "fault {:?} of {} at {:.0} ms; its slots served by {} at {}",
+                "fault {:?} of {} at {:.0} ms; its keys served by {} at {}{}",
                 self.kind,
                 self.victim_address,
                 self.fault_at_ms,
                 self.promoted_to.as_deref().unwrap_or("nobody"),
-                opt(self.promoted_at_ms)
+                opt(self.promoted_at_ms),
+                self.promoted_at_ms.map_or(String::new(), |p| format!(
+                    " (promoted {:.0} ms after the fault)",
+                    p - self.fault_at_ms
+                ))
             ),
             class("healthy keys", &self.healthy.answers),
             format!(
@@ -161,13 +221,33 @@ impl FaultReport {
             class("victim keys", &self.victim.answers),
             format!(
                 "    recovered {} after the promotion; loads outside [{:.0}, {:.0}] ms {} \
-                 (ideal {:.1}), inside {}",
+                 (ideal {:.1}, {} before the last value could expire), inside {}",
                 opt(self.victim.recovered_after_promotion_ms),
                 self.outage_window_ms[0],
                 self.outage_window_ms[1],
                 self.victim.loads_outside_outage,
                 self.victim.ideal_loads_outside_outage,
+                self.victim.extra_loads_outside_outage,
                 self.victim.loads_inside_outage
+            ),
+            format!(
+                "    lost writes: {} two holders, {} premature reloads (within {:.0} ms of a \
+                 fill before the fault), {}",
+                self.lost_writes.two_holders,
+                self.lost_writes.premature_reloads,
+                self.lost_writes.reload_window_ms,
+                self.lost_writes.values.as_ref().map_or_else(
+                    || "values not checked".to_owned(),
+                    |v| format!(
+                        "{} of {} values vanished (checked with over {} ms to live); {} writes \
+                         to the old primary after the promotion (demoted at {})",
+                        v.vanished,
+                        v.checked,
+                        v.margin_ms,
+                        v.old_primary_writes,
+                        opt(v.old_primary_demoted_at_ms)
+                    )
+                )
             ),
         ]
         .join("\n")

@@ -305,6 +305,8 @@ mod tests {
         RunArgs {
             redis: vec!["redis://x".to_owned()],
             cluster: false,
+            sentinel: Vec::new(),
+            master_name: None,
             strategy: FleetStrategy::Onefill,
             keys: vec!["<hot>".to_owned()],
             callers: 2,
