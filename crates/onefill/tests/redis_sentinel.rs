@@ -224,7 +224,13 @@ async fn fill_notifications_follow_the_primary() {
         })
         .await
         .unwrap();
-    assert_eq!(fetched.value, "filled", "the waiter loaded on its own");
+    assert_eq!(
+        fetched.value,
+        "filled",
+        "the waiter loaded on its own: waiter {:?}, holder {:?}",
+        b.stats(),
+        a.stats()
+    );
     assert_eq!(slow.await.unwrap().unwrap(), "filled");
     assert_eq!(loads.load(Ordering::SeqCst), 1);
     let stats = b.stats();

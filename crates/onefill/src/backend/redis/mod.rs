@@ -39,7 +39,7 @@
 //!
 //! # Connections
 //!
-//! - **Standalone**: a [`ConnectionManager`] (one multiplexed connection that
+//! - **Standalone**: a [`ConnectionManager`](redis::aio::ConnectionManager) (one multiplexed connection that
 //!   reconnects by itself) for commands, plus one dedicated RESP3 connection
 //!   for fill notifications (`SUBSCRIBE`/`PUBLISH`).
 //! - **Sentinel** ([`RedisBackend::connect_sentinel`]): standalone
