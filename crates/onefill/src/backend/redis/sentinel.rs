@@ -261,6 +261,8 @@ struct Found {
     port: u16,
     /// The config epoch it was named in.
     epoch: u64,
+    /// The sentinel deems it down (`s_down`/`o_down`): not to be used.
+    down: bool,
 }
 
 impl Found {
@@ -297,8 +299,10 @@ impl Finder {
         .await;
         let mut named: Vec<Found> = Vec::new();
         let mut last_error = None;
+        let mut seen_down = false;
         for answer in answers {
             match answer {
+                Ok(Some(found)) if found.down => seen_down = true,
                 Ok(Some(found)) => named.push(found),
                 Ok(None) => {}
                 Err(e) => last_error = Some(e),
@@ -310,6 +314,16 @@ impl Finder {
             .max_by_key(|f| (f.epoch, named.iter().filter(|g| *g == *f).count()))
             .cloned();
         let Some(best) = best else {
+            // A primary the sentinels see down is a failover to wait for
+            // (transient), not a name they do not know.
+            if seen_down {
+                return Err(BackendError::new(
+                    BackendErrorKind::Connection,
+                    format!(
+                        "sentinel: the primary of `{name}` is down (a failover may be under way)"
+                    ),
+                ));
+            }
             return Err(last_error.unwrap_or_else(|| {
                 BackendError::new(
                     BackendErrorKind::Command,
@@ -452,11 +466,10 @@ fn parse_master(answer: Value) -> Option<Found> {
             .find(|(k, _)| k == name)
             .map(|(_, v)| v.as_str())
     };
-    // A primary the sentinel itself deems down is not named.
-    if field("flags").is_some_and(|f| f.split(',').any(|f| f == "o_down" || f == "s_down")) {
-        return None;
-    }
+    // A primary the sentinel itself deems down is not to be used.
+    let down = field("flags").is_some_and(|f| f.split(',').any(|f| f == "o_down" || f == "s_down"));
     Some(Found {
+        down,
         host: field("ip")?.to_owned(),
         port: field("port")?.parse().ok()?,
         epoch: field("config-epoch")
@@ -647,19 +660,20 @@ mod tests {
             Some(Found {
                 host: "10.0.0.2".into(),
                 port: 6380,
-                epoch: 7
+                epoch: 7,
+                down: false,
             })
         );
     }
 
     #[test]
-    fn a_primary_the_sentinel_deems_down_is_not_named() {
+    fn a_primary_the_sentinel_deems_down_is_marked_down() {
         let answer = Value::Map(vec![
             (bulk("ip"), bulk("10.0.0.2")),
             (bulk("port"), bulk("6380")),
             (bulk("flags"), bulk("master,s_down")),
         ]);
-        assert_eq!(parse_master(answer), None);
+        assert!(parse_master(answer).is_some_and(|found| found.down));
         assert_eq!(parse_master(Value::Nil), None);
         assert_eq!(parse_master(Value::Array(vec![bulk("ip")])), None);
     }
