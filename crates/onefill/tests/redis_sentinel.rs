@@ -287,7 +287,9 @@ fn outside_clients(server: &RedisServer) -> usize {
 }
 
 /// A dropped backend (and its cache, its L1 tracking) lets go of the
-/// sentinels and the primary: its follower and its sentinel listeners end.
+/// sentinels and the primary at once (a round trip or so, not a ping
+/// interval or a periodic look later): its follower and its sentinel
+/// listeners end.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_backend_leaves_no_connection_behind() {
     let _limit = time_limit(LIMIT);
@@ -315,13 +317,12 @@ async fn a_dropped_backend_leaves_no_connection_behind() {
             break;
         }
         assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "20 s after the drop, connections remain: sentinels {sentinels_now:?} (before \
+            started.elapsed() < Duration::from_secs(2),
+            "2 s after the drop, connections remain: sentinels {sentinels_now:?} (before \
              {sentinels_before:?}), primary {primary_now} (before {primary_before})"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    eprintln!("connections closed {:?} after the drop", started.elapsed());
 }
 
 /// A sentinel that hangs (SIGSTOP) does not keep the others' answer from

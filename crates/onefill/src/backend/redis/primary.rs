@@ -44,7 +44,9 @@ pub(super) struct Followed {
     epoch: watch::Sender<u64>,
     /// Calls that met a sign of a demoted or dead primary (a connection
     /// failure, `READONLY`, a timeout) ask the follower to look again.
-    suspect: Notify,
+    /// Shared with the follower, which holds no strong reference while it
+    /// waits: the backend's drop ends it at once.
+    suspect: Arc<Notify>,
 }
 
 /// The primary of one epoch.
@@ -69,7 +71,7 @@ impl Followed {
         Arc::new(Followed {
             current: RwLock::new(first),
             epoch: watch::channel(1).0,
-            suspect: Notify::new(),
+            suspect: Arc::new(Notify::new()),
         })
     }
 
@@ -95,9 +97,15 @@ impl Followed {
         epoch
     }
 
-    /// Resolves when a call asked the follower to look again.
-    pub(super) async fn suspected(&self) {
-        self.suspect.notified().await
+    /// Notified when a call asks the follower to look again.
+    pub(super) fn suspicion(&self) -> Arc<Notify> {
+        self.suspect.clone()
+    }
+
+    /// Tells of each change of primary; closed once this is dropped (with
+    /// its backend).
+    pub(super) fn epochs(&self) -> watch::Receiver<u64> {
+        self.epoch.subscribe()
     }
 }
 

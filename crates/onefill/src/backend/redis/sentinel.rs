@@ -28,6 +28,7 @@ use std::time::Duration;
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Client, PushKind, Value};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
+use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::connect::command_connection;
@@ -229,7 +230,7 @@ impl RedisBackend {
                 options.redis.clone(),
                 master_name.to_owned(),
                 heard_tx.clone(),
-                Arc::downgrade(&followed),
+                followed.epochs(),
             ));
         }
         tokio::spawn(follow(
@@ -502,7 +503,7 @@ async fn listen(
     options: RedisOptions,
     name: String,
     heard: UnboundedSender<Heard>,
-    followed: Weak<Followed>,
+    mut epochs: watch::Receiver<u64>,
 ) {
     const CHANNEL: &str = "+switch-master";
     let names = Names {
@@ -512,12 +513,11 @@ async fn listen(
     let (every, timeout) = (options.ping_interval, options.response_timeout);
     let mut conn = PushConnection::new(client, options, names, every, timeout).ping_when_quiet();
     loop {
-        if followed.strong_count() == 0 {
-            return;
-        }
-        // Wakes at least once a ping interval, to notice the backend gone.
-        let due = tokio::time::timeout(every, conn.due()).await;
-        let Ok(due) = due else { continue };
+        // Ends as soon as the backend is dropped (its epochs close).
+        let due = tokio::select! {
+            due = conn.due() => due,
+            () = gone(&mut epochs) => return,
+        };
         match due {
             Due::Connect => {
                 if conn.connect().await.is_err() {
@@ -551,6 +551,12 @@ async fn listen(
     }
 }
 
+/// Resolves once `epochs` is closed: the followed primary was dropped
+/// with its backend.
+async fn gone(epochs: &mut watch::Receiver<u64>) {
+    while epochs.changed().await.is_ok() {}
+}
+
 /// Whether a `+switch-master` message (`[channel, "<name> <old ip> <old
 /// port> <new ip> <new port>"]`) is about `name`.
 fn switched(data: &[Value], name: &str) -> bool {
@@ -568,26 +574,31 @@ async fn follow(
     mut heard: tokio::sync::mpsc::UnboundedReceiver<Heard>,
 ) {
     let mut last_look = Instant::now();
+    // No strong reference while waiting: the backend's drop closes
+    // `epochs` and ends the follower at once.
+    let Some((suspicion, mut epochs)) = followed
+        .upgrade()
+        .map(|strong| (strong.suspicion(), strong.epochs()))
+    else {
+        return;
+    };
     loop {
-        let Some(strong) = followed.upgrade() else {
-            return;
-        };
         // A look when a sentinel tells, when a call suspects the primary
         // (not within the cooldown of the last look), or after a while.
         {
             let suspected = async {
-                strong.suspected().await;
+                suspicion.notified().await;
                 tokio::time::sleep_until(last_look + COOLDOWN).await;
             };
             tokio::select! {
                 h = heard.recv() => if h.is_none() {
                     return;
                 },
+                () = gone(&mut epochs) => return,
                 _ = suspected => {}
                 _ = tokio::time::sleep(RECHECK_EVERY) => {}
             }
         }
-        drop(strong);
         last_look = Instant::now();
         let limit = connect_deadline(&finder.options.redis);
         let found = match with_deadline_error(limit, finder.find(), "no answer").await {
