@@ -114,15 +114,13 @@ impl RedisBackend {
                 // The command connection has no response timeout of its
                 // own (see `connect_with`).
                 let limit = self.inner.options.response_timeout;
-                let flight = c.in_flight();
-                let sent = driver_within(
+                match driver_within(
                     "get_many",
                     limit,
                     send(&mut c.manager(), &all, per_key, build),
                 )
-                .await;
-                flight.answered();
-                match sent {
+                .await
+                {
                     Ok(replies) => replies,
                     Err(e) => {
                         c.saw(&classify("get_many", e.clone()));

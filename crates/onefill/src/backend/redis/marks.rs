@@ -36,15 +36,13 @@ impl RedisBackend {
         let written: Result<i64, BackendError> = match &self.inner.conn {
             Conn::Single(c) => {
                 let limit = self.inner.options.response_timeout;
-                let flight = c.in_flight();
-                let written = with_deadline(
+                with_deadline(
                     "mark",
                     limit,
                     invocation.invoke(scripts, &mut c.manager(), false),
                 )
-                .await;
-                flight.answered();
-                written.inspect_err(|e| c.saw(e))
+                .await
+                .inspect_err(|e| c.saw(e))
             }
             Conn::Cluster(router) => router
                 .run(slot_of(gen_key.as_bytes()), |mut c, asking| {
@@ -79,13 +77,11 @@ impl RedisBackend {
             Conn::Single(c) => {
                 let limit = self.inner.options.response_timeout;
                 let mut conn = c.manager();
-                let flight = c.in_flight();
-                let read = with_deadline("read_marks", limit, async move {
+                with_deadline("read_marks", limit, async move {
                     mget.query_async(&mut conn).await
                 })
-                .await;
-                flight.answered();
-                read.inspect_err(|e| c.saw(e))?
+                .await
+                .inspect_err(|e| c.saw(e))?
             }
             Conn::Cluster(router) => router
                 .run(slot_of(gen_key.as_bytes()), |mut c, asking| async move {

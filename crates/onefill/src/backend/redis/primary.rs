@@ -152,17 +152,6 @@ impl Primary {
         self.shard() == shard
     }
 
-    /// A call to the server, until [`InFlight::answered`]: a call dropped
-    /// before its answer (a cache's own timeout, shorter than the response
-    /// timeout by default, drops the call rather than failing it) counts
-    /// as a sign of a dead or frozen primary, as a timeout does.
-    pub(super) fn in_flight(&self) -> InFlight<'_> {
-        match self {
-            Primary::Fixed(_) => InFlight(None),
-            Primary::Followed(followed) => InFlight(Some(followed)),
-        }
-    }
-
     /// A call's error: one that may mean the primary is gone or demoted
     /// asks the follower to look again (it asks the sentinels, at most so
     /// often). Does nothing for a fixed server.
@@ -174,25 +163,6 @@ impl Primary {
             ) {
                 followed.suspect.notify_one();
             }
-        }
-    }
-}
-
-/// A call in flight to a followed primary (see [`Primary::in_flight`]).
-pub(super) struct InFlight<'a>(Option<&'a Followed>);
-
-impl InFlight<'_> {
-    /// The call has its answer (whatever it is: errors go to
-    /// [`Primary::saw`]).
-    pub(super) fn answered(mut self) {
-        self.0 = None;
-    }
-}
-
-impl Drop for InFlight<'_> {
-    fn drop(&mut self) {
-        if let Some(followed) = self.0 {
-            followed.suspect.notify_one();
         }
     }
 }

@@ -180,10 +180,7 @@ impl RedisBackend {
     async fn read(&self, keys: &FillKeys, now: Instant) -> Result<Option<Stored>, BackendError> {
         match &self.inner.conn {
             Conn::Single(c) if !self.inner.kept.covers(keys.value()) => {
-                let flight = c.in_flight();
-                let answer = self.get_standalone(c.manager(), keys, now).await;
-                flight.answered();
-                answer
+                self.get_standalone(c.manager(), keys, now).await
             }
             _ => Box::pin(self.get_pttl(keys)).await,
         }
@@ -198,12 +195,7 @@ impl RedisBackend {
             .cmd("PTTL")
             .arg(keys.value());
         let result: Result<(Option<Vec<u8>>, i64), RedisError> = match &self.inner.conn {
-            Conn::Single(c) => {
-                let flight = c.in_flight();
-                let answer = pipe.query_async(&mut c.manager()).await;
-                flight.answered();
-                answer
-            }
+            Conn::Single(c) => pipe.query_async(&mut c.manager()).await,
             Conn::Cluster(router) => {
                 let pipe = &pipe;
                 // After an `ASK`: `ASKING` before each command.
