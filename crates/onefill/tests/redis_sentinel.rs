@@ -499,7 +499,6 @@ fn role_questions(node: &RedisServer) -> u64 {
 /// Writes are held by `CLIENT PAUSE WRITE`, so the looks' `ROLE` is
 /// answered and counted, and the sentinels see nothing wrong.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "fails: a call a cache's timeout drops never reaches the follower"]
 async fn timeouts_make_the_follower_look() {
     let _limit = time_limit(LIMIT);
     let kit = RedisSentinel::start();
