@@ -54,7 +54,7 @@ impl RedisServer {
     /// its configuration file written from `conf` into its private
     /// directory (a Sentinel needs a file it can rewrite). Ready when it
     /// answers `PING`.
-    pub(crate) fn start_sentinel(conf: &str) -> RedisServer {
+    pub fn start_sentinel(conf: &str) -> RedisServer {
         Self::start_mode(&[], Some(conf.to_owned()))
     }
 

@@ -281,3 +281,289 @@ async fn an_unknown_master_name_is_a_clear_error() {
     assert_eq!(err.kind(), BackendErrorKind::Command, "{err}");
     assert!(err.to_string().contains("no-such-primary"), "{err}");
 }
+
+/// Clients of `server` that no server opened (not a replica's link, not
+/// a sentinel's named link) and not the question asking it: a backend's.
+fn outside_clients(server: &RedisServer) -> usize {
+    server
+        .command(&["CLIENT", "LIST"])
+        .lines()
+        .filter(|l| l.contains(" name= ") && !l.contains("flags=S") && !l.contains("cmd=client"))
+        .count()
+}
+
+/// A dropped backend (and its cache, its L1 tracking) lets go of the
+/// sentinels and the primary at once (a round trip or so, not a ping
+/// interval or a periodic look later): its follower and its sentinel
+/// listeners end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_backend_leaves_no_connection_behind() {
+    let _limit = time_limit(LIMIT);
+    let kit = RedisSentinel::start();
+    let sentinels_before: Vec<usize> = kit.sentinels().iter().map(outside_clients).collect();
+    let primary_before = outside_clients(kit.primary());
+    let ns = unique_ns("drop");
+    let c = cache(&ns, connect(&kit).await, true);
+    set_until_ok(&c, "k", "v").await;
+    until_l1_serves(&c, "k").await;
+    let sentinels_with: Vec<usize> = kit.sentinels().iter().map(outside_clients).collect();
+    assert!(
+        sentinels_with
+            .iter()
+            .zip(&sentinels_before)
+            .all(|(with, before)| with > before),
+        "the backend holds no connection to each sentinel: {sentinels_with:?} vs {sentinels_before:?}"
+    );
+    drop(c);
+    let started = Instant::now();
+    loop {
+        let sentinels_now: Vec<usize> = kit.sentinels().iter().map(outside_clients).collect();
+        let primary_now = outside_clients(kit.primary());
+        if sentinels_now == sentinels_before && primary_now == primary_before {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "2 s after the drop, connections remain: sentinels {sentinels_now:?} (before \
+             {sentinels_before:?}), primary {primary_now} (before {primary_before})"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A sentinel that hangs (SIGSTOP) does not keep the others' answer from
+/// the connect, nor the backend from following a failover.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_sentinel_does_not_hold_the_answer_back() {
+    let _limit = time_limit(LIMIT);
+    let kit = RedisSentinel::start();
+    kit.sentinels()[0].pause();
+    let started = Instant::now();
+    let backend = connect(&kit).await;
+    let connect_took = started.elapsed();
+    let ns = unique_ns("hung");
+    let c = cache(&ns, backend, false);
+    set_until_ok(&c, "k", "before").await;
+    let old = kit.primary().port();
+    kit.failover();
+    let (new, _) = wait_new_primary(&kit, old);
+    let promoted = Instant::now();
+    let primary = kit.node_with_port(new).expect("one of ours");
+    loop {
+        let _ = c.set(&"k".to_owned(), "after".to_owned()).await;
+        if primary.command(&["EXISTS", onefill::backend::FillKeys::new(&ns, "k").value()]) == "1"
+            && holds_value(primary, &ns, "k", "after")
+        {
+            break;
+        }
+        assert!(promoted.elapsed() < PROMOTION, "never followed");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let follow_took = promoted.elapsed();
+    kit.sentinels()[0].resume();
+    eprintln!("connect took {connect_took:?}; following took {follow_took:?} after the promotion");
+}
+
+/// Whether `node`'s copy of `key` carries `value`.
+fn holds_value(node: &RedisServer, ns: &str, key: &str, value: &str) -> bool {
+    let keys = onefill::backend::FillKeys::new(ns, key);
+    node.command(&["GET", keys.value()]).contains(value)
+}
+
+/// A primary killed while calls fail opens its breaker; the new primary
+/// is another shard, whose breaker starts closed: calls go through
+/// without waiting out the old breaker, and the cache reports closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dead_primarys_breaker_stays_behind() {
+    let _limit = time_limit(LIMIT);
+    let kit = RedisSentinel::start();
+    let ns = unique_ns("breaker");
+    let c: Cache<String, String> = Cache::builder()
+        .namespace(&ns)
+        .backend(connect(&kit).await)
+        .ttl(Duration::from_secs(60))
+        .circuit_breaker(onefill::CircuitBreaker::new(3, Duration::from_secs(3600)))
+        .build()
+        .unwrap();
+    set_until_ok(&c, "k", "before").await;
+    let old = kit.primary().port();
+    kit.kill_primary();
+    let started = Instant::now();
+    while c.circuit_state() != onefill::CircuitState::Open {
+        let _ = c.set(&"k".to_owned(), "during".to_owned()).await;
+        assert!(started.elapsed() < Duration::from_secs(10), "never opened");
+    }
+    let (new, _) = wait_new_primary(&kit, old);
+    set_until_ok(&c, "k", "after").await;
+    assert!(holds_value(
+        kit.node_with_port(new).unwrap(),
+        &ns,
+        "k",
+        "after"
+    ));
+    assert_eq!(c.circuit_state(), onefill::CircuitState::Closed);
+}
+
+/// Two failovers in quick succession: the backend ends on the last
+/// primary, with a closed breaker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_failovers_in_a_row_end_on_the_last_primary() {
+    let _limit = time_limit(LIMIT);
+    let kit = RedisSentinel::start();
+    let ns = unique_ns("flap");
+    let c = cache(&ns, connect(&kit).await, true);
+    set_until_ok(&c, "k", "v0").await;
+    let first = kit.primary().port();
+    kit.failover();
+    let (second, _) = wait_new_primary(&kit, first);
+    tokio::task::block_in_place(|| kit.wait_until_ready());
+    kit.failover();
+    let (third, _) = wait_new_primary(&kit, second);
+    let started = Instant::now();
+    loop {
+        let _ = c.set(&"k".to_owned(), "v2".to_owned()).await;
+        if holds_value(kit.node_with_port(third).unwrap(), &ns, "k", "v2") {
+            break;
+        }
+        assert!(started.elapsed() < PROMOTION, "not on the last primary");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    eprintln!("{first} -> {second} -> {third}");
+    assert_eq!(c.circuit_state(), onefill::CircuitState::Closed);
+    until_l1_serves(&c, "k").await;
+}
+
+/// A primary with a password, a sentinel with another one (in its URL):
+/// both work, and neither shows in the backend's `Debug` or an error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passwords_of_sentinels_and_data_nodes() {
+    let _limit = time_limit(LIMIT);
+    let primary = RedisServer::start_with(&["--requirepass", "data-secret-1"]);
+    let conf = format!(
+        "sentinel resolve-hostnames no\n\
+         sentinel monitor m 127.0.0.1 {} 1\n\
+         sentinel auth-pass m data-secret-1\n\
+         requirepass sentinel-secret-2\n",
+        primary.port()
+    );
+    let sentinel = RedisServer::start_sentinel(&conf);
+    let url = format!("redis://:sentinel-secret-2@127.0.0.1:{}", sentinel.port());
+    let good = SentinelOptions::new().password("data-secret-1");
+    let backend = RedisBackend::connect_sentinel_with(&[&url], "m", good)
+        .await
+        .expect("connects with both passwords");
+    let shown = format!("{backend:?}");
+    assert!(!shown.contains("secret"), "{shown}");
+    let ns = unique_ns("auth");
+    let c = cache(&ns, backend, true);
+    set_until_ok(&c, "k", "v").await;
+    let direct = RedisBackend::connect(&format!(
+        "redis://:data-secret-1@127.0.0.1:{}",
+        primary.port()
+    ))
+    .await
+    .unwrap();
+    let direct = cache(&ns, direct, false);
+    assert_eq!(
+        direct.get(&"k".to_owned()).await.unwrap().as_deref(),
+        Some("v")
+    );
+
+    // A wrong data password, a wrong sentinel password: typed errors that
+    // do not show either.
+    let bad = SentinelOptions::new().password("wrong-secret-3");
+    let err = RedisBackend::connect_sentinel_with(&[&url], "m", bad)
+        .await
+        .unwrap_err();
+    assert!(!err.to_string().contains("secret"), "{err}");
+    let bad_url = format!("redis://:wrong-secret-4@127.0.0.1:{}", sentinel.port());
+    let err = RedisBackend::connect_sentinel_with(&[&bad_url], "m", SentinelOptions::new())
+        .await
+        .unwrap_err();
+    assert!(!err.to_string().contains("secret"), "{err}");
+    eprintln!("errors: {err}");
+}
+
+/// How many `ROLE` questions `node` has answered: every look of a
+/// follower at the sentinels asks the primary they name its role (the
+/// sentinels ask `INFO`, and the kit is not asked meanwhile).
+fn role_questions(node: &RedisServer) -> u64 {
+    node.command(&["INFO", "commandstats"])
+        .lines()
+        .find(|l| l.starts_with("cmdstat_role:"))
+        .and_then(|l| l.split("calls=").nth(1))
+        .and_then(|l| l.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Calls that time out on a primary that stops answering them (the
+/// cache's own timeout, 250 ms by default, shorter than the response
+/// timeout, drops them) make the follower look at the sentinels, as a
+/// connection failure does: at most every 250 ms, so 3 s of timeouts
+/// bring several looks (the one every 5 s regardless adds one at most).
+/// Writes are held by `CLIENT PAUSE WRITE`, so the looks' `ROLE` is
+/// answered and counted, and the sentinels see nothing wrong.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timeouts_make_the_follower_look() {
+    let _limit = time_limit(LIMIT);
+    let kit = RedisSentinel::start();
+    let ns = unique_ns("timeout-look");
+    let c: Cache<String, String> = Cache::builder()
+        .namespace(&ns)
+        .backend(connect(&kit).await)
+        .ttl(Duration::from_secs(60))
+        .circuit_breaker(onefill::CircuitBreaker::disabled())
+        .build()
+        .unwrap();
+    set_until_ok(&c, "k", "v").await;
+    let primary = kit.primary();
+    // Past the start-up looks (one per sentinel subscription).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let before = role_questions(primary);
+    primary.command(&["CLIENT", "PAUSE", "3000", "WRITE"]);
+    let paused = Instant::now();
+    let mut timed_out = 0;
+    while paused.elapsed() < Duration::from_millis(2_900) {
+        if let Err(e) = c.set(&"k".to_owned(), "v".to_owned()).await {
+            assert!(e.is_timeout(), "{e}");
+            timed_out += 1;
+        }
+    }
+    let looks = role_questions(primary) - before;
+    assert!(timed_out >= 5, "{timed_out} calls timed out");
+    assert!(
+        looks >= 3,
+        "{timed_out} calls timed out, yet the follower looked at the sentinels {looks} time(s)"
+    );
+}
+
+/// A primary the sentinels see down (mid-failover, say) fails the connect
+/// with a transient error: retrying is the answer, unlike an unknown name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_seen_down_is_a_transient_error() {
+    let _limit = time_limit(LIMIT);
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let conf = format!(
+        "sentinel resolve-hostnames no\n\
+         sentinel monitor m 127.0.0.1 {port} 1\n\
+         sentinel down-after-milliseconds m 200\n"
+    );
+    let sentinel = RedisServer::start_sentinel(&conf);
+    // Until the sentinel flags it down.
+    let started = Instant::now();
+    while !sentinel
+        .command(&["SENTINEL", "MASTER", "m"])
+        .contains("s_down")
+    {
+        assert!(started.elapsed() < Duration::from_secs(10), "never s_down");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let err = RedisBackend::connect_sentinel(&[&sentinel.url()], "m")
+        .await
+        .unwrap_err();
+    assert!(err.is_transient(), "{:?}: {err}", err.kind());
+}

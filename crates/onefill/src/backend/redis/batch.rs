@@ -114,13 +114,15 @@ impl RedisBackend {
                 // The command connection has no response timeout of its
                 // own (see `connect_with`).
                 let limit = self.inner.options.response_timeout;
-                match driver_within(
+                let flight = c.in_flight();
+                let sent = driver_within(
                     "get_many",
                     limit,
                     send(&mut c.manager(), &all, per_key, build),
                 )
-                .await
-                {
+                .await;
+                flight.answered();
+                match sent {
                     Ok(replies) => replies,
                     Err(e) => {
                         c.saw(&classify("get_many", e.clone()));

@@ -36,13 +36,15 @@ impl RedisBackend {
         let written: Result<i64, BackendError> = match &self.inner.conn {
             Conn::Single(c) => {
                 let limit = self.inner.options.response_timeout;
-                with_deadline(
+                let flight = c.in_flight();
+                let written = with_deadline(
                     "mark",
                     limit,
                     invocation.invoke(scripts, &mut c.manager(), false),
                 )
-                .await
-                .inspect_err(|e| c.saw(e))
+                .await;
+                flight.answered();
+                written.inspect_err(|e| c.saw(e))
             }
             Conn::Cluster(router) => router
                 .run(slot_of(gen_key.as_bytes()), |mut c, asking| {
@@ -77,11 +79,13 @@ impl RedisBackend {
             Conn::Single(c) => {
                 let limit = self.inner.options.response_timeout;
                 let mut conn = c.manager();
-                with_deadline("read_marks", limit, async move {
+                let flight = c.in_flight();
+                let read = with_deadline("read_marks", limit, async move {
                     mget.query_async(&mut conn).await
                 })
-                .await
-                .inspect_err(|e| c.saw(e))?
+                .await;
+                flight.answered();
+                read.inspect_err(|e| c.saw(e))?
             }
             Conn::Cluster(router) => router
                 .run(slot_of(gen_key.as_bytes()), |mut c, asking| async move {

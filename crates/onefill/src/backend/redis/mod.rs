@@ -353,8 +353,10 @@ impl RedisBackend {
                 let limit = self.inner.options.response_timeout;
                 let scripts = self.inner.scripts;
                 let mut conn = c.manager();
+                let flight = c.in_flight();
                 let answer =
                     with_deadline(op, limit, invocation.invoke(scripts, &mut conn, false)).await;
+                flight.answered();
                 if let Err(e) = &answer {
                     c.saw(e);
                 }

@@ -44,7 +44,9 @@ pub(super) struct Followed {
     epoch: watch::Sender<u64>,
     /// Calls that met a sign of a demoted or dead primary (a connection
     /// failure, `READONLY`, a timeout) ask the follower to look again.
-    suspect: Notify,
+    /// Shared with the follower, which holds no strong reference while it
+    /// waits: the backend's drop ends it at once.
+    suspect: Arc<Notify>,
 }
 
 /// The primary of one epoch.
@@ -69,7 +71,7 @@ impl Followed {
         Arc::new(Followed {
             current: RwLock::new(first),
             epoch: watch::channel(1).0,
-            suspect: Notify::new(),
+            suspect: Arc::new(Notify::new()),
         })
     }
 
@@ -95,9 +97,15 @@ impl Followed {
         epoch
     }
 
-    /// Resolves when a call asked the follower to look again.
-    pub(super) async fn suspected(&self) {
-        self.suspect.notified().await
+    /// Notified when a call asks the follower to look again.
+    pub(super) fn suspicion(&self) -> Arc<Notify> {
+        self.suspect.clone()
+    }
+
+    /// Tells of each change of primary; closed once this is dropped (with
+    /// its backend).
+    pub(super) fn epochs(&self) -> watch::Receiver<u64> {
+        self.epoch.subscribe()
     }
 }
 
@@ -144,6 +152,20 @@ impl Primary {
         self.shard() == shard
     }
 
+    /// A call to the server, until [`InFlight::answered`]: a call dropped
+    /// before its answer after [`SLOW_CALL`] or more (a cache's own
+    /// timeout, shorter than the response timeout by default, drops the
+    /// call rather than failing it) counts as a sign of a dead or frozen
+    /// primary, as a timeout does. A call dropped sooner is no sign: a
+    /// cache drops calls in its normal course (a waiter woken while it
+    /// polls), and each look at the sentinels costs a question to each.
+    pub(super) fn in_flight(&self) -> InFlight<'_> {
+        match self {
+            Primary::Fixed(_) => InFlight(None),
+            Primary::Followed(followed) => InFlight(Some((followed, std::time::Instant::now()))),
+        }
+    }
+
     /// A call's error: one that may mean the primary is gone or demoted
     /// asks the follower to look again (it asks the sentinels, at most so
     /// often). Does nothing for a fixed server.
@@ -153,6 +175,32 @@ impl Primary {
                 error.kind(),
                 BackendErrorKind::Connection | BackendErrorKind::Busy | BackendErrorKind::Timeout
             ) {
+                followed.suspect.notify_one();
+            }
+        }
+    }
+}
+
+/// How long a call dropped before its answer must have been in flight to
+/// count as a sign of a dead or frozen primary: a server that answers
+/// takes well under this (a cache's timeout is 250 ms by default).
+const SLOW_CALL: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// A call in flight to a followed primary (see [`Primary::in_flight`]).
+pub(super) struct InFlight<'a>(Option<(&'a Followed, std::time::Instant)>);
+
+impl InFlight<'_> {
+    /// The call has its answer (whatever it is: errors go to
+    /// [`Primary::saw`]).
+    pub(super) fn answered(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if let Some((followed, sent)) = self.0 {
+            if sent.elapsed() >= SLOW_CALL {
                 followed.suspect.notify_one();
             }
         }

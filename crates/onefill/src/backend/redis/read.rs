@@ -180,7 +180,10 @@ impl RedisBackend {
     async fn read(&self, keys: &FillKeys, now: Instant) -> Result<Option<Stored>, BackendError> {
         match &self.inner.conn {
             Conn::Single(c) if !self.inner.kept.covers(keys.value()) => {
-                self.get_standalone(c.manager(), keys, now).await
+                let flight = c.in_flight();
+                let answer = self.get_standalone(c.manager(), keys, now).await;
+                flight.answered();
+                answer
             }
             _ => Box::pin(self.get_pttl(keys)).await,
         }
@@ -195,7 +198,12 @@ impl RedisBackend {
             .cmd("PTTL")
             .arg(keys.value());
         let result: Result<(Option<Vec<u8>>, i64), RedisError> = match &self.inner.conn {
-            Conn::Single(c) => pipe.query_async(&mut c.manager()).await,
+            Conn::Single(c) => {
+                let flight = c.in_flight();
+                let answer = pipe.query_async(&mut c.manager()).await;
+                flight.answered();
+                answer
+            }
             Conn::Cluster(router) => {
                 let pipe = &pipe;
                 // After an `ASK`: `ASKING` before each command.

@@ -28,6 +28,7 @@ use std::time::Duration;
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Client, PushKind, Value};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
+use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::connect::command_connection;
@@ -229,7 +230,7 @@ impl RedisBackend {
                 options.redis.clone(),
                 master_name.to_owned(),
                 heard_tx.clone(),
-                Arc::downgrade(&followed),
+                followed.epochs(),
             ));
         }
         tokio::spawn(follow(
@@ -261,6 +262,8 @@ struct Found {
     port: u16,
     /// The config epoch it was named in.
     epoch: u64,
+    /// The sentinel deems it down (`s_down`/`o_down`): not to be used.
+    down: bool,
 }
 
 impl Found {
@@ -297,8 +300,10 @@ impl Finder {
         .await;
         let mut named: Vec<Found> = Vec::new();
         let mut last_error = None;
+        let mut seen_down = false;
         for answer in answers {
             match answer {
+                Ok(Some(found)) if found.down => seen_down = true,
                 Ok(Some(found)) => named.push(found),
                 Ok(None) => {}
                 Err(e) => last_error = Some(e),
@@ -310,6 +315,16 @@ impl Finder {
             .max_by_key(|f| (f.epoch, named.iter().filter(|g| *g == *f).count()))
             .cloned();
         let Some(best) = best else {
+            // A primary the sentinels see down is a failover to wait for
+            // (transient), not a name they do not know.
+            if seen_down {
+                return Err(BackendError::new(
+                    BackendErrorKind::Connection,
+                    format!(
+                        "sentinel: the primary of `{name}` is down (a failover may be under way)"
+                    ),
+                ));
+            }
             return Err(last_error.unwrap_or_else(|| {
                 BackendError::new(
                     BackendErrorKind::Command,
@@ -452,11 +467,10 @@ fn parse_master(answer: Value) -> Option<Found> {
             .find(|(k, _)| k == name)
             .map(|(_, v)| v.as_str())
     };
-    // A primary the sentinel itself deems down is not named.
-    if field("flags").is_some_and(|f| f.split(',').any(|f| f == "o_down" || f == "s_down")) {
-        return None;
-    }
+    // A primary the sentinel itself deems down is not to be used.
+    let down = field("flags").is_some_and(|f| f.split(',').any(|f| f == "o_down" || f == "s_down"));
     Some(Found {
+        down,
         host: field("ip")?.to_owned(),
         port: field("port")?.parse().ok()?,
         epoch: field("config-epoch")
@@ -489,7 +503,7 @@ async fn listen(
     options: RedisOptions,
     name: String,
     heard: UnboundedSender<Heard>,
-    followed: Weak<Followed>,
+    mut epochs: watch::Receiver<u64>,
 ) {
     const CHANNEL: &str = "+switch-master";
     let names = Names {
@@ -499,12 +513,11 @@ async fn listen(
     let (every, timeout) = (options.ping_interval, options.response_timeout);
     let mut conn = PushConnection::new(client, options, names, every, timeout).ping_when_quiet();
     loop {
-        if followed.strong_count() == 0 {
-            return;
-        }
-        // Wakes at least once a ping interval, to notice the backend gone.
-        let due = tokio::time::timeout(every, conn.due()).await;
-        let Ok(due) = due else { continue };
+        // Ends as soon as the backend is dropped (its epochs close).
+        let due = tokio::select! {
+            due = conn.due() => due,
+            () = gone(&mut epochs) => return,
+        };
         match due {
             Due::Connect => {
                 if conn.connect().await.is_err() {
@@ -538,6 +551,12 @@ async fn listen(
     }
 }
 
+/// Resolves once `epochs` is closed: the followed primary was dropped
+/// with its backend.
+async fn gone(epochs: &mut watch::Receiver<u64>) {
+    while epochs.changed().await.is_ok() {}
+}
+
 /// Whether a `+switch-master` message (`[channel, "<name> <old ip> <old
 /// port> <new ip> <new port>"]`) is about `name`.
 fn switched(data: &[Value], name: &str) -> bool {
@@ -555,26 +574,31 @@ async fn follow(
     mut heard: tokio::sync::mpsc::UnboundedReceiver<Heard>,
 ) {
     let mut last_look = Instant::now();
+    // No strong reference while waiting: the backend's drop closes
+    // `epochs` and ends the follower at once.
+    let Some((suspicion, mut epochs)) = followed
+        .upgrade()
+        .map(|strong| (strong.suspicion(), strong.epochs()))
+    else {
+        return;
+    };
     loop {
-        let Some(strong) = followed.upgrade() else {
-            return;
-        };
         // A look when a sentinel tells, when a call suspects the primary
         // (not within the cooldown of the last look), or after a while.
         {
             let suspected = async {
-                strong.suspected().await;
+                suspicion.notified().await;
                 tokio::time::sleep_until(last_look + COOLDOWN).await;
             };
             tokio::select! {
                 h = heard.recv() => if h.is_none() {
                     return;
                 },
+                () = gone(&mut epochs) => return,
                 _ = suspected => {}
                 _ = tokio::time::sleep(RECHECK_EVERY) => {}
             }
         }
-        drop(strong);
         last_look = Instant::now();
         let limit = connect_deadline(&finder.options.redis);
         let found = match with_deadline_error(limit, finder.find(), "no answer").await {
@@ -647,19 +671,20 @@ mod tests {
             Some(Found {
                 host: "10.0.0.2".into(),
                 port: 6380,
-                epoch: 7
+                epoch: 7,
+                down: false,
             })
         );
     }
 
     #[test]
-    fn a_primary_the_sentinel_deems_down_is_not_named() {
+    fn a_primary_the_sentinel_deems_down_is_marked_down() {
         let answer = Value::Map(vec![
             (bulk("ip"), bulk("10.0.0.2")),
             (bulk("port"), bulk("6380")),
             (bulk("flags"), bulk("master,s_down")),
         ]);
-        assert_eq!(parse_master(answer), None);
+        assert!(parse_master(answer).is_some_and(|found| found.down));
         assert_eq!(parse_master(Value::Nil), None);
         assert_eq!(parse_master(Value::Array(vec![bulk("ip")])), None);
     }
