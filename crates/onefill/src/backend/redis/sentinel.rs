@@ -39,6 +39,7 @@ use super::push::{self, Due, Names, PushConnection};
 use super::server_clock::ServerClock;
 use super::urls::redact;
 use super::RedisBackend;
+use crate::backoff::Backoff;
 use crate::error::{BackendError, BackendErrorKind};
 
 /// The least time between two looks at the sentinels that calls asked for.
@@ -490,8 +491,8 @@ fn text(value: &Value) -> Option<String> {
 
 /// What a sentinel's listener heard.
 enum Heard {
-    /// `+switch-master` for our primary's name.
-    Switched,
+    /// `+switch-master` for our primary's name, to this address.
+    Switched(String),
     /// Subscribed (again): a switch may have been missed meanwhile.
     Subscribed,
 }
@@ -536,11 +537,12 @@ async fn listen(
                 }
             }
             Due::Push(push) => {
-                if push.kind == PushKind::Message
-                    && switched(&push.data, &name)
-                    && heard.send(Heard::Switched).is_err()
-                {
-                    return;
+                if push.kind == PushKind::Message {
+                    if let Some(to) = switched(&push.data, &name) {
+                        if heard.send(Heard::Switched(to)).is_err() {
+                            return;
+                        }
+                    }
                 }
             }
             Due::Ping => {
@@ -557,12 +559,17 @@ async fn gone(epochs: &mut watch::Receiver<u64>) {
     while epochs.changed().await.is_ok() {}
 }
 
-/// Whether a `+switch-master` message (`[channel, "<name> <old ip> <old
-/// port> <new ip> <new port>"]`) is about `name`.
-fn switched(data: &[Value], name: &str) -> bool {
-    data.get(1)
-        .and_then(text)
-        .is_some_and(|m| m.split(' ').next() == Some(name))
+/// The new primary's `host:port`, if a `+switch-master` message
+/// (`[channel, "<name> <old ip> <old port> <new ip> <new port>"]`) is
+/// about `name`.
+fn switched(data: &[Value], name: &str) -> Option<String> {
+    let message = data.get(1).and_then(text)?;
+    let mut words = message.split(' ');
+    if words.next() != Some(name) {
+        return None;
+    }
+    let (host, port) = (words.nth(2)?, words.next()?);
+    Some(format!("{host}:{port}"))
 }
 
 /// The follower: looks at the sentinels when told to (see the module
@@ -574,6 +581,15 @@ async fn follow(
     mut heard: tokio::sync::mpsc::UnboundedReceiver<Heard>,
 ) {
     let mut last_look = Instant::now();
+    // A look that must be made again: it failed, or a switch was announced
+    // that the sentinels asked did not show yet (the promoted replica may
+    // not answer as a master at once, and the old primary can go on
+    // answering as one for seconds: nothing else would tell this process
+    // to look again). Retried with a backoff from the cooldown up to the
+    // periodic look.
+    let mut again = Backoff::new(COOLDOWN, RECHECK_EVERY);
+    let mut retry_at: Option<Instant> = None;
+    let mut announced: Option<String> = None;
     // No strong reference while waiting: the backend's drop closes
     // `epochs` and ends the follower at once.
     let Some((suspicion, mut epochs)) = followed
@@ -590,21 +606,34 @@ async fn follow(
                 suspicion.notified().await;
                 tokio::time::sleep_until(last_look + COOLDOWN).await;
             };
+            let retry = async {
+                match retry_at {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
-                h = heard.recv() => if h.is_none() {
-                    return;
+                h = heard.recv() => match h {
+                    None => return,
+                    Some(Heard::Switched(to)) => announced = Some(to),
+                    Some(Heard::Subscribed) => {}
                 },
                 () = gone(&mut epochs) => return,
                 _ = suspected => {}
+                _ = retry => {}
                 _ = tokio::time::sleep(RECHECK_EVERY) => {}
             }
         }
         last_look = Instant::now();
+        let mut look_again = |again: &mut Backoff| {
+            retry_at = Some(Instant::now() + again.next_interval());
+        };
         let limit = connect_deadline(&finder.options.redis);
         let found = match with_deadline_error(limit, finder.find(), "no answer").await {
             Ok(found) => found,
             Err(e) => {
                 tracing::debug!(error = %e, "sentinel: no primary found; keeping the current one");
+                look_again(&mut again);
                 continue;
             }
         };
@@ -613,10 +642,19 @@ async fn follow(
         };
         let current = strong.current();
         if current.addr == found.addr() {
+            if announced.as_ref().is_some_and(|to| *to != current.addr) {
+                // The sentinels asked do not show the announced switch yet.
+                look_again(&mut again);
+            } else {
+                (retry_at, announced) = (None, None);
+                again.reset();
+            }
             continue;
         }
         match finder.open(&found).await {
             Ok(opened) => {
+                (retry_at, announced) = (None, None);
+                again.reset();
                 let epoch = strong.switch(opened.manager, opened.resp3, found.addr());
                 if let Some(clock) = clock.upgrade() {
                     clock.start_over();
@@ -634,6 +672,7 @@ async fn follow(
                     error = %e,
                     "sentinel: a new primary is named but cannot be reached yet"
                 );
+                look_again(&mut again);
             }
         }
     }
@@ -708,9 +747,11 @@ mod tests {
 
     #[test]
     fn switch_messages_are_told_apart_by_name() {
-        let data = [bulk("+switch-master"), bulk("m 127.0.0.1 1 127.0.0.1 2")];
-        assert!(switched(&data, "m"));
-        assert!(!switched(&data, "other"));
-        assert!(!switched(&data[..1], "m"));
+        let data = [bulk("+switch-master"), bulk("m 127.0.0.1 1 127.0.0.2 2")];
+        assert_eq!(switched(&data, "m").as_deref(), Some("127.0.0.2:2"));
+        assert_eq!(switched(&data, "other"), None);
+        assert_eq!(switched(&data[..1], "m"), None);
+        let short = [bulk("+switch-master"), bulk("m 127.0.0.1 1")];
+        assert_eq!(switched(&short, "m"), None);
     }
 }
