@@ -425,6 +425,22 @@ impl RedisBackend {
         let options = &self.inner.options;
         Wait::of(options.durability, options.response_timeout)
     }
+
+    /// Warns when a cache with `backend_timeout` would see this backend's
+    /// shortfalls as timeouts (see [`Wait::outlasts`]).
+    pub(crate) fn check_durability_against(&self, backend_timeout: Duration) {
+        if let Some(wait) = self.wait() {
+            if wait.outlasts(backend_timeout) {
+                tracing::warn!(
+                    wait = ?wait.timeout(),
+                    ?backend_timeout,
+                    "the durability timeout, plus up to 100 ms before the server ends a WAIT, \
+                     is not below the cache's backend timeout: a write whose replicas are slow \
+                     would time out (and be queued for replay) instead of reporting the shortfall"
+                );
+            }
+        }
+    }
 }
 
 /// A script's 0 or 1.
