@@ -16,6 +16,11 @@
 //! | `set` / `invalidate` | `SET value PXAT at` / `DEL value`, `DEL lock`, publish |
 //! | `expire` | value readable, grace > 0 and `PTTL > grace`? `at = TIME + grace`: `SETRANGE value 16 at` (version 2 or 4), `PEXPIREAT value at` : grace 0 or unreadable? `DEL value`; `DEL lock`, publish |
 //!
+//! With [`RedisOptions::durability`] asking for replicas, every step that
+//! writes a value or a mark (`fill`, `release` with an entry, `set`,
+//! `invalidate`, `expire`, `mark`) is sent with a `WAIT` in the same
+//! pipeline (`durability.rs`, decision 0020).
+//!
 //! The scripts read the grace period from the envelope header; bytes that
 //! are not an envelope are never fresh. A script that writes a value takes
 //! `at = TIME + ttl` from the server's clock and stores the envelope as
