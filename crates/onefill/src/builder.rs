@@ -217,6 +217,10 @@ where
         if let Some(l1) = &l1 {
             l1.validate()?;
         }
+        #[cfg(feature = "redis")]
+        if let Some(redis) = &self.redis {
+            redis.check_durability_against(self.policy.backend_timeout);
+        }
         #[allow(unused_mut)]
         let mut shared = Shared::new(self.namespace, backend, codec, self.policy, l1.as_ref());
         #[cfg(feature = "redis")]

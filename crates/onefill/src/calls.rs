@@ -144,6 +144,12 @@ impl Calls {
         let result = answered.unwrap_or_else(|_| Err(deadline::timed_out(op, timeout)));
         match &result {
             Ok(_) => permit.succeeded(),
+            // A write that ran but that too few replicas confirmed: an
+            // answer (the server is up), counted apart from the failures.
+            Err(e) if e.is_not_replicated() => {
+                self.recorder.write_unreplicated(op, e);
+                permit.succeeded();
+            }
             Err(e) => {
                 self.recorder.backend_error(op, e);
                 // A non-transient error (a script error, OOM, NOAUTH) is an

@@ -484,6 +484,16 @@ pub enum BackendErrorKind {
     /// The backend does not implement this operation (a third-party
     /// backend written before it existed): never transient.
     Unsupported,
+    /// The write ran, but fewer replicas confirmed it in time than the
+    /// backend was asked to wait for (on Redis,
+    /// [`RedisOptions::durability`](crate::redis::RedisOptions::durability)):
+    /// a failover before they catch up may lose it. Not transient: the
+    /// server answered (the circuit breaker counts it as an answer), and
+    /// sending the write again would write it again rather than confirm
+    /// it, so the cache does not replay it. Counted in
+    /// [`Stats::writes_unreplicated`](crate::Stats::writes_unreplicated),
+    /// not in `backend_errors`.
+    NotReplicated,
 }
 
 impl fmt::Display for BackendErrorKind {
@@ -497,6 +507,7 @@ impl fmt::Display for BackendErrorKind {
             BackendErrorKind::Protocol => "protocol error",
             BackendErrorKind::CircuitOpen => "circuit open",
             BackendErrorKind::Unsupported => "unsupported by this backend",
+            BackendErrorKind::NotReplicated => "not confirmed by enough replicas",
         })
     }
 }
@@ -544,12 +555,21 @@ impl BackendError {
         self.kind == BackendErrorKind::Timeout
     }
     /// Retrying later may succeed (timeouts, connection problems, busy server,
-    /// open circuit).
+    /// open circuit). A write its replicas did not confirm
+    /// ([`BackendErrorKind::NotReplicated`]) is not transient: it ran.
     pub fn is_transient(&self) -> bool {
         !matches!(
             self.kind,
-            BackendErrorKind::Command | BackendErrorKind::Protocol | BackendErrorKind::Unsupported
+            BackendErrorKind::Command
+                | BackendErrorKind::Protocol
+                | BackendErrorKind::Unsupported
+                | BackendErrorKind::NotReplicated
         )
+    }
+    /// The write ran but too few replicas confirmed it
+    /// ([`BackendErrorKind::NotReplicated`]).
+    pub fn is_not_replicated(&self) -> bool {
+        self.kind == BackendErrorKind::NotReplicated
     }
     /// The human-readable message, without the kind.
     pub fn message(&self) -> &str {
@@ -592,6 +612,10 @@ mod backend_error_tests {
             (BackendErrorKind::Command, "command rejected"),
             (BackendErrorKind::Protocol, "protocol error"),
             (BackendErrorKind::CircuitOpen, "circuit open"),
+            (
+                BackendErrorKind::NotReplicated,
+                "not confirmed by enough replicas",
+            ),
         ] {
             let err = BackendError::new(kind, "get: no answer");
             assert_eq!(err.to_string(), format!("{words}: get: no answer"));

@@ -375,7 +375,12 @@ impl Lease {
                 held.backend.release(&held.keys, &held.token, entry),
             ),
         };
-        let ended = calls.call(&held.keys, timeout, op, step).await;
+        let ended = match calls.call(&held.keys, timeout, op, step).await {
+            // It wrote (counted by the call): its value is answered and its
+            // lease is over; only its replication is in doubt.
+            Err(e) if e.is_not_replicated() => Ok(true),
+            ended => ended,
+        };
         if filling && matches!(ended, Ok(false)) {
             calls.recorder.fill_fenced();
         }

@@ -57,6 +57,7 @@
 //! | `onefill_writes_replayed_total` | counter | | queued writes the backend ran once it answered again | `writes_replayed` |
 //! | `onefill_writes_dropped_total` | counter | `reason="full"` | queued writes dropped unreplayed, the queue being full (`replay_queue_capacity`; the oldest goes, logged in summary): other processes may answer what they replaced until it expires | `writes_dropped` |
 //! | `onefill_writes_dropped_total` | counter | `reason="refused"` | replays the backend refused (a command error, not an outage): dropped, not retried | `writes_refused` |
+//! | `onefill_writes_unreplicated_total` | counter | | writes of a value or a mark that ran but that fewer replicas confirmed in time than asked (`RedisOptions::durability`): a failover may lose them | `writes_unreplicated` |
 //! | `onefill_load_duration_seconds` | histogram | | how long each loader run took, failed ones included | |
 //! | `onefill_lease_wait_duration_seconds` | histogram | | how long each flight waited for another process's lease, until a fill, a takeover or the deadline | |
 //! | `onefill_lease_hold_duration_seconds` | histogram | | how long this process held each lease it won, from the acquire to its fill or release | |
@@ -132,6 +133,7 @@ described! {
     "onefill_writes_queued_total" Counter Count "Writes that failed for want of the backend, queued to be replayed as invalidations once it answers.",
     "onefill_writes_replayed_total" Counter Count "Queued writes the backend ran once it answered again.",
     "onefill_writes_dropped_total" Counter Count "Queued writes dropped unreplayed, by reason (full: the replay queue was full; refused: the backend refused the replay).",
+    "onefill_writes_unreplicated_total" Counter Count "Writes of a value or a mark that ran but that fewer replicas confirmed in time than asked (a failover may lose them).",
     "onefill_load_duration_seconds" Histogram Seconds "How long each loader run took (failed runs included).",
     "onefill_lease_wait_duration_seconds" Histogram Seconds "How long each flight waited for another process's lease.",
     "onefill_lease_hold_duration_seconds" Histogram Seconds "How long this process held each lease it won, from acquire to fill or release.",

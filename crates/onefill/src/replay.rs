@@ -121,7 +121,12 @@ impl Write {
         match self {
             Write::Invalidate { key, keys } => {
                 let invalidate = calls.backend.invalidate(keys);
-                calls.call(keys, timeout, "invalidate", invalidate).await?;
+                match calls.call(keys, timeout, "invalidate", invalidate).await {
+                    // It ran; only its replication is in doubt, and
+                    // sending it again would not settle that.
+                    Err(e) if !e.is_not_replicated() => return Err(e),
+                    _ => {}
+                }
                 host.replayed(key, keys);
             }
             Write::Mark {
@@ -132,7 +137,13 @@ impl Write {
                 slot,
             } => {
                 let mark = calls.backend.mark(gen_key, mark_key, *kind, *retention);
-                let generation = calls.call(slot, timeout, "mark", mark).await?;
+                let generation = match calls.call(slot, timeout, "mark", mark).await {
+                    Ok(generation) => generation,
+                    // It ran, at a generation not known here: the host
+                    // reads the generation again before it is used.
+                    Err(e) if e.is_not_replicated() => 0,
+                    Err(e) => return Err(e),
+                };
                 host.marked(mark_key, generation);
             }
         }
@@ -152,8 +163,9 @@ pub(crate) trait Host: Send + Sync + 'static {
     /// while the delete was pending, it must not outlive it here; its
     /// flights).
     fn replayed(&self, key: &str, keys: &FillKeys);
-    /// The replay of a mark landed, at `generation`: what this process
-    /// keeps of the namespace's values goes.
+    /// The replay of a mark landed, at `generation` (0: not known, it ran
+    /// without enough replicas confirming it): what this process keeps of
+    /// the namespace's values goes.
     fn marked(&self, mark_key: &str, generation: u64);
 }
 

@@ -181,6 +181,11 @@ impl<V: Clone + Send + Sync + 'static> Host for Shared<V> {
     }
     fn marked(&self, mark_key: &str, generation: u64) {
         self.marks.marked(mark_key, generation);
+        if generation == 0 {
+            // Not known: read again before a value is written or loaded.
+            let gen_key = self.marks.keys().generation();
+            self.marks.changed(gen_key.as_bytes());
+        }
         self.forget_every_copy();
         self.flights.detach_all();
         self.loads.detach_all();
@@ -457,10 +462,15 @@ impl<'a, V: Clone + Send + Sync + 'static> Writing<'a, V> {
 
     /// The write failed with `error`: replayed later unless the backend
     /// refused it (an answer, not an outage: a replay would meet the same
-    /// refusal).
+    /// refusal) or it ran without enough replicas confirming it.
     pub(crate) fn failed(mut self, error: &Error) {
         if let Error::Backend(e) = error {
-            if !e.is_transient() {
+            if e.is_not_replicated() {
+                // It ran (too few replicas confirmed it): a replay of an
+                // older write queued before it would undo it. What this
+                // process held of the key still goes.
+                self.ran();
+            } else if !e.is_transient() {
                 self.replay = false;
             }
         }

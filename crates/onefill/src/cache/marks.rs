@@ -44,11 +44,32 @@ impl<V: Clone + Send + Sync + 'static> Marking<'_, V> {
 
     /// The mark failed with `error`: replayed later unless the backend
     /// refused it (an answer: a replay would meet the same refusal, and
-    /// `Unsupported` is one).
+    /// `Unsupported` is one) or it ran without enough replicas confirming
+    /// it.
     fn failed(&mut self, error: &Error) {
         if let Error::Backend(e) = error {
-            if !e.is_transient() {
+            if e.is_not_replicated() {
+                self.ran_unconfirmed();
+            } else if !e.is_transient() {
                 self.write = None;
+            }
+        }
+    }
+
+    /// The mark ran, but too few replicas confirmed it (the generation it
+    /// was given is not known here): not replayed (it would be made
+    /// again), the same mark queued before it is done with, and this
+    /// process reads the mark and the generation again before it judges
+    /// or writes a value.
+    fn ran_unconfirmed(&mut self) {
+        if let Some(write) = self.write.take() {
+            self.shared.replays.landed(&write.target(), self.ticket);
+            if let Write::Mark {
+                gen_key, mark_key, ..
+            } = &write
+            {
+                self.shared.marks.changed(mark_key.as_bytes());
+                self.shared.marks.changed(gen_key.as_bytes());
             }
         }
     }

@@ -222,6 +222,13 @@ counters! {
     /// Replays the backend refused (a command error, not an outage):
     /// dropped, not retried.
     writes_refused => "onefill_writes_dropped_total" { "reason" => "refused" },
+    /// Writes of a value or a mark (fills, releases that leave an entry,
+    /// `set`, `invalidate`, `expire`, marks, replays) that ran but that
+    /// fewer replicas confirmed in time than the backend was asked to wait
+    /// for (Redis:
+    /// [`RedisOptions::durability`](crate::redis::RedisOptions::durability)):
+    /// a failover may lose them. Not counted in `backend_errors`.
+    writes_unreplicated => "onefill_writes_unreplicated_total",
 }
 
 /// A flight counted in the `onefill_lease_waiters` gauge while alive.
@@ -277,6 +284,18 @@ pub(crate) struct Recorder {
     metrics: Arc<Handles>,
     namespace: Arc<str>,
     contention: Arc<Contention>,
+    /// When the last line about unreplicated writes was logged.
+    unreplicated: Arc<parking_lot::Mutex<UnreplicatedLog>>,
+}
+
+/// At most one line about unreplicated writes per this window.
+const UNREPLICATED_LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// The log of unreplicated writes: when it last spoke, and how many since.
+#[derive(Debug, Default)]
+struct UnreplicatedLog {
+    last: Option<tokio::time::Instant>,
+    since: u64,
 }
 
 macro_rules! bump {
@@ -295,6 +314,7 @@ impl Recorder {
             metrics: Arc::new(Handles::register(namespace)),
             namespace: namespace.into(),
             contention: Arc::new(Contention::new()),
+            unreplicated: Arc::default(),
         }
     }
     pub(crate) fn snapshot(&self) -> Stats {
@@ -473,6 +493,31 @@ impl Recorder {
     /// A replay was refused by the backend and dropped.
     pub(crate) fn write_refused(&self) {
         bump!(self, writes_refused)
+    }
+    /// A write ran but too few replicas confirmed it: counted, and logged
+    /// at most once per [`UNREPLICATED_LOG_EVERY`] with the number since
+    /// the last line (a replica down would make every write one).
+    pub(crate) fn write_unreplicated(&self, op: &'static str, error: &BackendError) {
+        bump!(self, writes_unreplicated);
+        let mut log = self.unreplicated.lock();
+        log.since += 1;
+        let now = tokio::time::Instant::now();
+        if log
+            .last
+            .is_some_and(|last| now < last + UNREPLICATED_LOG_EVERY)
+        {
+            return;
+        }
+        let writes = std::mem::take(&mut log.since);
+        log.last = Some(now);
+        drop(log);
+        tracing::warn!(
+            op,
+            %error,
+            writes,
+            "writes not confirmed by enough replicas: a failover may lose them \
+             (`writes` since the last such line; at most one per 10 s)"
+        );
     }
     /// A cache's queue of writes to replay went from `before` to `after`
     /// (a gauge summed over the caches of a namespace, as the waiters').

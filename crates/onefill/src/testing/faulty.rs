@@ -103,6 +103,10 @@ pub enum Fault {
     Fail(BackendErrorKind),
     /// The call waits this long, then runs and answers as usual.
     Delay(Duration),
+    /// The command runs on the store; if it succeeds, the call answers a
+    /// [`NotReplicated`](BackendErrorKind::NotReplicated) error instead (a
+    /// write its replicas did not confirm).
+    Unreplicated,
 }
 
 /// A test's own choice of each call's fault (see [`Faults::decide_with`]).
@@ -331,6 +335,13 @@ impl Faults {
                 Err(BackendError::new(
                     BackendErrorKind::Timeout,
                     "reply lost (injected)",
+                ))
+            }
+            Some(Fault::Unreplicated) => {
+                call.await?;
+                Err(BackendError::new(
+                    BackendErrorKind::NotReplicated,
+                    "not confirmed by enough replicas (injected)",
                 ))
             }
             Some(Fault::RunThenHang) => {

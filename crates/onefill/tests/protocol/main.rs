@@ -27,5 +27,6 @@ mod soft_timeout;
 mod stale_lives;
 mod stale_refresh;
 mod third_party_backend;
+mod unreplicated;
 mod wait_pacing;
 mod writes;

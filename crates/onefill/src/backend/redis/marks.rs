@@ -11,7 +11,7 @@ use super::cluster::slot_of;
 use super::errors::{classify, with_deadline};
 use super::scripts::ScriptCall;
 use super::ttl::px;
-use super::{process_listeners, Conn, RedisBackend};
+use super::{confirmed, process_listeners, Conn, RedisBackend};
 use crate::backend::{generation_from_stored, BackendError, BackendErrorKind, Mark, MarkKind};
 
 impl RedisBackend {
@@ -33,23 +33,25 @@ impl RedisBackend {
             None => invocation.arg(""),
         };
         let scripts = self.inner.scripts;
-        let written: Result<i64, BackendError> = match &self.inner.conn {
+        let wait = self.wait();
+        let written: Result<(i64, Option<i64>), BackendError> = match &self.inner.conn {
             Conn::Single(c) => {
                 let limit = self.inner.options.response_timeout;
                 let flight = c.in_flight();
-                let written = with_deadline(
-                    "mark",
-                    limit,
-                    invocation.invoke(scripts, &mut c.manager(), false),
-                )
-                .await;
+                let mut manager = c.manager();
+                let sent = invocation.invoke_then_wait(scripts, &mut manager, false, wait);
+                let written = with_deadline("mark", limit, sent).await;
                 flight.answered();
                 written.inspect_err(|e| c.saw(e))
             }
             Conn::Cluster(router) => router
                 .run(slot_of(gen_key.as_bytes()), |mut c, asking| {
                     let invocation = &invocation;
-                    async move { invocation.invoke(scripts, &mut c, asking).await }
+                    async move {
+                        invocation
+                            .invoke_then_wait(scripts, &mut c, asking, wait)
+                            .await
+                    }
                 })
                 .await
                 .map_err(|e| classify("mark", e)),
@@ -58,7 +60,8 @@ impl RedisBackend {
         // held of the mark (their tracking push comes later).
         process_listeners().changed(mark_key);
         process_listeners().changed(gen_key);
-        let generation = written?;
+        let (generation, acked) = written?;
+        confirmed("mark", wait, acked)?;
         u64::try_from(generation).map_err(|_| {
             BackendError::new(
                 BackendErrorKind::Protocol,

@@ -16,6 +16,11 @@
 //! | `set` / `invalidate` | `SET value PXAT at` / `DEL value`, `DEL lock`, publish |
 //! | `expire` | value readable, grace > 0 and `PTTL > grace`? `at = TIME + grace`: `SETRANGE value 16 at` (version 2 or 4), `PEXPIREAT value at` : grace 0 or unreadable? `DEL value`; `DEL lock`, publish |
 //!
+//! With [`RedisOptions::durability`] asking for replicas, every step that
+//! writes a value or a mark (`fill`, `release` with an entry, `set`,
+//! `invalidate`, `expire`, `mark`) is sent with a `WAIT` in the same
+//! pipeline (`durability.rs`, decision 0020).
+//!
 //! The scripts read the grace period from the envelope header; bytes that
 //! are not an envelope are never fresh. A script that writes a value takes
 //! `at = TIME + ttl` from the server's clock and stores the envelope as
@@ -205,6 +210,7 @@ mod acquire;
 mod batch;
 mod cluster;
 mod connect;
+mod durability;
 mod errors;
 mod liveness;
 mod marks;
@@ -221,12 +227,14 @@ mod ttl;
 mod urls;
 mod write;
 
+pub use durability::Durability;
 pub use options::RedisOptions;
 pub use sentinel::SentinelOptions;
 pub use ttl::NO_EXPIRY_TTL;
 
 use acquire::{acquired_from, AcquireAnswer};
 use cluster::{slot_of, ClusterRouter};
+use durability::Wait;
 use errors::{classify, with_deadline};
 use liveness::Liveness;
 use primary::Primary;
@@ -345,6 +353,20 @@ impl RedisBackend {
         keys: &FillKeys,
         invocation: &ScriptCall<'_>,
     ) -> Result<T, BackendError> {
+        let (answer, _) = self.eval_then_wait(op, keys, invocation, None).await?;
+        Ok(answer)
+    }
+
+    /// [`eval`](Self::eval), with `wait`'s `WAIT` behind the script in the
+    /// same pipeline (on a cluster, resent with it wherever a redirection
+    /// sends it): the script's answer and how many replicas confirmed.
+    async fn eval_then_wait<T: FromRedisValue>(
+        &self,
+        op: &'static str,
+        keys: &FillKeys,
+        invocation: &ScriptCall<'_>,
+        wait: Option<Wait>,
+    ) -> Result<(T, Option<i64>), BackendError> {
         match &self.inner.conn {
             // The command connection has no response timeout of its own
             // (see `connect_with`): a `Backend` method called directly is
@@ -354,8 +376,8 @@ impl RedisBackend {
                 let scripts = self.inner.scripts;
                 let mut conn = c.manager();
                 let flight = c.in_flight();
-                let answer =
-                    with_deadline(op, limit, invocation.invoke(scripts, &mut conn, false)).await;
+                let sent = invocation.invoke_then_wait(scripts, &mut conn, false, wait);
+                let answer = with_deadline(op, limit, sent).await;
                 flight.answered();
                 if let Err(e) = &answer {
                     c.saw(e);
@@ -365,7 +387,9 @@ impl RedisBackend {
             Conn::Cluster(router) => {
                 let scripts = self.inner.scripts;
                 run_about(router, keys, |mut c, asking| async move {
-                    invocation.invoke(scripts, &mut c, asking).await
+                    invocation
+                        .invoke_then_wait(scripts, &mut c, asking, wait)
+                        .await
                 })
                 .await
                 .map_err(|e| classify(op, e))
@@ -379,14 +403,77 @@ impl RedisBackend {
         keys: &FillKeys,
         invocation: &ScriptCall<'_>,
     ) -> Result<bool, BackendError> {
-        match self.eval::<i64>(op, keys, invocation).await? {
-            0 => Ok(false),
-            1 => Ok(true),
-            other => Err(BackendError::new(
-                BackendErrorKind::Protocol,
-                format!("{op}: the script answered {other}, expected 0 or 1"),
-            )),
+        self.eval_write(op, keys, invocation, None).await
+    }
+
+    /// A script that answers 0 or 1, sent with `wait`'s `WAIT`: when it
+    /// answers 1 (it wrote), too few confirmations are its error.
+    async fn eval_write(
+        &self,
+        op: &'static str,
+        keys: &FillKeys,
+        invocation: &ScriptCall<'_>,
+        wait: Option<Wait>,
+    ) -> Result<bool, BackendError> {
+        let (answer, acked) = self
+            .eval_then_wait::<i64>(op, keys, invocation, wait)
+            .await?;
+        let wrote = flag(op, answer)?;
+        if wrote {
+            confirmed(op, wait, acked)?;
         }
+        Ok(wrote)
+    }
+
+    /// The `WAIT` every write of a value or a mark is sent with, if any.
+    fn wait(&self) -> Option<Wait> {
+        let options = &self.inner.options;
+        Wait::of(options.durability, options.response_timeout)
+    }
+
+    /// Warns when a cache with `backend_timeout` would see this backend's
+    /// shortfalls as timeouts (see [`Wait::outlasts`]).
+    pub(crate) fn check_durability_against(&self, backend_timeout: Duration) {
+        if let Some(wait) = self.wait() {
+            if wait.outlasts(backend_timeout) {
+                tracing::warn!(
+                    wait = ?wait.timeout(),
+                    ?backend_timeout,
+                    "the durability timeout, plus up to 100 ms before the server ends a WAIT, \
+                     is not below the cache's backend timeout: a write whose replicas are slow \
+                     would time out (and be queued for replay) instead of reporting the shortfall"
+                );
+            }
+        }
+    }
+}
+
+/// A script's 0 or 1.
+fn flag(op: &str, answer: i64) -> Result<bool, BackendError> {
+    match answer {
+        0 => Ok(false),
+        1 => Ok(true),
+        other => Err(BackendError::new(
+            BackendErrorKind::Protocol,
+            format!("{op}: the script answered {other}, expected 0 or 1"),
+        )),
+    }
+}
+
+/// A write of `op` that ran: an error if `wait` asked for more replicas
+/// than the `acked` that confirmed it.
+fn confirmed(op: &str, wait: Option<Wait>, acked: Option<i64>) -> Result<(), BackendError> {
+    match (wait, acked) {
+        (Some(wait), Some(acked)) => wait.check(op, acked),
+        _ => Ok(()),
+    }
+}
+
+/// Whether a write's answer says it ran (whatever its replicas did).
+fn ran(answer: &Result<bool, BackendError>) -> bool {
+    match answer {
+        Ok(wrote) => *wrote,
+        Err(e) => e.is_not_replicated(),
     }
 }
 
@@ -462,8 +549,10 @@ impl Backend for RedisBackend {
     ) -> Result<bool, BackendError> {
         let mut invocation = announcing(&self.inner.scripts.fill, keys);
         invocation.arg(token.as_bytes()).arg(bytes).arg(px(ttl));
-        let filled = self.eval_flag("fill", keys, &invocation).await;
-        if let Ok(true) = filled {
+        let filled = self
+            .eval_write("fill", keys, &invocation, self.wait())
+            .await;
+        if ran(&filled) {
             process_listeners().changed(keys.value());
         }
         filled
@@ -480,8 +569,11 @@ impl Backend for RedisBackend {
         if let Some((bytes, ttl)) = entry {
             invocation.arg(bytes).arg(px(ttl));
         }
-        let released = self.eval_flag("release", keys, &invocation).await;
-        if let (Ok(true), Some(_)) = (&released, entry) {
+        // Only a release that leaves an entry writes a value: a lease
+        // alone is not waited for.
+        let wait = entry.and(self.wait());
+        let released = self.eval_write("release", keys, &invocation, wait).await;
+        if ran(&released) && entry.is_some() {
             process_listeners().changed(keys.value());
         }
         released

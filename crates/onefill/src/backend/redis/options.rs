@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use redis::Client;
 
+use super::durability::Durability;
 use super::errors::classify;
 use super::urls::check_url;
 use crate::error::BackendError;
@@ -50,6 +51,8 @@ pub struct RedisOptions {
     /// `Debug` redacts them).
     #[cfg(feature = "tls")]
     pub(super) tls: Option<redis::TlsCertificates>,
+    /// Replicas a write of a value or a mark waits for (`durability.rs`).
+    pub(super) durability: Durability,
 }
 
 impl Default for RedisOptions {
@@ -64,6 +67,7 @@ impl Default for RedisOptions {
             ping_interval: Duration::from_secs(5),
             #[cfg(feature = "tls")]
             tls: None,
+            durability: Durability::Primary,
         }
     }
 }
@@ -144,6 +148,20 @@ impl RedisOptions {
             client_cert: cert_pem.into(),
             client_key: key_pem.into(),
         });
+        self
+    }
+}
+
+impl RedisOptions {
+    /// How many replicas must confirm a write of a value or a mark before
+    /// it is done: [`Durability::Primary`] (the default: none, Redis's own
+    /// asynchronous replication) or [`Durability::Replicas`], which sends
+    /// `WAIT` behind each such write and reports a shortfall as
+    /// [`BackendErrorKind::NotReplicated`](crate::BackendErrorKind::NotReplicated).
+    /// See [`Durability`] for what is covered, how a shortfall is answered,
+    /// and how its timeout must relate to the cache's backend timeout.
+    pub fn durability(mut self, durability: Durability) -> Self {
+        self.durability = durability;
         self
     }
 }

@@ -31,6 +31,8 @@ use std::sync::LazyLock;
 use redis::aio::ConnectionLike;
 use redis::{Cmd, ErrorKind, FromRedisValue, RedisResult, Script, ServerErrorKind, ToRedisArgs};
 
+use super::durability::Wait;
+
 /// One backend's scripts, with its publish command filled in.
 pub(super) struct Scripts {
     pub(super) acquire: Script,
@@ -164,6 +166,45 @@ impl<'a> ScriptCall<'a> {
             }
             result => result,
         }
+    }
+
+    /// [`invoke`](Self::invoke), with `wait`'s `WAIT` right behind the
+    /// script in the same pipeline (one round trip, on the same
+    /// connection, so it waits for this write): the script's reply and
+    /// how many replicas confirmed, `None` without a `wait`.
+    pub(super) async fn invoke_then_wait<T: FromRedisValue, C: ConnectionLike + Clone + Send>(
+        &self,
+        scripts: &Scripts,
+        conn: &mut C,
+        asking: bool,
+        wait: Option<Wait>,
+    ) -> RedisResult<(T, Option<i64>)> {
+        let Some(wait) = wait else {
+            return Ok((self.invoke(scripts, conn, asking).await?, None));
+        };
+        match self.send_then_wait(conn, asking, wait).await {
+            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                scripts.load_all(conn).await?;
+                self.send_then_wait(conn, asking, wait).await
+            }
+            result => result,
+        }
+    }
+
+    async fn send_then_wait<T: FromRedisValue, C: ConnectionLike + Send>(
+        &self,
+        conn: &mut C,
+        asking: bool,
+        wait: Wait,
+    ) -> RedisResult<(T, Option<i64>)> {
+        let mut pipe = redis::pipe();
+        if asking {
+            pipe.cmd("ASKING").ignore();
+        }
+        pipe.add_command(self.evalsha());
+        wait.append(&mut pipe);
+        let (value, acked): (T, i64) = pipe.query_async(conn).await?;
+        Ok((value, Some(acked)))
     }
 
     async fn send<T: FromRedisValue, C: ConnectionLike + Send>(

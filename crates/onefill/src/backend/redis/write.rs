@@ -6,10 +6,11 @@
 use std::time::Duration;
 
 use super::cluster::{self, slot_of, ClusterRouter};
+use super::durability::Wait;
 use super::errors::classify;
 use super::scripts::ScriptCall;
 use super::ttl::px;
-use super::{Conn, RedisBackend};
+use super::{confirmed, flag, Conn, RedisBackend};
 use crate::backend::{BackendError, FillKeys};
 
 impl RedisBackend {
@@ -26,19 +27,29 @@ impl RedisBackend {
         invocation: &ScriptCall<'_>,
         apart: Unconditional<'_>,
     ) -> Result<(), BackendError> {
+        let wait = self.wait();
         let Conn::Cluster(router) = &self.inner.conn else {
-            return self.eval_flag(op, keys, invocation).await.map(drop);
+            let (answer, acked) = self
+                .eval_then_wait::<i64>(op, keys, invocation, wait)
+                .await?;
+            flag(op, answer)?;
+            return confirmed(op, wait, acked);
         };
         let slot = slot_of(keys.value().as_bytes());
         let scripts = self.inner.scripts;
-        let answer: Result<i64, _> = router
+        let answer: Result<(i64, Option<i64>), _> = router
             .run_unless_split(slot, |mut c, asking| async move {
-                invocation.invoke(scripts, &mut c, asking).await
+                invocation
+                    .invoke_then_wait(scripts, &mut c, asking, wait)
+                    .await
             })
             .await;
         match answer {
-            Err(e) if cluster::is_try_again(&e) => self.write_apart(router, op, keys, apart).await,
-            answer => answer.map(drop).map_err(|e| classify(op, e)),
+            Err(e) if cluster::is_try_again(&e) => {
+                self.write_apart(router, op, keys, apart, wait).await
+            }
+            Err(e) => Err(classify(op, e)),
+            Ok((_, acked)) => confirmed(op, wait, acked),
         }
     }
 
@@ -48,40 +59,50 @@ impl RedisBackend {
     /// before the value changes, then the value, then the announcement. The
     /// value is written as the codec encoded it (envelope version 1, without
     /// the server's expiry, which only a script can stamp): readers take its
-    /// TTL from the server.
+    /// TTL from the server. The step on the value is the one sent with
+    /// `wait`'s `WAIT`, on the connection it ran on.
     async fn write_apart(
         &self,
         router: &ClusterRouter,
         op: &'static str,
         keys: &FillKeys,
         apart: Unconditional<'_>,
+        wait: Option<Wait>,
     ) -> Result<(), BackendError> {
         let slot = slot_of(keys.value().as_bytes());
-        let one = |cmd: redis::Cmd| async move {
+        let one = |cmd: redis::Cmd, wait: Option<Wait>| async move {
             let cmd = &cmd;
             router
                 .run(slot, |mut c, asking| async move {
+                    let mut pipe = redis::pipe();
                     if asking {
-                        let mut pipe = redis::pipe();
-                        pipe.cmd("ASKING").ignore().add_command(cmd.clone());
-                        let (reply,): (redis::Value,) = pipe.query_async(&mut c).await?;
-                        Ok(reply)
-                    } else {
-                        cmd.query_async::<redis::Value>(&mut c).await
+                        pipe.cmd("ASKING").ignore();
+                    }
+                    pipe.add_command(cmd.clone());
+                    match wait {
+                        Some(wait) => {
+                            wait.append(&mut pipe);
+                            let (_, acked): (redis::Value, i64) = pipe.query_async(&mut c).await?;
+                            Ok(Some(acked))
+                        }
+                        None => {
+                            let (_,): (redis::Value,) = pipe.query_async(&mut c).await?;
+                            Ok(None)
+                        }
                     }
                 })
                 .await
                 .map_err(|e| classify(op, e))
         };
-        one(redis::cmd("DEL").arg(keys.lock()).clone()).await?;
-        match apart {
+        one(redis::cmd("DEL").arg(keys.lock()).clone(), None).await?;
+        let acked = match apart {
             Unconditional::Set { bytes, ttl } => {
                 let mut set = redis::cmd("SET");
                 set.arg(keys.value()).arg(bytes).arg("PX").arg(px(ttl));
-                one(set).await?;
+                one(set, wait).await?
             }
             Unconditional::Invalidate => {
-                one(redis::cmd("DEL").arg(keys.value()).clone()).await?;
+                one(redis::cmd("DEL").arg(keys.value()).clone(), wait).await?
             }
             Unconditional::Expire => {
                 // Read, judge and rewrite the value in one step: as
@@ -91,18 +112,22 @@ impl RedisBackend {
                 let mut soften = ScriptCall::new(&scripts.expire_value);
                 soften.key(keys.value());
                 let soften = &soften;
-                router
+                let (_, acked) = router
                     .run(slot, |mut c, asking| async move {
-                        soften.invoke::<i64, _>(scripts, &mut c, asking).await
+                        soften
+                            .invoke_then_wait::<i64, _>(scripts, &mut c, asking, wait)
+                            .await
                     })
                     .await
                     .map_err(|e| classify(op, e))?;
+                acked
             }
-        }
+        };
         // The write has landed: a lost announcement only leaves the
         // waiters of the key to their next poll, so it does not fail it.
-        let _ = one(redis::cmd("SPUBLISH").arg(keys.channel()).arg(op).clone()).await;
-        Ok(())
+        let publish = redis::cmd("SPUBLISH").arg(keys.channel()).arg(op).clone();
+        let _ = one(publish, None).await;
+        confirmed(op, wait, acked)
     }
 }
 

@@ -1,0 +1,220 @@
+//! Writes confirmed by replicas: [`Durability`], and the `WAIT` that
+//! follows a write when it asks for replicas (decision 0020).
+//!
+//! Redis replicates asynchronously: a primary answers a write before any
+//! replica has it, so a failover (Sentinel, Cluster) can promote a replica
+//! that never saw it. With [`Durability::Replicas`], every write of a
+//! value or a mark is sent with `WAIT count timeout` right behind it, in
+//! one pipeline on the same connection (one round trip; on a cluster,
+//! resent with the script to the node a redirection names): `WAIT` answers
+//! how many replicas acknowledged every write of that connection so far,
+//! once `count` have or the timeout passed. Fewer than `count` is a
+//! [`BackendErrorKind::NotReplicated`] error: the write ran on the
+//! primary, only its replication is not confirmed.
+
+use std::time::Duration;
+
+use redis::Pipeline;
+
+use super::ttl::px;
+use crate::error::{BackendError, BackendErrorKind};
+
+/// How many replicas must confirm a write before a
+/// [`RedisBackend`](super::RedisBackend) reports it done; set with
+/// [`RedisOptions::durability`](super::RedisOptions::durability).
+///
+/// Covers the writes of values and marks: fills (and the releases that
+/// leave a value, a cached failure or a fail-safe copy, behind), `set`,
+/// `invalidate`, `expire`, and the marks of `invalidate_tag`,
+/// `expire_tag` and `clear`. Leases (`acquire`, `extend`, a release that
+/// leaves nothing) are not covered: a lease lost in a failover lets a
+/// second process load, and that process's fill and the first one's are
+/// each fenced by their own token, so the cost is one load more, never a
+/// wrong value.
+///
+/// ```
+/// use std::time::Duration;
+/// use onefill::redis::{Durability, RedisOptions};
+///
+/// let options = RedisOptions::new().durability(Durability::Replicas {
+///     count: 1,
+///     timeout: Duration::from_millis(50),
+/// });
+/// # drop(options);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Durability {
+    /// A write is done when the primary ran it (Redis's own guarantee, and
+    /// the default): no `WAIT` is sent. A failover may lose the writes
+    /// its replicas had not received yet.
+    #[default]
+    Primary,
+    /// A write is done when the primary ran it and at least `count`
+    /// replicas confirmed it, which a `WAIT count timeout` sent right
+    /// behind it asks. When fewer confirm within `timeout` the write still
+    /// ran on the primary; a `set`, `invalidate`, `expire` or mark returns
+    /// [`BackendErrorKind::NotReplicated`](crate::BackendErrorKind::NotReplicated),
+    /// and a fill's value is answered all the same; either way the
+    /// shortfall is counted in
+    /// [`Stats::writes_unreplicated`](crate::Stats::writes_unreplicated).
+    ///
+    /// `timeout` is at least 1 ms (`WAIT` with 0 would wait for ever) and
+    /// at most half the [response
+    /// timeout](super::RedisOptions::response_timeout). Keep it, plus
+    /// 100 ms, below the cache's
+    /// [`backend_timeout`](crate::CacheBuilder::backend_timeout) (250 ms
+    /// by default), which bounds the write and its `WAIT` together: an
+    /// idle server ends a `WAIT` only at its next tick, up to `1000 / hz`
+    /// ms after its timeout (100 ms at Redis's default `hz`), and a `WAIT`
+    /// that outlasts the backend timeout makes the write a timeout at the
+    /// cache, queued for replay, rather than a reported shortfall. A cache
+    /// built on a backend whose timeout does not fit logs a warning.
+    /// `count` 0 is [`Primary`](Durability::Primary).
+    ///
+    /// While a `WAIT` waits, the server holds back the commands sent
+    /// after it on the same connection, and a backend's commands share
+    /// one connection (per master on a cluster): with a replica down or
+    /// frozen, every read and lease request queued behind a durable write
+    /// waits until the `WAIT` ends (decision 0020 has the figures).
+    Replicas {
+        /// Replicas that must confirm each write (not counting the primary).
+        count: u32,
+        /// How long the primary waits for them.
+        timeout: Duration,
+    },
+}
+
+/// How late after its timeout an idle Redis may end a `WAIT`: it checks
+/// blocked clients' timeouts when its event loop wakes, at the latest at
+/// its next `serverCron`, every `1000 / hz` ms (100 ms at the default `hz`
+/// of 10). Measured with the replica frozen: a write waiting 10 ms
+/// answered after about 100 ms.
+const SERVER_TICK: Duration = Duration::from_millis(100);
+
+/// The `WAIT` a write is sent with: replicas to wait for, and for how long.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Wait {
+    replicas: u32,
+    timeout: Duration,
+}
+
+impl Wait {
+    /// The `WAIT` of `durability`, its timeout clamped to 1 ms ..= half of
+    /// `response_timeout`; `None` when nothing is waited for.
+    pub(super) fn of(durability: Durability, response_timeout: Duration) -> Option<Wait> {
+        match durability {
+            Durability::Primary | Durability::Replicas { count: 0, .. } => None,
+            Durability::Replicas { count, timeout } => {
+                let most = (response_timeout / 2).max(Duration::from_millis(1));
+                Some(Wait {
+                    replicas: count,
+                    timeout: timeout.clamp(Duration::from_millis(1), most),
+                })
+            }
+        }
+    }
+
+    /// How long the primary waits for the replicas.
+    pub(super) fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// Whether a write waiting for its replicas may not answer within
+    /// `limit` (the cache's backend timeout): an idle server ends a `WAIT`
+    /// at its timeout only at its next tick, up to [`SERVER_TICK`] later,
+    /// and the write itself needs a round trip more.
+    pub(super) fn outlasts(&self, limit: Duration) -> bool {
+        self.timeout + SERVER_TICK >= limit
+    }
+
+    /// Appends `WAIT replicas timeout_ms` to `pipe` (never a timeout of 0,
+    /// which would block the connection for ever).
+    pub(super) fn append(&self, pipe: &mut Pipeline) {
+        pipe.cmd("WAIT").arg(self.replicas).arg(px(self.timeout));
+    }
+
+    /// The write `op` ran; `acked` replicas confirmed it: an error if too
+    /// few did.
+    pub(super) fn check(&self, op: &str, acked: i64) -> Result<(), BackendError> {
+        if acked >= i64::from(self.replicas) {
+            return Ok(());
+        }
+        Err(BackendError::new(
+            BackendErrorKind::NotReplicated,
+            format!(
+                "{op}: {acked} of {} replicas confirmed the write within {:?}",
+                self.replicas, self.timeout
+            ),
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_wait_is_sent_only_for_replicas_and_never_unbounded() {
+        let second = Duration::from_secs(1);
+        assert_eq!(Wait::of(Durability::Primary, second), None);
+        let none = Durability::Replicas {
+            count: 0,
+            timeout: second,
+        };
+        assert_eq!(Wait::of(none, second), None);
+        let zero = Durability::Replicas {
+            count: 1,
+            timeout: Duration::ZERO,
+        };
+        let wait = Wait::of(zero, second).expect("a wait");
+        assert_eq!(wait.timeout, Duration::from_millis(1));
+        let mut pipe = redis::pipe();
+        wait.append(&mut pipe);
+        let packed = String::from_utf8(pipe.get_packed_pipeline()).unwrap();
+        assert!(
+            packed.ends_with("$4\r\nWAIT\r\n$1\r\n1\r\n$1\r\n1\r\n"),
+            "{packed:?}"
+        );
+        // Longer than half the response timeout: cut to it.
+        let long = Durability::Replicas {
+            count: 2,
+            timeout: Duration::from_secs(5),
+        };
+        let wait = Wait::of(long, second).expect("a wait");
+        assert_eq!(wait.timeout, Duration::from_millis(500));
+    }
+
+    #[test]
+    fn a_wait_that_may_outlast_the_backend_timeout_is_told() {
+        let wait = |ms| {
+            let durability = Durability::Replicas {
+                count: 1,
+                timeout: Duration::from_millis(ms),
+            };
+            Wait::of(durability, Duration::from_secs(1)).expect("a wait")
+        };
+        let limit = Duration::from_millis(250);
+        assert!(!wait(50).outlasts(limit));
+        assert!(!wait(149).outlasts(limit));
+        assert!(wait(150).outlasts(limit));
+        assert!(wait(400).outlasts(limit));
+    }
+
+    #[test]
+    fn too_few_confirmations_are_an_error_of_their_own() {
+        let wait = Wait {
+            replicas: 2,
+            timeout: Duration::from_millis(50),
+        };
+        assert!(wait.check("set", 2).is_ok());
+        assert!(wait.check("set", 3).is_ok());
+        let err = wait.check("set", 1).unwrap_err();
+        assert_eq!(err.kind(), BackendErrorKind::NotReplicated);
+        assert!(!err.is_transient());
+        assert_eq!(
+            err.message(),
+            "set: 1 of 2 replicas confirmed the write within 50ms"
+        );
+    }
+}
