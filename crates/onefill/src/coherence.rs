@@ -65,6 +65,12 @@ impl<V: Clone + Send + Sync + 'static> ChangeListener for Shared<V> {
         self.loads.detach_all();
     }
 
+    fn untracked(&self, refusal: &crate::BackendError) -> bool {
+        // Marks stay reported (onefill's mark script announces its key):
+        // only the L1 has a say. Without an L1 nothing is tracked.
+        self.l1.as_ref().is_some_and(|l1| l1.untracked(refusal))
+    }
+
     fn synced(&self, as_of: Option<Instant>) {
         self.marks.synced(as_of);
         if let Some(l1) = &self.l1 {

@@ -102,6 +102,8 @@ impl RedisBackend {
         // The write has landed: a lost announcement only leaves the
         // waiters of the key to their next poll, so it does not fail it.
         let _ = one(redis::cmd("SPUBLISH").arg(keys.channel()).arg(op).clone()).await;
+        // And for the L1s that cannot track keys, as the scripts do.
+        let _ = one(redis::cmd("PUBLISH").arg(keys.channel()).arg(op).clone()).await;
         Ok(())
     }
 }
