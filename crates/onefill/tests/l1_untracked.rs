@@ -1,0 +1,409 @@
+//! The L1 on Redis servers that refuse `CLIENT TRACKING` (an ACL user
+//! without `client|tracking`, a renamed `CLIENT`): by default it goes on
+//! with the changes onefill's writes announce (`Untracked::Announced`),
+//! and with `Untracked::Refuse` the cache does not build. Two backends
+//! with connections of their own stand for two processes.
+//!
+//! The onefill writes are checked with a `max_age` of a minute, so that
+//! only an announcement can explain seeing them; a foreign write with a
+//! short one, which only the age cap can explain.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use onefill::backend::FillKeys;
+use onefill::redis::RedisBackend;
+use onefill::{Cache, Loaded, Outcome, Untracked, L1};
+use onefill_testkit::{time_limit, RedisCluster, RedisServer};
+
+/// Cluster tests take seconds each (a 3-master cluster forms in a few).
+const LIMIT: Duration = Duration::from_secs(120);
+
+/// A `max_age` no test waits for: a change seen came from an announcement.
+const LONG: Duration = Duration::from_secs(60);
+
+fn unique_ns(name: &str) -> String {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    format!(
+        "l1u-{}-{}-{name}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// A user that may do anything but `CLIENT TRACKING`, on `server`; its URL.
+fn untracked_user(server: &RedisServer) -> String {
+    let reply = server.command(&[
+        "ACL",
+        "SETUSER",
+        "app",
+        "on",
+        ">secret",
+        "~*",
+        "&*",
+        "+@all",
+        "-client|tracking",
+    ]);
+    assert!(reply.contains("OK"), "ACL SETUSER: {reply}");
+    format!("redis://app:secret@127.0.0.1:{}", server.port())
+}
+
+fn cache(ns: &str, backend: RedisBackend, max_age: Duration) -> Cache<String, String> {
+    Cache::builder()
+        .namespace(ns)
+        .backend(backend)
+        .l1(L1::new(1_000).untracked(Untracked::Announced { max_age }))
+        .ttl(Duration::from_secs(60))
+        .build()
+        .unwrap()
+}
+
+/// One call; the loader answers `loaded-<n>` (tagged `tags`) and counts.
+async fn fetch_tagged(
+    cache: &Cache<String, String>,
+    key: &str,
+    tags: &[&str],
+    loads: &Arc<AtomicUsize>,
+) -> (String, Outcome) {
+    let loads = loads.clone();
+    let tags: Vec<String> = tags.iter().map(|t| t.to_string()).collect();
+    let f = cache
+        .fetch(&key.to_owned(), move |_| async move {
+            let n = loads.fetch_add(1, Ordering::SeqCst) + 1;
+            Ok::<_, std::io::Error>(Loaded::new(format!("loaded-{n}")).tags(tags))
+        })
+        .await
+        .unwrap();
+    (f.value, f.outcome)
+}
+
+async fn fetch(
+    cache: &Cache<String, String>,
+    key: &str,
+    loads: &Arc<AtomicUsize>,
+) -> (String, Outcome) {
+    fetch_tagged(cache, key, &[], loads).await
+}
+
+/// Calls until the L1 answers (its connection confirmed), at most 5 s.
+async fn until_l1_serves(
+    cache: &Cache<String, String>,
+    key: &str,
+    loads: &Arc<AtomicUsize>,
+) -> String {
+    for _ in 0..500 {
+        let before = cache.stats().l1_hits;
+        let (value, _) = fetch(cache, key, loads).await;
+        if cache.stats().l1_hits > before {
+            return value;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the L1 never served {key}");
+}
+
+/// Calls until the answer is not `old`, at most 2 s; returns how long.
+async fn until_changed(
+    cache: &Cache<String, String>,
+    key: &str,
+    old: &str,
+    loads: &Arc<AtomicUsize>,
+) -> Duration {
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(2) {
+        if fetch(cache, key, loads).await.0 != old {
+            return start.elapsed();
+        }
+        tokio::task::yield_now().await;
+    }
+    panic!("{key} still served as {old:?} 2 s after it changed");
+}
+
+/// The `CLIENT LIST` lines of `server`'s clients with `field` (`psub=1`).
+fn clients_with(server: &RedisServer, field: &str) -> Vec<String> {
+    server
+        .command(&["CLIENT", "LIST"])
+        .lines()
+        .filter(|line| line.split(' ').any(|f| f == field))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// No connection tracks keys; `count` are pattern-subscribed.
+fn announced_not_tracked(server: &RedisServer, count: usize) {
+    let tracking = server
+        .command(&["CLIENT", "LIST"])
+        .lines()
+        .filter(|line| {
+            line.split(' ').any(|f| {
+                f.strip_prefix("flags=")
+                    .is_some_and(|flags| flags.contains('t'))
+            })
+        })
+        .count();
+    assert_eq!(tracking, 0, "no tracking connection");
+    let subscribed = clients_with(server, "psub=1");
+    assert_eq!(subscribed.len(), count, "{subscribed:#?}\n{}", server.command(&["CLIENT", "LIST"]));
+}
+
+/// Every kind of onefill write by one process reaches the other's L1
+/// (which cannot track keys), long before its `max_age`.
+async fn onefill_writes_reach_the_other_l1(a: &Cache<String, String>, b: &Cache<String, String>) {
+    let loads = Arc::new(AtomicUsize::new(0));
+    let key = "user:1";
+    fetch(a, key, &loads).await;
+    let v1 = until_l1_serves(b, key, &loads).await;
+    assert_eq!(v1, "loaded-1");
+
+    a.set(&key.to_owned(), "from-a".into()).await.unwrap();
+    until_changed(b, key, &v1, &loads).await;
+    assert_eq!(until_l1_serves(b, key, &loads).await, "from-a");
+
+    a.invalidate(&key.to_owned()).await.unwrap();
+    until_changed(b, key, "from-a", &loads).await;
+    let reloaded = until_l1_serves(b, key, &loads).await;
+
+    a.expire(&key.to_owned()).await.unwrap();
+    until_changed(b, key, &reloaded, &loads).await;
+    // (A fill changes a value only where no fresh one is held: every
+    // writing script announces, `scripts.rs` checks it.)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standalone_onefill_writes_reach_the_other_l1() {
+    let _limit = time_limit(LIMIT);
+    let server = RedisServer::start();
+    let url = untracked_user(&server);
+    let ns = unique_ns("writes");
+    let a = cache(&ns, RedisBackend::connect(&url).await.unwrap(), LONG);
+    let b = cache(&ns, RedisBackend::connect(&url).await.unwrap(), LONG);
+    onefill_writes_reach_the_other_l1(&a, &b).await;
+    announced_not_tracked(&server, 2);
+}
+
+/// A server whose `CLIENT` command is renamed away: the driver still
+/// connects (it does not need `CLIENT`), and the L1 works on announcements.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standalone_with_client_renamed_away() {
+    let _limit = time_limit(LIMIT);
+    let server = RedisServer::start_with(&["--rename-command", "CLIENT", ""]);
+    let ns = unique_ns("renamed");
+    let a = cache(&ns, RedisBackend::connect(&server.url()).await.unwrap(), LONG);
+    let b = cache(&ns, RedisBackend::connect(&server.url()).await.unwrap(), LONG);
+    onefill_writes_reach_the_other_l1(&a, &b).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_onefill_writes_reach_the_other_l1_on_every_master() {
+    let _limit = time_limit(LIMIT);
+    let cluster = RedisCluster::start(3);
+    // ACLs are per node.
+    let urls: Vec<String> = cluster.nodes().iter().map(untracked_user).collect();
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let ns = unique_ns("cluster");
+    let a = cache(&ns, RedisBackend::connect_cluster(&urls).await.unwrap(), LONG);
+    let b = cache(&ns, RedisBackend::connect_cluster(&urls).await.unwrap(), LONG);
+    let loads = Arc::new(AtomicUsize::new(0));
+    let mut masters = std::collections::HashSet::new();
+    for i in 0..20 {
+        let key = format!("spread:{i}");
+        masters.insert(cluster.node_for_key(FillKeys::new(&ns, &key).value()).port());
+        fetch(&a, &key, &loads).await;
+        let old = until_l1_serves(&b, &key, &loads).await;
+        a.set(&key, format!("new:{i}")).await.unwrap();
+        until_changed(&b, &key, &old, &loads).await;
+    }
+    assert_eq!(masters.len(), 3, "keys on every master");
+    onefill_writes_reach_the_other_l1(&a, &b).await;
+    for node in cluster.nodes() {
+        // One connection per master for each of the two L1s.
+        announced_not_tracked(node, 2);
+    }
+}
+
+/// Another client's write is not announced: the entry ends `max_age`
+/// after its read, and the write is seen by then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_foreign_write_is_seen_within_max_age() {
+    let _limit = time_limit(LIMIT);
+    let server = RedisServer::start();
+    let url = untracked_user(&server);
+    let ns = unique_ns("foreign");
+    let max_age = Duration::from_millis(300);
+    let b = cache(&ns, RedisBackend::connect(&url).await.unwrap(), max_age);
+    let loads = Arc::new(AtomicUsize::new(0));
+    let key = "k";
+    let value_key = FillKeys::new(&ns, key).value().to_owned();
+    fetch(&b, key, &loads).await;
+    let old = until_l1_serves(&b, key, &loads).await;
+    server.command(&["DEL", &value_key]);
+    let took = until_changed(&b, key, &old, &loads).await;
+    assert!(
+        took <= max_age + Duration::from_millis(100),
+        "a foreign write seen after {took:?}, max_age {max_age:?}"
+    );
+}
+
+/// The announcement connection is killed and the key deleted in the same
+/// server round (the deletion by another client: never announced, and
+/// `max_age` is a minute): the L1 stops serving within the sync bound, and
+/// is emptied before it serves again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_announcement_connection_empties_the_l1() {
+    let _limit = time_limit(LIMIT);
+    let server = RedisServer::start();
+    let url = untracked_user(&server);
+    let ns = unique_ns("lost");
+    let b = cache(&ns, RedisBackend::connect(&url).await.unwrap(), LONG);
+    let loads = Arc::new(AtomicUsize::new(0));
+    let key = "k";
+    let value_key = FillKeys::new(&ns, key).value().to_owned();
+    fetch(&b, key, &loads).await;
+    let old = until_l1_serves(&b, key, &loads).await;
+    let resets = b.stats().l1_resets;
+
+    let subscribed = clients_with(&server, "psub=1");
+    assert_eq!(subscribed.len(), 1, "{subscribed:?}");
+    let id = subscribed[0]
+        .split(' ')
+        .find_map(|f| f.strip_prefix("id="))
+        .unwrap()
+        .to_owned();
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let _: () = redis::pipe()
+        .cmd("CLIENT")
+        .arg("KILL")
+        .arg("ID")
+        .arg(&id)
+        .ignore()
+        .cmd("DEL")
+        .arg(&value_key)
+        .ignore()
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    // Past the sync bound (250 ms), the old value is not served.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for _ in 0..20 {
+        assert_ne!(fetch(&b, key, &loads).await.0, old);
+    }
+    let new = until_l1_serves(&b, key, &loads).await;
+    assert_ne!(new, old);
+    assert!(b.stats().l1_resets > resets, "emptied on reconnect");
+}
+
+/// A mark (`invalidate_tag`, `clear`) by one process reaches the other's
+/// L1 and its marks through the mark script's announcement.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn marks_reach_the_other_process() {
+    let _limit = time_limit(LIMIT);
+    let server = RedisServer::start();
+    let url = untracked_user(&server);
+    let ns = unique_ns("marks");
+    let a = cache(&ns, RedisBackend::connect(&url).await.unwrap(), LONG);
+    let b = cache(&ns, RedisBackend::connect(&url).await.unwrap(), LONG);
+    let loads = Arc::new(AtomicUsize::new(0));
+    let (tagged, _) = fetch_tagged(&a, "p1", &["seller:7"], &loads).await;
+    let (untagged, _) = fetch_tagged(&a, "p2", &[], &loads).await;
+    assert_eq!(until_l1_serves(&b, "p1", &loads).await, tagged);
+    assert_eq!(until_l1_serves(&b, "p2", &loads).await, untagged);
+
+    a.invalidate_tag("seller:7").await.unwrap();
+    let start = Instant::now();
+    while b.get("p1").await.unwrap().as_deref() == Some(tagged.as_str()) {
+        assert!(
+            start.elapsed() < Duration::from_secs(2),
+            "p1 still answered 2 s after the mark"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    assert_eq!(b.get("p2").await.unwrap(), Some(untagged.clone()));
+
+    let untagged = until_l1_serves(&b, "p2", &loads).await;
+    a.clear().await.unwrap();
+    let start = Instant::now();
+    while b.get("p2").await.unwrap().as_deref() == Some(untagged.as_str()) {
+        assert!(
+            start.elapsed() < Duration::from_secs(2),
+            "p2 still answered 2 s after the clear"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+/// `Untracked::Refuse`: the backend learnt of the refusal when it
+/// connected, so the cache does not build, and says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refuse_fails_the_build() {
+    let _limit = time_limit(LIMIT);
+    let server = RedisServer::start();
+    let url = untracked_user(&server);
+    let built = Cache::<String, String>::builder()
+        .namespace(unique_ns("refuse"))
+        .backend(RedisBackend::connect(&url).await.unwrap())
+        .l1(L1::new(100).untracked(Untracked::Refuse))
+        .build();
+    let error = built.err().expect("refused").to_string();
+    assert!(error.contains("l1"), "{error}");
+    assert!(error.contains("client tracking"), "{error}");
+    assert!(error.contains("Untracked::Refuse"), "{error}");
+    // A server that tracks builds the same configuration.
+    let tracked = RedisServer::start();
+    Cache::<String, String>::builder()
+        .namespace(unique_ns("refuse"))
+        .backend(RedisBackend::connect(&tracked.url()).await.unwrap())
+        .l1(L1::new(100).untracked(Untracked::Refuse))
+        .build()
+        .expect("tracked: built");
+}
+
+/// A user whose `client|tracking` is taken away after the backend
+/// connected (the backend's own question found it allowed): the tracking
+/// connection meets the refusal, and the L1 goes on with announcements.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_met_later_switches_to_announcements() {
+    let _limit = time_limit(LIMIT);
+    let server = RedisServer::start();
+    let url = untracked_user(&server);
+    server.command(&["ACL", "SETUSER", "app", "+client|tracking"]);
+    let ns = unique_ns("later");
+    let a_backend = RedisBackend::connect(&url).await.unwrap();
+    let b_backend = RedisBackend::connect(&url).await.unwrap();
+    server.command(&["ACL", "SETUSER", "app", "-client|tracking"]);
+    let a = cache(&ns, a_backend, LONG);
+    let b = cache(&ns, b_backend, LONG);
+    onefill_writes_reach_the_other_l1(&a, &b).await;
+    announced_not_tracked(&server, 2);
+}
+
+/// The same with `Untracked::Refuse`: the cache was built (nothing was
+/// known then), and its L1 never serves; calls go to the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refuse_met_later_never_serves() {
+    let _limit = time_limit(LIMIT);
+    let server = RedisServer::start();
+    let url = untracked_user(&server);
+    server.command(&["ACL", "SETUSER", "app", "+client|tracking"]);
+    let backend = RedisBackend::connect(&url).await.unwrap();
+    server.command(&["ACL", "SETUSER", "app", "-client|tracking"]);
+    let b = Cache::<String, String>::builder()
+        .namespace(unique_ns("refuse-later"))
+        .backend(backend)
+        .l1(L1::new(100).untracked(Untracked::Refuse))
+        .build()
+        .expect("nothing known yet");
+    let loads = Arc::new(AtomicUsize::new(0));
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_millis(500) {
+        assert_eq!(fetch(&b, "k", &loads).await.0, "loaded-1");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(b.stats().l1_hits, 0, "never served from the L1");
+    assert_eq!(
+        clients_with(&server, "psub=1").len(),
+        0,
+        "no announcement connection"
+    );
+}
