@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use onefill::backend::FillKeys;
 use onefill::redis::RedisBackend;
 use onefill::{Cache, Loaded, Outcome, Untracked, L1};
-use onefill_testkit::{time_limit, RedisCluster, RedisServer};
+use onefill_testkit::{output_within, time_limit, RedisCluster, RedisServer};
 
 /// Cluster tests take seconds each (a 3-master cluster forms in a few).
 const LIMIT: Duration = Duration::from_secs(120);
@@ -147,24 +147,93 @@ fn announced_not_tracked(server: &RedisServer, count: usize) {
     assert_eq!(subscribed.len(), count, "{subscribed:#?}\n{}", server.command(&["CLIENT", "LIST"]));
 }
 
-/// Every kind of onefill write by one process reaches the other's L1
+/// The environment variable that makes `other_process` act: the URLs
+/// (`,`-separated; more than one: a cluster), the namespace, an operation
+/// and its key or tag, `|`-separated.
+const OTHER: &str = "ONEFILL_L1_UNTRACKED_OTHER";
+
+/// Not a test of its own: another process for the tests of this file,
+/// which run this binary again with [`OTHER`] set; it makes one onefill
+/// write and exits.
+#[test]
+#[ignore = "run by the other tests of this file, as another process"]
+fn other_process() {
+    let Ok(spec) = std::env::var(OTHER) else {
+        return;
+    };
+    let parts: Vec<&str> = spec.split('|').collect();
+    let [urls, ns, op, arg] = parts[..] else {
+        panic!("bad {OTHER}: {spec}");
+    };
+    let urls: Vec<&str> = urls.split(',').collect();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let backend = if urls.len() > 1 {
+            RedisBackend::connect_cluster(&urls).await.unwrap()
+        } else {
+            RedisBackend::connect(urls[0]).await.unwrap()
+        };
+        let cache: Cache<String, String> = Cache::builder()
+            .namespace(ns)
+            .backend(backend)
+            .ttl(Duration::from_secs(60))
+            .build()
+            .unwrap();
+        let key = arg.to_owned();
+        match op {
+            "set" => cache.set(&key, format!("set-elsewhere:{key}")).await.unwrap(),
+            "invalidate" => cache.invalidate(&key).await.unwrap(),
+            "expire" => cache.expire(&key).await.unwrap(),
+            "invalidate_tag" => cache.invalidate_tag(arg).await.unwrap(),
+            "clear" => cache.clear().await.unwrap(),
+            other => panic!("unknown operation {other}"),
+        }
+    });
+}
+
+/// `op` on `arg` by another process (see [`other_process`]).
+async fn elsewhere(urls: &[String], ns: &str, op: &str, arg: &str) {
+    let spec = format!("{}|{ns}|{op}|{arg}", urls.join(","));
+    let output = tokio::task::spawn_blocking(move || {
+        let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+        cmd.args(["--exact", "other_process", "--ignored", "--test-threads=1"])
+            .env(OTHER, spec);
+        output_within(&mut cmd, Duration::from_secs(30))
+    })
+    .await
+    .unwrap();
+    assert!(
+        output.status.success(),
+        "the other process failed: {}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(stdout.contains("1 passed"), "it did not run: {stdout}");
+}
+
+/// Every kind of onefill write by another process reaches this one's L1
 /// (which cannot track keys), long before its `max_age`.
-async fn onefill_writes_reach_the_other_l1(a: &Cache<String, String>, b: &Cache<String, String>) {
+async fn other_processes_writes_reach_the_l1(urls: &[String], ns: &str, b: &Cache<String, String>) {
     let loads = Arc::new(AtomicUsize::new(0));
     let key = "user:1";
-    fetch(a, key, &loads).await;
+    fetch(b, key, &loads).await;
     let v1 = until_l1_serves(b, key, &loads).await;
     assert_eq!(v1, "loaded-1");
 
-    a.set(&key.to_owned(), "from-a".into()).await.unwrap();
+    elsewhere(urls, ns, "set", key).await;
     until_changed(b, key, &v1, &loads).await;
-    assert_eq!(until_l1_serves(b, key, &loads).await, "from-a");
+    let set = until_l1_serves(b, key, &loads).await;
+    assert_eq!(set, format!("set-elsewhere:{key}"));
 
-    a.invalidate(&key.to_owned()).await.unwrap();
-    until_changed(b, key, "from-a", &loads).await;
+    elsewhere(urls, ns, "invalidate", key).await;
+    until_changed(b, key, &set, &loads).await;
     let reloaded = until_l1_serves(b, key, &loads).await;
 
-    a.expire(&key.to_owned()).await.unwrap();
+    elsewhere(urls, ns, "expire", key).await;
     until_changed(b, key, &reloaded, &loads).await;
     // (A fill changes a value only where no fresh one is held: every
     // writing script announces, `scripts.rs` checks it.)
@@ -176,10 +245,9 @@ async fn standalone_onefill_writes_reach_the_other_l1() {
     let server = RedisServer::start();
     let url = untracked_user(&server);
     let ns = unique_ns("writes");
-    let a = cache(&ns, RedisBackend::connect(&url).await.unwrap(), LONG);
     let b = cache(&ns, RedisBackend::connect(&url).await.unwrap(), LONG);
-    onefill_writes_reach_the_other_l1(&a, &b).await;
-    announced_not_tracked(&server, 2);
+    other_processes_writes_reach_the_l1(&[url], &ns, &b).await;
+    announced_not_tracked(&server, 1);
 }
 
 /// A server whose `CLIENT` command is renamed away: the driver still
@@ -189,9 +257,8 @@ async fn standalone_with_client_renamed_away() {
     let _limit = time_limit(LIMIT);
     let server = RedisServer::start_with(&["--rename-command", "CLIENT", ""]);
     let ns = unique_ns("renamed");
-    let a = cache(&ns, RedisBackend::connect(&server.url()).await.unwrap(), LONG);
     let b = cache(&ns, RedisBackend::connect(&server.url()).await.unwrap(), LONG);
-    onefill_writes_reach_the_other_l1(&a, &b).await;
+    other_processes_writes_reach_the_l1(&[server.url()], &ns, &b).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -200,25 +267,24 @@ async fn cluster_onefill_writes_reach_the_other_l1_on_every_master() {
     let cluster = RedisCluster::start(3);
     // ACLs are per node.
     let urls: Vec<String> = cluster.nodes().iter().map(untracked_user).collect();
-    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let url_refs: Vec<&str> = urls.iter().map(String::as_str).collect();
     let ns = unique_ns("cluster");
-    let a = cache(&ns, RedisBackend::connect_cluster(&urls).await.unwrap(), LONG);
-    let b = cache(&ns, RedisBackend::connect_cluster(&urls).await.unwrap(), LONG);
+    let b = cache(&ns, RedisBackend::connect_cluster(&url_refs).await.unwrap(), LONG);
     let loads = Arc::new(AtomicUsize::new(0));
     let mut masters = std::collections::HashSet::new();
-    for i in 0..20 {
+    for i in 0..6 {
         let key = format!("spread:{i}");
         masters.insert(cluster.node_for_key(FillKeys::new(&ns, &key).value()).port());
-        fetch(&a, &key, &loads).await;
+        fetch(&b, &key, &loads).await;
         let old = until_l1_serves(&b, &key, &loads).await;
-        a.set(&key, format!("new:{i}")).await.unwrap();
+        elsewhere(&urls, &ns, "set", &key).await;
         until_changed(&b, &key, &old, &loads).await;
     }
     assert_eq!(masters.len(), 3, "keys on every master");
-    onefill_writes_reach_the_other_l1(&a, &b).await;
+    other_processes_writes_reach_the_l1(&urls, &ns, &b).await;
     for node in cluster.nodes() {
-        // One connection per master for each of the two L1s.
-        announced_not_tracked(node, 2);
+        // One connection per master.
+        announced_not_tracked(node, 1);
     }
 }
 
@@ -294,23 +360,23 @@ async fn a_lost_announcement_connection_empties_the_l1() {
     assert!(b.stats().l1_resets > resets, "emptied on reconnect");
 }
 
-/// A mark (`invalidate_tag`, `clear`) by one process reaches the other's
-/// L1 and its marks through the mark script's announcement.
+/// A mark (`invalidate_tag`, `clear`) by another process reaches this
+/// one's L1 and marks through the mark script's announcement.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn marks_reach_the_other_process() {
     let _limit = time_limit(LIMIT);
     let server = RedisServer::start();
     let url = untracked_user(&server);
     let ns = unique_ns("marks");
-    let a = cache(&ns, RedisBackend::connect(&url).await.unwrap(), LONG);
     let b = cache(&ns, RedisBackend::connect(&url).await.unwrap(), LONG);
     let loads = Arc::new(AtomicUsize::new(0));
-    let (tagged, _) = fetch_tagged(&a, "p1", &["seller:7"], &loads).await;
-    let (untagged, _) = fetch_tagged(&a, "p2", &[], &loads).await;
+    let (tagged, _) = fetch_tagged(&b, "p1", &["seller:7"], &loads).await;
+    let (untagged, _) = fetch_tagged(&b, "p2", &[], &loads).await;
     assert_eq!(until_l1_serves(&b, "p1", &loads).await, tagged);
     assert_eq!(until_l1_serves(&b, "p2", &loads).await, untagged);
+    let urls = [url];
 
-    a.invalidate_tag("seller:7").await.unwrap();
+    elsewhere(&urls, &ns, "invalidate_tag", "seller:7").await;
     let start = Instant::now();
     while b.get("p1").await.unwrap().as_deref() == Some(tagged.as_str()) {
         assert!(
@@ -322,7 +388,7 @@ async fn marks_reach_the_other_process() {
     assert_eq!(b.get("p2").await.unwrap(), Some(untagged.clone()));
 
     let untagged = until_l1_serves(&b, "p2", &loads).await;
-    a.clear().await.unwrap();
+    elsewhere(&urls, &ns, "clear", "-").await;
     let start = Instant::now();
     while b.get("p2").await.unwrap().as_deref() == Some(untagged.as_str()) {
         assert!(
@@ -369,13 +435,11 @@ async fn a_refusal_met_later_switches_to_announcements() {
     let url = untracked_user(&server);
     server.command(&["ACL", "SETUSER", "app", "+client|tracking"]);
     let ns = unique_ns("later");
-    let a_backend = RedisBackend::connect(&url).await.unwrap();
-    let b_backend = RedisBackend::connect(&url).await.unwrap();
+    let backend = RedisBackend::connect(&url).await.unwrap();
     server.command(&["ACL", "SETUSER", "app", "-client|tracking"]);
-    let a = cache(&ns, a_backend, LONG);
-    let b = cache(&ns, b_backend, LONG);
-    onefill_writes_reach_the_other_l1(&a, &b).await;
-    announced_not_tracked(&server, 2);
+    let b = cache(&ns, backend, LONG);
+    other_processes_writes_reach_the_l1(&[url], &ns, &b).await;
+    announced_not_tracked(&server, 1);
 }
 
 /// The same with `Untracked::Refuse`: the cache was built (nothing was

@@ -46,7 +46,7 @@
 //! onefill's writes announce are enough ([`ChangeListener::untracked`]):
 //!
 //! - if so, each node's connection `PSUBSCRIBE`s to the namespace's
-//!   channels (`<namespace>:{*}:filled`) instead: every script that changes
+//!   channels (`<namespace>:{*:filled`) instead: every script that changes
 //!   a value publishes its key's channel there (`scripts.rs`), and the mark
 //!   script its mark's. The confirmation is the same `PING` (`WAIT 0 0`):
 //!   a script's `PUBLISH` is written to the node's subscribers while it
@@ -121,7 +121,7 @@ fn is_refusal(e: &BackendError) -> bool {
 }
 
 /// The channel pattern of the changes announced under `prefix`
-/// (`<namespace>:{`): `<namespace>:{*}:filled`, the namespace's glob
+/// (`<namespace>:{`): `<namespace>:{*:filled`, the namespace's glob
 /// characters escaped.
 fn announced_pattern(prefix: &str) -> String {
     let mut pattern = String::with_capacity(prefix.len() + 10);
@@ -131,7 +131,8 @@ fn announced_pattern(prefix: &str) -> String {
         }
         pattern.push(c);
     }
-    pattern.push_str("*}");
+    // Not `*}`: a mark's channel has no `}` before its suffix.
+    pattern.push('*');
     pattern.push_str(ANNOUNCED_SUFFIX);
     pattern
 }
