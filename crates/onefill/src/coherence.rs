@@ -125,6 +125,12 @@ impl<V: Clone + Send + Sync + 'static> Shared<V> {
         if changed() {
             return;
         }
+        // Kept no longer than the L1 would keep it: without tracking, a
+        // foreign write after the read is never heard of.
+        let usable_until = match (&self.l1, ticket) {
+            (Some(l1), Some(ticket)) => l1.capped(usable_until, ticket),
+            _ => usable_until,
+        };
         let kept = self.fallback.record(value_key, value, usable_until, epoch);
         // A report that came in during the record found nothing to forget
         // yet (or an entry the record then replaced): it is seen here.

@@ -390,15 +390,9 @@ impl<V: Clone> Local<V> {
     /// Keeps `entry` for `key`, unless a change of the key (or a reset) was
     /// reported since `ticket`.
     pub(crate) fn insert(&self, key: &str, mut entry: Entry<V>, ticket: Ticket) {
-        let max_age = self.max_age_ms.load(Ordering::Relaxed);
-        if max_age != 0 {
-            // Changes are only announced: a foreign write after the read
-            // began is never heard of, so the entry ends `max_age` after.
-            let until = ticket.taken + Duration::from_millis(max_age);
-            entry.refresh_at = entry.refresh_at.min(until);
-            entry.fresh_until = entry.fresh_until.min(until);
-            entry.expires_at = entry.expires_at.min(until);
-        }
+        entry.refresh_at = self.capped(entry.refresh_at, ticket);
+        entry.fresh_until = self.capped(entry.fresh_until, ticket);
+        entry.expires_at = self.capped(entry.expires_at, ticket);
         let _writer = self.writers[ticket.stripe].lock();
         if !self.current(ticket) {
             return;
@@ -409,6 +403,16 @@ impl<V: Clone> Local<V> {
         // here, or clears the entry after it.
         if !self.current(ticket) {
             self.store.remove(key);
+        }
+    }
+
+    /// `until`, or earlier if the backend reports only announced changes:
+    /// a foreign write after the read that `ticket` began is never heard
+    /// of, so what it read is kept at most `max_age` after.
+    pub(crate) fn capped(&self, until: Instant, ticket: Ticket) -> Instant {
+        match self.max_age_ms.load(Ordering::Relaxed) {
+            0 => until,
+            ms => until.min(ticket.taken + Duration::from_millis(ms)),
         }
     }
 
@@ -715,6 +719,41 @@ mod tests {
         ));
     }
 
+    /// Once only announced changes are reported, an entry ends `max_age`
+    /// after the read that found it began (its ticket), even if its value
+    /// is fresh for longer; before, nothing caps it.
+    #[tokio::test(start_paused = true)]
+    async fn announced_only_caps_entries_by_max_age() {
+        let config = L1::new(100).untracked(Untracked::Announced {
+            max_age: Duration::from_millis(500),
+        });
+        let l1 = Local::new(&config, "ns", Recorder::new("ns"));
+        l1.synced(Some(Instant::now() + Duration::from_secs(3600)));
+        let start = Instant::now();
+        l1.insert("before", entry(1), l1.ticket("before"));
+        let refusal = crate::BackendError::new(crate::BackendErrorKind::Command, "refused");
+        assert!(l1.untracked(&refusal));
+        assert_eq!(l1.len(), 0, "what was kept uncapped goes");
+        let ticket = l1.ticket("k");
+        tokio::time::advance(Duration::from_millis(100)).await;
+        l1.insert("k", entry(2), ticket);
+        assert!(matches!(
+            l1.get("k", start + Duration::from_millis(499)),
+            Lookup::Fresh(Some(2))
+        ));
+        assert!(
+            matches!(l1.get("k", start + Duration::from_millis(500)), Lookup::Miss),
+            "max_age after the read began, not after the insert"
+        );
+        // Refuse: never accepted.
+        let strict = Local::<u32>::new(
+            &L1::new(10).untracked(Untracked::Refuse),
+            "ns",
+            Recorder::new("ns"),
+        );
+        assert!(!strict.untracked(&refusal));
+    }
+
     #[test]
     fn bounded_by_entries() {
         let l1 = local();
@@ -750,5 +789,12 @@ mod tests {
             .validate()
             .is_err());
         assert!(L1::new(1).validate().is_ok());
+        for max_age in [Duration::from_millis(1), Duration::from_secs(7200)] {
+            assert!(L1::new(1)
+                .untracked(Untracked::Announced { max_age })
+                .validate()
+                .is_err());
+        }
+        assert!(L1::new(1).untracked(Untracked::Refuse).validate().is_ok());
     }
 }

@@ -471,3 +471,60 @@ async fn refuse_met_later_never_serves() {
         "no announcement connection"
     );
 }
+
+/// A hung server: the L1 on announcements stops serving within the sync
+/// bound, as with tracking (the same `PING` confirms it), and serves again
+/// once the server answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_server_stops_the_l1_within_the_bound() {
+    let _limit = time_limit(LIMIT);
+    let server = RedisServer::start();
+    let url = untracked_user(&server);
+    let ns = unique_ns("hung");
+    let b = cache(&ns, RedisBackend::connect(&url).await.unwrap(), LONG);
+    let loads = Arc::new(AtomicUsize::new(0));
+    fetch(&b, "k", &loads).await;
+    until_l1_serves(&b, "k", &loads).await;
+    // The announcement of the load's own fill may come late and drop the
+    // entry: the read that follows keeps it again.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    until_l1_serves(&b, "k", &loads).await;
+    server.pause();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let before = b.stats().l1_hits;
+    let (_, outcome) = fetch(&b, "k", &loads).await;
+    assert_eq!(b.stats().l1_hits, before, "not an L1 hit");
+    assert_eq!(outcome, Outcome::Stale, "the outage fallback answers");
+    server.resume();
+    until_l1_serves(&b, "k", &loads).await;
+}
+
+/// Another client deletes the key (never announced), then the server hangs
+/// past `max_age`: the outage fallback does not answer the deleted value
+/// either (it keeps a copy no longer than the L1 would); the call loads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_outage_fallback_keeps_no_copy_past_max_age() {
+    let _limit = time_limit(LIMIT);
+    let server = RedisServer::start();
+    let url = untracked_user(&server);
+    let ns = unique_ns("outage");
+    let max_age = Duration::from_millis(300);
+    let b = cache(&ns, RedisBackend::connect(&url).await.unwrap(), max_age);
+    let loads = Arc::new(AtomicUsize::new(0));
+    let key = "k";
+    let value_key = FillKeys::new(&ns, key).value().to_owned();
+    fetch(&b, key, &loads).await;
+    until_l1_serves(&b, key, &loads).await;
+    // The last read the fallback kept began before this.
+    let read_before = Instant::now();
+    server.command(&["DEL", &value_key]);
+    server.pause();
+    tokio::time::sleep_until((read_before + max_age + Duration::from_millis(20)).into()).await;
+    let answer = fetch(&b, key, &loads).await;
+    server.resume();
+    assert_eq!(
+        answer,
+        ("loaded-2".into(), Outcome::Degraded),
+        "the deleted value is not served from the outage fallback"
+    );
+}
