@@ -528,3 +528,156 @@ async fn the_outage_fallback_keeps_no_copy_past_max_age() {
         "the deleted value is not served from the outage fallback"
     );
 }
+
+/// `INFO commandstats` of `server`, as `(command, calls, usec)`, less
+/// `info` and `config` (the measurement's own).
+fn commandstats(server: &RedisServer) -> Vec<(String, u64, u64)> {
+    server
+        .command(&["INFO", "commandstats"])
+        .lines()
+        .filter_map(|line| {
+            let rest = line.trim().strip_prefix("cmdstat_")?;
+            let (name, fields) = rest.split_once(':')?;
+            let field = |f: &str| {
+                fields
+                    .split(',')
+                    .find_map(|kv| kv.strip_prefix(f)?.strip_prefix('='))
+                    .and_then(|v| v.parse::<f64>().ok())
+                    .unwrap_or(0.0) as u64
+            };
+            Some((name.to_owned(), field("calls"), field("usec")))
+        })
+        .filter(|(name, _, _)| !name.starts_with("info") && !name.starts_with("config"))
+        .collect()
+}
+
+/// `INFO commandstats` summed over `servers`.
+fn commandstats_of(servers: &[&RedisServer]) -> Vec<(String, u64, u64)> {
+    let mut all: Vec<(String, u64, u64)> = Vec::new();
+    for server in servers {
+        for (name, calls, usec) in commandstats(server) {
+            match all.iter_mut().find(|(n, _, _)| *n == name) {
+                Some(entry) => {
+                    entry.1 += calls;
+                    entry.2 += usec;
+                }
+                None => all.push((name, calls, usec)),
+            }
+        }
+    }
+    all.sort();
+    all
+}
+
+/// A measurement, not a check (run with `--ignored --nocapture`): the
+/// servers' commands for 1000 `set`s, 1000 `invalidate`s and 1000 calls
+/// of one key of one process, on servers that track and on servers that
+/// refuse (the L1 on announcements), with another process's L1 listening;
+/// and for the same calls by an L1 that never serves (tracking refused,
+/// `Refuse` met late: what every L1 on such a server did before
+/// announcements).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement: prints INFO commandstats"]
+async fn measure_commands_per_write_and_hit() {
+    let _limit = time_limit(LIMIT);
+    const N: usize = 1000;
+    async fn connect(urls: &[String]) -> RedisBackend {
+        if urls.len() > 1 {
+            let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+            RedisBackend::connect_cluster(&urls).await.unwrap()
+        } else {
+            RedisBackend::connect(&urls[0]).await.unwrap()
+        }
+    }
+    fn reset(servers: &[&RedisServer]) {
+        for server in servers {
+            server.command(&["CONFIG", "RESETSTAT"]);
+        }
+    }
+    async fn run(label: &str, servers: &[&RedisServer], urls: &[String], untracked: Untracked) {
+        let ns = unique_ns("measure");
+        let cache_of = |backend| {
+            Cache::<String, String>::builder()
+                .namespace(&ns)
+                .backend(backend)
+                .l1(L1::new(10_000).untracked(untracked))
+                .ttl(Duration::from_secs(60))
+                .build()
+                .unwrap()
+        };
+        let writer = cache_of(connect(urls).await);
+        let _listener = cache_of(connect(urls).await);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let keys: Vec<String> = (0..N).map(|i| format!("k{i}")).collect();
+        reset(servers);
+        for key in &keys {
+            writer.set(key, "v".into()).await.unwrap();
+        }
+        println!("{label}: {N} sets: {:?}", commandstats_of(servers));
+        reset(servers);
+        for key in &keys {
+            writer.invalidate(key).await.unwrap();
+        }
+        println!("{label}: {N} invalidates: {:?}", commandstats_of(servers));
+        let load = |_: String| async { Ok::<_, std::io::Error>("v".to_owned()) };
+        writer.get_or_load(&keys[0], load).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        reset(servers);
+        let hits = writer.stats().l1_hits;
+        for _ in 0..N {
+            writer.get_or_load(&keys[0], load).await.unwrap();
+        }
+        println!(
+            "{label}: {N} calls of one key ({} L1 hits): {:?}",
+            writer.stats().l1_hits - hits,
+            commandstats_of(servers)
+        );
+    }
+    let tracked = RedisServer::start();
+    run("standalone tracked", &[&tracked], &[tracked.url()], Untracked::default()).await;
+    let refusing = RedisServer::start();
+    let url = untracked_user(&refusing);
+    run("standalone announced", &[&refusing], &[url], Untracked::default()).await;
+    let cluster = RedisCluster::start(3);
+    let nodes: Vec<&RedisServer> = cluster.nodes().iter().collect();
+    run("cluster tracked", &nodes, &cluster.urls(), Untracked::default()).await;
+    let urls: Vec<String> = cluster.nodes().iter().map(untracked_user).collect();
+    run("cluster announced", &nodes, &urls, Untracked::default()).await;
+
+    let late = RedisServer::start();
+    let url = untracked_user(&late);
+    late.command(&["ACL", "SETUSER", "app", "+client|tracking"]);
+    let backend = RedisBackend::connect(&url).await.unwrap();
+    late.command(&["ACL", "SETUSER", "app", "-client|tracking"]);
+    let never = Cache::<String, String>::builder()
+        .namespace(unique_ns("never"))
+        .backend(backend)
+        .l1(L1::new(100).untracked(Untracked::Refuse))
+        .ttl(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let load = |_: String| async { Ok::<_, std::io::Error>("v".to_owned()) };
+    never.get_or_load("k", load).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    reset(&[&late]);
+    for _ in 0..N {
+        never.get_or_load("k", load).await.unwrap();
+    }
+    println!(
+        "never serving: {N} calls of one key ({} L1 hits): {:?}",
+        never.stats().l1_hits,
+        commandstats(&late)
+    );
+    let plain = Cache::<String, String>::builder()
+        .namespace(unique_ns("no-l1"))
+        .backend(RedisBackend::connect(&late.url()).await.unwrap())
+        .ttl(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    plain.get_or_load("k", load).await.unwrap();
+    reset(&[&late]);
+    for _ in 0..N {
+        plain.get_or_load("k", load).await.unwrap();
+    }
+    println!("no L1: {N} calls of one key: {:?}", commandstats(&late));
+}
