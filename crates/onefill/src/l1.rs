@@ -281,7 +281,8 @@ pub(crate) struct Ticket {
     resets: u64,
     stripe: usize,
     changes: u64,
-    /// When it was taken: what the flight inserts was read after this.
+    /// When it was taken (what the flight inserts was read after it), once
+    /// entries are capped by age; before, the L1's epoch.
     taken: Instant,
 }
 
@@ -383,7 +384,14 @@ impl<V: Clone> Local<V> {
             resets: self.resets.load(Ordering::SeqCst),
             stripe,
             changes: self.changes[stripe].load(Ordering::SeqCst),
-            taken: Instant::now(),
+            // The clock is read only when entries are capped by age; a
+            // ticket taken just before the cap begins reads as taken at
+            // the epoch, and its entry ends at once: the safe side.
+            taken: if self.max_age_ms.load(Ordering::Relaxed) == 0 {
+                self.epoch
+            } else {
+                Instant::now()
+            },
         }
     }
 
