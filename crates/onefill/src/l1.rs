@@ -479,7 +479,9 @@ impl<V: Clone> Local<V> {
     pub(crate) fn untracked(&self, refusal: &crate::BackendError) -> bool {
         match self.untracked {
             Untracked::Announced { max_age } => {
-                let ms = u64::try_from(max_age.as_millis()).unwrap_or(u64::MAX).max(1);
+                let ms = u64::try_from(max_age.as_millis())
+                    .unwrap_or(u64::MAX)
+                    .max(1);
                 let before = self.max_age_ms.swap(ms, Ordering::SeqCst);
                 if before == 0 {
                     // What was kept so far was not capped.
@@ -750,7 +752,10 @@ mod tests {
             Lookup::Fresh(Some(2))
         ));
         assert!(
-            matches!(l1.get("k", start + Duration::from_millis(500)), Lookup::Miss),
+            matches!(
+                l1.get("k", start + Duration::from_millis(500)),
+                Lookup::Miss
+            ),
             "max_age after the read began, not after the insert"
         );
         // Refuse: never accepted.

@@ -144,7 +144,12 @@ fn announced_not_tracked(server: &RedisServer, count: usize) {
         .count();
     assert_eq!(tracking, 0, "no tracking connection");
     let subscribed = clients_with(server, "psub=1");
-    assert_eq!(subscribed.len(), count, "{subscribed:#?}\n{}", server.command(&["CLIENT", "LIST"]));
+    assert_eq!(
+        subscribed.len(),
+        count,
+        "{subscribed:#?}\n{}",
+        server.command(&["CLIENT", "LIST"])
+    );
 }
 
 /// The environment variable that makes `other_process` act: the URLs
@@ -184,7 +189,10 @@ fn other_process() {
             .unwrap();
         let key = arg.to_owned();
         match op {
-            "set" => cache.set(&key, format!("set-elsewhere:{key}")).await.unwrap(),
+            "set" => cache
+                .set(&key, format!("set-elsewhere:{key}"))
+                .await
+                .unwrap(),
             "invalidate" => cache.invalidate(&key).await.unwrap(),
             "expire" => cache.expire(&key).await.unwrap(),
             "invalidate_tag" => cache.invalidate_tag(arg).await.unwrap(),
@@ -257,7 +265,11 @@ async fn standalone_with_client_renamed_away() {
     let _limit = time_limit(LIMIT);
     let server = RedisServer::start_with(&["--rename-command", "CLIENT", ""]);
     let ns = unique_ns("renamed");
-    let b = cache(&ns, RedisBackend::connect(&server.url()).await.unwrap(), LONG);
+    let b = cache(
+        &ns,
+        RedisBackend::connect(&server.url()).await.unwrap(),
+        LONG,
+    );
     other_processes_writes_reach_the_l1(&[server.url()], &ns, &b).await;
 }
 
@@ -269,12 +281,20 @@ async fn cluster_onefill_writes_reach_the_other_l1_on_every_master() {
     let urls: Vec<String> = cluster.nodes().iter().map(untracked_user).collect();
     let url_refs: Vec<&str> = urls.iter().map(String::as_str).collect();
     let ns = unique_ns("cluster");
-    let b = cache(&ns, RedisBackend::connect_cluster(&url_refs).await.unwrap(), LONG);
+    let b = cache(
+        &ns,
+        RedisBackend::connect_cluster(&url_refs).await.unwrap(),
+        LONG,
+    );
     let loads = Arc::new(AtomicUsize::new(0));
     let mut masters = std::collections::HashSet::new();
     for i in 0..6 {
         let key = format!("spread:{i}");
-        masters.insert(cluster.node_for_key(FillKeys::new(&ns, &key).value()).port());
+        masters.insert(
+            cluster
+                .node_for_key(FillKeys::new(&ns, &key).value())
+                .port(),
+        );
         fetch(&b, &key, &loads).await;
         let old = until_l1_serves(&b, &key, &loads).await;
         elsewhere(&urls, &ns, "set", &key).await;
@@ -411,7 +431,10 @@ async fn refuse_fails_the_build() {
         .backend(RedisBackend::connect(&url).await.unwrap())
         .l1(L1::new(100).untracked(Untracked::Refuse))
         .build();
-    let error = built.err().expect("refused").to_string();
+    let Err(error) = built else {
+        panic!("built on a server that refuses tracking");
+    };
+    let error = error.to_string();
     assert!(error.contains("l1"), "{error}");
     assert!(error.contains("client tracking"), "{error}");
     assert!(error.contains("Untracked::Refuse"), "{error}");
@@ -634,13 +657,31 @@ async fn measure_commands_per_write_and_hit() {
         );
     }
     let tracked = RedisServer::start();
-    run("standalone tracked", &[&tracked], &[tracked.url()], Untracked::default()).await;
+    run(
+        "standalone tracked",
+        &[&tracked],
+        &[tracked.url()],
+        Untracked::default(),
+    )
+    .await;
     let refusing = RedisServer::start();
     let url = untracked_user(&refusing);
-    run("standalone announced", &[&refusing], &[url], Untracked::default()).await;
+    run(
+        "standalone announced",
+        &[&refusing],
+        &[url],
+        Untracked::default(),
+    )
+    .await;
     let cluster = RedisCluster::start(3);
     let nodes: Vec<&RedisServer> = cluster.nodes().iter().collect();
-    run("cluster tracked", &nodes, &cluster.urls(), Untracked::default()).await;
+    run(
+        "cluster tracked",
+        &nodes,
+        &cluster.urls(),
+        Untracked::default(),
+    )
+    .await;
     let urls: Vec<String> = cluster.nodes().iter().map(untracked_user).collect();
     run("cluster announced", &nodes, &urls, Untracked::default()).await;
 

@@ -20,8 +20,8 @@ use super::push;
 use super::scripts::{Scripts, CLUSTER_SCRIPTS, STANDALONE_SCRIPTS};
 use super::server_clock::{Plan, ServerClock};
 use super::subscriber::{ClusterLink, Link, PubSubShared, SingleLink};
-use super::urls::redact;
 use super::tracking;
+use super::urls::redact;
 use super::{Conn, Inner, RedisBackend};
 use crate::backend::BackendError;
 
