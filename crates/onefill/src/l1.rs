@@ -79,7 +79,7 @@ use crate::stats::Recorder;
 /// # Without `CLIENT TRACKING`
 ///
 /// Some servers refuse `CLIENT TRACKING` (a managed service or a proxy,
-/// Redis 5, a renamed `CLIENT`, an ACL without it). What the L1 does then
+/// a renamed `CLIENT`, an ACL without it). What the L1 does then
 /// is [`L1::untracked`]'s choice: by default ([`Untracked::Announced`]) it
 /// keeps going on the changes onefill's own writes announce (every fill,
 /// `set`, `invalidate`, `expire` and mark publishes the key it changed),
@@ -108,7 +108,7 @@ pub struct L1 {
 /// What an [`L1`] does when its backend cannot report every change of a
 /// value, only those onefill's own writes announce: on Redis, when the
 /// server refuses `CLIENT TRACKING` (a managed service or proxy that does
-/// not offer it, Redis 5, `rename-command CLIENT ""`, an ACL user without
+/// not offer it, `rename-command CLIENT ""`, an ACL user without
 /// `client|tracking`). See the L1 guide's "Without client tracking".
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]

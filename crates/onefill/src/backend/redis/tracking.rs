@@ -40,7 +40,7 @@
 //! # Without tracking (decision 0021)
 //!
 //! A server may refuse `CLIENT TRACKING` (a managed service or proxy that
-//! does not offer it, Redis 5, a renamed `CLIENT`, an ACL without it): the
+//! does not offer it, a renamed `CLIENT`, an ACL without it): the
 //! backend asks when it connects ([`refused`]), and a node's connection
 //! may meet it later. The listener is then asked whether the changes
 //! onefill's writes announce are enough ([`ChangeListener::untracked`]):
@@ -489,4 +489,62 @@ pub(super) fn track_cluster(router: WeakRouter, tracking: Tracking) {
             task.abort();
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use parking_lot::Mutex;
+
+    use super::*;
+
+    #[derive(Default)]
+    struct Heard(Mutex<Vec<String>>);
+
+    impl ChangeListener for Heard {
+        fn changed(&self, value_key: &[u8]) {
+            self.0
+                .lock()
+                .push(String::from_utf8_lossy(value_key).into());
+        }
+        fn reset(&self) {
+            self.0.lock().push("reset".into());
+        }
+        fn synced(&self, _: Option<Instant>) {}
+    }
+
+    fn pmessage(channel: &str, message: &str) -> PushInfo {
+        PushInfo {
+            kind: PushKind::PMessage,
+            data: vec![
+                Value::BulkString(b"pattern".to_vec()),
+                Value::BulkString(channel.as_bytes().to_vec()),
+                Value::BulkString(message.as_bytes().to_vec()),
+            ],
+        }
+    }
+
+    #[test]
+    fn the_pattern_escapes_the_namespace() {
+        assert_eq!(announced_pattern("users:{"), "users:{*:filled");
+        assert_eq!(
+            announced_pattern("a*b?[c]\\:{"),
+            "a\\*b\\?\\[c\\]\\\\:{*:filled"
+        );
+    }
+
+    #[test]
+    fn announcements_name_the_changed_keys() {
+        let heard = Heard::default();
+        handle(&heard, "ns:{", &pmessage("ns:{k}:filled", "set"));
+        // A lost lease changed nothing.
+        handle(&heard, "ns:{", &pmessage("ns:{k}:filled", "lost"));
+        // A mark: the generation, then the mark.
+        handle(&heard, "ns:{", &pmessage("ns:{#}:tag:t:filled", "mark"));
+        // Not an announcement.
+        handle(&heard, "ns:{", &pmessage("ns:{k}:other", "set"));
+        assert_eq!(
+            *heard.0.lock(),
+            ["ns:{k}", "ns:{#}:gen", "ns:{#}:tag:t"].map(String::from)
+        );
+    }
 }
