@@ -1,6 +1,6 @@
 //! The L1: decoded values in this process, in front of the backend, kept
 //! coherent by the backend's change reports (see `backend/tracking.rs`).
-//! (A little over 600 lines, its unit tests included: the entry's whole
+//! (About 800 lines, its unit tests included: the entry's whole
 //! lifecycle, the public configuration and the store, belong together.)
 //!
 //! [`L1`] is the public configuration; [`Local`] is the store one cache
@@ -18,7 +18,10 @@
 //!   within the sync bound) and only until the
 //!   value's own freshness ends;
 //! - **emptied** by the backend's reports: a changed key is dropped, a
-//!   reset drops everything.
+//!   reset drops everything;
+//! - **capped by age** once the backend reports only the changes onefill
+//!   announces (its server refused tracking, [`Untracked::Announced`]):
+//!   an entry ends `max_age` after the read that found it began.
 
 use std::fmt;
 use std::hash::{Hash, Hasher};
