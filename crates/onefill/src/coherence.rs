@@ -65,6 +65,12 @@ impl<V: Clone + Send + Sync + 'static> ChangeListener for Shared<V> {
         self.loads.detach_all();
     }
 
+    fn untracked(&self, refusal: &crate::BackendError) -> bool {
+        // Marks stay reported (onefill's mark script announces its key):
+        // only the L1 has a say. Without an L1 nothing is tracked.
+        self.l1.as_ref().is_some_and(|l1| l1.untracked(refusal))
+    }
+
     fn synced(&self, as_of: Option<Instant>) {
         self.marks.synced(as_of);
         if let Some(l1) = &self.l1 {
@@ -119,6 +125,12 @@ impl<V: Clone + Send + Sync + 'static> Shared<V> {
         if changed() {
             return;
         }
+        // Kept no longer than the L1 would keep it: without tracking, a
+        // foreign write after the read is never heard of.
+        let usable_until = match (&self.l1, ticket) {
+            (Some(l1), Some(ticket)) => l1.capped(usable_until, ticket),
+            _ => usable_until,
+        };
         let kept = self.fallback.record(value_key, value, usable_until, epoch);
         // A report that came in during the record found nothing to forget
         // yet (or an entry the record then replaced): it is seen here.

@@ -1,6 +1,6 @@
 //! The L1: decoded values in this process, in front of the backend, kept
 //! coherent by the backend's change reports (see `backend/tracking.rs`).
-//! (A little over 600 lines, its unit tests included: the entry's whole
+//! (About 800 lines, its unit tests included: the entry's whole
 //! lifecycle, the public configuration and the store, belong together.)
 //!
 //! [`L1`] is the public configuration; [`Local`] is the store one cache
@@ -18,7 +18,10 @@
 //!   within the sync bound) and only until the
 //!   value's own freshness ends;
 //! - **emptied** by the backend's reports: a changed key is dropped, a
-//!   reset drops everything.
+//!   reset drops everything;
+//! - **capped by age** once the backend reports only the changes onefill
+//!   announces (its server refused tracking, [`Untracked::Announced`]):
+//!   an entry ends `max_age` after the read that found it began.
 
 use std::fmt;
 use std::hash::{Hash, Hasher};
@@ -75,6 +78,20 @@ use crate::stats::Recorder;
 /// is emptied before it serves again, since changes made meanwhile were
 /// not reported. So a value changed while the connection is down is served
 /// from the L1 for at most the bound after the change.
+///
+/// # Without `CLIENT TRACKING`
+///
+/// Some servers refuse `CLIENT TRACKING` (a managed service or a proxy,
+/// a renamed `CLIENT`, an ACL without it). What the L1 does then
+/// is [`L1::untracked`]'s choice: by default ([`Untracked::Announced`]) it
+/// keeps going on the changes onefill's own writes announce (every fill,
+/// `set`, `invalidate`, `expire` and mark publishes the key it changed),
+/// confirmed like tracking, and since another client's writes are then not
+/// heard of, each entry lives at most `max_age` (1 s by default) after the
+/// read that found it; a warning says so once. With [`Untracked::Refuse`]
+/// the cache fails to build instead, and if the refusal comes only later
+/// (a server that changed), the L1 stops serving for good and an error
+/// says why.
 #[derive(Debug, Clone, Copy, PartialEq)]
 #[non_exhaustive]
 pub struct L1 {
@@ -86,6 +103,51 @@ pub struct L1 {
     /// How long the L1 keeps serving after the backend last confirmed it
     /// was in sync.
     pub sync_bound: Duration,
+    /// What the L1 does on a backend that cannot report every change (a
+    /// Redis server that refuses `CLIENT TRACKING`).
+    pub untracked: Untracked,
+}
+
+/// What an [`L1`] does when its backend cannot report every change of a
+/// value, only those onefill's own writes announce: on Redis, when the
+/// server refuses `CLIENT TRACKING` (a managed service or proxy that does
+/// not offer it, `rename-command CLIENT ""`, an ACL user without
+/// `client|tracking`). See the L1 guide's "Without client tracking".
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Untracked {
+    /// Keep going on the changes onefill's writes announce (over pub/sub,
+    /// on the channels fill notifications already use): a fill, `set`,
+    /// `invalidate`, `expire` or mark by any process drops the entry
+    /// everywhere within the [sync bound](L1::sync_bound), as with
+    /// tracking. A write by another client (`redis-cli`, another program),
+    /// an eviction or a flush is not heard of: each entry is served at
+    /// most `max_age` after the read that found it (and never past the
+    /// value's own freshness). A warning says so once.
+    Announced {
+        /// The longest an entry is served after the read that found it.
+        max_age: Duration,
+    },
+    /// The cache fails to build ([`ConfigError`](crate::ConfigError) on
+    /// `l1`) when the backend already knows tracking is refused (a Redis
+    /// backend asks when it connects); a refusal met later makes the L1
+    /// stop serving for good (calls go to the backend, as without an L1),
+    /// with an error logged.
+    Refuse,
+}
+
+/// The default `max_age` of [`Untracked::Announced`]: foreign writes are
+/// seen within a second, as a cache without an L1 sees another process's
+/// marks (within about two), while a hot key costs each process one read a
+/// second.
+pub const DEFAULT_UNTRACKED_MAX_AGE: Duration = Duration::from_secs(1);
+
+impl Default for Untracked {
+    fn default() -> Self {
+        Untracked::Announced {
+            max_age: DEFAULT_UNTRACKED_MAX_AGE,
+        }
+    }
 }
 
 /// The default [`L1::sync_bound`].
@@ -99,7 +161,27 @@ impl L1 {
             max_entries,
             max_bytes: None,
             sync_bound: DEFAULT_SYNC_BOUND,
+            untracked: Untracked::default(),
         }
+    }
+
+    /// What the L1 does when the backend cannot report every change (a
+    /// Redis server that refuses `CLIENT TRACKING`); see [`Untracked`].
+    /// Default: [`Untracked::Announced`] with a `max_age` of 1 s.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use onefill::{Untracked, L1};
+    ///
+    /// let strict = L1::new(10_000).untracked(Untracked::Refuse);
+    /// let relaxed = L1::new(10_000).untracked(Untracked::Announced {
+    ///     max_age: Duration::from_millis(500),
+    /// });
+    /// # drop((strict, relaxed));
+    /// ```
+    pub fn untracked(mut self, untracked: Untracked) -> Self {
+        self.untracked = untracked;
+        self
     }
 
     /// Bounds the L1 by bytes (the encoded size of the values plus their
@@ -133,6 +215,14 @@ impl L1 {
                     self.sync_bound
                 ),
             ));
+        }
+        if let Untracked::Announced { max_age } = self.untracked {
+            if max_age < Duration::from_millis(10) || max_age > Duration::from_secs(3600) {
+                return Err(InvalidOption::new(
+                    "l1",
+                    format!("needs an untracked max_age between 10 ms and 1 h, got {max_age:?}"),
+                ));
+            }
         }
         Ok(())
     }
@@ -194,6 +284,9 @@ pub(crate) struct Ticket {
     resets: u64,
     stripe: usize,
     changes: u64,
+    /// When it was taken (what the flight inserts was read after it), once
+    /// entries are capped by age; before, the L1's epoch.
+    taken: Instant,
 }
 
 /// A cache's L1 store. The backend's reports reach it through its cache
@@ -216,6 +309,12 @@ pub(crate) struct Local<V> {
     trusted_until: AtomicU64,
     epoch: Instant,
     sync_bound: Duration,
+    /// What to do if the backend cannot report every change.
+    untracked: Untracked,
+    /// Once the backend reports only announced changes: the longest an
+    /// entry lives after the read that found it, in milliseconds (0: no
+    /// cap, every change is reported).
+    max_age_ms: AtomicU64,
     recorder: Recorder,
 }
 
@@ -243,6 +342,8 @@ impl<V: Clone> Local<V> {
             trusted_until: AtomicU64::new(0),
             epoch: Instant::now(),
             sync_bound: config.sync_bound,
+            untracked: config.untracked,
+            max_age_ms: AtomicU64::new(0),
             recorder,
         }
     }
@@ -286,12 +387,23 @@ impl<V: Clone> Local<V> {
             resets: self.resets.load(Ordering::SeqCst),
             stripe,
             changes: self.changes[stripe].load(Ordering::SeqCst),
+            // The clock is read only when entries are capped by age; a
+            // ticket taken just before the cap begins reads as taken at
+            // the epoch, and its entry ends at once: the safe side.
+            taken: if self.max_age_ms.load(Ordering::Relaxed) == 0 {
+                self.epoch
+            } else {
+                Instant::now()
+            },
         }
     }
 
     /// Keeps `entry` for `key`, unless a change of the key (or a reset) was
     /// reported since `ticket`.
-    pub(crate) fn insert(&self, key: &str, entry: Entry<V>, ticket: Ticket) {
+    pub(crate) fn insert(&self, key: &str, mut entry: Entry<V>, ticket: Ticket) {
+        entry.refresh_at = self.capped(entry.refresh_at, ticket);
+        entry.fresh_until = self.capped(entry.fresh_until, ticket);
+        entry.expires_at = self.capped(entry.expires_at, ticket);
         let _writer = self.writers[ticket.stripe].lock();
         if !self.current(ticket) {
             return;
@@ -302,6 +414,16 @@ impl<V: Clone> Local<V> {
         // here, or clears the entry after it.
         if !self.current(ticket) {
             self.store.remove(key);
+        }
+    }
+
+    /// `until`, or earlier if the backend reports only announced changes:
+    /// a foreign write after the read that `ticket` began is never heard
+    /// of, so what it read is kept at most `max_age` after.
+    pub(crate) fn capped(&self, until: Instant, ticket: Ticket) -> Instant {
+        match self.max_age_ms.load(Ordering::Relaxed) {
+            0 => until,
+            ms => until.min(ticket.taken + Duration::from_millis(ms)),
         }
     }
 
@@ -352,6 +474,43 @@ impl<V: Clone> Local<V> {
         self.resets.fetch_add(1, Ordering::SeqCst);
         self.store.clear();
         self.recorder.l1_reset();
+    }
+
+    /// See [`ChangeListener::untracked`](crate::backend::ChangeListener::untracked):
+    /// whether this L1 goes on with announced changes only (its entries
+    /// then capped by `max_age`).
+    pub(crate) fn untracked(&self, refusal: &crate::BackendError) -> bool {
+        match self.untracked {
+            Untracked::Announced { max_age } => {
+                let ms = u64::try_from(max_age.as_millis())
+                    .unwrap_or(u64::MAX)
+                    .max(1);
+                let before = self.max_age_ms.swap(ms, Ordering::SeqCst);
+                if before == 0 {
+                    // What was kept so far was not capped.
+                    self.reset();
+                    tracing::warn!(
+                        prefix = self.prefix,
+                        error = %refusal,
+                        max_age = ?max_age,
+                        "L1: the server refuses client tracking; the L1 goes on with the \
+                         changes onefill's writes announce, and since writes by other \
+                         clients (and evictions, flushes) are no longer seen, each entry \
+                         is served at most max_age after its read"
+                    );
+                }
+                true
+            }
+            Untracked::Refuse => {
+                tracing::error!(
+                    prefix = self.prefix,
+                    error = %refusal,
+                    "L1: the server refuses client tracking and the L1 was told to refuse \
+                     to run without it (Untracked::Refuse): it does not serve"
+                );
+                false
+            }
+        }
     }
 
     /// See [`ChangeListener::synced`](crate::backend::ChangeListener::synced).
@@ -573,6 +732,44 @@ mod tests {
         ));
     }
 
+    /// Once only announced changes are reported, an entry ends `max_age`
+    /// after the read that found it began (its ticket), even if its value
+    /// is fresh for longer; before, nothing caps it.
+    #[tokio::test(start_paused = true)]
+    async fn announced_only_caps_entries_by_max_age() {
+        let config = L1::new(100).untracked(Untracked::Announced {
+            max_age: Duration::from_millis(500),
+        });
+        let l1 = Local::new(&config, "ns", Recorder::new("ns"));
+        l1.synced(Some(Instant::now() + Duration::from_secs(3600)));
+        let start = Instant::now();
+        l1.insert("before", entry(1), l1.ticket("before"));
+        let refusal = crate::BackendError::new(crate::BackendErrorKind::Command, "refused");
+        assert!(l1.untracked(&refusal));
+        assert_eq!(l1.len(), 0, "what was kept uncapped goes");
+        let ticket = l1.ticket("k");
+        tokio::time::advance(Duration::from_millis(100)).await;
+        l1.insert("k", entry(2), ticket);
+        assert!(matches!(
+            l1.get("k", start + Duration::from_millis(499)),
+            Lookup::Fresh(Some(2))
+        ));
+        assert!(
+            matches!(
+                l1.get("k", start + Duration::from_millis(500)),
+                Lookup::Miss
+            ),
+            "max_age after the read began, not after the insert"
+        );
+        // Refuse: never accepted.
+        let strict = Local::<u32>::new(
+            &L1::new(10).untracked(Untracked::Refuse),
+            "ns",
+            Recorder::new("ns"),
+        );
+        assert!(!strict.untracked(&refusal));
+    }
+
     #[test]
     fn bounded_by_entries() {
         let l1 = local();
@@ -608,5 +805,12 @@ mod tests {
             .validate()
             .is_err());
         assert!(L1::new(1).validate().is_ok());
+        for max_age in [Duration::from_millis(1), Duration::from_secs(7200)] {
+            assert!(L1::new(1)
+                .untracked(Untracked::Announced { max_age })
+                .validate()
+                .is_err());
+        }
+        assert!(L1::new(1).untracked(Untracked::Refuse).validate().is_ok());
     }
 }

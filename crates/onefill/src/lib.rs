@@ -277,7 +277,7 @@ pub use error::{
     BackendError, BackendErrorKind, BoxError, CodecError, ConfigError, Error, InputError,
     IntoLoaderError, LoaderError,
 };
-pub use l1::L1;
+pub use l1::{Untracked, DEFAULT_UNTRACKED_MAX_AGE, L1};
 pub use lease::LeaseTtl;
 pub use loader::{BatchLoader, Loaded, Loader};
 pub use marks::TAG_RETENTION;

@@ -17,7 +17,10 @@
 //! The [`MemoryBackend`](crate::MemoryBackend) reports every change before
 //! the write returns and is always in sync; the Redis backend uses
 //! server-assisted client-side caching (`CLIENT TRACKING ... BCAST`) and
-//! confirms its sync with a `PING` on the tracking connection.
+//! confirms its sync with a `PING` on the tracking connection. If its
+//! server refuses tracking, it asks the listener
+//! ([`untracked`](ChangeListener::untracked)) whether the changes onefill's
+//! own writes announce are enough.
 
 use std::sync::Weak;
 
@@ -41,6 +44,19 @@ pub trait ChangeListener: Send + Sync + 'static {
     /// Every change made before `as_of` has been reported (`None`: no longer
     /// in sync, until the next `Some`).
     fn synced(&self, as_of: Option<Instant>);
+
+    /// The backend cannot report every change, only those that onefill's
+    /// own writes announce (`refusal` says why: on Redis, the server
+    /// refused `CLIENT TRACKING`). Returns whether that is enough for the
+    /// listener, which then bounds by age what it keeps (an
+    /// [`L1`](crate::L1)'s [`Untracked::Announced`](crate::Untracked::Announced)):
+    /// the backend goes on reporting the announced changes and confirming
+    /// its sync as before. If not (the default), the backend reports
+    /// nothing more and never confirms a sync again.
+    fn untracked(&self, refusal: &crate::BackendError) -> bool {
+        let _ = refusal;
+        false
+    }
 }
 
 /// The listeners registered with one backend, by key prefix: how a backend

@@ -20,6 +20,7 @@ use super::push;
 use super::scripts::{Scripts, CLUSTER_SCRIPTS, STANDALONE_SCRIPTS};
 use super::server_clock::{Plan, ServerClock};
 use super::subscriber::{ClusterLink, Link, PubSubShared, SingleLink};
+use super::tracking;
 use super::urls::redact;
 use super::{Conn, Inner, RedisBackend};
 use crate::backend::BackendError;
@@ -69,6 +70,8 @@ impl RedisBackend {
             clock,
         );
         backend.sample_clock().await;
+        let mut conn = primary.manager();
+        backend.refused_tracking(&mut conn).await;
         let liveness = Liveness::start(
             backend.inner.pubsub.clone(),
             primary,
@@ -129,14 +132,33 @@ impl RedisBackend {
         let link = ClusterLink::new(sub_conn, push_rx, options.clone(), router.clone());
 
         let target = urls.iter().map(|u| redact(u)).collect::<Vec<_>>().join(",");
-        Ok(Self::assemble(
-            Conn::Cluster(router),
+        let backend = Self::assemble(
+            Conn::Cluster(router.clone()),
             &CLUSTER_SCRIPTS,
             Link::Cluster(link),
             options,
             target,
             Arc::default(),
-        ))
+        );
+        let timeout = backend.inner.options.response_timeout;
+        let asked = router
+            .run(0, |mut c, _| async move {
+                Ok(tracking::refused(&mut c, timeout).await)
+            })
+            .await;
+        if let Ok(Some(refusal)) = asked {
+            let _ = backend.inner.untracked.set(refusal);
+        }
+        Ok(backend)
+    }
+
+    /// Asks whether the server refuses `CLIENT TRACKING` (see
+    /// `tracking.rs`), for the L1s built on this backend.
+    async fn refused_tracking<C: redis::aio::ConnectionLike + Send>(&self, conn: &mut C) {
+        let timeout = self.inner.options.response_timeout;
+        if let Some(refusal) = tracking::refused(conn, timeout).await {
+            let _ = self.inner.untracked.set(refusal);
+        }
     }
 
     /// Takes the first sample of the server's clock (see
@@ -177,6 +199,7 @@ impl RedisBackend {
                 kept: Default::default(),
                 pubsub: PubSubShared::start(link, options.clone()),
                 liveness: std::sync::OnceLock::new(),
+                untracked: std::sync::OnceLock::new(),
                 options,
                 target,
             }),

@@ -165,6 +165,15 @@
 //! backend or another) of its writes before they return. `SWAPDB` sends no invalidation. Redis 6 or later
 //! (RESP3); see `docs/decisions/0009-l1-coherence.md`.
 //!
+//! A server that refuses `CLIENT TRACKING` (asked with `CLIENT TRACKING
+//! OFF` when the backend connects, and met by the tracking connection
+//! itself) leaves the L1 the changes onefill announces: every script that
+//! changes a value publishes its key's channel (the one fill notifications
+//! use; on a cluster a plain `PUBLISH` of it besides the sharded one), and
+//! the L1's connection pattern-subscribes to them instead of tracking,
+//! confirmed the same way; see [`Untracked`](crate::Untracked) and
+//! `docs/decisions/0021-l1-without-tracking.md`.
+//!
 //! ```no_run
 //! # async fn demo() -> Result<(), onefill::BackendError> {
 //! use std::time::Duration;
@@ -311,6 +320,10 @@ struct Inner {
     liveness: std::sync::OnceLock<Arc<Liveness>>,
     /// Where we are connected, without credentials (for `Debug`).
     target: String,
+    /// The server's refusal of `CLIENT TRACKING`, if it refused when the
+    /// backend connected (an L1 then starts on announced changes, or its
+    /// cache fails to build: `tracking.rs`).
+    untracked: std::sync::OnceLock<BackendError>,
 }
 
 #[derive(Clone)]
@@ -671,12 +684,31 @@ impl Backend for RedisBackend {
     /// `CLIENT TRACKING ... BCAST PREFIX prefix` on a RESP3 connection of
     /// its own (one per master on a cluster), confirmed by a `PING` every
     /// `confirm_every`; see the module docs' [L1 coherence](self#l1-coherence).
+    /// If the server refuses tracking, the listener is asked whether
+    /// onefill's announced changes will do
+    /// ([`ChangeListener::untracked`]); if it refused when the backend
+    /// connected and the listener says no, an error of kind
+    /// [`Unsupported`](BackendErrorKind::Unsupported).
     fn track_changes(
         &self,
         prefix: &str,
         confirm_every: Duration,
         listener: Weak<dyn ChangeListener>,
     ) -> Result<(), BackendError> {
+        let mut mode = tracking::TRACKED;
+        if let Some(refusal) = self.inner.untracked.get() {
+            let accepted = listener.upgrade().is_some_and(|l| l.untracked(refusal));
+            if !accepted {
+                return Err(BackendError::new(
+                    BackendErrorKind::Unsupported,
+                    format!(
+                        "the server refuses client tracking ({refusal}), and the L1 is told \
+                         not to go on without it (Untracked::Refuse)"
+                    ),
+                ));
+            }
+            mode = tracking::ANNOUNCED;
+        }
         process_listeners().register(prefix, listener.clone());
         self.inner.kept.add(prefix);
         let tracking = tracking::Tracking {
@@ -684,6 +716,7 @@ impl Backend for RedisBackend {
             confirm_every,
             options: self.inner.options.clone(),
             listener,
+            mode: Arc::new(std::sync::atomic::AtomicU8::new(mode)),
         };
         match &self.inner.conn {
             Conn::Single(primary) => tracking::track_standalone(primary.clone(), tracking),

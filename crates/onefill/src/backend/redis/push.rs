@@ -5,8 +5,8 @@
 //!
 //! - connecting: a multiplexed connection with a push channel of its own
 //!   (a dead connection's late pushes cannot be mistaken for the new
-//!   one's), bounded by the connection plus the response timeout, then the
-//!   owner's setup command if it has one (turning tracking on);
+//!   one's), bounded by the connection plus the response timeout (the
+//!   owner then sets it up: turns tracking on, subscribes);
 //! - a `PING` every interval (the first right after connecting if the
 //!   owner asks: the L1's tracking confirms itself with it), while the
 //!   pushes that come meanwhile are handed over (a slow answer must not
@@ -71,8 +71,6 @@ pub(super) struct PushConnection {
     following: Option<(Primary, tokio::sync::watch::Receiver<u64>)>,
     options: RedisOptions,
     names: Names,
-    /// Sent after connecting, before the connection counts as up.
-    setup: Option<(&'static str, Cmd)>,
     conn: Option<MultiplexedConnection>,
     /// The pushes of the current connection.
     pushes: Option<UnboundedReceiver<PushInfo>>,
@@ -114,7 +112,6 @@ impl PushConnection {
             backoff: Backoff::new(MIN_BACKOFF, options.max_backoff),
             options,
             names,
-            setup: None,
             conn: None,
             pushes: None,
             retry_at: Instant::now(),
@@ -165,13 +162,6 @@ impl PushConnection {
         if let Some(epochs) = primary.epochs() {
             self.following = Some((primary.clone(), epochs));
         }
-        self
-    }
-
-    /// `cmd` (called `op`) is sent on every new connection before it counts
-    /// as up; if it fails, the connection is dropped and tried again later.
-    pub(super) fn with_setup(mut self, op: &'static str, cmd: Cmd) -> PushConnection {
-        self.setup = Some((op, cmd));
         self
     }
 
@@ -246,8 +236,7 @@ impl PushConnection {
         }
     }
 
-    /// Connects (and sends the setup command). Down with a retry scheduled
-    /// if it fails.
+    /// Connects. Down with a retry scheduled if it fails.
     pub(super) async fn connect(&mut self) -> Result<(), BackendError> {
         self.conn = None;
         self.pushes = None;
@@ -285,11 +274,7 @@ impl PushConnection {
             None => self.client.clone(),
         };
         let connecting = client.get_multiplexed_async_connection_with_config(&config);
-        let mut conn = with_deadline(self.names.connect, limit, connecting).await?;
-        if let Some((op, setup)) = &self.setup {
-            let sent = setup.query_async::<Value>(&mut conn);
-            with_deadline(op, self.options.response_timeout, sent).await?;
-        }
+        let conn = with_deadline(self.names.connect, limit, connecting).await?;
         Ok((conn, rx))
     }
 

@@ -1,11 +1,20 @@
 //! The Lua scripts that make each [`Backend`](crate::Backend) step atomic.
 //!
 //! Each script lives in its own file under `scripts/` (so it can be read and
-//! linted as Lua) and states its `KEYS`, `ARGV` and reply there. The scripts
-//! that announce a change call `redis.call('__PUBLISH__', …)`: the
-//! placeholder is a plain Lua string, replaced by `PUBLISH` for a standalone
-//! server and by `SPUBLISH` (sharded pub/sub, routed by the channel's slot)
-//! on a cluster. The scripts that write a value start with `stamp.lua`
+//! linted as Lua) and states its `KEYS`, `ARGV` and reply there. A script
+//! that tells waiters of a key's lease (a lost lease) calls
+//! `redis.call('__PUBLISH__', …)`: the placeholder is a plain Lua string,
+//! replaced by `PUBLISH` for a standalone server and by `SPUBLISH` (sharded
+//! pub/sub, routed by the channel's slot) on a cluster. A script that
+//! changes a value calls `announce(channel, message)`, prepended to it
+//! ([`ANNOUNCE_STANDALONE`], [`ANNOUNCE_CLUSTER`]): the waiters hear of it as
+//! before, and so do the L1s that cannot track keys (a server that refuses
+//! `CLIENT TRACKING`, decision 0021), which pattern-subscribe to their
+//! namespace's channels on every master. On a standalone server that is
+//! the same `PUBLISH`; on a cluster a sharded message reaches no pattern,
+//! so a plain `PUBLISH` of the same channel follows (one more command in
+//! the script, no round trip). The mark script publishes its mark's
+//! channel with a plain `PUBLISH` everywhere. The scripts that write a value start with `stamp.lua`
 //! (the server's expiry in the envelope, decision 0011); the scripts that
 //! expire one in place start with `soften.lua`, which keeps that recorded
 //! expiry true.
@@ -67,6 +76,18 @@ const STAMP: &str = include_str!("scripts/stamp.lua");
 /// What the scripts write where the publish command goes.
 const PUBLISH_PLACEHOLDER: &str = "__PUBLISH__";
 
+/// `announce` on a standalone server: the waiters' `PUBLISH` is the one
+/// the L1s' pattern subscriptions receive.
+const ANNOUNCE_STANDALONE: &str =
+    "local function announce(channel, message) redis.call('PUBLISH', channel, message) end";
+
+/// `announce` on a cluster: the waiters' sharded message reaches no pattern
+/// subscription, so the L1s get a plain one, which the node delivers to
+/// its own subscribers before the script returns (and sends to the other
+/// nodes over the cluster bus).
+const ANNOUNCE_CLUSTER: &str = "local function announce(channel, message) \
+     redis.call('SPUBLISH', channel, message) redis.call('PUBLISH', channel, message) end";
+
 impl Scripts {
     /// Loads every script into the server's script cache; the loads go out
     /// together on the multiplexed connection.
@@ -93,16 +114,22 @@ impl Scripts {
     }
 
     fn new(publish: &str) -> Scripts {
+        let announce = if publish == "PUBLISH" {
+            ANNOUNCE_STANDALONE
+        } else {
+            ANNOUNCE_CLUSTER
+        };
         let script = |lua: &str| Script::new(&lua.replace(PUBLISH_PLACEHOLDER, publish));
-        let writing = |lua: &str| script(&format!("{STAMP}\n{lua}"));
-        let softening = |lua: &str| script(&format!("{SOFTEN}\n{lua}"));
+        let announcing = |lua: &str| script(&format!("{announce}\n{lua}"));
+        let writing = |lua: &str| announcing(&format!("{STAMP}\n{lua}"));
+        let softening = |lua: &str| announcing(&format!("{SOFTEN}\n{lua}"));
         Scripts {
             acquire: script(ACQUIRE),
             fill: writing(FILL),
             release: writing(RELEASE),
             extend: script(EXTEND),
             set: writing(SET),
-            invalidate: script(INVALIDATE),
+            invalidate: announcing(INVALIDATE),
             expire: softening(EXPIRE),
             expire_value: softening(EXPIRE_VALUE),
             mark: script(MARK),
@@ -239,9 +266,14 @@ mod tests {
             CLUSTER_SCRIPTS.acquire.get_hash()
         );
         // The placeholder sits in code, not only in the header comment.
-        for lua in [FILL, RELEASE, EXTEND, SET, INVALIDATE, EXPIRE] {
+        for lua in [FILL, RELEASE, EXTEND] {
             assert!(lua.contains(&format!("redis.call('{PUBLISH_PLACEHOLDER}'")));
         }
+        // Every write of a value announces it.
+        for lua in [FILL, RELEASE, SET, INVALIDATE, EXPIRE] {
+            assert!(lua.contains("\nannounce(KEYS[3], ") || lua.contains("  announce(KEYS[3], "));
+        }
+        assert!(MARK.contains("redis.call('PUBLISH', KEYS[2] .. ':filled', 'mark')"));
         assert!(!ACQUIRE.contains(PUBLISH_PLACEHOLDER));
         assert!(!EXPIRE_VALUE.contains(PUBLISH_PLACEHOLDER));
     }

@@ -36,8 +36,30 @@
 //! that teaches the router the new master, whose tracking the supervisor
 //! then starts. (Until then the refused connection reconnects with its
 //! backoff, and each reconnection resets the L1 and the outage fallback.)
+//!
+//! # Without tracking (decision 0021)
+//!
+//! A server may refuse `CLIENT TRACKING` (a managed service or proxy that
+//! does not offer it, a renamed `CLIENT`, an ACL without it): the
+//! backend asks when it connects ([`refused`]), and a node's connection
+//! may meet it later. The listener is then asked whether the changes
+//! onefill's writes announce are enough ([`ChangeListener::untracked`]):
+//!
+//! - if so, each node's connection `PSUBSCRIBE`s to the namespace's
+//!   channels (`<namespace>:{*:filled`) instead: every script that changes
+//!   a value publishes its key's channel there (`scripts.rs`), and the mark
+//!   script its mark's. The confirmation is the same `PING` (`WAIT 0 0`):
+//!   a script's `PUBLISH` is written to the node's subscribers while it
+//!   runs, before the answer to any later command. So everything else
+//!   holds as with tracking: no confirmation, no serving; a reconnection
+//!   resets the listener. (On a cluster a plain `PUBLISH` also reaches the
+//!   other nodes over the bus: each message comes once per master, the
+//!   duplicates drop what was dropped already.)
+//! - if not, the node's task ends without confirming anything (and a
+//!   cluster's supervisor stops with it): the L1 never serves.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -47,10 +69,13 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::cluster::WeakRouter;
-use super::options::RedisOptions;
+use super::errors::with_deadline;
+use super::options::{RedisOptions, MIN_BACKOFF};
 use super::primary::Primary;
 use super::push::{resp3, Due, Names, PushConnection};
-use crate::backend::ChangeListener;
+use crate::backend::{BackendError, ChangeListener};
+use crate::backoff::Backoff;
+use crate::error::BackendErrorKind;
 
 /// What one node's tracking task needs.
 #[derive(Clone)]
@@ -59,7 +84,61 @@ pub(super) struct Tracking {
     pub confirm_every: Duration,
     pub options: RedisOptions,
     pub listener: Weak<dyn ChangeListener>,
+    /// How the nodes' connections hear of changes, shared by all of them
+    /// ([`TRACKED`], [`ANNOUNCED`] or [`REFUSED`]).
+    pub mode: Arc<AtomicU8>,
 }
+
+/// `CLIENT TRACKING`: every change of a key is reported.
+pub(super) const TRACKED: u8 = 0;
+/// The server refuses tracking and the listener makes do with what
+/// onefill's writes announce.
+pub(super) const ANNOUNCED: u8 = 1;
+/// The server refuses tracking and the listener refuses to go on without.
+const REFUSED: u8 = 2;
+
+/// Whether the server refuses `CLIENT TRACKING` to this client, asked with
+/// a harmless `CLIENT TRACKING OFF` (refused by a server without the
+/// command, a renamed `CLIENT`, an ACL without `client|tracking`, a proxy
+/// that does not pass it on): the refusal, if it is one. A failure that
+/// may pass (a timeout, a dropped connection) is no answer.
+pub(super) async fn refused<C: redis::aio::ConnectionLike + Send>(
+    conn: &mut C,
+    timeout: Duration,
+) -> Option<BackendError> {
+    let off = redis::cmd("CLIENT").arg("TRACKING").arg("OFF").clone();
+    let asked = off.query_async::<Value>(conn);
+    match with_deadline("CLIENT TRACKING", timeout, asked).await {
+        Err(e) if is_refusal(&e) => Some(e),
+        _ => None,
+    }
+}
+
+/// A refusal of the command itself (an error reply), not a failure to get
+/// an answer.
+fn is_refusal(e: &BackendError) -> bool {
+    e.kind() == BackendErrorKind::Command
+}
+
+/// The channel pattern of the changes announced under `prefix`
+/// (`<namespace>:{`): `<namespace>:{*:filled`, the namespace's glob
+/// characters escaped.
+fn announced_pattern(prefix: &str) -> String {
+    let mut pattern = String::with_capacity(prefix.len() + 10);
+    for c in prefix.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            pattern.push('\\');
+        }
+        pattern.push(c);
+    }
+    // Not `*}`: a mark's channel has no `}` before its suffix.
+    pattern.push('*');
+    pattern.push_str(ANNOUNCED_SUFFIX);
+    pattern
+}
+
+/// What an announced key's channel adds to it (`FillKeys::channel`).
+const ANNOUNCED_SUFFIX: &str = ":filled";
 
 /// Where a node's task reports its confirmations.
 trait Confirm: Send + Sync + 'static {
@@ -97,12 +176,6 @@ async fn track_node(
     confirm: Arc<dyn Confirm>,
     check: redis::Cmd,
 ) {
-    let mut on = redis::cmd("CLIENT");
-    on.arg("TRACKING")
-        .arg("ON")
-        .arg("BCAST")
-        .arg("PREFIX")
-        .arg(&tracking.prefix);
     // A `PING` slower than this cannot confirm anything useful (the L1
     // stops serving after five confirmation intervals anyway).
     let ping_timeout = (tracking.confirm_every * 4).min(tracking.options.response_timeout);
@@ -111,14 +184,17 @@ async fn track_node(
         ping: "L1 tracking ping",
     };
     let options = tracking.options.clone();
+    // Tracking is turned on (or the announcements subscribed) here, not as
+    // the connection's setup: a refusal of it must be told from a failure
+    // to connect.
     let mut conn =
         PushConnection::new(client, options, names, tracking.confirm_every, ping_timeout)
-            .with_setup("CLIENT TRACKING", on)
             .health_check(check)
             .ping_at_connect();
     if let Some(primary) = &following {
         conn = conn.following(primary);
     }
+    let pattern = announced_pattern(&tracking.prefix);
     // The first failure to track is worth a warning (the L1 does not serve
     // meanwhile); the retries after it are not.
     let mut warned = false;
@@ -134,32 +210,74 @@ async fn track_node(
     if !with_listener(&|l| confirm.confirmed(l, None)) {
         return;
     }
+    // What this connection is set up for (the shared mode may move on
+    // while it is up: it is read again at each connection).
+    let mut announced = false;
+    // The connection's backoff starts over once connected: a setup that
+    // keeps failing on a working connection backs off here instead.
+    let mut setup_backoff = Backoff::new(MIN_BACKOFF, tracking.options.max_backoff);
+    let mut setup_failed = false;
     loop {
         let due = conn.due().await;
         let alive = match due {
-            Due::Connect => match conn.connect().await {
-                // Tracking is on: from now on every change is reported,
-                // but changes made before were not.
-                Ok(()) => {
-                    warned = false;
-                    with_listener(&|l| l.reset())
+            Due::Connect => {
+                if std::mem::take(&mut setup_failed) {
+                    tokio::time::sleep(setup_backoff.next_interval()).await;
                 }
-                Err(e) => {
-                    if std::mem::replace(&mut warned, true) {
-                        tracing::debug!(error = %e, "L1 tracking: connect failed");
-                    } else {
-                        tracing::warn!(
-                            prefix = tracking.prefix,
-                            error = %e,
-                            "L1 tracking: cannot open the tracking connection (RESP3 and \
-                             CLIENT TRACKING need Redis 6 or later); the L1 does not serve \
-                             until it can"
+                let mut connected = conn.connect().await;
+                if connected.is_ok() {
+                    announced = tracking.mode.load(Ordering::SeqCst) == ANNOUNCED;
+                    connected = set_up(&mut conn, &tracking, &pattern, announced).await;
+                    setup_failed = connected.is_err();
+                }
+                match connected {
+                    Err(e) if !announced && is_refusal(&e) => {
+                        let Some(listener) = tracking.listener.upgrade() else {
+                            return;
+                        };
+                        if !listener.untracked(&e) {
+                            tracking.mode.store(REFUSED, Ordering::SeqCst);
+                            confirm.confirmed(&*listener, None);
+                            return;
+                        }
+                        let _ = tracking.mode.compare_exchange(
+                            TRACKED,
+                            ANNOUNCED,
+                            Ordering::SeqCst,
+                            Ordering::SeqCst,
                         );
+                        // The connection is fine, only tracking was refused.
+                        announced = true;
+                        connected = set_up(&mut conn, &tracking, &pattern, true).await;
                     }
-                    with_listener(&|_| ())
+                    _ => {}
                 }
-            },
-            Due::Push(push) => with_listener(&|l| handle(l, &push)),
+                match connected {
+                    // From now on every change is reported, but changes
+                    // made before were not.
+                    Ok(()) => {
+                        warned = false;
+                        setup_failed = false;
+                        setup_backoff.reset();
+                        with_listener(&|l| l.reset())
+                    }
+                    Err(e) => {
+                        conn.lost();
+                        if std::mem::replace(&mut warned, true) {
+                            tracing::debug!(error = %e, "L1 tracking: connect failed");
+                        } else {
+                            tracing::warn!(
+                                prefix = tracking.prefix,
+                                error = %e,
+                                "L1 tracking: cannot open the tracking connection; the L1 \
+                                 does not serve until it can"
+                            );
+                        }
+                        with_listener(&|_| ())
+                    }
+                }
+            }
+            Due::Push(push) => with_listener(&|l| handle(l, &tracking.prefix, &push)),
             Due::Lost => with_listener(&|l| confirm.confirmed(l, None)),
             Due::Ping => {
                 // Pushes are handled while the `PING` is out: a slow answer
@@ -168,7 +286,7 @@ async fn track_node(
                 // `PING` takes.
                 let answered = conn
                     .ping(|push| {
-                        with_listener(&|l| handle(l, &push));
+                        with_listener(&|l| handle(l, &tracking.prefix, &push));
                     })
                     .await;
                 let as_of = answered.ok();
@@ -181,8 +299,39 @@ async fn track_node(
     }
 }
 
-/// Handles one push.
-fn handle(listener: &dyn ChangeListener, push: &PushInfo) {
+/// Turns tracking on, or subscribes to the announced changes, on the
+/// connection just made.
+async fn set_up(
+    conn: &mut PushConnection,
+    tracking: &Tracking,
+    pattern: &str,
+    announced: bool,
+) -> Result<(), BackendError> {
+    let timeout = tracking.options.response_timeout;
+    let Some(c) = conn.conn() else {
+        return Err(super::push::disconnected("CLIENT TRACKING"));
+    };
+    if announced {
+        with_deadline("PSUBSCRIBE", timeout, c.psubscribe(pattern)).await
+    } else {
+        let mut on = redis::cmd("CLIENT");
+        on.arg("TRACKING")
+            .arg("ON")
+            .arg("BCAST")
+            .arg("PREFIX")
+            .arg(&tracking.prefix);
+        with_deadline("CLIENT TRACKING", timeout, on.query_async::<Value>(c))
+            .await
+            .map(drop)
+    }
+}
+
+/// Handles one push: a tracking invalidation, or an announced change.
+fn handle(listener: &dyn ChangeListener, prefix: &str, push: &PushInfo) {
+    if push.kind == PushKind::PMessage {
+        announced(listener, prefix, push);
+        return;
+    }
     if push.kind != PushKind::Invalidate {
         return;
     }
@@ -199,6 +348,33 @@ fn handle(listener: &dyn ChangeListener, push: &PushInfo) {
         // `nil`: the database was flushed.
         _ => listener.reset(),
     }
+}
+
+/// Handles an announced change: `[pattern, channel, message]`, the channel
+/// a value's (`<value key>:filled`) or a mark's (`<mark key>:filled`).
+fn announced(listener: &dyn ChangeListener, prefix: &str, push: &PushInfo) {
+    let bytes = |v: Option<&Value>| match v {
+        Some(Value::BulkString(b)) => Some(b.clone()),
+        Some(Value::SimpleString(s)) => Some(s.clone().into_bytes()),
+        _ => None,
+    };
+    let (Some(channel), message) = (bytes(push.data.get(1)), bytes(push.data.get(2))) else {
+        return;
+    };
+    // A lost lease changed no value.
+    if message.as_deref() == Some(b"lost".as_slice()) {
+        return;
+    }
+    let Some(key) = channel.strip_suffix(ANNOUNCED_SUFFIX.as_bytes()) else {
+        return;
+    };
+    // A mark moves the namespace's generation too (one script, one
+    // announcement): reported first, as tracking would.
+    let marks = format!("{prefix}#}}:");
+    if key.starts_with(marks.as_bytes()) {
+        listener.changed(format!("{marks}gen").as_bytes());
+    }
+    listener.changed(key);
 }
 
 /// The cluster's masters' confirmations: the listener is in sync as of the
@@ -258,6 +434,11 @@ pub(super) fn track_cluster(router: WeakRouter, tracking: Tracking) {
             let Some(listener) = tracking.listener.upgrade() else {
                 break;
             };
+            if tracking.mode.load(Ordering::SeqCst) == REFUSED {
+                // Refused for good: nothing is confirmed any more.
+                listener.synced(None);
+                break;
+            }
             let mut changed = false;
             tasks.retain(|addr, task| {
                 let keep = masters.iter().any(|(a, _)| a == addr) && !task.is_finished();
@@ -308,4 +489,62 @@ pub(super) fn track_cluster(router: WeakRouter, tracking: Tracking) {
             task.abort();
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use parking_lot::Mutex;
+
+    use super::*;
+
+    #[derive(Default)]
+    struct Heard(Mutex<Vec<String>>);
+
+    impl ChangeListener for Heard {
+        fn changed(&self, value_key: &[u8]) {
+            self.0
+                .lock()
+                .push(String::from_utf8_lossy(value_key).into());
+        }
+        fn reset(&self) {
+            self.0.lock().push("reset".into());
+        }
+        fn synced(&self, _: Option<Instant>) {}
+    }
+
+    fn pmessage(channel: &str, message: &str) -> PushInfo {
+        PushInfo {
+            kind: PushKind::PMessage,
+            data: vec![
+                Value::BulkString(b"pattern".to_vec()),
+                Value::BulkString(channel.as_bytes().to_vec()),
+                Value::BulkString(message.as_bytes().to_vec()),
+            ],
+        }
+    }
+
+    #[test]
+    fn the_pattern_escapes_the_namespace() {
+        assert_eq!(announced_pattern("users:{"), "users:{*:filled");
+        assert_eq!(
+            announced_pattern("a*b?[c]\\:{"),
+            "a\\*b\\?\\[c\\]\\\\:{*:filled"
+        );
+    }
+
+    #[test]
+    fn announcements_name_the_changed_keys() {
+        let heard = Heard::default();
+        handle(&heard, "ns:{", &pmessage("ns:{k}:filled", "set"));
+        // A lost lease changed nothing.
+        handle(&heard, "ns:{", &pmessage("ns:{k}:filled", "lost"));
+        // A mark: the generation, then the mark.
+        handle(&heard, "ns:{", &pmessage("ns:{#}:tag:t:filled", "mark"));
+        // Not an announcement.
+        handle(&heard, "ns:{", &pmessage("ns:{k}:other", "set"));
+        assert_eq!(
+            *heard.0.lock(),
+            ["ns:{k}", "ns:{#}:gen", "ns:{#}:tag:t"].map(String::from)
+        );
+    }
 }

@@ -127,6 +127,9 @@ impl RedisBackend {
         // waiters of the key to their next poll, so it does not fail it.
         let publish = redis::cmd("SPUBLISH").arg(keys.channel()).arg(op).clone();
         let _ = one(publish, None).await;
+        // And for the L1s that cannot track keys, as the scripts do.
+        let publish = redis::cmd("PUBLISH").arg(keys.channel()).arg(op).clone();
+        let _ = one(publish, None).await;
         confirmed(op, wait, acked)
     }
 }

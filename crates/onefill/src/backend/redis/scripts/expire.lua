@@ -2,9 +2,10 @@
 -- lease, which fences out a fill in flight, and announce it.
 --
 -- KEYS: value, lock, channel. Returns 1.
--- The publish command is filled in when the script is loaded: PUBLISH, or
--- SPUBLISH (sharded) on a cluster.
+-- `announce` (prepended when the script is loaded, scripts.rs) publishes
+-- the change for waiters and L1s; `__PUBLISH__` (PUBLISH, or SPUBLISH on a
+-- cluster) tells waiters only.
 soften(KEYS[1])
 redis.call('DEL', KEYS[2])
-redis.call('__PUBLISH__', KEYS[3], 'expire')
+announce(KEYS[3], 'expire')
 return 1

@@ -4,14 +4,15 @@
 -- Returns 1 if the lease was ours (value written, lease deleted, fill
 -- announced), else 0 (nothing written, and the loss announced: waiters who
 -- watch this holder alive would otherwise wait for a fill that never comes).
--- The publish command is filled in when the script is loaded: PUBLISH, or
--- SPUBLISH (sharded) on a cluster. The value is stored as an envelope of
+-- `announce` (prepended when the script is loaded, scripts.rs) publishes
+-- the change for waiters and L1s; `__PUBLISH__` (PUBLISH, or SPUBLISH on a
+-- cluster) tells waiters only. The value is stored as an envelope of
 -- version 2, stamped with the server's expiry (`stamp`, stamp.lua).
 if redis.call('GET', KEYS[2]) == ARGV[1] then
   local bytes, at = stamp(ARGV[2], ARGV[3])
   redis.call('SET', KEYS[1], bytes, 'PXAT', at)
   redis.call('DEL', KEYS[2])
-  redis.call('__PUBLISH__', KEYS[3], 'fill')
+  announce(KEYS[3], 'fill')
   return 1
 end
 redis.call('__PUBLISH__', KEYS[3], 'lost')

@@ -2,8 +2,9 @@
 -- flight.
 --
 -- KEYS: value, lock, channel. Returns 1.
--- The publish command is filled in when the script is loaded: PUBLISH, or
--- SPUBLISH (sharded) on a cluster.
+-- `announce` (prepended when the script is loaded, scripts.rs) publishes
+-- the change for waiters and L1s; `__PUBLISH__` (PUBLISH, or SPUBLISH on a
+-- cluster) tells waiters only.
 redis.call('DEL', KEYS[1], KEYS[2])
-redis.call('__PUBLISH__', KEYS[3], 'invalidate')
+announce(KEYS[3], 'invalidate')
 return 1

@@ -4,7 +4,7 @@
 -- KEYS: the generation, the mark (one slot).
 -- ARGV: 'hard' or 'soft'; how long to keep the mark at least, in ms ('':
 -- for ever).
--- Returns the new generation.
+-- Returns the new generation, and announces the change (see the end).
 --
 -- The generation is the larger of itself plus one and the server's clock
 -- in microseconds (about 1.8e15: exact in a Lua number), so it never goes
@@ -46,4 +46,8 @@ else
   end
   redis.call('SET', KEYS[2], mark, 'PX', ttl)
 end
+-- Announced for the L1s that cannot track keys (scripts.rs): on the
+-- mark's own channel, which shares the namespace's channel pattern; a
+-- plain PUBLISH on a cluster too (no waiter listens to it).
+redis.call('PUBLISH', KEYS[2] .. ':filled', 'mark')
 return g

@@ -2,11 +2,12 @@
 -- out a fill in flight.
 --
 -- KEYS: value, lock, channel. ARGV: bytes, ttl ms. Returns 1.
--- The publish command is filled in when the script is loaded: PUBLISH, or
--- SPUBLISH (sharded) on a cluster. The value is stored as an envelope of
+-- `announce` (prepended when the script is loaded, scripts.rs) publishes
+-- the change for waiters and L1s; `__PUBLISH__` (PUBLISH, or SPUBLISH on a
+-- cluster) tells waiters only. The value is stored as an envelope of
 -- version 2, stamped with the server's expiry (`stamp`, stamp.lua).
 local bytes, at = stamp(ARGV[1], ARGV[2])
 redis.call('SET', KEYS[1], bytes, 'PXAT', at)
 redis.call('DEL', KEYS[2])
-redis.call('__PUBLISH__', KEYS[3], 'set')
+announce(KEYS[3], 'set')
 return 1
