@@ -135,7 +135,7 @@ impl RedisBackend {
         let backend = Self::assemble(
             Conn::Cluster(router.clone()),
             &CLUSTER_SCRIPTS,
-            Link::Cluster(link),
+            Link::Cluster(Box::new(link)),
             options,
             target,
             Arc::default(),

@@ -26,7 +26,7 @@ use crate::error::{BackendError, BackendErrorKind};
 /// The subscriber connection, owned by the subscriber task.
 pub(in super::super) enum Link {
     Single(Box<SingleLink>),
-    Cluster(ClusterLink),
+    Cluster(Box<ClusterLink>),
 }
 
 /// How often a failed cluster subscription may make the driver refresh
