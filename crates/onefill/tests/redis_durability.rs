@@ -354,3 +354,57 @@ async fn a_cluster_master_waits_for_its_replica() {
     assert_eq!(cache.stats().writes_unreplicated, 1);
     assert_eq!(cache.pending_writes(), 0);
 }
+
+/// A write that waits for a frozen replica holds back no read: the server
+/// answers nothing sent behind a `WAIT` on its connection until the `WAIT`
+/// ends, so the writes that wait have a connection of their own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_are_not_held_back_by_a_write_that_waits() {
+    let _limit = time_limit(LIMIT);
+    let (primary, replica) = primary_and_replica();
+    let ns = unique_ns("held");
+    // A long `WAIT`, so that a read held behind it could not pass for a
+    // slow one.
+    let wait = Duration::from_millis(400);
+    let options = RedisOptions::new().durability(Durability::Replicas {
+        count: 1,
+        timeout: wait,
+    });
+    let backend = RedisBackend::connect_with(&primary.url(), options)
+        .await
+        .unwrap();
+    let cache: Cache<String, String> = Cache::builder()
+        .namespace(&ns)
+        .backend(backend)
+        .backend_timeout(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    cache.set("warm", "0".into()).await.unwrap();
+    replica.pause();
+
+    let writing = {
+        let cache = cache.clone();
+        tokio::spawn(async move {
+            let began = Instant::now();
+            let written = cache.set("a", "1".into()).await;
+            (written, began.elapsed())
+        })
+    };
+    // The write is on the server, waiting for the replica.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let began = Instant::now();
+    let read = cache.get("warm").await.unwrap();
+    let read_took = began.elapsed();
+    let (written, write_took) = writing.await.unwrap();
+    replica.resume();
+    assert_eq!(read.as_deref(), Some("0"));
+    assert!(
+        matches!(&written, Err(Error::Backend(e)) if e.is_not_replicated()),
+        "{written:?}"
+    );
+    assert!(write_took >= wait, "the write took {write_took:?}");
+    assert!(
+        read_took < wait / 2,
+        "the read took {read_took:?}: held behind the write's WAIT ({write_took:?})"
+    );
+}

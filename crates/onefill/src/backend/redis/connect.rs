@@ -15,7 +15,8 @@ use super::cluster::ClusterRouter;
 use super::errors::{classify, with_deadline};
 use super::liveness::Liveness;
 use super::options::{check_url_and_tls, connect_deadline, open_client, RedisOptions};
-use super::primary::{Fixed, Primary};
+use super::durability::Wait;
+use super::primary::{Commands, Fixed, Primary};
 use super::push;
 use super::scripts::{Scripts, CLUSTER_SCRIPTS, STANDALONE_SCRIPTS};
 use super::server_clock::{Plan, ServerClock};
@@ -42,9 +43,9 @@ impl RedisBackend {
         options: RedisOptions,
     ) -> Result<RedisBackend, BackendError> {
         let client = open_client(url, &options)?;
-        let manager = command_connection(&client, &options).await?;
+        let commands = command_connection(&client, &options).await?;
         let resp3 = push::resp3(&client).map_err(|e| classify("connect", e))?;
-        let primary = Primary::Fixed(Arc::new(Fixed { manager, resp3 }));
+        let primary = Primary::Fixed(Arc::new(Fixed { commands, resp3 }));
         Self::standalone(primary, options, redact(url), Arc::default()).await
     }
 
@@ -207,11 +208,26 @@ impl RedisBackend {
     }
 }
 
-/// The command connection of a standalone server, with every script
-/// loaded.
+/// The command connections of a standalone server, with every script
+/// loaded: one, and a second for the writes that wait for replicas when
+/// the options ask for them (see [`Commands::durable`]).
 pub(super) async fn command_connection(
     client: &Client,
     options: &RedisOptions,
+) -> Result<Commands, BackendError> {
+    let manager = one_command_connection(client, options, true).await?;
+    let durable = match Wait::of(options.durability, options.response_timeout) {
+        // The scripts are the server's: loaded once is enough.
+        Some(_) => Some(one_command_connection(client, options, false).await?),
+        None => None,
+    };
+    Ok(Commands { manager, durable })
+}
+
+async fn one_command_connection(
+    client: &Client,
+    options: &RedisOptions,
+    load_scripts: bool,
 ) -> Result<ConnectionManager, BackendError> {
     // No response timeout on the command connection: the `Backend`
     // methods bound their commands by it themselves, but a cache's hit
@@ -234,6 +250,9 @@ pub(super) async fn command_connection(
     // `scripts.rs`). A server that does not answer fails the connect;
     // one that refuses the loads (an ACL without `SCRIPT`) is left to
     // the call that needs a script, which meets the same refusal then.
+    if !load_scripts {
+        return Ok(manager);
+    }
     let loads = STANDALONE_SCRIPTS.load_all(&manager);
     match with_deadline("connect", options.response_timeout, loads).await {
         Err(e) if e.is_transient() => Err(e),

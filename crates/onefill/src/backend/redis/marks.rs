@@ -38,7 +38,7 @@ impl RedisBackend {
             Conn::Single(c) => {
                 let limit = self.inner.options.response_timeout;
                 let flight = c.in_flight();
-                let mut manager = c.manager();
+                let mut manager = c.writer(wait.is_some());
                 let sent = invocation.invoke_then_wait(scripts, &mut manager, false, wait);
                 let written = with_deadline("mark", limit, sent).await;
                 flight.answered();

@@ -387,7 +387,7 @@ impl RedisBackend {
             Conn::Single(c) => {
                 let limit = self.inner.options.response_timeout;
                 let scripts = self.inner.scripts;
-                let mut conn = c.manager();
+                let mut conn = c.writer(wait.is_some());
                 let flight = c.in_flight();
                 let sent = invocation.invoke_then_wait(scripts, &mut conn, false, wait);
                 let answer = with_deadline(op, limit, sent).await;

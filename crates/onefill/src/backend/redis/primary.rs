@@ -33,8 +33,20 @@ pub(super) enum Primary {
 
 /// A server for the backend's life.
 pub(super) struct Fixed {
-    pub(super) manager: ConnectionManager,
+    pub(super) commands: Commands,
     pub(super) resp3: Client,
+}
+
+/// A server's command connections.
+#[derive(Clone)]
+pub(super) struct Commands {
+    /// Every command, unless:
+    pub(super) manager: ConnectionManager,
+    /// The writes sent with a `WAIT` (`RedisOptions::durability`), when
+    /// they ask for replicas: a connection of their own, since the server
+    /// holds back every command sent behind a `WAIT` on its connection,
+    /// and a replica that is slow or down would hold the hits back too.
+    pub(super) durable: Option<ConnectionManager>,
 }
 
 /// A primary that can change (see the module docs).
@@ -53,7 +65,7 @@ pub(super) struct Followed {
 #[derive(Clone)]
 pub(super) struct Current {
     pub(super) epoch: u64,
-    pub(super) manager: ConnectionManager,
+    pub(super) commands: Commands,
     pub(super) resp3: Client,
     /// `host:port`, for logs.
     pub(super) addr: String,
@@ -61,10 +73,10 @@ pub(super) struct Current {
 
 impl Followed {
     /// Follows from `first` (epoch 1).
-    pub(super) fn new(manager: ConnectionManager, resp3: Client, addr: String) -> Arc<Followed> {
+    pub(super) fn new(commands: Commands, resp3: Client, addr: String) -> Arc<Followed> {
         let first = Current {
             epoch: 1,
-            manager,
+            commands,
             resp3,
             addr,
         };
@@ -81,13 +93,13 @@ impl Followed {
 
     /// A new primary: its connections replace the old one's, and the push
     /// connections are told to move. Returns the new epoch.
-    pub(super) fn switch(&self, manager: ConnectionManager, resp3: Client, addr: String) -> u64 {
+    pub(super) fn switch(&self, commands: Commands, resp3: Client, addr: String) -> u64 {
         let epoch = {
             let mut current = self.current.write();
             let epoch = current.epoch + 1;
             *current = Current {
                 epoch,
-                manager,
+                commands,
                 resp3,
                 addr,
             };
@@ -113,8 +125,21 @@ impl Primary {
     /// The command connection (a clone: cheap, it shares the connection).
     pub(super) fn manager(&self) -> ConnectionManager {
         match self {
-            Primary::Fixed(fixed) => fixed.manager.clone(),
-            Primary::Followed(followed) => followed.current.read().manager.clone(),
+            Primary::Fixed(fixed) => fixed.commands.manager.clone(),
+            Primary::Followed(followed) => followed.current.read().commands.manager.clone(),
+        }
+    }
+
+    /// The connection for a write: its own when it waits for replicas (see
+    /// [`Commands::durable`]).
+    pub(super) fn writer(&self, waits: bool) -> ConnectionManager {
+        let pick = |commands: &Commands| match (&commands.durable, waits) {
+            (Some(durable), true) => durable.clone(),
+            _ => commands.manager.clone(),
+        };
+        match self {
+            Primary::Fixed(fixed) => pick(&fixed.commands),
+            Primary::Followed(followed) => pick(&followed.current.read().commands),
         }
     }
 

@@ -34,7 +34,7 @@ use tokio::time::Instant;
 use super::connect::command_connection;
 use super::errors::with_deadline;
 use super::options::{check_url_and_tls, connect_deadline, open_client, RedisOptions};
-use super::primary::{Followed, Primary};
+use super::primary::{Commands, Followed, Primary};
 use super::push::{self, Due, Names, PushConnection};
 use super::server_clock::ServerClock;
 use super::urls::redact;
@@ -206,7 +206,7 @@ impl RedisBackend {
         )
         .await?;
         let opened = finder.open(&found).await?;
-        let followed = Followed::new(opened.manager, opened.resp3, found.addr());
+        let followed = Followed::new(opened.commands, opened.resp3, found.addr());
         let clock = Arc::new(ServerClock::default());
         let target = format!(
             "sentinel {master_name} at {}",
@@ -275,7 +275,7 @@ impl Found {
 
 /// A new primary's connections.
 struct Opened {
-    manager: redis::aio::ConnectionManager,
+    commands: Commands,
     resp3: Client,
 }
 
@@ -385,9 +385,9 @@ impl Finder {
     /// The connections of the primary at `found`.
     async fn open(&self, found: &Found) -> Result<Opened, BackendError> {
         let client = self.client_of(found)?;
-        let manager = command_connection(&client, &self.options.redis).await?;
+        let commands = command_connection(&client, &self.options.redis).await?;
         let resp3 = push::resp3(&client).map_err(|e| super::errors::classify("connect", e))?;
-        Ok(Opened { manager, resp3 })
+        Ok(Opened { commands, resp3 })
     }
 }
 
@@ -655,7 +655,7 @@ async fn follow(
             Ok(opened) => {
                 (retry_at, announced) = (None, None);
                 again.reset();
-                let epoch = strong.switch(opened.manager, opened.resp3, found.addr());
+                let epoch = strong.switch(opened.commands, opened.resp3, found.addr());
                 if let Some(clock) = clock.upgrade() {
                     clock.start_over();
                 }
