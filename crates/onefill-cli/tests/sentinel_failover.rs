@@ -69,6 +69,17 @@ static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 /// Runs the scenario with `--fault fault` through a fresh set-up and
 /// checks the report.
 fn failover_scenario(fault: &str, ttl_ms: u64, fault_at_ms: u64, duration_ms: u64) {
+    failover_scenario_with(fault, ttl_ms, fault_at_ms, duration_ms, &[]);
+}
+
+/// [`failover_scenario`], the fleet given `extra` arguments too.
+fn failover_scenario_with(
+    fault: &str,
+    ttl_ms: u64,
+    fault_at_ms: u64,
+    duration_ms: u64,
+    extra: &[&str],
+) {
     let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     // Bounded from here: the wait for the scenarios before it is not its own.
     let _limit = time_limit(LIMIT);
@@ -97,6 +108,7 @@ fn failover_scenario(fault: &str, ttl_ms: u64, fault_at_ms: u64, duration_ms: u6
         "--fault-at-ms",
         &fault_at_ms.to_string(),
     ]);
+    cmd.args(extra);
     let out = output_within(&mut cmd, FLEET_PATIENCE);
     let stderr = String::from_utf8_lossy(&out.stderr);
     eprintln!("{stderr}");
@@ -285,4 +297,20 @@ fn sentinel_fault_flags_are_checked() {
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("steady run"), "{stderr}");
+}
+
+/// A measurement, not a check of its own: the kill scenario with every
+/// write waiting for a replica (`--durability-replicas 1`), whose lost
+/// writes the run prints beside the default's. Run with `-- --ignored
+/// --nocapture`.
+#[test]
+#[ignore]
+fn lost_writes_with_durability() {
+    failover_scenario_with(
+        "kill",
+        6_000,
+        6_500,
+        12_000,
+        &["--durability-replicas", "1", "--durability-timeout-ms", "50"],
+    );
 }

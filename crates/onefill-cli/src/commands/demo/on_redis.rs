@@ -48,6 +48,8 @@ pub fn run(args: &DemoArgs, url: &str) -> anyhow::Result<()> {
             wait_deadline_ms: Some(args.load_ms * 3 + 5_000),
             detail: false,
             strict: false,
+            durability_replicas: 0,
+            durability_timeout_ms: 50,
             keep_counters: false,
             chaos: false,
         };

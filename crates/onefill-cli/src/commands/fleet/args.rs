@@ -149,6 +149,16 @@ pub struct RunArgs {
     #[arg(long)]
     #[serde(default)]
     pub strict: bool,
+    /// Writes wait for this many replicas before they return
+    /// (`RedisOptions::durability`, `Durability::Replicas`); 0, the
+    /// default, waits for none.
+    #[arg(long, default_value_t = 0)]
+    #[serde(default)]
+    pub durability_replicas: u32,
+    /// How long a write waits for its replicas, with --durability-replicas.
+    #[arg(long, default_value_t = 50)]
+    #[serde(default = "default_durability_timeout_ms")]
+    pub durability_timeout_ms: u64,
     /// Leave the run's load counters (`<namespace>:{<key>}:loads` and
     /// `…:loads:pid`) in Redis after the run instead of deleting them
     /// (they expire after 6 hours either way).
@@ -423,6 +433,8 @@ mod tests {
             wait_deadline_ms: Some(2_468),
             detail: true,
             strict: true,
+            durability_replicas: 0,
+            durability_timeout_ms: 50,
             keep_counters: true,
             chaos: true,
         }
@@ -720,4 +732,8 @@ mod tests {
             "unknown field accepted"
         );
     }
+}
+
+fn default_durability_timeout_ms() -> u64 {
+    50
 }

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use anyhow::Context;
-use onefill::redis::RedisBackend;
+use onefill::redis::{Durability, RedisBackend, RedisOptions, SentinelOptions};
 use onefill::{Cache, LeaseTtl, WaitPolicy, L1};
 
 use crate::commands::fleet::args::{FleetStrategy, RunArgs};
@@ -13,9 +13,14 @@ use crate::shared::urls::redact;
 
 /// The onefill backend of the run's server, cluster or Sentinel set-up.
 pub async fn connect(args: &RunArgs) -> anyhow::Result<RedisBackend> {
+    let options = RedisOptions::new().durability(Durability::Replicas {
+        count: args.durability_replicas,
+        timeout: Duration::from_millis(args.durability_timeout_ms),
+    });
     if let Some(name) = sentinel_name(args) {
         let sentinels: Vec<&str> = args.sentinel.iter().map(String::as_str).collect();
-        RedisBackend::connect_sentinel(&sentinels, name)
+        let options = SentinelOptions::new().redis_options(options);
+        RedisBackend::connect_sentinel_with(&sentinels, name, options)
             .await
             .with_context(|| {
                 let shown: Vec<String> = args.sentinel.iter().map(|u| redact(u)).collect();
@@ -26,12 +31,14 @@ pub async fn connect(args: &RunArgs) -> anyhow::Result<RedisBackend> {
             })
     } else if args.cluster {
         let urls: Vec<&str> = args.redis.iter().map(String::as_str).collect();
-        RedisBackend::connect_cluster(&urls).await.with_context(|| {
-            let shown: Vec<String> = args.redis.iter().map(|u| redact(u)).collect();
-            format!("connecting to the cluster at {}", shown.join(", "))
-        })
+        RedisBackend::connect_cluster_with(&urls, options)
+            .await
+            .with_context(|| {
+                let shown: Vec<String> = args.redis.iter().map(|u| redact(u)).collect();
+                format!("connecting to the cluster at {}", shown.join(", "))
+            })
     } else {
-        RedisBackend::connect(&args.redis[0])
+        RedisBackend::connect_with(&args.redis[0], options)
             .await
             .with_context(|| format!("connecting to Redis at {}", redact(&args.redis[0])))
     }

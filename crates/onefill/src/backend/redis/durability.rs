@@ -73,10 +73,12 @@ pub enum Durability {
     /// `count` 0 is [`Primary`](Durability::Primary).
     ///
     /// While a `WAIT` waits, the server holds back the commands sent
-    /// after it on the same connection, and a backend's commands share
-    /// one connection (per master on a cluster): with a replica down or
-    /// frozen, every read and lease request queued behind a durable write
-    /// waits until the `WAIT` ends (decision 0020 has the figures).
+    /// after it on the same connection. On a standalone server and under
+    /// Sentinel the writes that wait go on a connection of their own, so a
+    /// replica that is down or frozen slows those writes alone. On a
+    /// cluster they share each master's one connection with its reads: a
+    /// read or lease request queued behind a durable write waits until the
+    /// `WAIT` ends (decision 0020 has the figures).
     Replicas {
         /// Replicas that must confirm each write (not counting the primary).
         count: u32,

@@ -19,7 +19,9 @@
 //! With [`RedisOptions::durability`] asking for replicas, every step that
 //! writes a value or a mark (`fill`, `release` with an entry, `set`,
 //! `invalidate`, `expire`, `mark`) is sent with a `WAIT` in the same
-//! pipeline (`durability.rs`, decision 0020).
+//! pipeline (`durability.rs`, decision 0020); on a standalone server and
+//! under Sentinel, on a connection of their own, which a `WAIT` blocks
+//! without holding back the hits.
 //!
 //! The scripts read the grace period from the envelope header; bytes that
 //! are not an envelope are never fresh. A script that writes a value takes

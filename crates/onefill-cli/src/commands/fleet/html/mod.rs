@@ -321,6 +321,8 @@ mod tests {
             wait_deadline_ms: None,
             detail: false,
             strict: false,
+            durability_replicas: 0,
+            durability_timeout_ms: 50,
             keep_counters: false,
             chaos: false,
         }
