@@ -65,7 +65,7 @@ impl<V: Clone + Send + Sync + 'static> ChangeListener for Shared<V> {
         self.loads.detach_all();
     }
 
-    fn untracked(&self, refusal: &crate::BackendError) -> bool {
+    fn untracked(&self, refusal: &crate::error::BackendError) -> bool {
         // Marks stay reported (onefill's mark script announces its key):
         // only the L1 has a say. Without an L1 nothing is tracked.
         self.l1.as_ref().is_some_and(|l1| l1.untracked(refusal))

@@ -479,7 +479,7 @@ impl<V: Clone> Local<V> {
     /// See [`ChangeListener::untracked`](crate::backend::ChangeListener::untracked):
     /// whether this L1 goes on with announced changes only (its entries
     /// then capped by `max_age`).
-    pub(crate) fn untracked(&self, refusal: &crate::BackendError) -> bool {
+    pub(crate) fn untracked(&self, refusal: &crate::error::BackendError) -> bool {
         match self.untracked {
             Untracked::Announced { max_age } => {
                 let ms = u64::try_from(max_age.as_millis())
@@ -744,7 +744,8 @@ mod tests {
         l1.synced(Some(Instant::now() + Duration::from_secs(3600)));
         let start = Instant::now();
         l1.insert("before", entry(1), l1.ticket("before"));
-        let refusal = crate::BackendError::new(crate::BackendErrorKind::Command, "refused");
+        let refusal =
+            crate::error::BackendError::new(crate::error::BackendErrorKind::Command, "refused");
         assert!(l1.untracked(&refusal));
         assert_eq!(l1.len(), 0, "what was kept uncapped goes");
         let ticket = l1.ticket("k");

@@ -53,7 +53,7 @@ pub trait ChangeListener: Send + Sync + 'static {
     /// the backend goes on reporting the announced changes and confirming
     /// its sync as before. If not (the default), the backend reports
     /// nothing more and never confirms a sync again.
-    fn untracked(&self, refusal: &crate::BackendError) -> bool {
+    fn untracked(&self, refusal: &crate::error::BackendError) -> bool {
         let _ = refusal;
         false
     }
