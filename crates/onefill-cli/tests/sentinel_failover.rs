@@ -311,6 +311,11 @@ fn lost_writes_with_durability() {
         6_000,
         6_500,
         12_000,
-        &["--durability-replicas", "1", "--durability-timeout-ms", "50"],
+        &[
+            "--durability-replicas",
+            "1",
+            "--durability-timeout-ms",
+            "50",
+        ],
     );
 }

@@ -401,6 +401,12 @@ impl WorkerArgs {
     }
 }
 
+/// The default of --durability-timeout-ms, for workers given arguments
+/// without it.
+fn default_durability_timeout_ms() -> u64 {
+    50
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -732,8 +738,4 @@ mod tests {
             "unknown field accepted"
         );
     }
-}
-
-fn default_durability_timeout_ms() -> u64 {
-    50
 }

@@ -12,10 +12,10 @@ use tokio::sync::mpsc::unbounded_channel;
 use tokio::time::Instant;
 
 use super::cluster::ClusterRouter;
+use super::durability::Wait;
 use super::errors::{classify, with_deadline};
 use super::liveness::Liveness;
 use super::options::{check_url_and_tls, connect_deadline, open_client, RedisOptions};
-use super::durability::Wait;
 use super::primary::{Commands, Fixed, Primary};
 use super::push;
 use super::scripts::{Scripts, CLUSTER_SCRIPTS, STANDALONE_SCRIPTS};
