@@ -486,7 +486,7 @@ pub enum BackendErrorKind {
     Unsupported,
     /// The write ran, but fewer replicas confirmed it in time than the
     /// backend was asked to wait for (on Redis,
-    /// [`RedisOptions::durability`](crate::redis::RedisOptions::durability)):
+    /// `onefill::redis::RedisOptions::durability`):
     /// a failover before they catch up may lose it. Not transient: the
     /// server answered (the circuit breaker counts it as an answer), and
     /// sending the write again would write it again rather than confirm

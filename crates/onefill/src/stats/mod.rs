@@ -226,7 +226,7 @@ counters! {
     /// `set`, `invalidate`, `expire`, marks, replays) that ran but that
     /// fewer replicas confirmed in time than the backend was asked to wait
     /// for (Redis:
-    /// [`RedisOptions::durability`](crate::redis::RedisOptions::durability)):
+    /// `onefill::redis::RedisOptions::durability`):
     /// a failover may lose them. Not counted in `backend_errors`.
     writes_unreplicated => "onefill_writes_unreplicated_total",
 }
