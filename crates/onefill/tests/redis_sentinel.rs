@@ -66,6 +66,26 @@ async fn set_until_ok(cache: &Cache<String, String>, key: &str, value: &str) {
     }
 }
 
+/// Sets `key` through `cache` until the write is seen on `node`: the
+/// process writes to that server. Each try writes its own value, so a
+/// value written elsewhere and replicated cannot pass for it.
+async fn writes_reach(cache: &Cache<String, String>, node: &RedisServer, ns: &str, key: &str) {
+    let started = Instant::now();
+    for attempt in 0u32.. {
+        let value = format!("try {attempt}");
+        let _ = cache.set(&key.to_owned(), value.clone()).await;
+        let keys = onefill::backend::FillKeys::new(ns, key);
+        if node.command(&["GET", keys.value()]).contains(&value) {
+            return;
+        }
+        assert!(
+            started.elapsed() < PROMOTION,
+            "this process still does not write to the new primary {PROMOTION:?} after the fault"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Whether `node` holds `key` of `ns` (its raw value key).
 fn holds(node: &RedisServer, ns: &str, key: &str) -> bool {
     let keys = onefill::backend::FillKeys::new(ns, key);
@@ -197,10 +217,17 @@ async fn fill_notifications_follow_the_primary() {
     let b = cache(&ns, connect(&kit).await, false);
     let old = kit.primary().port();
     kit.failover();
-    wait_new_primary(&kit, old);
-    // Both processes on the new primary.
-    set_until_ok(&a, "warm", "up").await;
-    set_until_ok(&b, "warm", "up").await;
+    let (new, _) = wait_new_primary(&kit, old);
+    // Both processes on the new primary before the scenario starts. The
+    // sentinels name it before every client has heard: for a moment one
+    // process may still write to the old primary, which goes on answering
+    // as a master, and two processes would then hold one lease on two
+    // servers. That window belongs to Sentinel, not to this test.
+    let new = kit
+        .node_with_port(new)
+        .expect("the new primary is a kit node");
+    writes_reach(&a, new, &ns, "warm-a").await;
+    writes_reach(&b, new, &ns, "warm-b").await;
 
     // `a` loads slowly; `b` joins and must be woken by `a`'s fill, well
     // before its safety poll.
