@@ -1,6 +1,16 @@
 //! A circuit breaker in front of the backend: after consecutive failures it
 //! opens and calls skip the backend (callers are served from the flight and
-//! stale values), then one probe is let through; a success closes it.
+//! stale values). While it is open, one call at a time is let through as a
+//! probe, on a short interval that grows while the probes fail; any call
+//! that gets an answer closes it.
+//!
+//! Why probe so often: the moment the backend answers again, every process
+//! whose circuit is still open goes on loading on its own, and a fleet is
+//! back to one load per key only once the last of them has probed. A
+//! probe while the backend is down costs one call that fails at once (a
+//! refused connection) or one call held to the cache's backend timeout (a
+//! server that hangs), and never more than one at a time per shard, so
+//! a process sends at most about ten a second to a backend that is down.
 
 use std::collections::HashMap;
 use std::ops::Deref;
@@ -11,51 +21,120 @@ use std::time::Duration;
 use parking_lot::{Mutex, RwLock};
 use tokio::time::Instant;
 
+use crate::backoff::Backoff;
 use crate::error::InvalidOption;
 
-/// When the circuit breaker opens and how long it stays open.
+/// When the circuit breaker opens and how often it probes while open.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct CircuitBreaker {
     /// Consecutive transient failures that open the circuit (0 disables it).
     pub failure_threshold: u32,
-    /// How long the circuit stays open before one probe is let through.
+    /// The longest the circuit stays open before a probe: the wait before
+    /// the first probe is [`first_probe_after`](Self::first_probe_after),
+    /// and it doubles after each failed probe up to this.
     pub open_for: Duration,
+    /// The wait before the first probe once the circuit opens (at most
+    /// [`open_for`](Self::open_for)). Each wait is this doubled once per
+    /// failed probe, ±25 % at random so that the processes of a fleet do
+    /// not probe in step.
+    pub first_probe_after: Duration,
 }
 
+/// The default wait before the first probe.
+const FIRST_PROBE_AFTER: Duration = Duration::from_millis(25);
+/// The default longest wait between two probes.
+const OPEN_FOR: Duration = Duration::from_millis(100);
+
 impl Default for CircuitBreaker {
-    /// Opens after 5 consecutive failures, for 2 s.
+    /// Opens after 5 consecutive failures; probes after 25 ms, then every
+    /// 50 ms, then every 100 ms while the probes fail (each ±25 %): a
+    /// process is back in step within about 100 ms of the backend's
+    /// return, at the cost of about ten probes a second while it is down.
     fn default() -> Self {
         CircuitBreaker {
             failure_threshold: 5,
-            open_for: Duration::from_secs(2),
+            open_for: OPEN_FOR,
+            first_probe_after: FIRST_PROBE_AFTER,
         }
     }
 }
 
 impl CircuitBreaker {
     /// A breaker that opens after `failure_threshold` consecutive failures
-    /// for `open_for`.
+    /// and probes every `open_for` while open (no growth: the first probe
+    /// waits `open_for` too; see
+    /// [`first_probe_after`](Self::first_probe_after)).
     pub fn new(failure_threshold: u32, open_for: Duration) -> Self {
         CircuitBreaker {
             failure_threshold,
             open_for,
+            first_probe_after: open_for,
         }
+    }
+    /// The first probe after `first` rather than `open_for`; the waits
+    /// then double up to `open_for` while the probes fail.
+    pub fn first_probe_after(mut self, first: Duration) -> Self {
+        self.first_probe_after = first;
+        self
     }
     /// Never opens.
     pub fn disabled() -> Self {
         CircuitBreaker::new(0, Duration::from_secs(1))
     }
     pub(crate) fn validate(&self) -> Result<(), InvalidOption> {
-        if self.failure_threshold > 0
-            && (self.open_for.is_zero() || self.open_for > Duration::from_secs(3600))
-        {
+        if self.failure_threshold == 0 {
+            return Ok(());
+        }
+        if self.open_for.is_zero() || self.open_for > Duration::from_secs(3600) {
             return Err(InvalidOption::new(
                 "circuit_breaker.open_for",
                 format!("must be within (0, 1h], got {:?}", self.open_for),
             ));
         }
+        if self.first_probe_after.is_zero() || self.first_probe_after > self.open_for {
+            return Err(InvalidOption::new(
+                "circuit_breaker.first_probe_after",
+                format!(
+                    "must be within (0, open_for = {:?}], got {:?}",
+                    self.open_for, self.first_probe_after
+                ),
+            ));
+        }
         Ok(())
+    }
+
+    /// The waits between probes (jittered only when they grow: a fixed
+    /// `open_for` asked for with [`new`](Self::new) is kept exactly).
+    fn probe_pace(&self) -> ProbePace {
+        if self.first_probe_after < self.open_for {
+            ProbePace::Growing(Backoff::new(self.first_probe_after, self.open_for))
+        } else {
+            ProbePace::Fixed(self.open_for)
+        }
+    }
+}
+
+/// The waits of an open circuit before each probe.
+#[derive(Debug)]
+enum ProbePace {
+    Fixed(Duration),
+    Growing(Backoff),
+}
+
+impl ProbePace {
+    fn next(&mut self) -> Duration {
+        match self {
+            ProbePace::Fixed(wait) => *wait,
+            ProbePace::Growing(backoff) => backoff.next_interval(),
+        }
+    }
+
+    /// Starts over from the first wait (the circuit closed).
+    fn reset(&mut self) {
+        if let ProbePace::Growing(backoff) = self {
+            backoff.reset();
+        }
     }
 }
 
@@ -182,6 +261,8 @@ struct BreakerState {
     consecutive_failures: u32,
     open_until: Option<Instant>,
     probing: bool,
+    /// The wait before the next probe while open.
+    pace: ProbePace,
 }
 
 /// Leave to make one backend call, from [`Breaker::admit`].
@@ -207,6 +288,7 @@ impl Breaker {
                 consecutive_failures: 0,
                 open_until: None,
                 probing: false,
+                pace: config.probe_pace(),
             }),
             healthy: AtomicBool::new(true),
             last_call: AtomicU64::new(0),
@@ -260,6 +342,7 @@ impl Breaker {
         s.consecutive_failures = 0;
         s.open_until = None;
         s.probing = false;
+        s.pace.reset();
         self.healthy.store(true, Ordering::Release);
     }
 
@@ -276,11 +359,13 @@ impl Breaker {
         s.consecutive_failures = s.consecutive_failures.saturating_add(1);
         if probe {
             s.probing = false;
-            s.open_until = Some(Instant::now() + self.config.open_for);
+            let wait = s.pace.next();
+            s.open_until = Some(Instant::now() + wait);
             return false;
         }
         if s.open_until.is_none() && s.consecutive_failures >= self.config.failure_threshold {
-            s.open_until = Some(Instant::now() + self.config.open_for);
+            let wait = s.pace.next();
+            s.open_until = Some(Instant::now() + wait);
             return true;
         }
         false
@@ -443,6 +528,90 @@ mod tests {
         breakers.of(8).admit().expect("closed").succeeded();
         assert_eq!(breakers.state(|shard| shard != 9), CircuitState::Open);
         assert_eq!(breakers.state(|shard| shard != 7), CircuitState::Closed);
+    }
+
+    /// Whether a call is admitted `after` from now (time is paused), the
+    /// permit dropped unused if so (a dropped probe frees its slot).
+    async fn admitted_after(b: &Breaker, after: Duration) -> bool {
+        tokio::time::advance(after).await;
+        b.admit().is_some()
+    }
+
+    /// The default breaker probes soon after it opens, then on a growing
+    /// interval up to `open_for` (±25 %) while the probes fail, and starts
+    /// over from the first wait once a call succeeded: a process is back
+    /// in step within about `open_for` of the backend's return.
+    #[tokio::test(start_paused = true)]
+    async fn probes_on_a_growing_interval_while_open() {
+        let config = CircuitBreaker::default();
+        assert_eq!(config.first_probe_after, Duration::from_millis(25));
+        assert_eq!(config.open_for, Duration::from_millis(100));
+        let b = Breaker::new(config);
+        let open = |b: &Breaker| {
+            for _ in 0..config.failure_threshold {
+                let _ = fail(b);
+            }
+            assert_eq!(b.state(), CircuitState::Open);
+        };
+        open(&b);
+        // The first wait is 25 ms ±25 %.
+        assert!(!admitted_after(&b, Duration::from_millis(18)).await);
+        tokio::time::advance(Duration::from_millis(14)).await;
+        let probe = b.admit().expect("the first probe by 32 ms");
+        assert!(b.admit().is_none(), "one probe in flight at a time");
+        assert!(!probe.failed());
+        // Then 50 ms ±25 %: not before 37 ms.
+        assert!(!admitted_after(&b, Duration::from_millis(37)).await);
+        tokio::time::advance(Duration::from_millis(26)).await;
+        assert!(!b.admit().expect("the second probe by 63 ms").failed());
+        // Then 100 ms ±25 %, and never longer however many probes fail.
+        for n in 0..20 {
+            assert!(
+                !admitted_after(&b, Duration::from_millis(74)).await,
+                "probe {n} came too soon"
+            );
+            tokio::time::advance(Duration::from_millis(52)).await;
+            assert!(
+                !b.admit().expect("a probe within 126 ms").failed(),
+                "a failed probe does not count as a new opening"
+            );
+        }
+        tokio::time::advance(Duration::from_millis(126)).await;
+        b.admit().expect("probe").succeeded();
+        assert_eq!(b.state(), CircuitState::Closed);
+        // Open again: the waits start over from the first.
+        open(&b);
+        assert!(admitted_after(&b, Duration::from_millis(32)).await);
+    }
+
+    /// `new` keeps one fixed wait, exactly, as it always did: a caller
+    /// that asked for `open_for` gets no probe before it.
+    #[tokio::test(start_paused = true)]
+    async fn a_fixed_open_for_does_not_grow_or_shrink() {
+        let b = Breaker::new(CircuitBreaker::new(1, Duration::from_secs(1)));
+        assert!(fail(&b));
+        for _ in 0..5 {
+            assert!(!admitted_after(&b, Duration::from_millis(999)).await);
+            tokio::time::advance(Duration::from_millis(1)).await;
+            assert!(!b.admit().expect("the probe at 1 s").failed());
+        }
+    }
+
+    #[test]
+    fn probe_waits_are_checked() {
+        let ok = CircuitBreaker::default();
+        assert!(ok.validate().is_ok());
+        let too_late = ok.first_probe_after(Duration::from_millis(101));
+        let err = format!("{:?}", too_late.validate().unwrap_err());
+        assert!(err.contains("first_probe_after"), "{err}");
+        assert!(ok.first_probe_after(Duration::ZERO).validate().is_err());
+        assert!(
+            CircuitBreaker::disabled()
+                .first_probe_after(Duration::ZERO)
+                .validate()
+                .is_ok(),
+            "a disabled breaker has no waits to check"
+        );
     }
 
     #[test]

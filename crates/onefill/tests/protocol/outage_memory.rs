@@ -91,7 +91,11 @@ async fn hot_key_survives_an_outage_then_leases_resume() {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert!(answered > 20);
+    // Each pod's breaker lets a probe through about every 100 ms while
+    // it is open, and against a hung backend each probe holds its caller
+    // for the backend timeout (250 ms): an iteration (two calls and the
+    // pause) takes at most 550 ms, so 3 s give at least 5 of them.
+    assert!(answered >= 10, "only {answered} answers in 3 s");
     assert_eq!(
         loads.load(Ordering::SeqCst),
         1,

@@ -4,6 +4,7 @@
 //! connection for sharded fill notifications).
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
@@ -224,6 +225,10 @@ pub(super) async fn command_connection(
     Ok(Commands { manager, durable })
 }
 
+/// The driver's first pause between two attempts of one reconnection (see
+/// `one_command_connection`).
+const RECONNECT_MIN_DELAY: Duration = Duration::from_millis(10);
+
 async fn one_command_connection(
     client: &Client,
     options: &RedisOptions,
@@ -239,6 +244,12 @@ async fn one_command_connection(
         .set_connection_timeout(Some(options.connection_timeout))
         .set_response_timeout(None)
         .set_number_of_retries(options.reconnect_retries)
+        // The driver's own pause before its first retry is 100 ms at
+        // most by default, and a call waits out the whole reconnection: a
+        // server back during that pause would be seen that much later by
+        // the circuit breaker's probe, whose pace already keeps a server
+        // that is down from being hammered.
+        .set_min_delay(RECONNECT_MIN_DELAY)
         .set_max_delay(options.max_backoff);
     let manager = with_deadline(
         "connect",
