@@ -7,10 +7,11 @@
 //! Why probe so often: the moment the backend answers again, every process
 //! whose circuit is still open goes on loading on its own, and a fleet is
 //! back to one load per key only once the last of them has probed. A
-//! probe while the backend is down costs one call that fails at once (a
-//! refused connection) or one call held to the cache's backend timeout (a
-//! server that hangs), and never more than one at a time per shard, so
-//! a process sends at most about ten a second to a backend that is down.
+//! probe while the backend is down is one call at a time per shard: one
+//! that fails at once (a refused connection), about ten a second; or one
+//! held to the cache's backend timeout (a server that hangs), which holds
+//! its flight's callers too, so the next probe then waits at least three
+//! times as long (see `ProbePace::after_probe`).
 
 use std::collections::HashMap;
 use std::ops::Deref;
@@ -115,6 +116,11 @@ impl CircuitBreaker {
     }
 }
 
+/// A failed probe's wait is at least this many times as long as the probe
+/// held its call: probes then hold a key's callers a quarter of the time at
+/// most, against a server that hangs.
+const HELD_FACTOR: u32 = 3;
+
 /// The waits of an open circuit before each probe.
 #[derive(Debug)]
 enum ProbePace {
@@ -127,6 +133,21 @@ impl ProbePace {
         match self {
             ProbePace::Fixed(wait) => *wait,
             ProbePace::Growing(backoff) => backoff.next_interval(),
+        }
+    }
+
+    /// The wait after a probe that failed having held its call `held`:
+    /// the next wait, and at least [`HELD_FACTOR`] times that. A probe
+    /// refused at once costs nothing, but one against a server that hangs
+    /// holds its caller (and every caller of its flight) for the backend
+    /// timeout: probed every 100 ms, a hot key would wait on probes most of
+    /// the time. A fixed wait asked for is kept as it is.
+    fn after_probe(&mut self, held: Duration) -> Duration {
+        match self {
+            ProbePace::Fixed(wait) => *wait,
+            ProbePace::Growing(backoff) => backoff
+                .next_interval()
+                .max(held.saturating_mul(HELD_FACTOR)),
         }
     }
 
@@ -276,8 +297,9 @@ struct BreakerState {
 #[must_use]
 pub(crate) struct Permit<'a> {
     breaker: &'a Breaker,
-    /// `Some` for the half-open probe until its outcome is reported.
-    probe: Option<()>,
+    /// `Some` for the half-open probe until its outcome is reported: when
+    /// it was let through.
+    probe: Option<Instant>,
 }
 
 impl Breaker {
@@ -325,7 +347,7 @@ impl Breaker {
             Some(_) if s.probing => return None,
             Some(_) => {
                 s.probing = true;
-                Some(())
+                Some(Instant::now())
             }
         };
         Some(Permit {
@@ -350,17 +372,18 @@ impl Breaker {
     /// call; returns true when this one opened the circuit. Only the probe
     /// ends the half-open state: a call admitted before the circuit opened
     /// that fails late must not free the probe slot while the probe runs.
-    fn failure(&self, probe: bool) -> bool {
+    fn failure(&self, probe: Option<Instant>) -> bool {
         if self.config.failure_threshold == 0 {
             return false;
         }
         let mut s = self.lock();
         self.healthy.store(false, Ordering::Release);
         s.consecutive_failures = s.consecutive_failures.saturating_add(1);
-        if probe {
+        if let Some(sent) = probe {
             s.probing = false;
-            let wait = s.pace.next();
-            s.open_until = Some(Instant::now() + wait);
+            let now = Instant::now();
+            let wait = s.pace.after_probe(now.saturating_duration_since(sent));
+            s.open_until = Some(now + wait);
             return false;
         }
         if s.open_until.is_none() && s.consecutive_failures >= self.config.failure_threshold {
@@ -406,7 +429,7 @@ impl Permit<'_> {
     /// The call failed transiently (timeout, connection, busy); returns true
     /// when this failure opened the circuit.
     pub(crate) fn failed(mut self) -> bool {
-        let probe = self.probe.take().is_some();
+        let probe = self.probe.take();
         self.breaker.failure(probe)
     }
 }
@@ -582,6 +605,33 @@ mod tests {
         // Open again: the waits start over from the first.
         open(&b);
         assert!(admitted_after(&b, Duration::from_millis(32)).await);
+    }
+
+    /// A probe that held its call (a server that hangs: the probe fails at
+    /// the backend timeout) waits at least three times as long before the
+    /// next, so probes do not hold a hot key's callers most of the time;
+    /// one refused at once goes back to the short waits.
+    #[tokio::test(start_paused = true)]
+    async fn a_probe_that_hung_waits_three_times_as_long() {
+        let b = Breaker::new(CircuitBreaker::default());
+        for _ in 0..5 {
+            let _ = fail(&b);
+        }
+        tokio::time::advance(Duration::from_millis(32)).await;
+        let probe = b.admit().expect("the first probe");
+        tokio::time::advance(Duration::from_millis(250)).await;
+        assert!(!probe.failed());
+        assert!(
+            !admitted_after(&b, Duration::from_millis(749)).await,
+            "no probe within 3 x 250 ms"
+        );
+        tokio::time::advance(Duration::from_millis(2)).await;
+        let quick = b.admit().expect("a probe after 750 ms");
+        assert!(!quick.failed(), "refused at once");
+        assert!(
+            admitted_after(&b, Duration::from_millis(126)).await,
+            "back to the short waits"
+        );
     }
 
     /// `new` keeps one fixed wait, exactly, as it always did: a caller
