@@ -12,6 +12,10 @@
 //! held to the cache's backend timeout (a server that hangs), which holds
 //! its flight's callers too, so the next probe then waits at least three
 //! times as long (see `ProbePace::after_probe`).
+//!
+//! Longer than most files here for its tests, about half of it: the
+//! breaker's states and its probe pace are checked here, with time paused,
+//! where each rule is one short test.
 
 use std::collections::HashMap;
 use std::ops::Deref;
