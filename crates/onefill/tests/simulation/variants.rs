@@ -204,11 +204,13 @@ fn catches_per_backend_listeners() {
 /// another token.
 #[test]
 fn catches_take_over_of_any_lease() {
+    // Few seeds show it (the first at 6,702 in a release build), and on a
+    // loaded machine a debug build's run can miss that one: room for more.
     caught_where(
         Variant::TakeOverAny,
         Invariant::OneLoader,
         "lease ended by",
-        10_000,
+        40_000,
     );
 }
 
