@@ -488,10 +488,10 @@ fn load_starts(r: &Value) -> Vec<(f64, usize)> {
 /// within a millisecond, 1.1 s after the return. Measured now: one load
 /// about 20 ms after the return, then one per TTL. Allowed: 300 ms after
 /// the return for the processes to fall in step (CI slack over the
-/// breaker's longest wait, 125 ms), with at most two loads in them (one,
-/// and one more from a process whose value ran out before its probe),
-/// then no two loads closer than 500 ms (they come about 900 ms apart, one
-/// per TTL).
+/// breaker's longest wait, 125 ms), with at most five loads in them (a
+/// process whose value ran out before its probe loads on its own, once:
+/// one per process, and the fleet's one load), then no two loads closer
+/// than 500 ms (they come about 900 ms apart, one per TTL).
 #[test]
 fn after_an_outage_the_fleet_is_back_in_step_at_once() {
     let _limit = time_limit(LIMIT);
@@ -521,7 +521,7 @@ fn after_an_outage_the_fleet_is_back_in_step_at_once() {
     }
     let early = after.len() - in_step.len();
     assert!(
-        early <= 2,
+        early <= 4 + 1,
         "{early} loads in the first 300 ms after the return: {after:?}"
     );
 }
