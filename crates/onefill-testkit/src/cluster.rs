@@ -155,6 +155,12 @@ impl RedisCluster {
         self.nodes.iter().map(|n| n.url()).collect()
     }
 
+    /// [`RedisServer::acl_user`] on every node: the user's URL of every
+    /// node (the ACL is each node's own, as on a real cluster).
+    pub fn acl_user(&self, line: &str) -> Vec<String> {
+        self.nodes.iter().map(|n| n.acl_user(line)).collect()
+    }
+
     /// The nodes (masters and replicas).
     pub fn nodes(&self) -> &[RedisServer] {
         &self.nodes

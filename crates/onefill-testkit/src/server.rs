@@ -94,6 +94,35 @@ impl RedisServer {
         format!("redis://127.0.0.1:{}", self.port)
     }
 
+    /// Creates (or redefines) the ACL user of an `ACL SETUSER` line, e.g.
+    /// `ACL SETUSER app on >secret ~users:* +get`, and answers
+    /// `redis://<user>:<password>@127.0.0.1:<port>`, the password being the
+    /// line's first `>password`. The default user keeps every right, so
+    /// the test's own [`command`](Self::command)s are not limited. Users
+    /// live in memory: a [`restart`](Self::restart) forgets them.
+    ///
+    /// # Panics
+    /// If the line is not `ACL SETUSER <user> ...` with a `>password`, or
+    /// the server refuses it.
+    pub fn acl_user(&self, line: &str) -> String {
+        let args: Vec<&str> = line.split_whitespace().collect();
+        let (user, password) = match args.as_slice() {
+            [acl, setuser, user, rules @ ..]
+                if acl.eq_ignore_ascii_case("ACL") && setuser.eq_ignore_ascii_case("SETUSER") =>
+            {
+                let password = rules.iter().find_map(|r| r.strip_prefix('>'));
+                (
+                    *user,
+                    password.unwrap_or_else(|| panic!("no >password in {line:?}")),
+                )
+            }
+            _ => panic!("not an ACL SETUSER line: {line:?}"),
+        };
+        let reply = self.command(&args);
+        assert_eq!(reply.trim(), "OK", "ACL SETUSER refused: {reply}");
+        format!("redis://{user}:{password}@127.0.0.1:{}", self.port)
+    }
+
     /// `127.0.0.1:<port>`.
     pub fn addr(&self) -> SocketAddr {
         SocketAddr::from(([127, 0, 0, 1], self.port))

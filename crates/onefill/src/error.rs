@@ -494,6 +494,15 @@ pub enum BackendErrorKind {
     /// [`Stats::writes_unreplicated`](crate::Stats::writes_unreplicated),
     /// not in `backend_errors`.
     NotReplicated,
+    /// The server's access control refused the call (Redis `NOPERM`: an
+    /// ACL user without one of the commands, keys or channels the call
+    /// needs). A configuration error, not an outage: never transient, and
+    /// a cache answers it to its callers even outside
+    /// [`strict`](crate::CallOptions::strict) mode, since loading without
+    /// the backend would put every caller on the origin in silence. The
+    /// message names the refused command where the server does, and the
+    /// call otherwise.
+    NotPermitted,
 }
 
 impl fmt::Display for BackendErrorKind {
@@ -508,6 +517,7 @@ impl fmt::Display for BackendErrorKind {
             BackendErrorKind::CircuitOpen => "circuit open",
             BackendErrorKind::Unsupported => "unsupported by this backend",
             BackendErrorKind::NotReplicated => "not confirmed by enough replicas",
+            BackendErrorKind::NotPermitted => "not permitted by the server's ACL",
         })
     }
 }
@@ -564,6 +574,7 @@ impl BackendError {
                 | BackendErrorKind::Protocol
                 | BackendErrorKind::Unsupported
                 | BackendErrorKind::NotReplicated
+                | BackendErrorKind::NotPermitted
         )
     }
     /// The write ran but too few replicas confirmed it
@@ -615,6 +626,10 @@ mod backend_error_tests {
             (
                 BackendErrorKind::NotReplicated,
                 "not confirmed by enough replicas",
+            ),
+            (
+                BackendErrorKind::NotPermitted,
+                "not permitted by the server's ACL",
             ),
         ] {
             let err = BackendError::new(kind, "get: no answer");

@@ -8,6 +8,8 @@
 //! keeps no copy the server no longer holds either: not past the TTL the
 //! server reported, not after a write by any cache of the process, not
 //! after a change the process heard of.
+//!
+//! Every backend here connects as the README's least-privilege ACL user.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -18,8 +20,22 @@ use onefill::redis::RedisBackend;
 use onefill::{Cache, Outcome, L1};
 use onefill_testkit::{time_limit, RedisCluster, RedisServer};
 
+mod acl;
+
 /// Cluster tests take seconds each (a 3-master cluster forms in a few); past this they hang.
 const LIMIT: Duration = Duration::from_secs(120);
+
+/// The README's least-privilege user, with the L1's addition, on
+/// `server`: every backend of these tests connects as it (the raw clients
+/// that change keys behind the caches' backs keep the default user).
+fn as_user(server: &RedisServer) -> String {
+    acl::url(server, "l1-*", true)
+}
+
+/// [`as_user`] on every node of `cluster`.
+fn as_users(cluster: &RedisCluster) -> Vec<String> {
+    acl::urls(cluster, "l1-*", true)
+}
 
 fn unique_ns(name: &str) -> String {
     static NEXT: AtomicUsize = AtomicUsize::new(0);
@@ -137,8 +153,8 @@ async fn standalone_every_write_reaches_the_other_l1() {
     let _limit = time_limit(LIMIT);
     let server = RedisServer::start();
     let ns = unique_ns("standalone");
-    let a = cache(&ns, RedisBackend::connect(&server.url()).await.unwrap());
-    let b = cache(&ns, RedisBackend::connect(&server.url()).await.unwrap());
+    let a = cache(&ns, RedisBackend::connect(&as_user(&server)).await.unwrap());
+    let b = cache(&ns, RedisBackend::connect(&as_user(&server)).await.unwrap());
     coherence(a, b, &ns, |_| &server).await;
 }
 
@@ -146,7 +162,7 @@ async fn standalone_every_write_reaches_the_other_l1() {
 async fn cluster_every_write_reaches_the_other_l1() {
     let _limit = time_limit(LIMIT);
     let cluster = RedisCluster::start(3);
-    let urls = cluster.urls();
+    let urls = as_users(&cluster);
     let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
     let ns = unique_ns("cluster");
     let a = cache(&ns, RedisBackend::connect_cluster(&urls).await.unwrap());
@@ -217,7 +233,7 @@ async fn a_lost_tracking_connection_empties_the_l1_before_it_serves_again() {
     let _limit = time_limit(LIMIT);
     let server = RedisServer::start();
     let ns = unique_ns("lost");
-    let b = cache(&ns, RedisBackend::connect(&server.url()).await.unwrap());
+    let b = cache(&ns, RedisBackend::connect(&as_user(&server)).await.unwrap());
     let loads = Arc::new(AtomicUsize::new(0));
     let key = "k";
     let value_key = FillKeys::new(&ns, key).value().to_owned();
@@ -252,7 +268,7 @@ async fn a_change_missed_while_tracking_was_lost_never_comes_back_from_the_fallb
     let _limit = time_limit(LIMIT);
     let server = RedisServer::start();
     let ns = unique_ns("lost-fallback");
-    let b = cache(&ns, RedisBackend::connect(&server.url()).await.unwrap());
+    let b = cache(&ns, RedisBackend::connect(&as_user(&server)).await.unwrap());
     let loads = Arc::new(AtomicUsize::new(0));
     let key = "k";
     let value_key = FillKeys::new(&ns, key).value().to_owned();
@@ -281,7 +297,7 @@ async fn a_hung_server_stops_the_l1_within_the_bound() {
     let _limit = time_limit(LIMIT);
     let server = RedisServer::start();
     let ns = unique_ns("hung");
-    let b = cache(&ns, RedisBackend::connect(&server.url()).await.unwrap());
+    let b = cache(&ns, RedisBackend::connect(&as_user(&server)).await.unwrap());
     let loads = Arc::new(AtomicUsize::new(0));
     fetch(&b, "k", &loads).await;
     until_l1_serves(&b, "k", &loads).await;
@@ -349,8 +365,8 @@ async fn standalone_an_expire_reaches_every_l1() {
     let _limit = time_limit(LIMIT);
     let server = RedisServer::start();
     let ns = unique_ns("expire");
-    let a = RedisBackend::connect(&server.url()).await.unwrap();
-    let b = RedisBackend::connect(&server.url()).await.unwrap();
+    let a = RedisBackend::connect(&as_user(&server)).await.unwrap();
+    let b = RedisBackend::connect(&as_user(&server)).await.unwrap();
     an_expire_reaches_every_l1(&ns, a, b).await;
 }
 
@@ -358,7 +374,7 @@ async fn standalone_an_expire_reaches_every_l1() {
 async fn cluster_an_expire_reaches_every_l1() {
     let _limit = time_limit(LIMIT);
     let cluster = RedisCluster::start(3);
-    let urls = cluster.urls();
+    let urls = as_users(&cluster);
     let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
     let ns = unique_ns("expire-cluster");
     let a = RedisBackend::connect_cluster(&urls).await.unwrap();
@@ -377,9 +393,9 @@ async fn another_cache_of_the_same_process_reads_its_writes(two_backends: bool) 
     let _limit = time_limit(LIMIT);
     let server = RedisServer::start();
     let ns = unique_ns("sameproc");
-    let backend = RedisBackend::connect(&server.url()).await.unwrap();
+    let backend = RedisBackend::connect(&as_user(&server)).await.unwrap();
     let other = if two_backends {
-        RedisBackend::connect(&server.url()).await.unwrap()
+        RedisBackend::connect(&as_user(&server)).await.unwrap()
     } else {
         backend.clone()
     };
@@ -433,7 +449,7 @@ async fn a_value_whose_ttl_another_client_shortened(
     std::time::Instant,
 ) {
     let server = server_without_active_expiry();
-    let c = cache(ns, RedisBackend::connect(&server.url()).await.unwrap());
+    let c = cache(ns, RedisBackend::connect(&as_user(&server)).await.unwrap());
     let loads = Arc::new(AtomicUsize::new(0));
     let key = "k";
     let value_key = FillKeys::new(ns, key).value().to_owned();
@@ -500,7 +516,7 @@ async fn the_outage_fallback_never_outlives_a_ttl_another_client_shortened() {
 async fn a_value_read_through_ask_from_an_untracked_master_is_not_kept() {
     let _limit = time_limit(LIMIT);
     let cluster = RedisCluster::start(3);
-    let urls = cluster.urls();
+    let urls = as_users(&cluster);
     let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
     let ns = unique_ns("ask");
     let a = cache(&ns, RedisBackend::connect_cluster(&urls).await.unwrap());
@@ -519,6 +535,7 @@ async fn a_value_read_through_ask_from_an_untracked_master_is_not_kept() {
         "--cluster-node-timeout",
         "5000",
     ]);
+    acl::node_url(&joining, "l1-*", true);
     let source = cluster.node_for_key(&value_key);
     joining.command(&["CLUSTER", "MEET", "127.0.0.1", &source.port().to_string()]);
     let joined = || {
@@ -573,10 +590,10 @@ async fn another_caches_write_reaches_the_outage_fallback_too() {
     let _limit = time_limit(LIMIT);
     let server = RedisServer::start();
     let ns = unique_ns("sameproc-fallback");
-    let a = cache(&ns, RedisBackend::connect(&server.url()).await.unwrap());
+    let a = cache(&ns, RedisBackend::connect(&as_user(&server)).await.unwrap());
     let b = Cache::builder()
         .namespace(&ns)
-        .backend(RedisBackend::connect(&server.url()).await.unwrap())
+        .backend(RedisBackend::connect(&as_user(&server)).await.unwrap())
         .l1(L1::new(10))
         .ttl(Duration::from_secs(60))
         .build()
@@ -621,10 +638,10 @@ async fn a_call_after_another_caches_write_never_joins_a_flight_from_before_it()
     let _limit = time_limit(LIMIT);
     let server = RedisServer::start();
     let ns = unique_ns("sameproc-flight");
-    let a = cache(&ns, RedisBackend::connect(&server.url()).await.unwrap());
+    let a = cache(&ns, RedisBackend::connect(&as_user(&server)).await.unwrap());
     let b = Arc::new(cache(
         &ns,
-        RedisBackend::connect(&server.url()).await.unwrap(),
+        RedisBackend::connect(&as_user(&server)).await.unwrap(),
     ));
     let key = "k".to_owned();
     // The load is under way until A's write is done.
@@ -666,7 +683,7 @@ async fn the_outage_fallback_never_answers_a_value_whose_deletion_was_pushed() {
     let _limit = time_limit(LIMIT);
     let server = RedisServer::start();
     let ns = unique_ns("pushed-fallback");
-    let c = cache(&ns, RedisBackend::connect(&server.url()).await.unwrap());
+    let c = cache(&ns, RedisBackend::connect(&as_user(&server)).await.unwrap());
     let loads = Arc::new(AtomicUsize::new(0));
     let key = "k";
     let value_key = FillKeys::new(&ns, key).value().to_owned();
@@ -700,7 +717,7 @@ async fn the_outage_fallback_never_answers_a_value_whose_deletion_was_pushed() {
 async fn a_failover_stops_the_l1_until_the_new_master_is_tracked() {
     let _limit = time_limit(LIMIT);
     let cluster = RedisCluster::start_with_replicas(3, 1);
-    let urls = cluster.urls();
+    let urls = as_users(&cluster);
     let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
     let ns = unique_ns("failover");
     let a = cache(&ns, RedisBackend::connect_cluster(&urls).await.unwrap());

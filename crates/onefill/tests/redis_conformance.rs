@@ -3,7 +3,8 @@
 //! shared by the tests that run at the same time. Real time here (tokio's
 //! paused clock cannot drive a server's TTLs), so only counts and outcomes
 //! are asserted. The standalone suite runs twice: through the async cache,
-//! and through its blocking handle.
+//! and through its blocking handle. Every backend connects as the README's
+//! least-privilege ACL user.
 
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -16,6 +17,14 @@ use onefill::redis::RedisBackend;
 use onefill::testing::Harness;
 use onefill_testkit::{time_limit, RedisCluster, RedisServer, TimeLimit};
 
+mod acl;
+
+/// Every backend connects as the README's least-privilege ACL user,
+/// without the L1's addition (the suite's caches have none). The suite
+/// makes its namespaces unique per run, so the user is granted them all;
+/// `redis_acl.rs` shows the line keeping a cache to its own namespaces.
+const ACL_NAMESPACES: &str = "*";
+
 /// A scenario takes seconds (a cluster forms in a few); past this it hangs.
 /// The harness holds the limit, so it bounds the whole test.
 const LIMIT: Duration = Duration::from_secs(120);
@@ -23,18 +32,16 @@ const LIMIT: Duration = Duration::from_secs(120);
 /// A standalone server; every `backend()` is a new connection, as a new
 /// process would open.
 struct Standalone {
-    server: RedisServer,
+    _server: RedisServer,
+    /// The README's least-privilege user's.
+    url: String,
     _limit: TimeLimit,
 }
 
 #[async_trait]
 impl Harness for Standalone {
     async fn backend(&self) -> Arc<dyn Backend> {
-        Arc::new(
-            RedisBackend::connect(&self.server.url())
-                .await
-                .expect("connect"),
-        )
+        Arc::new(RedisBackend::connect(&self.url).await.expect("connect"))
     }
     fn paused(&self) -> bool {
         false
@@ -43,22 +50,25 @@ impl Harness for Standalone {
 
 async fn standalone() -> Standalone {
     let limit = time_limit(LIMIT);
+    let server = RedisServer::start();
     Standalone {
-        server: RedisServer::start(),
+        url: acl::url(&server, ACL_NAMESPACES, false),
+        _server: server,
         _limit: limit,
     }
 }
 
 struct Cluster {
-    cluster: Arc<RedisCluster>,
+    _cluster: Arc<RedisCluster>,
+    /// The README's least-privilege user's.
+    urls: Vec<String>,
     _limit: TimeLimit,
 }
 
 #[async_trait]
 impl Harness for Cluster {
     async fn backend(&self) -> Arc<dyn Backend> {
-        let urls = self.cluster.urls();
-        let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+        let urls: Vec<&str> = self.urls.iter().map(String::as_str).collect();
         Arc::new(
             RedisBackend::connect_cluster(&urls)
                 .await
@@ -76,16 +86,14 @@ async fn cluster() -> Cluster {
     let limit = time_limit(LIMIT);
     static SHARED: Mutex<Weak<RedisCluster>> = Mutex::new(Weak::new());
     let mut shared = SHARED.lock();
-    if let Some(c) = shared.upgrade() {
-        return Cluster {
-            cluster: c,
-            _limit: limit,
-        };
-    }
-    let c = Arc::new(RedisCluster::start(3));
-    *shared = Arc::downgrade(&c);
+    let c = shared.upgrade().unwrap_or_else(|| {
+        let c = Arc::new(RedisCluster::start(3));
+        *shared = Arc::downgrade(&c);
+        c
+    });
     Cluster {
-        cluster: c,
+        urls: acl::urls(&c, ACL_NAMESPACES, false),
+        _cluster: c,
         _limit: limit,
     }
 }

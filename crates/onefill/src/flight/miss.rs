@@ -9,7 +9,7 @@ use tokio::time::Instant;
 
 use crate::answer::{Answer, Outcome};
 use crate::backend::{Gone, Watch};
-use crate::error::{BackendError, Error};
+use crate::error::{BackendError, BackendErrorKind, Error};
 use crate::group::step_dropped;
 use crate::lease::{Acquisition, Ask, Lease, LeaseTtl};
 use crate::shared::Read;
@@ -262,13 +262,15 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
 
     /// The backend failed: strict mode surfaces it; otherwise serve stale,
     /// else load without the lease (the coalescer keeps it to one per
-    /// process).
+    /// process). A refusal by the server's ACL is surfaced in every mode:
+    /// it is a configuration error that lasts, and degrading would load
+    /// every call on the origin, uncoordinated and unannounced.
     pub(super) async fn degrade(
         &mut self,
         error: BackendError,
         stale: Option<Option<V>>,
     ) -> Result<Answer<V>, Error> {
-        if self.policy.strict {
+        if self.policy.strict || error.kind() == BackendErrorKind::NotPermitted {
             return Err(Error::Backend(error));
         }
         // A stale value read earlier in the flight (before a wait) is served

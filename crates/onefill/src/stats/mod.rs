@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::error::BackendError;
+use crate::error::{BackendError, BackendErrorKind};
 
 mod contention;
 mod stripe;
@@ -463,7 +463,16 @@ impl Recorder {
     }
     pub(crate) fn backend_error(&self, op: &'static str, error: &BackendError) {
         bump!(self, backend_errors);
-        tracing::warn!(op, %error, "backend call failed");
+        if error.kind() == BackendErrorKind::NotPermitted {
+            tracing::error!(
+                op,
+                %error,
+                "the backend's access control refused a call: grant the ACL user what the \
+                 Redis guide lists"
+            );
+        } else {
+            tracing::warn!(op, %error, "backend call failed");
+        }
     }
     pub(crate) fn early_refresh(&self) {
         bump!(self, early_refreshes)

@@ -26,6 +26,7 @@ use super::tracking;
 use super::urls::redact;
 use super::{Conn, Inner, RedisBackend};
 use crate::backend::BackendError;
+use crate::error::BackendErrorKind;
 
 impl RedisBackend {
     /// Connects to a standalone Redis with the default [`RedisOptions`].
@@ -258,15 +259,16 @@ async fn one_command_connection(
     )
     .await?;
     // Every script known to the server before a call needs it (see
-    // `scripts.rs`). A server that does not answer fails the connect;
-    // one that refuses the loads (an ACL without `SCRIPT`) is left to
-    // the call that needs a script, which meets the same refusal then.
+    // `scripts.rs`). A server that does not answer fails the connect, and
+    // so does an ACL that refuses the loads: every call would meet the
+    // same refusal, and an operator learns it best where the backend is
+    // built. Any other refusal is left to the calls that need a script.
     if !load_scripts {
         return Ok(manager);
     }
     let loads = STANDALONE_SCRIPTS.load_all(&manager);
     match with_deadline("connect", options.response_timeout, loads).await {
-        Err(e) if e.is_transient() => Err(e),
+        Err(e) if e.is_transient() || e.kind() == BackendErrorKind::NotPermitted => Err(e),
         _ => Ok(manager),
     }
 }

@@ -50,15 +50,18 @@ pub(super) async fn driver_within<T>(
 pub(super) fn classify(op: &str, e: RedisError) -> BackendError {
     use redis::ErrorKind as K;
     // A failed pipeline (the `get` path) carries its server errors apart.
-    let code = e.code().map(str::to_owned).or_else(|| {
-        e.clone()
-            .into_server_errors()
-            .and_then(|errors| errors.first().map(|(_, error)| error.code().to_owned()))
-    });
+    let server = match e.code() {
+        Some(code) => Some((code.to_owned(), e.detail().map(str::to_owned))),
+        None => e.clone().into_server_errors().and_then(|errors| {
+            let (_, error) = errors.first()?;
+            Some((error.code().to_owned(), error.details().map(str::to_owned)))
+        }),
+    };
     let kind = if e.is_timeout() {
         BackendErrorKind::Timeout
-    } else if let Some(code) = code {
+    } else if let Some((code, detail)) = server {
         match code.as_str() {
+            _ if is_acl_refusal(&code, detail.as_deref()) => BackendErrorKind::NotPermitted,
             "LOADING" | "BUSY" | "TRYAGAIN" | "MOVED" | "ASK" | "CLUSTERDOWN" | "MASTERDOWN"
             | "READONLY" => BackendErrorKind::Busy,
             _ => BackendErrorKind::Command,
@@ -76,6 +79,26 @@ pub(super) fn classify(op: &str, e: RedisError) -> BackendError {
     // The message repeats the driver's text so that logs, which show only
     // `Display`, keep it.
     BackendError::with_source(kind, format!("{op}: {e}"), e)
+}
+
+/// Whether the server refused the command with an error reply (an unknown
+/// or renamed command, a wrong argument, its ACL), rather than failing to
+/// answer.
+pub(super) fn is_refusal(e: &BackendError) -> bool {
+    matches!(
+        e.kind(),
+        BackendErrorKind::Command | BackendErrorKind::NotPermitted
+    )
+}
+
+/// Whether the server's error (its `code` and `detail`) is an ACL's refusal: `NOPERM`,
+/// or the plain `ERR` Redis 7.0 answers when a script's own call is
+/// refused (7.2 answers `NOPERM` there too). Either way the server's text
+/// names the command where it can, and the operation names the script.
+fn is_acl_refusal(code: &str, detail: Option<&str>) -> bool {
+    code == "NOPERM"
+        || (code == "ERR"
+            && detail.is_some_and(|d| d.contains("can't run this command or subcommand")))
 }
 
 #[cfg(test)]
@@ -112,9 +135,39 @@ mod tests {
             ("-TRYAGAIN again\r\n", BackendErrorKind::Busy),
             ("-WRONGTYPE wrong\r\n", BackendErrorKind::Command),
             ("-ERR Error running script\r\n", BackendErrorKind::Command),
+            (
+                "-NOPERM this user has no permissions to run the 'get' command\r\n",
+                BackendErrorKind::NotPermitted,
+            ),
+            (
+                "-NOPERM this user has no permissions to access one of the keys used as \
+                 arguments\r\n",
+                BackendErrorKind::NotPermitted,
+            ),
+            // Redis 7.0, a script's call refused.
+            (
+                "-ERR The user executing the script can't run this command or subcommand \
+                 script: 2b58b113dac432e64a65f3ae35a5bac7217348a6, on @user_script:1.\r\n",
+                BackendErrorKind::NotPermitted,
+            ),
         ] {
             assert_eq!(classify("t", server_error(reply)).kind(), kind, "{reply}");
         }
+    }
+
+    #[test]
+    fn an_acl_refusal_names_the_command() {
+        let err = classify(
+            "get",
+            server_error("-NOPERM this user has no permissions to run the 'get' command\r\n"),
+        );
+        assert!(!err.is_transient());
+        let text = err.to_string();
+        assert!(
+            text.starts_with("not permitted by the server's ACL: get: ")
+                && text.contains("'get' command"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -75,7 +75,6 @@ use super::primary::Primary;
 use super::push::{resp3, Due, Names, PushConnection};
 use crate::backend::{BackendError, ChangeListener};
 use crate::backoff::Backoff;
-use crate::error::BackendErrorKind;
 
 /// What one node's tracking task needs.
 #[derive(Clone)]
@@ -117,7 +116,7 @@ pub(super) async fn refused<C: redis::aio::ConnectionLike + Send>(
 /// A refusal of the command itself (an error reply), not a failure to get
 /// an answer.
 fn is_refusal(e: &BackendError) -> bool {
-    e.kind() == BackendErrorKind::Command
+    super::errors::is_refusal(e)
 }
 
 /// The channel pattern of the changes announced under `prefix`

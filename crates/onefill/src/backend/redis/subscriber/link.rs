@@ -17,11 +17,11 @@ use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 use tokio::time::Instant;
 
 use super::super::cluster::{slot_of, ClusterRouter, WeakRouter};
-use super::super::errors::with_deadline;
+use super::super::errors::{is_refusal, with_deadline};
 use super::super::options::RedisOptions;
 use super::super::primary::Primary;
 use super::super::push::{disconnected, Names, PushConnection};
-use crate::error::{BackendError, BackendErrorKind};
+use crate::error::BackendError;
 
 /// The subscriber connection, owned by the subscriber task.
 pub(in super::super) enum Link {
@@ -38,7 +38,14 @@ const NUDGE_INTERVAL: Duration = Duration::from_secs(1);
 pub(in super::super) struct SingleLink {
     pub(in super::super) push: PushConnection,
     response_timeout: Duration,
+    /// When a refused subscription was last logged: refused ones are
+    /// retried every [`SUBSCRIBE_RETRY`](super::task::SUBSCRIBE_RETRY),
+    /// and a configuration error is worth a warning a minute, not a flood.
+    warned_refusal: Option<Instant>,
 }
+
+/// How often a refused subscription is logged.
+const REFUSAL_WARNING_EVERY: Duration = Duration::from_secs(60);
 
 pub(in super::super) struct ClusterLink {
     conn: ClusterConnection,
@@ -68,6 +75,7 @@ impl SingleLink {
                 .following(primary)
                 .ping_when_quiet(),
             response_timeout: timeout,
+            warned_refusal: None,
         }
     }
 
@@ -103,8 +111,11 @@ impl SingleLink {
         channels: &[String],
     ) -> Result<Vec<String>, BackendError> {
         match self.command("subscribe", channels, true).await {
-            Err(e) if e.kind() == BackendErrorKind::Command && channels.len() > 1 => {}
-            Err(e) if e.kind() == BackendErrorKind::Command => return Ok(channels.to_vec()),
+            Err(e) if is_refusal(&e) && channels.len() > 1 => {}
+            Err(e) if is_refusal(&e) => {
+                self.refused(&e, channels);
+                return Ok(channels.to_vec());
+            }
             other => return other.map(|()| Vec::new()),
         }
         let mut refused = Vec::new();
@@ -114,11 +125,37 @@ impl SingleLink {
                 .await
             {
                 Ok(()) => {}
-                Err(e) if e.kind() == BackendErrorKind::Command => refused.push(channel.clone()),
+                Err(e) if is_refusal(&e) => {
+                    self.refused(&e, std::slice::from_ref(channel));
+                    refused.push(channel.clone());
+                }
                 Err(e) => return Err(e),
             }
         }
         Ok(refused)
+    }
+}
+
+impl SingleLink {
+    /// The server refused `channels` (an ACL without them): what waits on
+    /// them goes without (fill notifications, a holder's presence) and
+    /// falls back on its polls and the lease's expiry, slower but bounded,
+    /// so it is a warning naming the channel rather than an error.
+    fn refused(&mut self, error: &BackendError, channels: &[String]) {
+        let now = Instant::now();
+        if self
+            .warned_refusal
+            .is_some_and(|at| now.duration_since(at) < REFUSAL_WARNING_EVERY)
+        {
+            return;
+        }
+        self.warned_refusal = Some(now);
+        tracing::warn!(
+            channel = channels.first().map(String::as_str).unwrap_or(""),
+            %error,
+            "redis refused a subscription: waiters on it fall back on polls and the lease's \
+             expiry; grant the channel to the ACL user (see the Redis guide)"
+        );
     }
 }
 

@@ -1,0 +1,257 @@
+//! onefill as the README's least-privilege ACL user, taken word for word
+//! (its namespaces `users` and `orders`): on a standalone server and on a
+//! cluster, caches of those namespaces run a herd across two processes,
+//! watch the holder and keep their L1s coherent without one refusal in
+//! the server's `ACL LOG`; a namespace the line does not grant is an error
+//! to its callers, never a silent load on the origin; and a user without
+//! `SCRIPT LOAD` fails the connect. The conformance suite and the L1 tests
+//! run as the same user (`redis_conformance.rs`, `l1_redis.rs`).
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use onefill::redis::RedisBackend;
+use onefill::{BackendErrorKind, Cache, Error, L1};
+use onefill_testkit::{time_limit, RedisCluster, RedisServer};
+
+mod acl;
+
+/// A cluster forms in a few seconds; past this a test hangs.
+const LIMIT: Duration = Duration::from_secs(120);
+
+/// What a herd's loader takes: long enough that every caller of both
+/// processes arrives while it runs.
+const LOAD: Duration = Duration::from_millis(300);
+
+/// The README's line as it stands, with the L1's addition (and the
+/// cluster's).
+fn readme_line(cluster: bool) -> String {
+    acl::readme(acl::Deployment { l1: true, cluster })
+}
+
+fn cache(ns: &str, backend: &RedisBackend) -> Cache<String, String> {
+    Cache::builder()
+        .namespace(ns)
+        .backend(backend.clone())
+        .l1(L1::new(1_000))
+        .ttl(Duration::from_secs(60))
+        .build()
+        .expect("a cache")
+}
+
+/// 20 callers of `key` in each of two processes: one load between them.
+async fn herd(a: &Cache<String, String>, b: &Cache<String, String>, key: &str) {
+    let loads = Arc::new(AtomicUsize::new(0));
+    let mut calls = Vec::new();
+    for cache in [a, b] {
+        for _ in 0..20 {
+            let (cache, loads, key) = (cache.clone(), loads.clone(), key.to_owned());
+            calls.push(tokio::spawn(async move {
+                cache
+                    .get_or_load(&key, move |_| async move {
+                        loads.fetch_add(1, Ordering::SeqCst);
+                        tokio::time::sleep(LOAD).await;
+                        Ok::<_, std::io::Error>("loaded".to_owned())
+                    })
+                    .await
+            }));
+        }
+    }
+    for call in calls {
+        assert_eq!(call.await.expect("a call").expect("an answer"), "loaded");
+    }
+    assert_eq!(
+        loads.load(Ordering::SeqCst),
+        1,
+        "one load for the herd of {key}"
+    );
+}
+
+/// A `set` in one process reaches the other's L1 (which served the old
+/// value from its L1 first).
+async fn coherent(a: &Cache<String, String>, b: &Cache<String, String>, key: &str) {
+    let key = key.to_owned();
+    let served_from_l1 = async {
+        for _ in 0..500 {
+            let before = b.stats().l1_hits;
+            b.get_or_load(&key, |_| async {
+                Err::<String, _>(std::io::Error::other("no load"))
+            })
+            .await
+            .expect("the stored value");
+            if b.stats().l1_hits > before {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("B's L1 never served {key}");
+    };
+    served_from_l1.await;
+    a.set(&key, "set by a".to_owned()).await.expect("a set");
+    for _ in 0..200 {
+        if b.get_or_load(&key, |_| async {
+            Err::<String, _>(std::io::Error::other("no load"))
+        })
+        .await
+        .expect("a value")
+            == "set by a"
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("A's set never reached B's L1");
+}
+
+/// A cache of a namespace the user is not granted: its calls are errors
+/// naming the refusal, strict mode or not, its loader never runs, and its
+/// refused writes are not queued for replay.
+async fn refused(backend: &RedisBackend) {
+    let sessions = cache("sessions", backend);
+    let loads = Arc::new(AtomicUsize::new(0));
+    let counted = loads.clone();
+    let err = sessions
+        .get_or_load(&"s1".to_owned(), move |_| async move {
+            counted.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, std::io::Error>("loaded".to_owned())
+        })
+        .await
+        .expect_err("a namespace the ACL does not grant");
+    let Error::Backend(e) = &err else {
+        panic!("not a backend error: {err:?}");
+    };
+    assert_eq!(e.kind(), BackendErrorKind::NotPermitted, "{err}");
+    assert!(
+        err.to_string().contains("NOPERM") || err.to_string().contains("NoPerm"),
+        "{err}"
+    );
+    assert_eq!(loads.load(Ordering::SeqCst), 0, "the origin was called");
+    let err = sessions
+        .set(&"s1".to_owned(), "v".to_owned())
+        .await
+        .expect_err("a write the ACL refuses");
+    assert!(
+        matches!(&err, Error::Backend(e) if e.kind() == BackendErrorKind::NotPermitted),
+        "{err:?}"
+    );
+    assert_eq!(
+        sessions.pending_writes(),
+        0,
+        "a refused write queued for replay"
+    );
+}
+
+/// The server's `ACL LOG`: one line per refusal, naming what was refused.
+fn acl_log(server: &RedisServer) -> Vec<String> {
+    let log = server.command(&["ACL", "LOG"]);
+    let mut refused = Vec::new();
+    let mut lines = log.lines();
+    while let Some(line) = lines.next() {
+        if line == "object" {
+            refused.push(lines.next().unwrap_or_default().to_owned());
+        }
+    }
+    refused
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standalone_the_readme_user_runs_its_namespaces_and_nothing_else() {
+    let _limit = time_limit(LIMIT);
+    let server = RedisServer::start();
+    let url = server.acl_user(&readme_line(false));
+    let (a, b) = (
+        RedisBackend::connect(&url)
+            .await
+            .expect("connect as the user"),
+        RedisBackend::connect(&url)
+            .await
+            .expect("connect as the user"),
+    );
+    for ns in ["users", "orders"] {
+        let (ca, cb) = (cache(ns, &a), cache(ns, &b));
+        herd(&ca, &cb, "1").await;
+        coherent(&ca, &cb, "1").await;
+    }
+    assert_eq!(acl_log(&server), Vec::<String>::new(), "refusals");
+    refused(&a).await;
+    let log = acl_log(&server);
+    assert!(
+        !log.is_empty() && log.iter().all(|o| o.starts_with("sessions:")),
+        "only the ungranted namespace is refused: {log:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_the_readme_user_runs_its_namespaces_and_nothing_else() {
+    let _limit = time_limit(LIMIT);
+    let cluster = RedisCluster::start(3);
+    let urls = cluster.acl_user(&readme_line(true));
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let (a, b) = (
+        RedisBackend::connect_cluster(&urls)
+            .await
+            .expect("connect as the user"),
+        RedisBackend::connect_cluster(&urls)
+            .await
+            .expect("connect as the user"),
+    );
+    for ns in ["users", "orders"] {
+        let (ca, cb) = (cache(ns, &a), cache(ns, &b));
+        // Keys on every master.
+        for key in ["1", "2", "3", "4", "5", "6"] {
+            herd(&ca, &cb, key).await;
+        }
+        coherent(&ca, &cb, "1").await;
+    }
+    for node in cluster.nodes() {
+        assert_eq!(acl_log(node), Vec::<String>::new(), "refusals");
+    }
+    refused(&a).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_script_load_the_backend_does_not_connect() {
+    let _limit = time_limit(LIMIT);
+    let server = RedisServer::start();
+    let line = readme_line(false);
+    assert!(line.contains(" +script|load"), "{line}");
+    let url = server.acl_user(&line.replace(" +script|load", ""));
+    let err = RedisBackend::connect(&url)
+        .await
+        .expect_err("a user that cannot load the scripts");
+    assert_eq!(err.kind(), BackendErrorKind::NotPermitted, "{err}");
+    assert!(err.to_string().contains("'script|load'"), "{err}");
+}
+
+/// The Redis guide's line for an L1 without `CLIENT TRACKING`: the
+/// README's without the L1's addition, with `+psubscribe` and the
+/// announcement pattern as written. The L1s keep coherent through
+/// onefill's announcements, and the only refusal is the tracking the user
+/// is not given.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_l1_without_tracking_keeps_coherent_with_the_guides_grant() {
+    let _limit = time_limit(LIMIT);
+    let server = RedisServer::start();
+    let line = acl::readme(acl::Deployment {
+        l1: false,
+        cluster: false,
+    });
+    let url = server.acl_user(&format!("{line} +psubscribe &users:{{*:filled"));
+    let (a, b) = (
+        RedisBackend::connect(&url)
+            .await
+            .expect("connect as the user"),
+        RedisBackend::connect(&url)
+            .await
+            .expect("connect as the user"),
+    );
+    let (ca, cb) = (cache("users", &a), cache("users", &b));
+    herd(&ca, &cb, "1").await;
+    coherent(&ca, &cb, "1").await;
+    let log = acl_log(&server);
+    assert!(
+        log.iter().all(|o| o == "client|tracking"),
+        "refusals other than tracking: {log:?}"
+    );
+}
