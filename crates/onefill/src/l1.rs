@@ -57,8 +57,8 @@ use crate::stats::Recorder;
 /// whoever changed it: a fill, `set` or `invalidate` by any process, and on
 /// Redis also a plain `SET`/`DEL`/`EXPIRE` by another client, an eviction,
 /// an expiry (Redis's server-assisted client-side caching, `CLIENT TRACKING`
-/// in `BCAST` mode, on a connection of its own; one per master on a
-/// cluster). On loopback a change reaches every process's L1 within about
+/// in `BCAST` mode, on a connection the backend's L1s share; one per
+/// master on a cluster). On loopback a change reaches every process's L1 within about
 /// a millisecond.
 ///
 /// An entry never outlives the freshness the backend gave the value (its

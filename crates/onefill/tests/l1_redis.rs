@@ -416,6 +416,78 @@ async fn another_cache_of_the_same_process_reads_its_writes(two_backends: bool) 
     }
 }
 
+/// The clients of `node` with tracking on (`CLIENT LIST`'s `t` flag).
+fn tracking_clients(node: &RedisServer) -> usize {
+    node.command(&["CLIENT", "LIST"])
+        .lines()
+        .filter(|l| {
+            l.split_whitespace()
+                .find_map(|f| f.strip_prefix("flags="))
+                .is_some_and(|flags| flags.contains('t'))
+        })
+        .count()
+}
+
+/// Three caches with an L1 on each of two backends (two processes), built
+/// one after the other (the later ones while the first's tracking runs):
+/// one tracking connection per backend and server, and each L1 hears of
+/// every change of its own namespace from the other process.
+async fn caches_of_a_backend_share_its_tracking(
+    connect: impl Fn() -> futures_util::future::BoxFuture<'static, RedisBackend>,
+    masters: Vec<&RedisServer>,
+) {
+    let shared = connect().await;
+    let other = connect().await;
+    let loads = Arc::new(AtomicUsize::new(0));
+    let mut caches = Vec::new();
+    for name in ["first", "second", "third"] {
+        let ns = unique_ns(name);
+        let mine = cache(&ns, shared.clone());
+        fetch(&mine, "k", &loads).await;
+        until_l1_serves(&mine, "k", &loads).await;
+        caches.push((cache(&ns, other.clone()), mine));
+    }
+    for master in &masters {
+        // Six caches with an L1, on two backends: one connection each.
+        assert_eq!(tracking_clients(master), 2, "tracking connections");
+    }
+    for (theirs, mine) in &caches {
+        let old = until_l1_serves(mine, "k", &loads).await;
+        theirs
+            .set(&"k".to_owned(), "set elsewhere".into())
+            .await
+            .unwrap();
+        until_changed(mine, "k", &old, &loads).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standalone_caches_of_a_backend_share_one_tracking_connection() {
+    let _limit = time_limit(LIMIT);
+    let server = RedisServer::start();
+    let url = as_user(&server);
+    let connect = move || -> futures_util::future::BoxFuture<'static, RedisBackend> {
+        let url = url.clone();
+        Box::pin(async move { RedisBackend::connect(&url).await.unwrap() })
+    };
+    caches_of_a_backend_share_its_tracking(connect, vec![&server]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_caches_of_a_backend_share_one_tracking_connection_per_master() {
+    let _limit = time_limit(LIMIT);
+    let cluster = RedisCluster::start(3);
+    let urls = as_users(&cluster);
+    let connect = move || -> futures_util::future::BoxFuture<'static, RedisBackend> {
+        let urls = urls.clone();
+        Box::pin(async move {
+            let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+            RedisBackend::connect_cluster(&urls).await.unwrap()
+        })
+    };
+    caches_of_a_backend_share_its_tracking(connect, cluster.nodes().iter().collect()).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_cache_on_the_same_backend_reads_its_writes() {
     another_cache_of_the_same_process_reads_its_writes(false).await;

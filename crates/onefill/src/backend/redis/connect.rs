@@ -203,6 +203,7 @@ impl RedisBackend {
                 pubsub: PubSubShared::start(link, options.clone()),
                 liveness: std::sync::OnceLock::new(),
                 untracked: std::sync::OnceLock::new(),
+                tracked: Arc::new(super::tracked::Tracked::new()),
                 options,
                 target,
             }),

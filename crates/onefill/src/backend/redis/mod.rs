@@ -154,9 +154,11 @@
 //!
 //! # L1 coherence
 //!
-//! A cache built with an [`L1`](crate::L1) on this backend gets a RESP3
-//! connection of its own (one per master on a cluster, following the slot
-//! map) with `CLIENT TRACKING ON BCAST PREFIX <namespace>:{`: Redis pushes
+//! The caches built with an [`L1`](crate::L1) on this backend share one
+//! RESP3 connection (one per master on a cluster, following the slot map)
+//! with `CLIENT TRACKING ON BCAST PREFIX <namespace>:{` for each of their
+//! namespaces (a cache built later adds its prefix to the live
+//! connection; `tracked.rs`): Redis pushes
 //! an invalidation for every key of the namespace that changes, whoever
 //! changed it (onefill, another client, an expiry, an eviction; a
 //! `FLUSHALL` empties the L1). A `PING` on that connection every fifth of
@@ -233,6 +235,7 @@ mod scripts;
 mod sentinel;
 mod server_clock;
 mod subscriber;
+mod tracked;
 mod tracking;
 mod ttl;
 mod urls;
@@ -326,6 +329,9 @@ struct Inner {
     /// backend connected (an L1 then starts on announced changes, or its
     /// cache fails to build: `tracking.rs`).
     untracked: std::sync::OnceLock<BackendError>,
+    /// What the L1s of the caches on this backend track, through one
+    /// connection per server (`tracked.rs`).
+    tracked: Arc<tracked::Tracked>,
 }
 
 #[derive(Clone)]
@@ -683,8 +689,9 @@ impl Backend for RedisBackend {
         }
     }
 
-    /// `CLIENT TRACKING ... BCAST PREFIX prefix` on a RESP3 connection of
-    /// its own (one per master on a cluster), confirmed by a `PING` every
+    /// `CLIENT TRACKING ... BCAST PREFIX prefix` on the backend's tracking
+    /// connection (one per master on a cluster, shared by every listener
+    /// of the backend: the first starts it), confirmed by a `PING` every
     /// `confirm_every`; see the module docs' [L1 coherence](self#l1-coherence).
     /// If the server refuses tracking, the listener is asked whether
     /// onefill's announced changes will do
@@ -697,32 +704,23 @@ impl Backend for RedisBackend {
         confirm_every: Duration,
         listener: Weak<dyn ChangeListener>,
     ) -> Result<(), BackendError> {
-        let mut mode = tracking::TRACKED;
-        if let Some(refusal) = self.inner.untracked.get() {
-            let accepted = listener.upgrade().is_some_and(|l| l.untracked(refusal));
-            if !accepted {
-                return Err(BackendError::new(
-                    BackendErrorKind::Unsupported,
-                    format!(
-                        "the server refuses client tracking ({refusal}), and the L1 is told \
-                         not to go on without it (Untracked::Refuse)"
-                    ),
-                ));
-            }
-            mode = tracking::ANNOUNCED;
-        }
-        process_listeners().register(prefix, listener.clone());
-        self.inner.kept.add(prefix);
-        let tracking = tracking::Tracking {
-            prefix: prefix.to_owned(),
+        let start = self.inner.tracked.add(
+            prefix,
             confirm_every,
-            options: self.inner.options.clone(),
-            listener,
-            mode: Arc::new(std::sync::atomic::AtomicU8::new(mode)),
-        };
-        match &self.inner.conn {
-            Conn::Single(primary) => tracking::track_standalone(primary.clone(), tracking),
-            Conn::Cluster(router) => tracking::track_cluster(router.downgrade(), tracking),
+            listener.clone(),
+            self.inner.untracked.get(),
+        )?;
+        process_listeners().register(prefix, listener);
+        self.inner.kept.add(prefix);
+        if start {
+            let tracking = tracking::Tracking {
+                tracked: self.inner.tracked.clone(),
+                options: self.inner.options.clone(),
+            };
+            match &self.inner.conn {
+                Conn::Single(primary) => tracking::track_standalone(primary.clone(), tracking),
+                Conn::Cluster(router) => tracking::track_cluster(router.downgrade(), tracking),
+            }
         }
         Ok(())
     }

@@ -125,6 +125,16 @@ impl PushConnection {
         }
     }
 
+    /// Pings every `every` from now on, each given `timeout` (unchanged:
+    /// the schedule goes on as it was).
+    pub(super) fn pace(&mut self, every: Duration, timeout: Duration) {
+        if (every, timeout) != (self.ping_every, self.ping_timeout) {
+            self.ping_every = every;
+            self.ping_timeout = timeout;
+            self.ping = ping_interval(every, false);
+        }
+    }
+
     /// A `PING` only when no push came during the last interval: pushes
     /// arriving show the connection works, for an owner that needs no more
     /// of the `PING` than that (a subscriber, whose messages are the

@@ -1,9 +1,12 @@
 //! Reports of changed values for an L1 (`Backend::track_changes`), from
 //! Redis's server-assisted client-side caching.
 //!
-//! Each tracked node gets a RESP3 connection of its own with
-//! `CLIENT TRACKING ON BCAST PREFIX <namespace>:{`: the server then pushes
-//! an `invalidate` message for every key under the prefix that changes,
+//! Each tracked node gets one RESP3 connection per backend with
+//! `CLIENT TRACKING ON BCAST PREFIX <namespace>:{` for the namespace of
+//! every cache with an L1 on the backend (`tracked.rs` keeps them and
+//! their listeners; a prefix registered while the connection is up is
+//! added to it before its next `PING`): the server then pushes an
+//! `invalidate` message for every key under the prefixes that changes,
 //! whoever changed it (onefill anywhere, `redis-cli`, an expiry, an
 //! eviction); a `FLUSHALL` or `FLUSHDB` is a `nil` invalidation.
 //!
@@ -18,8 +21,8 @@
 //! The connection is a [`PushConnection`] (`push.rs`), which connects,
 //! turns tracking on, pings and reconnects with backoff; what is the L1's
 //! own is here. When the connection fails (the `PING` times out, the
-//! connection drops) the listener is told at once that nothing is in sync;
-//! once reconnected with tracking on again, the listener is reset (changes
+//! connection drops) the listeners are told at once that nothing is in
+//! sync; once reconnected with tracking on again, they are reset (changes
 //! made meanwhile were not reported) before the next confirmation.
 //!
 //! On a cluster a supervisor keeps one such connection per master of the
@@ -59,42 +62,29 @@
 //!   cluster's supervisor stops with it): the L1 never serves.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
 use redis::{Client, PushInfo, PushKind, Value};
 use tokio::task::JoinHandle;
-use tokio::time::Instant;
 
 use super::cluster::WeakRouter;
 use super::errors::with_deadline;
 use super::options::{RedisOptions, MIN_BACKOFF};
 use super::primary::Primary;
 use super::push::{resp3, Due, Names, PushConnection};
-use crate::backend::{BackendError, ChangeListener};
+use super::tracked::{Confirmed, Tracked, ANNOUNCED};
+use crate::backend::BackendError;
 use crate::backoff::Backoff;
 
 /// What one node's tracking task needs.
 #[derive(Clone)]
 pub(super) struct Tracking {
-    pub prefix: String,
-    pub confirm_every: Duration,
+    /// The backend's prefixes and their listeners (`tracked.rs`).
+    pub tracked: Arc<Tracked>,
     pub options: RedisOptions,
-    pub listener: Weak<dyn ChangeListener>,
-    /// How the nodes' connections hear of changes, shared by all of them
-    /// ([`TRACKED`], [`ANNOUNCED`] or [`REFUSED`]).
-    pub mode: Arc<AtomicU8>,
 }
-
-/// `CLIENT TRACKING`: every change of a key is reported.
-pub(super) const TRACKED: u8 = 0;
-/// The server refuses tracking and the listener makes do with what
-/// onefill's writes announce.
-pub(super) const ANNOUNCED: u8 = 1;
-/// The server refuses tracking and the listener refuses to go on without.
-const REFUSED: u8 = 2;
 
 /// Whether the server refuses `CLIENT TRACKING` to this client, asked with
 /// a harmless `CLIENT TRACKING OFF` (refused by a server without the
@@ -141,33 +131,45 @@ const ANNOUNCED_SUFFIX: &str = ":filled";
 
 /// Where a node's task reports its confirmations.
 trait Confirm: Send + Sync + 'static {
-    fn confirmed(&self, listener: &dyn ChangeListener, as_of: Option<Instant>);
+    fn confirmed(&self, tracked: &Tracked, confirmed: Option<Confirmed>);
 }
 
-/// A standalone server: its confirmations are the listener's.
+/// A standalone server: its confirmations are the listeners'.
 struct Direct;
 
 impl Confirm for Direct {
-    fn confirmed(&self, listener: &dyn ChangeListener, as_of: Option<Instant>) {
-        listener.synced(as_of);
+    fn confirmed(&self, tracked: &Tracked, confirmed: Option<Confirmed>) {
+        tracked.synced(confirmed);
     }
 }
 
 /// Tracks a standalone server (under Sentinel, whichever is the primary:
-/// a change of primary is a reconnection, which resets the listener).
+/// a change of primary is a reconnection, which resets the listeners),
+/// for as long as a listener lives.
 pub(super) fn track_standalone(primary: Primary, tracking: Tracking) {
-    tokio::spawn(track_node(
-        primary.resp3().0,
-        Some(primary),
-        tracking,
-        Arc::new(Direct),
-        redis::cmd("PING"),
-    ));
+    tokio::spawn(async move {
+        loop {
+            track_node(
+                primary.resp3().0,
+                Some(primary.clone()),
+                tracking.clone(),
+                Arc::new(Direct),
+                redis::cmd("PING"),
+            )
+            .await;
+            // Registered while the task was ending: it goes on.
+            if !tracking.tracked.keep_going() {
+                return;
+            }
+        }
+    });
 }
 
-/// One node's tracking connection, for as long as the listener lives: a
-/// [`PushConnection`] with tracking turned on as it connects, whose
-/// answered `check`s (sent in place of its `PING`s) are the confirmations.
+/// One node's tracking connection, while a listener lives: a
+/// [`PushConnection`] with tracking turned on for every registered prefix
+/// as it connects (and for the prefixes registered later before its next
+/// confirmation), whose answered `check`s (sent in place of its `PING`s)
+/// are the confirmations.
 async fn track_node(
     client: Client,
     following: Option<Primary>,
@@ -177,7 +179,9 @@ async fn track_node(
 ) {
     // A `PING` slower than this cannot confirm anything useful (the L1
     // stops serving after five confirmation intervals anyway).
-    let ping_timeout = (tracking.confirm_every * 4).min(tracking.options.response_timeout);
+    let response_timeout = tracking.options.response_timeout;
+    let pace = |every: Duration| (every, (every * 4).min(response_timeout));
+    let (every, ping_timeout) = pace(tracking.tracked.confirm_every());
     let names = Names {
         connect: "L1 tracking connect",
         ping: "L1 tracking ping",
@@ -186,68 +190,50 @@ async fn track_node(
     // Tracking is turned on (or the announcements subscribed) here, not as
     // the connection's setup: a refusal of it must be told from a failure
     // to connect.
-    let mut conn =
-        PushConnection::new(client, options, names, tracking.confirm_every, ping_timeout)
-            .health_check(check)
-            .ping_at_connect();
+    let mut conn = PushConnection::new(client, options, names, every, ping_timeout)
+        .health_check(check)
+        .ping_at_connect();
     if let Some(primary) = &following {
         conn = conn.following(primary);
     }
-    let pattern = announced_pattern(&tracking.prefix);
+    let tracked = &*tracking.tracked;
     // The first failure to track is worth a warning (the L1 does not serve
     // meanwhile); the retries after it are not.
     let mut warned = false;
-    // Runs `f` on the listener; false once the listener is gone (the task
-    // ends with it).
-    let with_listener = |f: &dyn Fn(&dyn ChangeListener)| match tracking.listener.upgrade() {
-        Some(listener) => {
-            f(&*listener);
-            true
-        }
-        None => false,
-    };
-    if !with_listener(&|l| confirm.confirmed(l, None)) {
-        return;
-    }
+    confirm.confirmed(tracked, None);
     // What this connection is set up for (the shared mode may move on
     // while it is up: it is read again at each connection).
     let mut announced = false;
+    // The registrations this connection has taken on.
+    let mut covers = 0;
     // The connection's backoff starts over once connected: a setup that
     // keeps failing on a working connection backs off here instead.
     let mut setup_backoff = Backoff::new(MIN_BACKOFF, tracking.options.max_backoff);
     let mut setup_failed = false;
-    loop {
-        let due = conn.due().await;
-        let alive = match due {
+    while tracked.live() {
+        match conn.due().await {
             Due::Connect => {
                 if std::mem::take(&mut setup_failed) {
                     tokio::time::sleep(setup_backoff.next_interval()).await;
                 }
+                let mut taking = tracked.all();
                 let mut connected = conn.connect().await;
                 if connected.is_ok() {
-                    announced = tracking.mode.load(Ordering::SeqCst) == ANNOUNCED;
-                    connected = set_up(&mut conn, &tracking, &pattern, announced).await;
+                    announced = tracked.mode() == ANNOUNCED;
+                    connected = set_up(&mut conn, &tracking, &taking.prefixes, announced).await;
                     setup_failed = connected.is_err();
                 }
                 match connected {
                     Err(e) if !announced && is_refusal(&e) => {
-                        let Some(listener) = tracking.listener.upgrade() else {
-                            return;
-                        };
-                        if !listener.untracked(&e) {
-                            tracking.mode.store(REFUSED, Ordering::SeqCst);
-                            confirm.confirmed(&*listener, None);
+                        if !tracked.refused(&e) {
+                            confirm.confirmed(tracked, None);
                             return;
                         }
-                        let _ = tracking.mode.compare_exchange(
-                            TRACKED,
-                            ANNOUNCED,
-                            Ordering::SeqCst,
-                            Ordering::SeqCst,
-                        );
-                        // The connection is fine, only tracking was refused.
+                        // The connection is fine, only tracking was
+                        // refused: the listeners that go on without it.
                         announced = true;
-                        connected = set_up(&mut conn, &tracking, &pattern, true).await;
+                        taking = tracked.all();
+                        connected = set_up(&mut conn, &tracking, &taking.prefixes, true).await;
                     }
                     _ => {}
                 }
@@ -258,7 +244,8 @@ async fn track_node(
                         warned = false;
                         setup_failed = false;
                         setup_backoff.reset();
-                        with_listener(&|l| l.reset())
+                        covers = taking.covers;
+                        tracked.reset(0, covers);
                     }
                     Err(e) => {
                         conn.lost();
@@ -266,59 +253,72 @@ async fn track_node(
                             tracing::debug!(error = %e, "L1 tracking: connect failed");
                         } else {
                             tracing::warn!(
-                                prefix = tracking.prefix,
                                 error = %e,
                                 "L1 tracking: cannot open the tracking connection; the L1 \
                                  does not serve until it can"
                             );
                         }
-                        with_listener(&|_| ())
                     }
                 }
             }
-            Due::Push(push) => with_listener(&|l| handle(l, &tracking.prefix, &push)),
-            Due::Lost => with_listener(&|l| confirm.confirmed(l, None)),
+            Due::Push(push) => handle(tracked, &push),
+            Due::Lost => confirm.confirmed(tracked, None),
             Due::Ping => {
+                // Registered since the last confirmation: taken on before
+                // this one, which then counts for them too.
+                let more = tracked.after(covers);
+                if more.covers > covers {
+                    if !more.prefixes.is_empty() {
+                        let added = set_up(&mut conn, &tracking, &more.prefixes, announced).await;
+                        if let Err(e) = added {
+                            tracing::debug!(error = %e, "L1 tracking: adding a prefix failed");
+                            conn.lost();
+                            confirm.confirmed(tracked, None);
+                            continue;
+                        }
+                    }
+                    tracked.reset(covers, more.covers);
+                    covers = more.covers;
+                    // A listener that asks for more frequent confirmations.
+                    let (every, timeout) = pace(tracked.confirm_every());
+                    conn.pace(every, timeout);
+                }
                 // Pushes are handled while the `PING` is out: a slow answer
                 // must not hold back an invalidation already received, or
                 // the L1 would serve a changed value for as long as the
                 // `PING` takes.
-                let answered = conn
-                    .ping(|push| {
-                        with_listener(&|l| handle(l, &tracking.prefix, &push));
-                    })
-                    .await;
-                let as_of = answered.ok();
-                with_listener(&|l| confirm.confirmed(l, as_of))
+                let answered = conn.ping(|push| handle(tracked, &push)).await;
+                let confirmed = answered.ok().map(|at| Confirmed { at, covers });
+                confirm.confirmed(tracked, confirmed);
             }
-        };
-        if !alive {
-            return;
         }
     }
 }
 
-/// Turns tracking on, or subscribes to the announced changes, on the
-/// connection just made.
+/// Turns tracking on for `prefixes`, or subscribes to their announced
+/// changes, on the connection (just made, or live and tracking others).
 async fn set_up(
     conn: &mut PushConnection,
     tracking: &Tracking,
-    pattern: &str,
+    prefixes: &[String],
     announced: bool,
 ) -> Result<(), BackendError> {
     let timeout = tracking.options.response_timeout;
+    if prefixes.is_empty() {
+        return Ok(());
+    }
     let Some(c) = conn.conn() else {
         return Err(super::push::disconnected("CLIENT TRACKING"));
     };
     if announced {
-        with_deadline("PSUBSCRIBE", timeout, c.psubscribe(pattern)).await
+        let patterns: Vec<String> = prefixes.iter().map(|p| announced_pattern(p)).collect();
+        with_deadline("PSUBSCRIBE", timeout, c.psubscribe(patterns)).await
     } else {
         let mut on = redis::cmd("CLIENT");
-        on.arg("TRACKING")
-            .arg("ON")
-            .arg("BCAST")
-            .arg("PREFIX")
-            .arg(&tracking.prefix);
+        on.arg("TRACKING").arg("ON").arg("BCAST");
+        for prefix in prefixes {
+            on.arg("PREFIX").arg(prefix);
+        }
         with_deadline("CLIENT TRACKING", timeout, on.query_async::<Value>(c))
             .await
             .map(drop)
@@ -326,9 +326,9 @@ async fn set_up(
 }
 
 /// Handles one push: a tracking invalidation, or an announced change.
-fn handle(listener: &dyn ChangeListener, prefix: &str, push: &PushInfo) {
+fn handle(tracked: &Tracked, push: &PushInfo) {
     if push.kind == PushKind::PMessage {
-        announced(listener, prefix, push);
+        announced(tracked, push);
         return;
     }
     if push.kind != PushKind::Invalidate {
@@ -338,20 +338,20 @@ fn handle(listener: &dyn ChangeListener, prefix: &str, push: &PushInfo) {
         Some(Value::Array(keys)) | Some(Value::Set(keys)) => {
             for key in keys {
                 match key {
-                    Value::BulkString(key) => listener.changed(key),
-                    Value::SimpleString(key) => listener.changed(key.as_bytes()),
-                    _ => listener.reset(),
+                    Value::BulkString(key) => tracked.changed(key),
+                    Value::SimpleString(key) => tracked.changed(key.as_bytes()),
+                    _ => tracked.reset_all(),
                 }
             }
         }
         // `nil`: the database was flushed.
-        _ => listener.reset(),
+        _ => tracked.reset_all(),
     }
 }
 
 /// Handles an announced change: `[pattern, channel, message]`, the channel
 /// a value's (`<value key>:filled`) or a mark's (`<mark key>:filled`).
-fn announced(listener: &dyn ChangeListener, prefix: &str, push: &PushInfo) {
+fn announced(tracked: &Tracked, push: &PushInfo) {
     let bytes = |v: Option<&Value>| match v {
         Some(Value::BulkString(b)) => Some(b.clone()),
         Some(Value::SimpleString(s)) => Some(s.clone().into_bytes()),
@@ -367,19 +367,23 @@ fn announced(listener: &dyn ChangeListener, prefix: &str, push: &PushInfo) {
     let Some(key) = channel.strip_suffix(ANNOUNCED_SUFFIX.as_bytes()) else {
         return;
     };
+    let Some(prefix) = tracked.prefix_of(key) else {
+        return;
+    };
     // A mark moves the namespace's generation too (one script, one
     // announcement): reported first, as tracking would.
     let marks = format!("{prefix}#}}:");
     if key.starts_with(marks.as_bytes()) {
-        listener.changed(format!("{marks}gen").as_bytes());
+        tracked.changed(format!("{marks}gen").as_bytes());
     }
-    listener.changed(key);
+    tracked.changed(key);
 }
 
-/// The cluster's masters' confirmations: the listener is in sync as of the
-/// oldest among the current masters (none yet: not in sync).
+/// The cluster's masters' confirmations: the listeners are in sync as of
+/// the oldest among the current masters, for the registrations every one
+/// of them has taken on (none yet: not in sync).
 struct Confirmations {
-    nodes: Mutex<HashMap<String, Option<Instant>>>,
+    nodes: Mutex<HashMap<String, Option<Confirmed>>>,
 }
 
 /// A cluster node's confirmations, reported into [`Confirmations`].
@@ -389,31 +393,40 @@ struct NodeConfirm {
 }
 
 impl Confirmations {
-    fn publish(&self, listener: &dyn ChangeListener) {
+    fn publish(&self, tracked: &Tracked) {
         let nodes = self.nodes.lock();
         let oldest = nodes
             .values()
-            .try_fold(None::<Instant>, |oldest, at| {
-                at.map(|at| Some(oldest.map_or(at, |o: Instant| o.min(at))))
+            .try_fold(None::<Confirmed>, |oldest, node| {
+                let node = (*node)?;
+                Some(Some(match oldest {
+                    None => node,
+                    Some(o) => Confirmed {
+                        at: o.at.min(node.at),
+                        covers: o.covers.min(node.covers),
+                    },
+                }))
             })
             .flatten();
-        listener.synced(oldest);
+        drop(nodes);
+        tracked.synced(oldest);
     }
 }
 
 impl Confirm for NodeConfirm {
-    fn confirmed(&self, listener: &dyn ChangeListener, as_of: Option<Instant>) {
+    fn confirmed(&self, tracked: &Tracked, confirmed: Option<Confirmed>) {
         if let Some(slot) = self.all.nodes.lock().get_mut(&self.addr) {
-            *slot = as_of;
+            *slot = confirmed;
         } else {
             // No longer a master: its word does not count.
             return;
         }
-        self.all.publish(listener);
+        self.all.publish(tracked);
     }
 }
 
-/// Tracks every master of the cluster, following the router's slot map.
+/// Tracks every master of the cluster, following the router's slot map,
+/// for as long as a listener lives.
 pub(super) fn track_cluster(router: WeakRouter, tracking: Tracking) {
     tokio::spawn(async move {
         let all = Arc::new(Confirmations {
@@ -424,18 +437,16 @@ pub(super) fn track_cluster(router: WeakRouter, tracking: Tracking) {
             Some(router) => router.changes(),
             None => return,
         };
+        let tracked = tracking.tracked.clone();
         loop {
             let Some(router) = router.upgrade() else {
                 break;
             };
             let masters = router.masters();
             drop(router);
-            let Some(listener) = tracking.listener.upgrade() else {
-                break;
-            };
-            if tracking.mode.load(Ordering::SeqCst) == REFUSED {
-                // Refused for good: nothing is confirmed any more.
-                listener.synced(None);
+            if !tracked.keep_going() {
+                // Every listener gone, or refused for good (those told
+                // they are not in sync when they refused).
                 break;
             }
             let mut changed = false;
@@ -476,12 +487,11 @@ pub(super) fn track_cluster(router: WeakRouter, tracking: Tracking) {
                 changed = true;
             }
             if changed {
-                all.publish(&*listener);
+                all.publish(&tracked);
             }
-            drop(listener);
             // The slot map changed, or a periodic look (a node's task may
-            // have ended with its listener... or the map may have changed
-            // without a notification we saw).
+            // have ended, or the map may have changed without a
+            // notification we saw).
             let _ = tokio::time::timeout(Duration::from_secs(1), changes.changed()).await;
         }
         for task in tasks.values() {
@@ -493,8 +503,10 @@ pub(super) fn track_cluster(router: WeakRouter, tracking: Tracking) {
 #[cfg(test)]
 mod tests {
     use parking_lot::Mutex;
+    use tokio::time::Instant;
 
     use super::*;
+    use crate::backend::ChangeListener;
 
     #[derive(Default)]
     struct Heard(Mutex<Vec<String>>);
@@ -533,14 +545,26 @@ mod tests {
 
     #[test]
     fn announcements_name_the_changed_keys() {
-        let heard = Heard::default();
-        handle(&heard, "ns:{", &pmessage("ns:{k}:filled", "set"));
+        let heard = Arc::new(Heard::default());
+        let listener: Arc<dyn ChangeListener> = heard.clone();
+        let tracked = Tracked::new();
+        tracked
+            .add(
+                "ns:{",
+                Duration::from_millis(50),
+                Arc::downgrade(&listener),
+                None,
+            )
+            .unwrap();
+        handle(&tracked, &pmessage("ns:{k}:filled", "set"));
         // A lost lease changed nothing.
-        handle(&heard, "ns:{", &pmessage("ns:{k}:filled", "lost"));
+        handle(&tracked, &pmessage("ns:{k}:filled", "lost"));
         // A mark: the generation, then the mark.
-        handle(&heard, "ns:{", &pmessage("ns:{#}:tag:t:filled", "mark"));
+        handle(&tracked, &pmessage("ns:{#}:tag:t:filled", "mark"));
         // Not an announcement.
-        handle(&heard, "ns:{", &pmessage("ns:{k}:other", "set"));
+        handle(&tracked, &pmessage("ns:{k}:other", "set"));
+        // Another namespace's.
+        handle(&tracked, &pmessage("other:{k}:filled", "set"));
         assert_eq!(
             *heard.0.lock(),
             ["ns:{k}", "ns:{#}:gen", "ns:{#}:tag:t"].map(String::from)
