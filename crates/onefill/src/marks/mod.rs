@@ -94,6 +94,11 @@ pub(crate) struct Marks {
     base: Instant,
     /// Milliseconds since `base` until which held marks are trusted.
     trusted_until: AtomicU64,
+    /// With an L1: the last read of the marks that failed, and until when
+    /// (milliseconds since `base`) calls judge by the last marks known
+    /// rather than each wait for a read of their own (see [`Marks::read`]).
+    unreachable: Mutex<Option<(BackendError, u64)>>,
+    unreachable_until: AtomicU64,
     trust: Trust,
     /// How long a read of the marks may take while some are held: within
     /// the calls it is made for (half the backend timeout), so that a value
@@ -116,7 +121,7 @@ pub(crate) struct Marks {
 /// again (the call would not have the time), it judges by the marks last
 /// known.
 #[derive(Debug, Default)]
-pub(crate) struct Beside(Option<BackendError>);
+pub(crate) struct Beside(Option<(BackendError, u64)>);
 
 impl std::fmt::Debug for Marks {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -139,6 +144,8 @@ impl Marks {
             changes: AtomicU64::new(0),
             base: Instant::now(),
             trusted_until: AtomicU64::new(0),
+            unreachable: Mutex::new(None),
+            unreachable_until: AtomicU64::new(0),
             trust,
             read_limit,
             support: AtomicU8::new(SUPPORT_UNKNOWN),
@@ -178,6 +185,16 @@ impl Marks {
             // background read refreshes it (see `namespace_beside`).
             Trust::Rechecked(every) => now < held.read_at + 2 * every,
         }
+    }
+
+    /// The failed read calls judge by (with the change count it began
+    /// at), while the marks were out of reach less than a recheck period
+    /// ago (with an L1 only; see [`Marks::read`]).
+    fn recently_unreachable(&self, now: Instant) -> Option<(BackendError, u64)> {
+        if self.millis(now) >= self.unreachable_until.load(Ordering::Acquire) {
+            return None;
+        }
+        self.unreachable.lock().clone()
     }
 
     fn unsupported(&self) -> bool {
@@ -258,16 +275,34 @@ impl Marks {
                 // or failing over: nobody can mark meanwhile) keep judging
                 // for another period, so reads do not each wait for the
                 // next read of them to fail.
-                if let Trust::Rechecked(every) = self.trust {
-                    let floor = Instant::now().checked_sub(every).unwrap_or(read_at);
-                    for held in self.held.lock().values_mut() {
-                        held.read_at = held.read_at.max(floor);
+                match self.trust {
+                    Trust::Rechecked(every) => {
+                        let floor = Instant::now().checked_sub(every).unwrap_or(read_at);
+                        for held in self.held.lock().values_mut() {
+                            held.read_at = held.read_at.max(floor);
+                        }
+                    }
+                    // With an L1, the marks are read again whenever the
+                    // backend cannot vouch for them (any master's tracking
+                    // lost): while their own master is out of reach, calls
+                    // judge by the last ones known for a recheck period
+                    // rather than each wait for its read to fail (a hung
+                    // master of the marks made every load of every key
+                    // half a second slower). A reset since lets a call try
+                    // again (`judge`).
+                    Trust::Reported(_) => {
+                        let until = self
+                            .millis(Instant::now())
+                            .saturating_add(u64::try_from(RECHECK.as_millis()).unwrap_or(0));
+                        *self.unreachable.lock() = Some((e.clone(), ticket));
+                        self.unreachable_until.store(until, Ordering::Release);
                     }
                 }
                 return Err(e);
             }
         };
         self.support.store(SUPPORTED, Ordering::Relaxed);
+        self.unreachable_until.store(0, Ordering::Release);
         if marks.len() != keys.len() {
             return Err(BackendError::new(
                 BackendErrorKind::Protocol,
@@ -323,6 +358,9 @@ impl Marks {
         if self.unsupported() || self.namespace_held(now) {
             return Beside::default();
         }
+        if let Some(failed) = self.recently_unreachable(now) {
+            return Beside(Some(failed));
+        }
         if let Trust::Rechecked(every) = self.trust {
             let usable = self
                 .held
@@ -340,7 +378,13 @@ impl Marks {
                 return Beside::default();
             }
         }
-        Beside(self.read(backend.as_ref(), &[]).await.err())
+        let ticket = self.changes();
+        Beside(
+            self.read(backend.as_ref(), &[])
+                .await
+                .err()
+                .map(|e| (e, ticket)),
+        )
     }
 
     /// The verdict on `stored` from the marks held and trusted now, if
@@ -380,7 +424,7 @@ impl Marks {
         if self.unsupported() || !stale && self.namespace_held(Instant::now()) {
             return;
         }
-        if beside.0.is_some() {
+        if beside.0.is_some() || self.recently_unreachable(Instant::now()).is_some() {
             // Out of reach a moment ago: not worth the call's time.
             return;
         }
@@ -445,31 +489,49 @@ impl Marks {
                 }
             }
         }
-        let read = match &beside.0 {
-            Some(e) => Err(e.clone()),
-            None => self.read(backend, &tags).await,
+        let failed = beside.0.clone().or_else(|| self.recently_unreachable(now));
+        let (read, ticket) = match failed {
+            Some((e, ticket)) => (Err(e), ticket),
+            None => {
+                let ticket = self.changes();
+                (self.read(backend, &tags).await, ticket)
+            }
+        };
+        // The marks are out of reach (on a cluster, their master may be
+        // down while the value's answers): the last marks known judge, if
+        // this process knows every one needed. Nobody can mark while their
+        // master is down, and what was marked before reached this process
+        // unless it came in the last moments before; a value whose marks
+        // were never known is not answered.
+        let last_known = |e: BackendError| {
+            marks
+                .iter()
+                .zip(&held)
+                .map(|(m, v)| match (m, v) {
+                    (_, Some(v)) => Some(*v),
+                    (None, None) => Some(Verdict::Valid),
+                    (Some(m), None) => self.held_verdict(m, now, false),
+                })
+                .collect::<Option<Vec<Verdict>>>()
+                .ok_or(e)
         };
         let read = match read {
             Ok(Some(read)) => read,
             Ok(None) => return Ok(vec![Verdict::Valid; stored.len()]),
-            // The marks are out of reach (on a cluster, their master may be
-            // down while the value's answers): the last marks known judge,
-            // if this process knows every one needed. Nobody can mark while
-            // their master is down, and what was marked before reached this
-            // process unless it came in the last moments before; a value
-            // whose marks were never known is not answered.
-            Err(e) => {
-                return marks
-                    .iter()
-                    .zip(held)
-                    .map(|(m, v)| match (m, v) {
-                        (_, Some(v)) => Some(v),
-                        (None, None) => Some(Verdict::Valid),
-                        (Some(m), None) => self.held_verdict(m, now, false),
-                    })
-                    .collect::<Option<Vec<Verdict>>>()
-                    .ok_or(e)
-            }
+            Err(e) => match last_known(e) {
+                Ok(verdicts) => return Ok(verdicts),
+                // A reset came while the read failed (a cluster's tracking
+                // took on a new master, say: the marks' master failed over)
+                // and took what was known with it: one more read, which
+                // finds the marks where they are now, rather than an error
+                // for a value whose marks were known a moment ago.
+                Err(e) if self.changes() != ticket => match self.read(backend, &tags).await {
+                    Ok(Some(read)) => read,
+                    Ok(None) => return Ok(vec![Verdict::Valid; stored.len()]),
+                    Err(_) => return Err(e),
+                },
+                Err(e) => return Err(e),
+            },
         };
         let of = |tag: &[u8]| {
             let at = tags.iter().position(|t| *t == tag)?;
