@@ -31,7 +31,7 @@ use crate::wait::WaitPolicy;
 /// | namespace | `onefill` |
 /// | backend | a new [`MemoryBackend`] |
 /// | codec | [`JsonCodec`] |
-/// | L1 | on the embedded backend: 10,000 entries; elsewhere off ([`CacheBuilder::l1`], [`CacheBuilder::no_l1`]) |
+/// | L1 | 10,000 entries on the embedded and the Redis backend, off on other backends unless they ask for one ([`Backend::default_l1`]); [`CacheBuilder::l1`], [`CacheBuilder::no_l1`] |
 /// | ttl | 60 s |
 /// | grace (stale-while-refresh window) | 0 (off) |
 /// | jitter | up to 10 % shorter |
@@ -57,8 +57,8 @@ pub struct CacheBuilder<K, V> {
     #[cfg(feature = "redis")]
     redis: Option<crate::backend::redis::RedisBackend>,
     codec: Option<Arc<dyn Codec<V>>>,
-    /// `None`: the default (an L1 on an in-process store only);
-    /// `Some(None)`: none.
+    /// `None`: the default (an L1 where the backend asks for one, see
+    /// `Backend::default_l1`); `Some(None)`: none.
     l1: Option<Option<L1>>,
     /// Set by the generated setters in `options.rs`.
     pub(crate) policy: Policy,
@@ -121,7 +121,9 @@ impl<K, V> CacheBuilder<K, V> {
         self
     }
     /// An in-process L1 in front of the backend, kept coherent by it (see
-    /// [`L1`]). Off by default.
+    /// [`L1`]), instead of the default one (10,000 entries on the embedded
+    /// and the Redis backend). A backend that cannot keep it coherent makes
+    /// [`build`](CacheBuilder::build) fail.
     ///
     /// ```
     /// let cache = onefill::Cache::<u64, String>::builder()
@@ -134,9 +136,8 @@ impl<K, V> CacheBuilder<K, V> {
         self.l1 = Some(Some(l1));
         self
     }
-    /// No L1, even on the embedded backend (where a cache has one of
-    /// 10,000 entries by default: that store reports every change before
-    /// the write returns, so the L1 only saves the decode).
+    /// No L1, not even the default one (10,000 entries on the embedded and
+    /// the Redis backend): every call reads the backend.
     pub fn no_l1(mut self) -> Self {
         self.l1 = Some(None);
         self
@@ -148,8 +149,10 @@ impl<K, V> CacheBuilder<K, V> {
     }
 }
 
-/// The L1 a cache on the embedded backend has unless told otherwise.
-const EMBEDDED_L1_ENTRIES: usize = 10_000;
+/// The size of the L1 a cache has unless told otherwise, on a backend
+/// that asks for one (`Backend::default_l1`): the embedded and the Redis
+/// backend. Why 10,000 entries: the L1 guide's "The default L1".
+pub(crate) const DEFAULT_L1_ENTRIES: usize = 10_000;
 
 /// The builder's setter of every option of the table in `options.rs`, per
 /// call and cache-wide alike (the table's defaults and checks are the
@@ -209,9 +212,13 @@ where
             .backend
             .unwrap_or_else(|| Arc::new(MemoryBackend::new()));
         let codec = self.codec.unwrap_or_else(|| Arc::new(JsonCodec));
+        // The L1 asked for, or the default one if the backend asks for it.
+        // Only the one asked for may fail the build: the default gives way
+        // to no L1 where the backend cannot keep it coherent.
+        let explicit = self.l1.is_some();
         let l1 = match self.l1 {
             Some(choice) => choice,
-            None if backend.in_process() => Some(L1::new(EMBEDDED_L1_ENTRIES)),
+            None if backend.default_l1() => Some(L1::new(DEFAULT_L1_ENTRIES)),
             None => None,
         };
         if let Some(l1) = &l1 {
@@ -221,8 +228,65 @@ where
         if let Some(redis) = &self.redis {
             redis.check_durability_against(self.policy.backend_timeout);
         }
+        #[cfg(feature = "redis")]
+        let redis = self.redis;
+        let parts = Parts {
+            namespace: self.namespace,
+            backend,
+            codec,
+            policy: self.policy,
+            #[cfg(feature = "redis")]
+            redis,
+        };
+        let shared = match parts.clone().shared(l1.as_ref()) {
+            Ok(shared) => shared,
+            Err(refusal) if !explicit => {
+                // Not asked for: the cache goes on as it did before the
+                // default L1 (which a backend that asks for it should not
+                // refuse; a wrapper may), and says so quietly.
+                tracing::info!(
+                    namespace = parts.namespace,
+                    error = %refusal,
+                    "the backend cannot keep the default L1 coherent: the cache has no L1"
+                );
+                parts.shared(None).map_err(|e| ConfigError::Option {
+                    option: "l1",
+                    reason: format!("cannot be kept coherent: {e}"),
+                })?
+            }
+            Err(refusal) => {
+                return Err(ConfigError::Option {
+                    option: "l1",
+                    reason: format!("cannot be kept coherent: {refusal}"),
+                })
+            }
+        };
+        Ok(Cache::from_shared(shared))
+    }
+}
+
+/// What a cache is made of besides its L1, kept whole until the backend
+/// has accepted to keep the L1 coherent (a default L1 it refuses gives way
+/// to none: `CacheBuilder::build`).
+#[derive(Clone)]
+struct Parts<V> {
+    namespace: String,
+    backend: Arc<dyn Backend>,
+    codec: Arc<dyn Codec<V>>,
+    policy: Policy,
+    #[cfg(feature = "redis")]
+    redis: Option<crate::backend::redis::RedisBackend>,
+}
+
+impl<V> Parts<V>
+where
+    V: Serialize + DeserializeOwned + Clone + Send + Sync + 'static,
+{
+    /// The cache's shared state with `l1`, its change reports asked of the
+    /// backend. Err: the backend's refusal to report changes.
+    fn shared(self, l1: Option<&L1>) -> Result<Arc<Shared<V>>, crate::error::BackendError> {
         #[allow(unused_mut)]
-        let mut shared = Shared::new(self.namespace, backend, codec, self.policy, l1.as_ref());
+        let mut shared = Shared::new(self.namespace, self.backend, self.codec, self.policy, l1);
         #[cfg(feature = "redis")]
         {
             shared.calls.redis = self.redis;
@@ -238,26 +302,19 @@ where
                 }
             }));
         }
-        if let (Some(local), Some(l1)) = (&shared.l1, &l1) {
+        if let (Some(local), Some(l1)) = (&shared.l1, l1) {
             // The cache listens, not its L1: a report reaches the outage
             // fallback and the namespace's marks too (see `coherence.rs`;
             // the L1's prefix covers the marks' keys). Held weakly by the
             // backend, for as long as the cache's handles live. (Without
             // an L1, the marks are read again after a while instead.)
             let listener: Arc<dyn ChangeListener> = shared.clone();
-            shared
-                .calls
-                .backend
-                .track_changes(
-                    local.prefix(),
-                    l1.confirm_every(),
-                    Arc::downgrade(&listener),
-                )
-                .map_err(|e| ConfigError::Option {
-                    option: "l1",
-                    reason: format!("cannot be kept coherent: {e}"),
-                })?;
+            shared.calls.backend.track_changes(
+                local.prefix(),
+                l1.confirm_every(),
+                Arc::downgrade(&listener),
+            )?;
         }
-        Ok(Cache::from_shared(shared))
+        Ok(shared)
     }
 }

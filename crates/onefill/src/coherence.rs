@@ -61,8 +61,16 @@ impl<V: Clone + Send + Sync + 'static> ChangeListener for Shared<V> {
         self.forget_every_copy();
         // A mark among them would have detached the flights and loads under
         // way (they may predate it): a call from now on must not share them.
-        self.flights.detach_all();
-        self.loads.detach_all();
+        // Not before the backend first confirmed its reports (the reset
+        // of a cache's first tracking connection, a few ms after it was
+        // built): until then the cache heard of no change, no mark, and
+        // trusted none of what it read, as a cache without an L1; its
+        // flights are shared as that cache's would be, and a herd at
+        // start-up stays one flight.
+        if self.ever_synced.load(Ordering::SeqCst) {
+            self.flights.detach_all();
+            self.loads.detach_all();
+        }
     }
 
     fn untracked(&self, refusal: &crate::error::BackendError) -> bool {
@@ -72,6 +80,9 @@ impl<V: Clone + Send + Sync + 'static> ChangeListener for Shared<V> {
     }
 
     fn synced(&self, as_of: Option<Instant>) {
+        if as_of.is_some() {
+            self.ever_synced.store(true, Ordering::SeqCst);
+        }
         self.marks.synced(as_of);
         if let Some(l1) = &self.l1 {
             l1.synced(as_of);

@@ -55,6 +55,9 @@ pub(crate) struct Shared<V> {
     pub l1: Option<Arc<Local<V>>>,
     /// The namespace's marks (tags, `clear`) as this process knows them.
     pub marks: Arc<Marks>,
+    /// Whether the backend ever confirmed it reports every change (see
+    /// `coherence.rs`: until then, a reset splits no flight).
+    pub ever_synced: std::sync::atomic::AtomicBool,
     /// Writes that failed for want of the backend, to replay once it
     /// answers (see `replay.rs`).
     pub replays: Replays,
@@ -130,6 +133,7 @@ impl<V: Clone + 'static> Shared<V> {
             epoch: AtomicU64::new(0),
             refreshing: Refreshing::default(),
             marks,
+            ever_synced: std::sync::atomic::AtomicBool::new(false),
         }
     }
 

@@ -158,6 +158,61 @@ async fn standalone_every_write_reaches_the_other_l1() {
     coherence(a, b, &ns, |_| &server).await;
 }
 
+/// A cache built with no word about the L1.
+fn default_cache(ns: &str, backend: RedisBackend) -> Cache<String, String> {
+    Cache::builder()
+        .namespace(ns)
+        .backend(backend)
+        .ttl(Duration::from_secs(60))
+        .build()
+        .unwrap()
+}
+
+/// A cache on Redis has an L1 unless told otherwise, and it is the L1 of
+/// the tests above: every write, by the other process or a plain client,
+/// reaches it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standalone_the_default_l1_is_on_and_every_write_reaches_it() {
+    let _limit = time_limit(LIMIT);
+    let server = RedisServer::start();
+    let ns = unique_ns("default");
+    let a = default_cache(&ns, RedisBackend::connect(&as_user(&server)).await.unwrap());
+    let b = default_cache(&ns, RedisBackend::connect(&as_user(&server)).await.unwrap());
+    coherence(a.clone(), b.clone(), &ns, |_| &server).await;
+    // One tracking connection per backend (each opened by a task of its
+    // own, so counted once both L1s have served).
+    let loads = Arc::new(AtomicUsize::new(0));
+    until_l1_serves(&a, "other", &loads).await;
+    until_l1_serves(&b, "other", &loads).await;
+    assert_eq!(tracking_clients(&server), 2);
+}
+
+/// `.no_l1()`: no tracking connection, and every call reads Redis.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standalone_no_l1_reads_redis_every_time() {
+    let _limit = time_limit(LIMIT);
+    let server = RedisServer::start();
+    let ns = unique_ns("no-l1");
+    let cache: Cache<String, String> = Cache::builder()
+        .namespace(&ns)
+        .backend(RedisBackend::connect(&as_user(&server)).await.unwrap())
+        .no_l1()
+        .ttl(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let loads = Arc::new(AtomicUsize::new(0));
+    fetch(&cache, "k", &loads).await;
+    for _ in 0..20 {
+        assert_eq!(fetch(&cache, "k", &loads).await.1, Outcome::Hit);
+    }
+    let stats = cache.stats();
+    assert_eq!(
+        (stats.hits, stats.l1_hits, loads.load(Ordering::SeqCst)),
+        (20, 0, 1)
+    );
+    assert_eq!(tracking_clients(&server), 0);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_every_write_reaches_the_other_l1() {
     let _limit = time_limit(LIMIT);

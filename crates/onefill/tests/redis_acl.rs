@@ -255,3 +255,14 @@ async fn an_l1_without_tracking_keeps_coherent_with_the_guides_grant() {
         "refusals other than tracking: {log:?}"
     );
 }
+
+/// The Redis guide shows the README's line, word for word.
+#[test]
+fn the_guide_shows_the_readme_line() {
+    let guide = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/guide/redis.md"));
+    let line = acl::readme(acl::Deployment {
+        l1: true,
+        cluster: false,
+    });
+    assert!(guide.lines().any(|l| l == line), "{line}");
+}

@@ -12,6 +12,10 @@ use onefill::redis::RedisBackend;
 use onefill::{Cache, CircuitState, Outcome};
 use onefill_testkit::{time_limit, RedisCluster, RedisServer};
 
+// The caches here have no L1: these tests follow calls to the masters
+// (redirections, migrations, a hung master's breaker), which an L1 would
+// answer first. `l1_redis.rs` has the L1 on a cluster.
+
 /// Cluster tests take seconds each (a 3-master cluster forms in a few); past this they hang.
 const LIMIT: Duration = Duration::from_secs(120);
 
@@ -91,6 +95,7 @@ async fn a_key_with_grace_whose_slot_starts_to_migrate<'c>(
     let cache = Cache::<String, String>::builder()
         .namespace(&ns)
         .backend(connect(cluster).await)
+        .no_l1()
         .grace(grace)
         .strict(true)
         .build()
@@ -273,11 +278,13 @@ async fn a_load_leased_before_a_migration_never_stores_over_a_write_made_during_
     let loading = Cache::<String, String>::builder()
         .namespace(&ns)
         .backend(connect(&cluster).await)
+        .no_l1()
         .build()
         .unwrap();
     let writing = Cache::<String, String>::builder()
         .namespace(&ns)
         .backend(connect(&cluster).await)
+        .no_l1()
         .strict(true)
         .build()
         .unwrap();
@@ -350,6 +357,7 @@ async fn a_hung_master_degrades_only_its_own_keys() {
     let cache = Cache::<String, String>::builder()
         .namespace(&ns)
         .backend(connect(&cluster).await)
+        .no_l1()
         .build()
         .unwrap();
     let keys: Vec<String> = (0..30).map(|i| format!("k{i}")).collect();
@@ -519,6 +527,7 @@ async fn the_circuit_state_forgets_a_master_whose_slots_moved() {
     let cache = Cache::<String, String>::builder()
         .namespace(&ns)
         .backend(connect(&cluster).await)
+        .no_l1()
         .build()
         .unwrap();
     let key = "victim".to_owned();
@@ -573,6 +582,7 @@ async fn unknown_endpoints_mean_the_node_that_answered() {
     let cache = Cache::<String, String>::builder()
         .namespace(unique_ns("unknown"))
         .backend(connect(&cluster).await)
+        .no_l1()
         .build()
         .unwrap();
     // Each master is found at the host of the node that answered, with the

@@ -19,8 +19,8 @@ use onefill_testkit::{time_limit, RedisCluster, RedisServer, TimeLimit};
 
 mod acl;
 
-/// Every backend connects as the README's least-privilege ACL user,
-/// without the L1's addition (the suite's caches have none). The suite
+/// Every backend connects as the README's least-privilege ACL user (the
+/// suite's caches have the default L1 on Redis). The suite
 /// makes its namespaces unique per run, so the user is granted them all;
 /// `redis_acl.rs` shows the line keeping a cache to its own namespaces.
 const ACL_NAMESPACES: &str = "*";
@@ -52,7 +52,7 @@ async fn standalone() -> Standalone {
     let limit = time_limit(LIMIT);
     let server = RedisServer::start();
     Standalone {
-        url: acl::url(&server, ACL_NAMESPACES, false),
+        url: acl::url(&server, ACL_NAMESPACES, true),
         _server: server,
         _limit: limit,
     }
@@ -92,7 +92,7 @@ async fn cluster() -> Cluster {
         c
     });
     Cluster {
-        urls: acl::urls(&c, ACL_NAMESPACES, false),
+        urls: acl::urls(&c, ACL_NAMESPACES, true),
         _cluster: c,
         _limit: limit,
     }

@@ -35,7 +35,7 @@ fn cache(ns: &str, backend: RedisBackend, l1: bool) -> Cache<String, String> {
     let builder = if l1 {
         builder.l1(L1::new(1_000))
     } else {
-        builder
+        builder.no_l1()
     };
     builder.build().unwrap()
 }

@@ -396,10 +396,23 @@ pub trait Backend: Debug + Send + Sync + 'static {
 
     /// Whether the store lives in this process and reports every change
     /// before the write returns (the [`MemoryBackend`](crate::MemoryBackend)).
-    /// A cache on such a store keeps decoded values in an [`L1`](crate::L1)
-    /// by default, so a hit costs a lookup and a clone rather than a decode.
     /// The default: `false`.
     fn in_process(&self) -> bool {
         false
+    }
+
+    /// Whether a cache on this backend has an [`L1`](crate::L1) unless
+    /// told otherwise (`CacheBuilder::l1`, `CacheBuilder::no_l1`): the
+    /// backend reports every change of a value through
+    /// [`track_changes`](Backend::track_changes), cheaply enough that every
+    /// cache may ask. The embedded backend and the Redis backend say yes.
+    /// If `track_changes` then fails anyway, the cache is built without an
+    /// L1 (an L1 asked for explicitly fails the build instead).
+    ///
+    /// The default: [`in_process`](Backend::in_process), so a backend
+    /// written before this method keeps the L1 default it had (and a
+    /// wrapper that forwards every call but this one gives no default L1).
+    fn default_l1(&self) -> bool {
+        self.in_process()
     }
 }

@@ -330,6 +330,10 @@ impl Backend for Judged {
         self.inner.in_process()
     }
 
+    fn default_l1(&self) -> bool {
+        self.inner.default_l1()
+    }
+
     async fn mark(
         &self,
         gen_key: &str,

@@ -442,7 +442,9 @@ impl<B: Backend + ?Sized> FaultyBackend<B> {
 
     /// Says it is in-process if the wrapped store is (see
     /// [`Backend::in_process`]): for a wrapper that only counts calls, so a
-    /// cache on it is built as on the store itself.
+    /// cache on it is built as on the store itself if that is the embedded
+    /// store. (A cache on this wrapper has the default L1 only then, see
+    /// [`Backend::default_l1`]: not over Redis, whatever this says.)
     pub fn in_process_as_inner(mut self) -> Self {
         self.in_process = self.inner.in_process();
         self

@@ -15,23 +15,24 @@ const CHANNELS: &str = "&users:* &orders:*";
 /// What the user is for.
 #[derive(Debug, Clone, Copy)]
 pub struct Deployment {
-    /// Caches with an L1 (`CLIENT TRACKING`).
+    /// Caches with an L1 (`CLIENT TRACKING`); without, every cache is
+    /// built with `no_l1()`.
     pub l1: bool,
     /// A Redis Cluster.
     pub cluster: bool,
 }
 
-/// The README's `ACL SETUSER` line, word for word, with the additions
-/// `deployment` needs.
+/// The README's `ACL SETUSER` line, word for word, with what
+/// `deployment` adds or may drop.
 pub fn readme(deployment: Deployment) -> String {
     let mut line = README
         .lines()
         .find(|l| l.starts_with("ACL SETUSER app "))
         .expect("the README's ACL line")
         .to_owned();
-    if deployment.l1 {
-        line.push(' ');
-        line.push_str(addition("- an L1 adds `"));
+    if !deployment.l1 {
+        let l1 = addition("- caches that are all built with `no_l1()` may drop `");
+        line = line.replace(&format!(" {l1}"), "");
     }
     if deployment.cluster {
         line.push(' ');
@@ -52,7 +53,8 @@ pub fn line(namespace: &str, deployment: Deployment) -> String {
         .replace(CHANNELS, &format!("&{namespace}:*"))
 }
 
-/// The commands of the README's list item starting with `item`.
+/// The commands of the README's list item starting with `item`, up to the
+/// closing backtick.
 fn addition(item: &str) -> &'static str {
     let rest = README
         .lines()

@@ -18,7 +18,9 @@ use parking_lot::Mutex;
 /// its answer: one round trip, a pipeline for the batch methods).
 pub type Counting<B> = FaultyBackend<B>;
 
-/// `inner`, its calls counted; a cache on it is built as on `inner` itself.
+/// `inner`, its calls counted; a cache on it is built as on `inner` itself,
+/// but for the default L1 over Redis: the wrapper does not ask for one
+/// (`Backend::default_l1`), so every call is counted.
 pub fn count_calls<B: Backend>(inner: B) -> Counting<B> {
     FaultyBackend::new(inner).in_process_as_inner()
 }

@@ -622,6 +622,15 @@ impl std::fmt::Debug for Silent {
     }
 }
 
+/// The connection confirmed that every change so far was reported (as it
+/// does once after it is made, before it went silent).
+fn confirmed(heard: &Heard) {
+    let listener = heard.lock().unwrap().clone();
+    if let Some(listener) = listener.and_then(|l| l.upgrade()) {
+        listener.synced(Some(tokio::time::Instant::now()));
+    }
+}
+
 /// The connection is back: the cache is told it may have missed changes.
 fn back(heard: &Heard) {
     let listener = heard.lock().unwrap().clone();
@@ -739,6 +748,7 @@ async fn a_reset_detaches_the_loads_a_missed_mark_would_have() {
         .l1(onefill::L1::new(64))
         .build()
         .expect("valid options");
+    confirmed(&heard);
     let other = process(&store, Duration::ZERO);
     let origin = Origin::default();
     let before = tokio::spawn(origin.fetch(&cache, "k", &["t"], Duration::from_millis(100)));
@@ -762,4 +772,39 @@ async fn a_reset_detaches_the_loads_a_missed_mark_would_have() {
         "a load of its own, begun after the reset"
     );
     assert_eq!(before.await.expect("joined").value, "v1");
+}
+
+/// The counterpart: a reset before the backend ever confirmed (a tracking
+/// connection's first, a few ms after the cache was built) detaches
+/// nothing. Until then the cache heard of no change and trusted none, as
+/// a cache without an L1, so a start-up herd stays one flight (it split in
+/// two when a cache on Redis got the default L1).
+#[tokio::test(start_paused = true)]
+async fn a_reset_before_the_first_confirmation_splits_no_herd() {
+    let store = MemoryBackend::new();
+    let heard = Heard::default();
+    let silent = Silent {
+        store: store.clone(),
+        listener: heard.clone(),
+    };
+    let cache: Cache<String, String> = Cache::builder()
+        .namespace(NS)
+        .backend(silent)
+        .ttl(Duration::from_secs(60))
+        .l1(onefill::L1::new(64))
+        .build()
+        .expect("valid options");
+    let origin = Origin::default();
+    let first = tokio::spawn(origin.fetch(&cache, "k", &[], Duration::from_millis(100)));
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    back(&heard);
+    let second = tokio::spawn(origin.fetch(&cache, "k", &[], Duration::from_millis(100)));
+    assert_eq!(first.await.expect("joined").value, "v1");
+    assert_eq!(second.await.expect("joined").value, "v1");
+    assert_eq!(origin.runs(), 1);
+    assert_eq!(
+        cache.stats().coalesced,
+        1,
+        "the call after the reset joined the flight"
+    );
 }

@@ -19,6 +19,9 @@ use onefill::MemoryBackend;
 struct Relay {
     inner: MemoryBackend,
     calls: Arc<AtomicUsize>,
+    /// Asks for the default L1 (`Backend::default_l1`), though it does not
+    /// forward `track_changes`.
+    asks_for_l1: bool,
 }
 
 impl Relay {
@@ -77,6 +80,9 @@ impl Backend for Relay {
     }
     async fn subscribe(&self, keys: &FillKeys) -> Result<Box<dyn FillSubscription>, BackendError> {
         self.inner().subscribe(keys).await
+    }
+    fn default_l1(&self) -> bool {
+        self.asks_for_l1
     }
 }
 
@@ -182,6 +188,52 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Told {
         event.record(&mut message);
         if message.0 && *event.metadata().level() == tracing::Level::ERROR {
             self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+}
+
+/// A cache on a backend that keeps no L1 coherent (it does not forward
+/// `track_changes`): by default it has no L1 and builds as it always did,
+/// even when the backend asks for the default L1; an L1 asked for fails
+/// the build, saying why.
+#[tokio::test(start_paused = true)]
+async fn a_default_l1_the_backend_cannot_keep_gives_way_to_none() {
+    use onefill::{Cache, ConfigError, L1};
+    for asks_for_l1 in [false, true] {
+        let relay = Relay {
+            asks_for_l1,
+            ..Relay::default()
+        };
+        let cache: Cache<String, String> = Cache::builder()
+            .namespace("default-l1")
+            .backend(relay.clone())
+            .build()
+            .expect("the default L1 never fails a build");
+        cache.set(&"k".to_owned(), "v".to_owned()).await.unwrap();
+        for _ in 0..3 {
+            let value = cache
+                .get_or_load(&"k".to_owned(), |_| async {
+                    Ok::<_, std::io::Error>("loaded".to_owned())
+                })
+                .await
+                .unwrap();
+            assert_eq!(value, "v");
+        }
+        let stats = cache.stats();
+        assert_eq!((stats.hits, stats.l1_hits), (3, 0), "asks: {asks_for_l1}");
+
+        let explicit = Cache::<String, String>::builder()
+            .namespace("default-l1")
+            .backend(relay)
+            .l1(L1::new(100))
+            .build();
+        match explicit {
+            Err(ConfigError::Option { option, reason }) => {
+                assert_eq!(option, "l1");
+                assert!(reason.contains("cannot be kept coherent"), "{reason}");
+            }
+            Err(other) => panic!("another error: {other}"),
+            Ok(_) => panic!("an L1 the backend cannot keep coherent was built"),
         }
     }
 }

@@ -51,6 +51,7 @@ pub fn run(args: &DemoArgs, url: &str) -> anyhow::Result<()> {
             durability_replicas: 0,
             durability_timeout_ms: 50,
             keep_counters: false,
+            no_l1: false,
             chaos: false,
         };
         let report = run_fleet(&run, args.instances, &fresh_namespace())

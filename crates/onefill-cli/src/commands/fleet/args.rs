@@ -165,6 +165,12 @@ pub struct RunArgs {
     #[arg(long)]
     #[serde(default)]
     pub keep_counters: bool,
+    /// No L1 in the workers' caches (`CacheBuilder::no_l1`): every call
+    /// reads Redis, as before the L1 was on by default. Not with --chaos,
+    /// whose workers read through an L1.
+    #[arg(long, conflicts_with = "chaos")]
+    #[serde(default)]
+    pub no_l1: bool,
     /// Chaos check: every process reads random keys through a cache with
     /// an L1 while the parent changes them behind the fleet's back, and
     /// every answer is checked against the server's history (see
@@ -442,6 +448,7 @@ mod tests {
             durability_replicas: 0,
             durability_timeout_ms: 50,
             keep_counters: true,
+            no_l1: false,
             chaos: true,
         }
     }

@@ -231,12 +231,22 @@ impl Raw {
     }
 }
 
-/// The onefill cache of the strategy (none for the naive one), with `l1`
-/// in front of it if given.
+/// The L1 of a cache of the fleet's.
+pub enum L1Choice {
+    /// The library's default (on Redis, an L1 of 10,000 entries).
+    Default,
+    /// None (`CacheBuilder::no_l1`).
+    Off,
+    /// This one.
+    On(L1),
+}
+
+/// The onefill cache of the strategy (none for the naive one), with the L1
+/// chosen.
 pub async fn cache(
     run: &RunArgs,
     namespace: &str,
-    l1: Option<L1>,
+    l1: L1Choice,
 ) -> anyhow::Result<Option<Cache<String, String>>> {
     Ok(match run.strategy {
         FleetStrategy::Naive => None,
@@ -264,9 +274,11 @@ pub async fn cache(
             if run.strict {
                 builder = builder.strict(true);
             }
-            if let Some(l1) = l1 {
-                builder = builder.l1(l1);
-            }
+            builder = match l1 {
+                L1Choice::Default => builder,
+                L1Choice::Off => builder.no_l1(),
+                L1Choice::On(l1) => builder.l1(l1),
+            };
             Some(builder.build()?)
         }
     })

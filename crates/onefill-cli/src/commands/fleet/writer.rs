@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, Context};
 
 use super::args::RunArgs;
-use super::connections::cache;
+use super::connections::{cache, L1Choice};
 use super::written::{WriteKind, WritePlan, Written};
 
 /// The running writer: join it after the run.
@@ -47,7 +47,8 @@ async fn write(
     namespace: String,
     started: Instant,
 ) -> anyhow::Result<Written> {
-    let cache = cache(&run, &namespace, None)
+    // One write, no read: an L1 would only open a tracking connection.
+    let cache = cache(&run, &namespace, L1Choice::Off)
         .await?
         .context("--expire-at-ms and --invalidate-at-ms need a onefill strategy")?;
     let key = run.keys.first().context("no key")?.clone();

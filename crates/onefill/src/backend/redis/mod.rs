@@ -725,6 +725,13 @@ impl Backend for RedisBackend {
         Ok(())
     }
 
+    /// Every change is reported (`CLIENT TRACKING`, or where the server
+    /// refuses it, onefill's announcements: see `track_changes`), so a
+    /// cache on Redis has an L1 unless told otherwise.
+    fn default_l1(&self) -> bool {
+        true
+    }
+
     /// Standalone: one shard (under Sentinel, one per primary in turn).
     /// Cluster: the master that serves the key's slot now.
     fn shard(&self, keys: &FillKeys) -> u64 {

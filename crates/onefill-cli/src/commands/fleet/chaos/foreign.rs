@@ -22,7 +22,7 @@ use super::random::Random;
 use super::records::{now_us, ForeignOp, Observation, OpKind};
 use super::version::{held, value_of};
 use crate::commands::fleet::args::RunArgs;
-use crate::commands::fleet::connections::{cache, Raw};
+use crate::commands::fleet::connections::{cache, L1Choice, Raw};
 
 /// Read, act, read, `TIME`: one atomic step on the server.
 const ACT: &str = r"
@@ -71,7 +71,7 @@ impl Foreign {
             runtime.block_on(async move {
                 let connected = async {
                     let raw = Raw::connect(&run).await?;
-                    let cache = cache(&run, &namespace, None)
+                    let cache = cache(&run, &namespace, L1Choice::Off)
                         .await?
                         .context("the chaos run needs a onefill strategy")?;
                     anyhow::Ok((raw, cache))

@@ -324,6 +324,7 @@ mod tests {
             durability_replicas: 0,
             durability_timeout_ms: 50,
             keep_counters: false,
+            no_l1: false,
             chaos: false,
         }
     }

@@ -13,7 +13,7 @@ use onefill::L1;
 use super::callers::steady_or_herd;
 use crate::commands::fleet::args::WorkerArgs;
 use crate::commands::fleet::chaos::reader::read_at_random;
-use crate::commands::fleet::connections::{cache, Raw};
+use crate::commands::fleet::connections::{cache, L1Choice, Raw};
 use crate::commands::fleet::protocol::{NOT_READY, READY};
 use crate::commands::fleet::report::WorkerReport;
 use crate::shared::output::{describe, is_broken_pipe, print_line};
@@ -61,7 +61,14 @@ async fn work(args: &WorkerArgs) -> Result<String, Failure> {
     let raw = Arc::new(Raw::connect(run).await.map_err(Failure::Startup)?);
     // A chaos worker reads through an L1 with the default sync bound: the
     // bound its answers are held to.
-    let l1 = run.chaos.then(|| L1::new(CHAOS_L1_ENTRIES));
+    // Otherwise the library's default, unless --no-l1.
+    let l1 = if run.chaos {
+        L1Choice::On(L1::new(CHAOS_L1_ENTRIES))
+    } else if run.no_l1 {
+        L1Choice::Off
+    } else {
+        L1Choice::Default
+    };
     let cache = cache(run, &args.namespace, l1)
         .await
         .map_err(Failure::Startup)?;
