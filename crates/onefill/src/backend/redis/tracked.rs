@@ -251,32 +251,59 @@ impl Tracked {
     /// says whether it goes on with onefill's announcements (those that do
     /// not are dropped, never in sync again). Whether any goes on.
     pub(super) fn refused(&self, refusal: &BackendError) -> bool {
-        let mut state = self.state.lock();
-        state.refusal = Some(refusal.clone());
-        let entries = std::mem::take(&mut state.entries);
-        drop(state);
-        let mut kept = Vec::new();
-        for e in entries {
-            let Some(l) = e.listener.upgrade() else {
-                continue;
-            };
-            if l.untracked(refusal) {
-                kept.push(e);
-            } else {
+        let asked: Vec<(u64, Arc<dyn ChangeListener>)> = {
+            let mut state = self.state.lock();
+            state.refusal = Some(refusal.clone());
+            state
+                .entries
+                .iter()
+                .filter_map(|e| Some((e.number, e.listener.upgrade()?)))
+                .collect()
+        };
+        // Asked without the lock (a listener may take its own); the
+        // entries stay meanwhile, so other connections' reports still
+        // reach them. Those registered meanwhile were asked by `add`.
+        let mut out = Vec::new();
+        for (number, l) in asked {
+            if !l.untracked(refusal) {
                 l.synced(None);
+                out.push(number);
             }
         }
         let mut state = self.state.lock();
-        // Registered meanwhile: asked by `add`, which saw the refusal.
-        kept.append(&mut state.entries);
-        kept.sort_by_key(|e| e.number);
-        state.entries = kept;
+        state.entries.retain(|e| !out.contains(&e.number));
         let any = !state.entries.is_empty();
         let mode = if any { ANNOUNCED } else { REFUSED };
         let _ = self
             .mode
             .compare_exchange(TRACKED, mode, Ordering::SeqCst, Ordering::SeqCst);
         any
+    }
+
+    /// The server refused the channels `prefix`'s changes are announced
+    /// on (an ACL without them): its listeners go, never in sync again
+    /// (their L1s do not serve), and the others go on.
+    pub(super) fn refuse_prefix(&self, prefix: &str, error: &BackendError) {
+        let gone: Vec<Arc<dyn ChangeListener>> = {
+            let mut state = self.state.lock();
+            let (gone, kept): (Vec<Entry>, Vec<Entry>) = std::mem::take(&mut state.entries)
+                .into_iter()
+                .partition(|e| e.prefix == prefix);
+            state.entries = kept;
+            gone.iter().filter_map(|e| e.listener.upgrade()).collect()
+        };
+        if gone.is_empty() {
+            return;
+        }
+        tracing::warn!(
+            prefix,
+            %error,
+            "L1: the server refuses the channels of this namespace's announced changes (grant \
+             them to the ACL user, see the Redis guide): its L1 does not serve"
+        );
+        for l in gone {
+            l.synced(None);
+        }
     }
 
     /// The prefix `key` starts with, of a live registration.

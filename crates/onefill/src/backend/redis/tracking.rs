@@ -311,8 +311,18 @@ async fn set_up(
         return Err(super::push::disconnected("CLIENT TRACKING"));
     };
     if announced {
-        let patterns: Vec<String> = prefixes.iter().map(|p| announced_pattern(p)).collect();
-        with_deadline("PSUBSCRIBE", timeout, c.psubscribe(patterns)).await
+        // One at a time: a server refuses the whole command for one
+        // pattern its ACL does not grant, and one cache's namespace left
+        // out of the ACL must not stop the other caches' L1s.
+        for prefix in prefixes {
+            let pattern = announced_pattern(prefix);
+            match with_deadline("PSUBSCRIBE", timeout, c.psubscribe(&pattern)).await {
+                Ok(()) => {}
+                Err(e) if is_refusal(&e) => tracking.tracked.refuse_prefix(prefix, &e),
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
     } else {
         let mut on = redis::cmd("CLIENT");
         on.arg("TRACKING").arg("ON").arg("BCAST");
