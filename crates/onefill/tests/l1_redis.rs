@@ -543,6 +543,72 @@ async fn cluster_caches_of_a_backend_share_one_tracking_connection_per_master() 
     caches_of_a_backend_share_its_tracking(connect, cluster.nodes().iter().collect()).await;
 }
 
+/// A namespace's cache dropped and built again on a backend whose
+/// tracking connection still serves another cache: the connection
+/// already tracks the prefix (Redis refuses it twice, as overlapping
+/// itself), so it is not sent again; the connection stays up and the
+/// other cache's L1 is not reset.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_namespace_built_again_keeps_the_shared_tracking_connection() {
+    let _limit = time_limit(LIMIT);
+    let server = RedisServer::start();
+    let backend = RedisBackend::connect(&as_user(&server)).await.unwrap();
+    let loads = Arc::new(AtomicUsize::new(0));
+    let stays = cache(&unique_ns("stays"), backend.clone());
+    fetch(&stays, "k", &loads).await;
+    until_l1_serves(&stays, "k", &loads).await;
+    let again = unique_ns("again");
+    let first = cache(&again, backend.clone());
+    fetch(&first, "k", &loads).await;
+    until_l1_serves(&first, "k", &loads).await;
+    let id = tracking_connection(&server);
+    drop(first);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let second = cache(&again, backend.clone());
+    until_l1_serves(&second, "k", &loads).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        tracking_connection(&server),
+        id,
+        "the tracking connection was made again"
+    );
+    let before = stays.stats().l1_hits;
+    fetch(&stays, "k", &loads).await;
+    assert_eq!(
+        stays.stats().l1_hits,
+        before + 1,
+        "the other cache's L1 was reset"
+    );
+}
+
+/// The tracking connection's handshake answered with an error (its
+/// user's password changed as it reconnects) is a failure to connect, not
+/// the server refusing tracking: once the user can log in again, the L1
+/// is tracked again (not switched to onefill's announcements for good,
+/// which this user may not even subscribe to).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_error_reply_to_the_handshake_is_not_a_refusal_of_tracking() {
+    let _limit = time_limit(LIMIT);
+    let server = RedisServer::start();
+    let url = as_user(&server);
+    let ns = unique_ns("handshake");
+    let c = cache(&ns, RedisBackend::connect(&url).await.unwrap());
+    let loads = Arc::new(AtomicUsize::new(0));
+    fetch(&c, "k", &loads).await;
+    until_l1_serves(&c, "k", &loads).await;
+    let user = url
+        .strip_prefix("redis://")
+        .and_then(|rest| rest.split(':').next())
+        .expect("a user in the URL");
+    server.command(&["ACL", "SETUSER", user, "resetpass", ">another"]);
+    server.command(&["CLIENT", "KILL", "ID", &tracking_connection(&server)]);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    as_user(&server);
+    until_l1_serves(&c, "k", &loads).await;
+    // A tracking connection again, not a pattern subscriber.
+    tracking_connection(&server);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_cache_on_the_same_backend_reads_its_writes() {
     another_cache_of_the_same_process_reads_its_writes(false).await;

@@ -94,11 +94,12 @@ pub(crate) struct Marks {
     base: Instant,
     /// Milliseconds since `base` until which held marks are trusted.
     trusted_until: AtomicU64,
-    /// With an L1: the last read of the marks that failed, and until when
-    /// (milliseconds since `base`) calls judge by the last marks known
-    /// rather than each wait for a read of their own (see [`Marks::read`]).
-    unreachable: Mutex<Option<(BackendError, u64)>>,
+    /// With an L1: until when (milliseconds since `base`) calls judge by
+    /// the last marks known, a read of them having failed, rather than
+    /// each wait for a read of their own (see [`Marks::read`]); and the
+    /// change count then (a change reported since ends it).
     unreachable_until: AtomicU64,
+    unreachable_at: AtomicU64,
     trust: Trust,
     /// How long a read of the marks may take while some are held: within
     /// the calls it is made for (half the backend timeout), so that a value
@@ -144,8 +145,8 @@ impl Marks {
             changes: AtomicU64::new(0),
             base: Instant::now(),
             trusted_until: AtomicU64::new(0),
-            unreachable: Mutex::new(None),
             unreachable_until: AtomicU64::new(0),
+            unreachable_at: AtomicU64::new(0),
             trust,
             read_limit,
             support: AtomicU8::new(SUPPORT_UNKNOWN),
@@ -187,14 +188,12 @@ impl Marks {
         }
     }
 
-    /// The failed read calls judge by (with the change count it began
-    /// at), while the marks were out of reach less than a recheck period
-    /// ago (with an L1 only; see [`Marks::read`]).
-    fn recently_unreachable(&self, now: Instant) -> Option<(BackendError, u64)> {
-        if self.millis(now) >= self.unreachable_until.load(Ordering::Acquire) {
-            return None;
-        }
-        self.unreachable.lock().clone()
+    /// Whether a read of the marks failed less than a recheck period ago,
+    /// and no change of them (or reset) was reported since (with an L1
+    /// only; see [`Marks::read`]).
+    fn recently_unreachable(&self, now: Instant) -> bool {
+        self.millis(now) < self.unreachable_until.load(Ordering::Acquire)
+            && self.changes() == self.unreachable_at.load(Ordering::Acquire)
     }
 
     fn unsupported(&self) -> bool {
@@ -294,7 +293,7 @@ impl Marks {
                         let until = self
                             .millis(Instant::now())
                             .saturating_add(u64::try_from(RECHECK.as_millis()).unwrap_or(0));
-                        *self.unreachable.lock() = Some((e.clone(), ticket));
+                        self.unreachable_at.store(ticket, Ordering::Release);
                         self.unreachable_until.store(until, Ordering::Release);
                     }
                 }
@@ -358,8 +357,17 @@ impl Marks {
         if self.unsupported() || self.namespace_held(now) {
             return Beside::default();
         }
-        if let Some(failed) = self.recently_unreachable(now) {
-            return Beside(Some(failed));
+        if self.recently_unreachable(now) {
+            // The verdict judges by the last marks known (`judge`), while
+            // one read in the background finds whether they are back.
+            if !self.refreshing.swap(true, Ordering::SeqCst) {
+                let (marks, backend) = (self.clone(), backend.clone());
+                tokio::spawn(async move {
+                    let _ = marks.read(&*backend, &[]).await;
+                    marks.refreshing.store(false, Ordering::SeqCst);
+                });
+            }
+            return Beside::default();
         }
         if let Trust::Rechecked(every) = self.trust {
             let usable = self
@@ -424,7 +432,7 @@ impl Marks {
         if self.unsupported() || !stale && self.namespace_held(Instant::now()) {
             return;
         }
-        if beside.0.is_some() || self.recently_unreachable(Instant::now()).is_some() {
+        if beside.0.is_some() || self.recently_unreachable(Instant::now()) {
             // Out of reach a moment ago: not worth the call's time.
             return;
         }
@@ -489,21 +497,13 @@ impl Marks {
                 }
             }
         }
-        let failed = beside.0.clone().or_else(|| self.recently_unreachable(now));
-        let (read, ticket) = match failed {
-            Some((e, ticket)) => (Err(e), ticket),
-            None => {
-                let ticket = self.changes();
-                (self.read(backend, &tags).await, ticket)
-            }
-        };
         // The marks are out of reach (on a cluster, their master may be
         // down while the value's answers): the last marks known judge, if
         // this process knows every one needed. Nobody can mark while their
         // master is down, and what was marked before reached this process
         // unless it came in the last moments before; a value whose marks
         // were never known is not answered.
-        let last_known = |e: BackendError| {
+        let last_known = || {
             marks
                 .iter()
                 .zip(&held)
@@ -513,12 +513,25 @@ impl Marks {
                     (Some(m), None) => self.held_verdict(m, now, false),
                 })
                 .collect::<Option<Vec<Verdict>>>()
-                .ok_or(e)
+        };
+        // Out of reach a moment ago: the last known judge without a read,
+        // if they can (else a read, whose failure is this call's).
+        if beside.0.is_none() && self.recently_unreachable(now) {
+            if let Some(verdicts) = last_known() {
+                return Ok(verdicts);
+            }
+        }
+        let (read, ticket) = match &beside.0 {
+            Some((e, ticket)) => (Err(e.clone()), *ticket),
+            None => {
+                let ticket = self.changes();
+                (self.read(backend, &tags).await, ticket)
+            }
         };
         let read = match read {
             Ok(Some(read)) => read,
             Ok(None) => return Ok(vec![Verdict::Valid; stored.len()]),
-            Err(e) => match last_known(e) {
+            Err(e) => match last_known().ok_or(e) {
                 Ok(verdicts) => return Ok(verdicts),
                 // A reset came while the read failed (a cluster's tracking
                 // took on a new master, say: the marks' master failed over)

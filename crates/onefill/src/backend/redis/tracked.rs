@@ -12,6 +12,7 @@
 //! listeners whose prefix the key starts with; a reset or a lost
 //! connection reaches them all.
 
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -54,9 +55,6 @@ struct State {
     next: u64,
     /// Whether tracking tasks run for these entries.
     running: bool,
-    /// How often the connections confirm: as often as the most demanding
-    /// listener registered asks (its L1's `sync_bound`).
-    confirm_every: Option<Duration>,
     /// The server's refusal of tracking, once a connection met it.
     refusal: Option<BackendError>,
 }
@@ -64,6 +62,9 @@ struct State {
 struct Entry {
     number: u64,
     prefix: String,
+    /// How often its L1 wants the sync confirmed (a fifth of its
+    /// `sync_bound`).
+    confirm_every: Duration,
     listener: Weak<dyn ChangeListener>,
 }
 
@@ -89,11 +90,16 @@ impl Tracked {
         self.mode.load(Ordering::SeqCst)
     }
 
-    /// How often the connections confirm (see [`State::confirm_every`]).
+    /// How often the connections confirm: as often as the most demanding
+    /// live listener asks.
     pub(super) fn confirm_every(&self) -> Duration {
         self.state
             .lock()
-            .confirm_every
+            .entries
+            .iter()
+            .filter(|e| e.listener.strong_count() > 0)
+            .map(|e| e.confirm_every)
+            .min()
             .unwrap_or(Duration::from_millis(50))
     }
 
@@ -126,14 +132,10 @@ impl Tracked {
         }
         let number = state.next;
         state.next += 1;
-        state.confirm_every = Some(
-            state
-                .confirm_every
-                .map_or(confirm_every, |c| c.min(confirm_every)),
-        );
         state.entries.push(Entry {
             number,
             prefix: prefix.to_owned(),
+            confirm_every,
             listener,
         });
         Ok(!std::mem::replace(&mut state.running, true))
@@ -166,20 +168,20 @@ impl Tracked {
     /// Every prefix registered so far, each once, for a connection just
     /// made.
     pub(super) fn all(&self) -> Additions {
-        self.after(0)
+        self.after(0, &HashSet::new())
     }
 
-    /// The prefixes registered after `covers` that none registered up to
-    /// it shares, for a live connection.
-    pub(super) fn after(&self, covers: u64) -> Additions {
-        let state = self.state.lock();
+    /// The prefixes registered after `covers` that a live connection has
+    /// not `taken` on, each once: Redis refuses a prefix the connection
+    /// tracks already (as overlapping itself), and the registration that
+    /// brought it may be gone while another of the namespace came. The
+    /// listeners gone are dropped here, at every confirmation.
+    pub(super) fn after(&self, covers: u64, taken: &HashSet<String>) -> Additions {
+        let mut state = self.state.lock();
+        state.entries.retain(|e| e.listener.strong_count() > 0);
         let mut prefixes: Vec<String> = Vec::new();
         for e in state.entries.iter().filter(|e| e.number > covers) {
-            let taken = state
-                .entries
-                .iter()
-                .any(|o| o.number <= covers && o.prefix == e.prefix);
-            if !taken && !prefixes.contains(&e.prefix) {
+            if !taken.contains(&e.prefix) && !prefixes.contains(&e.prefix) {
                 prefixes.push(e.prefix.clone());
             }
         }
@@ -388,21 +390,27 @@ mod tests {
         // The connection takes the new prefix on, once.
         let (same, s2) = listener();
         tracked.add("b:{", EVERY, s2, None).unwrap();
-        let more = tracked.after(1);
+        let mut taken: HashSet<String> = taken.prefixes.into_iter().collect();
+        let more = tracked.after(1, &taken);
         assert_eq!(
             (more.prefixes.as_slice(), more.covers),
             (&["b:{".to_owned()][..], 3)
         );
+        taken.extend(more.prefixes);
         tracked.reset(1, 3);
         assert_eq!(heard(&first), Vec::<String>::new());
         assert_eq!(heard(&second), ["reset"]);
         assert_eq!(heard(&same), ["reset"]);
         tracked.synced(Some(Confirmed { at, covers: 3 }));
         assert_eq!(heard(&second), ["synced true"]);
-        // A prefix taken on already is not sent again.
+        // A prefix taken on already is not sent again, even once the
+        // registration that brought it is gone.
+        drop(first);
+        assert!(tracked.after(3, &taken).prefixes.is_empty());
         let (_again, a) = listener();
         tracked.add("a:{", EVERY, a, None).unwrap();
-        assert!(tracked.after(3).prefixes.is_empty());
+        let more = tracked.after(3, &taken);
+        assert_eq!((more.prefixes.len(), more.covers), (0, 4));
     }
 
     #[test]

@@ -61,7 +61,7 @@
 //! - if not, the node's task ends without confirming anything (and a
 //!   cluster's supervisor stops with it): the L1 never serves.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -179,8 +179,14 @@ async fn track_node(
 ) {
     // A `PING` slower than this cannot confirm anything useful (the L1
     // stops serving after five confirmation intervals anyway).
+    // Not below 200 ms: the connection is shared, and one L1 with a tight
+    // `sync_bound` must not make a latency spike drop (and reset) every
+    // L1 on the backend; a slow answer only makes its confirmation older.
     let response_timeout = tracking.options.response_timeout;
-    let pace = |every: Duration| (every, (every * 4).min(response_timeout));
+    let pace = |every: Duration| {
+        let timeout = (every * 4).max(Duration::from_millis(200));
+        (every, timeout.min(response_timeout))
+    };
     let (every, ping_timeout) = pace(tracking.tracked.confirm_every());
     let names = Names {
         connect: "L1 tracking connect",
@@ -204,8 +210,11 @@ async fn track_node(
     // What this connection is set up for (the shared mode may move on
     // while it is up: it is read again at each connection).
     let mut announced = false;
-    // The registrations this connection has taken on.
+    // The registrations this connection has taken on, and their prefixes
+    // (a prefix sent twice is refused as overlapping itself: a namespace's
+    // cache dropped and built again must not send its prefix again).
     let mut covers = 0;
+    let mut taken: HashSet<String> = HashSet::new();
     // The connection's backoff starts over once connected: a setup that
     // keeps failing on a working connection backs off here instead.
     let mut setup_backoff = Backoff::new(MIN_BACKOFF, tracking.options.max_backoff);
@@ -224,7 +233,11 @@ async fn track_node(
                     setup_failed = connected.is_err();
                 }
                 match connected {
-                    Err(e) if !announced && is_refusal(&e) => {
+                    // Only the setup's own refusal: an error reply to the
+                    // connection's handshake (too many clients, a user not
+                    // yet created on a new primary) passes, and must not
+                    // switch the whole backend to announcements for good.
+                    Err(e) if setup_failed && !announced && is_refusal(&e) => {
                         if !tracked.refused(&e) {
                             confirm.confirmed(tracked, None);
                             return;
@@ -245,7 +258,10 @@ async fn track_node(
                         setup_failed = false;
                         setup_backoff.reset();
                         covers = taking.covers;
+                        taken = taking.prefixes.into_iter().collect();
                         tracked.reset(0, covers);
+                        let (every, timeout) = pace(tracked.confirm_every());
+                        conn.pace(every, timeout);
                     }
                     Err(e) => {
                         conn.lost();
@@ -266,7 +282,7 @@ async fn track_node(
             Due::Ping => {
                 // Registered since the last confirmation: taken on before
                 // this one, which then counts for them too.
-                let more = tracked.after(covers);
+                let more = tracked.after(covers, &taken);
                 if more.covers > covers {
                     if !more.prefixes.is_empty() {
                         let added = set_up(&mut conn, &tracking, &more.prefixes, announced).await;
@@ -276,6 +292,7 @@ async fn track_node(
                             confirm.confirmed(tracked, None);
                             continue;
                         }
+                        taken.extend(more.prefixes);
                     }
                     tracked.reset(covers, more.covers);
                     covers = more.covers;
@@ -403,6 +420,8 @@ struct NodeConfirm {
 }
 
 impl Confirmations {
+    /// Tells the listeners, under the lock: a confirmation computed before
+    /// another node's loss must not be told after it.
     fn publish(&self, tracked: &Tracked) {
         let nodes = self.nodes.lock();
         let oldest = nodes
@@ -418,8 +437,8 @@ impl Confirmations {
                 }))
             })
             .flatten();
-        drop(nodes);
         tracked.synced(oldest);
+        drop(nodes);
     }
 }
 
@@ -469,14 +488,23 @@ pub(super) fn track_cluster(router: WeakRouter, tracking: Tracking) {
                 }
                 keep
             });
+            // A master no longer in the map: its word goes (one whose
+            // connection could not be made is in the map without a task).
+            all.nodes
+                .lock()
+                .retain(|addr, _| masters.iter().any(|(a, _)| a == addr));
             for (addr, client) in masters {
                 if tasks.contains_key(&addr) {
                     continue;
                 }
+                // A master without a connection is not in sync: entered
+                // before the connection is tried, so that one that cannot
+                // be made keeps the listeners out of sync until it is.
+                all.nodes.lock().insert(addr.clone(), None);
+                changed = true;
                 let Ok(client) = resp3(&client) else {
                     continue;
                 };
-                all.nodes.lock().insert(addr.clone(), None);
                 let confirm = Arc::new(NodeConfirm {
                     addr: addr.clone(),
                     all: all.clone(),
