@@ -58,7 +58,7 @@ fn four_processes_one_load_and_commands_grow_with_processes_not_callers() {
 /// connection confirms 20 times a second per process, whatever the herd
 /// does; the herd's own commands are what is counted here), a cold herd of 4
 /// processes × 50 callers costs at most 60 Redis commands and a 6 s load
-/// across 4 processes at most 120 (counted as `INFO commandstats` counts
+/// across 4 processes at most 60 and the holder's presence beats (counted as `INFO commandstats` counts
 /// them, commands run inside scripts included, with the fleet's own `SADD`
 /// and `SET` of each load). Before, 92 and 261–297: waiters that were
 /// already subscribed polled at the 20 ms-doubling backoff; a subscribed
@@ -123,9 +123,14 @@ fn a_cold_herd_and_a_six_second_load_cost_few_redis_commands() {
     );
     assert_eq!(n(&long, "loads"), 1, "{long}");
     assert_eq!(n(&long, "errors"), 0, "{long}");
+    // The herd's own commands (about 50), plus the holder's presence
+    // beats: a `PUBLISH` every 90 ms while waiters watch it, about 67 in
+    // 6 s (120 in all, measured, where the bound was once 120 flat: a CI
+    // run under load counted 126), a quarter more allowed for a slow
+    // machine's longer load. Waiters that polled made 261–297.
     let long_commands = n(&long, "redis_commands");
     assert!(
-        long_commands <= 120,
+        long_commands <= 60 + 84,
         "a 6 s load across 4 processes: {long_commands} commands"
     );
 }
