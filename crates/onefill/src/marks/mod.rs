@@ -18,6 +18,10 @@
 //! hit costs nothing more than its read, and a tagged one nothing more
 //! while its tags' marks are held; otherwise one read of the marks (all in
 //! one slot: one round trip) before the verdict.
+//!
+//! Longer than most files: the two ways of trusting the marks, and what
+//! the process does when it cannot read them, share every step here
+//! (held, read, judged), and apart they would each need the others'.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
@@ -360,13 +364,7 @@ impl Marks {
         if self.recently_unreachable(now) {
             // The verdict judges by the last marks known (`judge`), while
             // one read in the background finds whether they are back.
-            if !self.refreshing.swap(true, Ordering::SeqCst) {
-                let (marks, backend) = (self.clone(), backend.clone());
-                tokio::spawn(async move {
-                    let _ = marks.read(&*backend, &[]).await;
-                    marks.refreshing.store(false, Ordering::SeqCst);
-                });
-            }
+            self.refresh_in_background(backend);
             return Beside::default();
         }
         if let Trust::Rechecked(every) = self.trust {
@@ -376,13 +374,7 @@ impl Marks {
                 .get(&b""[..])
                 .is_some_and(|h| now < h.read_at + 2 * every);
             if usable {
-                if !self.refreshing.swap(true, Ordering::SeqCst) {
-                    let (marks, backend) = (self.clone(), backend.clone());
-                    tokio::spawn(async move {
-                        let _ = marks.read(&*backend, &[]).await;
-                        marks.refreshing.store(false, Ordering::SeqCst);
-                    });
-                }
+                self.refresh_in_background(backend);
                 return Beside::default();
             }
         }
@@ -393,6 +385,18 @@ impl Marks {
                 .err()
                 .map(|e| (e, ticket)),
         )
+    }
+
+    /// One read of the namespace's mark in the background, unless one is
+    /// under way.
+    fn refresh_in_background(self: &Arc<Self>, backend: &Arc<dyn Backend>) {
+        if !self.refreshing.swap(true, Ordering::SeqCst) {
+            let (marks, backend) = (self.clone(), backend.clone());
+            tokio::spawn(async move {
+                let _ = marks.read(&*backend, &[]).await;
+                marks.refreshing.store(false, Ordering::SeqCst);
+            });
+        }
     }
 
     /// The verdict on `stored` from the marks held and trusted now, if

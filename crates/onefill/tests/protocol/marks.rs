@@ -728,6 +728,24 @@ impl onefill::Backend for Silent {
     }
 }
 
+/// A cache with an L1 on `store` behind [`Silent`], and where it keeps
+/// the listener the cache registered.
+fn silent_cache(store: &MemoryBackend) -> (Cache<String, String>, Heard) {
+    let heard = Heard::default();
+    let silent = Silent {
+        store: store.clone(),
+        listener: heard.clone(),
+    };
+    let cache = Cache::builder()
+        .namespace(NS)
+        .backend(silent)
+        .ttl(Duration::from_secs(60))
+        .l1(onefill::L1::new(64))
+        .build()
+        .expect("valid options");
+    (cache, heard)
+}
+
 /// With an L1 whose tracking connection went silent, another process's
 /// mark is not reported; the reset when the connection is back says changes
 /// may have been missed, a mark among them: a call after it must not share
@@ -736,18 +754,7 @@ impl onefill::Backend for Silent {
 #[tokio::test(start_paused = true)]
 async fn a_reset_detaches_the_loads_a_missed_mark_would_have() {
     let store = MemoryBackend::new();
-    let heard = Heard::default();
-    let silent = Silent {
-        store: store.clone(),
-        listener: heard.clone(),
-    };
-    let cache: Cache<String, String> = Cache::builder()
-        .namespace(NS)
-        .backend(silent)
-        .ttl(Duration::from_secs(60))
-        .l1(onefill::L1::new(64))
-        .build()
-        .expect("valid options");
+    let (cache, heard) = silent_cache(&store);
     confirmed(&heard);
     let other = process(&store, Duration::ZERO);
     let origin = Origin::default();
@@ -782,18 +789,7 @@ async fn a_reset_detaches_the_loads_a_missed_mark_would_have() {
 #[tokio::test(start_paused = true)]
 async fn a_reset_before_the_first_confirmation_splits_no_herd() {
     let store = MemoryBackend::new();
-    let heard = Heard::default();
-    let silent = Silent {
-        store: store.clone(),
-        listener: heard.clone(),
-    };
-    let cache: Cache<String, String> = Cache::builder()
-        .namespace(NS)
-        .backend(silent)
-        .ttl(Duration::from_secs(60))
-        .l1(onefill::L1::new(64))
-        .build()
-        .expect("valid options");
+    let (cache, heard) = silent_cache(&store);
     let origin = Origin::default();
     let first = tokio::spawn(origin.fetch(&cache, "k", &[], Duration::from_millis(100)));
     tokio::time::sleep(Duration::from_millis(10)).await;

@@ -1,6 +1,10 @@
 //! Reports of changed values for an L1 (`Backend::track_changes`), from
 //! Redis's server-assisted client-side caching.
 //!
+//! (A little over 600 lines with its tests: one node's connection, the
+//! cluster's supervisor over them, and what a push means are one protocol,
+//! read together; what the backend tracks is `tracked.rs`.)
+//!
 //! Each tracked node gets one RESP3 connection per backend with
 //! `CLIENT TRACKING ON BCAST PREFIX <namespace>:{` for the namespace of
 //! every cache with an L1 on the backend (`tracked.rs` keeps them and
