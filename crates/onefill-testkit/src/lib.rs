@@ -188,8 +188,10 @@ mod tests {
             info.contains(&format!("master_port:{}", master.port())),
             "{info}"
         );
-        assert_eq!(master.command(&["SET", "ns:{k}", "1"]), "OK");
-        assert_eq!(master.command(&["WAIT", "1", "2000"]), "1");
+        assert_eq!(
+            master.commands(&[&["SET", "ns:{k}", "1"], &["WAIT", "1", "2000"]]),
+            ["OK", "1"]
+        );
 
         // A graceful failover: the replica becomes the slot's master.
         let slot = cluster.slot_of("ns:{k}");
@@ -248,8 +250,10 @@ mod tests {
                 "{replicas:?}"
             );
         }
-        assert_eq!(primary.command(&["SET", "k", "v"]), "OK");
-        assert_eq!(primary.command(&["WAIT", "2", "2000"]), "2");
+        assert_eq!(
+            primary.commands(&[&["SET", "k", "v"], &["WAIT", "2", "2000"]]),
+            ["OK", "2"]
+        );
         for replica in set.replicas() {
             assert_eq!(replica.command(&["GET", "k"]), "v");
             assert!(replica.command(&["SET", "k", "w"]).starts_with("-READONLY"));
@@ -263,8 +267,10 @@ mod tests {
         let _limit = time_limit(CLUSTER_LIMIT);
         let set = RedisSentinel::start();
         let old = set.primary();
-        assert_eq!(old.command(&["SET", "k", "v"]), "OK");
-        assert_eq!(old.command(&["WAIT", "2", "2000"]), "2");
+        assert_eq!(
+            old.commands(&[&["SET", "k", "v"], &["WAIT", "2", "2000"]]),
+            ["OK", "2"]
+        );
         set.failover();
         let (new, took) = set.wait_for_new_primary(old.port(), Duration::from_secs(30));
         assert_ne!(new, old.port());

@@ -84,21 +84,40 @@ pub(crate) fn raw_command(
     args: &[&[u8]],
     timeout: Duration,
 ) -> std::io::Result<Reply> {
+    let mut replies = raw_commands(addr, &[args], timeout)?;
+    replies
+        .pop()
+        .ok_or_else(|| invalid("no reply to the one command sent"))
+}
+
+/// Sends the commands in order on one fresh connection and reads a reply to
+/// each.
+pub(crate) fn raw_commands(
+    addr: SocketAddr,
+    commands: &[&[&[u8]]],
+    timeout: Duration,
+) -> std::io::Result<Vec<Reply>> {
     let mut stream = TcpStream::connect_timeout(&addr, timeout)?;
     stream.set_read_timeout(Some(timeout))?;
     stream.set_write_timeout(Some(timeout))?;
     stream.set_nodelay(true)?;
-    let mut request = format!("*{}\r\n", args.len()).into_bytes();
-    for arg in args {
-        request.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());
-        request.extend_from_slice(arg);
-        request.extend_from_slice(b"\r\n");
+    let mut request = Vec::new();
+    for args in commands {
+        request.extend_from_slice(format!("*{}\r\n", args.len()).as_bytes());
+        for arg in *args {
+            request.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());
+            request.extend_from_slice(arg);
+            request.extend_from_slice(b"\r\n");
+        }
     }
     stream.write_all(&request)?;
     let mut reader = BufReader::new(&stream);
-    let reply = read_reply(&mut reader)?;
+    let replies = commands
+        .iter()
+        .map(|_| read_reply(&mut reader))
+        .collect::<std::io::Result<Vec<Reply>>>()?;
     let _ = stream.shutdown(Shutdown::Both);
-    Ok(reply)
+    Ok(replies)
 }
 
 fn invalid(msg: impl Into<String>) -> std::io::Error {

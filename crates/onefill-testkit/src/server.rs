@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
 
-use crate::resp::{free_port, raw_command, Reply};
+use crate::resp::{free_port, raw_command, raw_commands, Reply};
 
 /// How long a server may take to answer `PING` after being spawned.
 const READY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -207,6 +207,30 @@ impl RedisServer {
     /// On I/O errors or a timeout (5 s), with the server log.
     pub fn command(&self, args: &[&str]) -> String {
         self.query(args).to_string()
+    }
+
+    /// Sends the commands in order on one fresh connection and returns
+    /// their replies as text (as [`command`](Self::command) does). One
+    /// connection matters for `WAIT`: it counts the replicas that have
+    /// what *its* connection wrote, so a `WAIT` sent on a connection of its
+    /// own returns at once without waiting for anything.
+    ///
+    /// # Panics
+    /// On I/O errors or a timeout (5 s), with the server log.
+    pub fn commands(&self, commands: &[&[&str]]) -> Vec<String> {
+        let bytes: Vec<Vec<&[u8]>> = commands
+            .iter()
+            .map(|args| args.iter().map(|a| a.as_bytes()).collect())
+            .collect();
+        let slices: Vec<&[&[u8]]> = bytes.iter().map(Vec::as_slice).collect();
+        match raw_commands(self.addr(), &slices, COMMAND_TIMEOUT) {
+            Ok(replies) => replies.iter().map(ToString::to_string).collect(),
+            Err(e) => panic!(
+                "commands {commands:?} to redis on port {} failed: {e}\n--- log ---\n{}",
+                self.port,
+                self.log()
+            ),
+        }
     }
 
     /// The node's id in its cluster (`CLUSTER MYID`).
