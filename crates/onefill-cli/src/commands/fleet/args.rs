@@ -4,6 +4,9 @@
 //! (`worker --run-json`), so a flag added to `RunArgs` reaches the workers
 //! without anyone rebuilding a command line; by hand (and in tests) a worker
 //! takes the same flags as `fleet`.
+//!
+//! Longer than most files: every flag carries its help text, and the tests
+//! of their parsing and of the worker's round trip sit beside them.
 
 use std::fmt::Display;
 use std::ops::RangeInclusive;

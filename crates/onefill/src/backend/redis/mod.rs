@@ -1,3 +1,8 @@
+// Longer than most files: a third of it is the module's overview of the
+// whole backend (its steps, the hit, connections, Sentinel, cluster), the
+// page its users read; the rest is the `Backend` face, each step handing
+// its work to a file of its own.
+
 //! The Redis backend: standalone Redis, Redis under Sentinel, or Redis
 //! Cluster (7.0 or later).
 //!
