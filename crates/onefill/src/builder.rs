@@ -292,9 +292,11 @@ where
             shared.calls.redis = self.redis;
         }
         let shared = Arc::new(shared);
-        if shared.l1.is_none() {
-            // Nothing reports another process's marks: the cache hears of
-            // them when it reads the marks again (see `Marks::on_moved`).
+        {
+            // What no report told: without an L1, another process's marks;
+            // with one, those made while the backend could not vouch for
+            // its reports. The cache hears of them when it reads the marks
+            // again (see `Marks::on_moved`).
             let weak = Arc::downgrade(&shared);
             shared.marks.on_moved(Box::new(move || {
                 if let Some(shared) = weak.upgrade() {

@@ -91,10 +91,12 @@ impl<V: Clone + Send + Sync + 'static> ChangeListener for Shared<V> {
 }
 
 impl<V: Clone + Send + Sync + 'static> Shared<V> {
-    /// Without an L1, a read of the marks found that another process
-    /// marked: what this process keeps of values goes, as when a mark is
-    /// reported (`changed`), and the flights and loads under way are
-    /// detached (they may predate the mark).
+    /// A read of the marks found that another process marked, and no
+    /// report said so (without an L1, none ever does; with one, the
+    /// backend could not vouch for its reports then): what this process
+    /// keeps of values goes, as when a mark is reported (`changed`), and
+    /// the flights and loads under way are detached (they may predate the
+    /// mark).
     pub(crate) fn marked_elsewhere(&self) {
         self.forget_every_copy();
         self.flights.detach_all();

@@ -113,6 +113,13 @@ where
         // The keys past the L1 run their flights in the batch's task (a
         // dropped caller cancels nothing), which also refreshes the keys
         // the L1 served stale, together.
+        if !to_run.is_empty() {
+            // A flight under way may predate a mark nothing reported.
+            let backend = self.shared.calls.backend.as_ref();
+            if let Some(read) = self.shared.marks.before_join(backend) {
+                read.await;
+            }
+        }
         let mut running = batch.start(to_run, stale).into_iter();
         for (_, answer) in answers.iter_mut().filter(|(_, a)| a.is_none()) {
             *answer = Some(match running.next() {

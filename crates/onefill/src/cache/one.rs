@@ -167,6 +167,11 @@ where
         load: impl FnOnce() -> Load<V>,
         span: &tracing::Span,
     ) -> Result<Fetched<Option<V>>, Error> {
+        // A flight under way may predate a mark nothing reported.
+        let backend = self.shared.calls.backend.as_ref();
+        if let Some(read) = self.shared.marks.before_join(backend) {
+            read.await;
+        }
         let joined = {
             // Formatted on the stack: the coalescer's entry is the one copy
             // of the key a hit makes.

@@ -98,6 +98,15 @@ pub(crate) struct Marks {
     base: Instant,
     /// Milliseconds since `base` until which held marks are trusted.
     trusted_until: AtomicU64,
+    /// With an L1: milliseconds since `base` until which the last read of
+    /// the marks that succeeded vouches for the flights under way, as a
+    /// confirmation would (see [`Marks::before_join`]).
+    read_vouches_until: AtomicU64,
+    /// A read of the marks succeeded once: the generation known is the
+    /// store's as of then, not the 0 a cache starts with.
+    ever_read: std::sync::atomic::AtomicBool,
+    /// With an L1: the backend vouched for the marks once.
+    ever_confirmed: std::sync::atomic::AtomicBool,
     /// With an L1: until when (milliseconds since `base`) calls judge by
     /// the last marks known, a read of them having failed, rather than
     /// each wait for a read of their own (see [`Marks::read`]); and the
@@ -149,6 +158,9 @@ impl Marks {
             changes: AtomicU64::new(0),
             base: Instant::now(),
             trusted_until: AtomicU64::new(0),
+            read_vouches_until: AtomicU64::new(0),
+            ever_read: std::sync::atomic::AtomicBool::new(false),
+            ever_confirmed: std::sync::atomic::AtomicBool::new(false),
             unreachable_until: AtomicU64::new(0),
             unreachable_at: AtomicU64::new(0),
             trust,
@@ -160,11 +172,13 @@ impl Marks {
         }
     }
 
-    /// Without an L1 nothing reports another process's marks: a read of
-    /// the marks that finds the generation moved since the last one (a
-    /// mark was made elsewhere) calls `moved`, which empties what the cache
-    /// keeps of values, as a reported mark does, and drops the marks held
-    /// (any of them may be older than the store's now).
+    /// A read of the marks that finds the generation moved since the last
+    /// one, where nothing vouched that every mark was reported (without an
+    /// L1 never; with one, while the backend's confirmation is older than
+    /// the sync bound), calls `moved`, which empties what the cache keeps
+    /// of values and detaches the flights under way, as a reported mark
+    /// does, and drops the marks held (any of them may be older than the
+    /// store's now).
     pub(crate) fn on_moved(&self, moved: Box<dyn Fn() + Send + Sync>) {
         let _ = self.on_moved.set(moved);
     }
@@ -252,8 +266,34 @@ impl Marks {
         backend: &dyn Backend,
         tags: &[&[u8]],
     ) -> Result<Option<Vec<Mark>>, BackendError> {
+        self.read_within(backend, tags, None).await
+    }
+
+    /// [`read`](Self::read), within `limit` if given (else within the
+    /// read limit only while the namespace's mark is held).
+    async fn read_within(
+        &self,
+        backend: &dyn Backend,
+        tags: &[&[u8]],
+        limit: Option<Duration>,
+    ) -> Result<Option<Vec<Mark>>, BackendError> {
         let ticket = self.changes.load(Ordering::SeqCst);
         let read_at = Instant::now();
+        // With an L1 whose backend vouches for the marks as this read
+        // begins, every mark made before it was reported or soon will be
+        // (and detached what it judges): a generation found moved is news
+        // to nobody. Nor is it before the backend first vouched: until
+        // then the cache heard of no mark and trusted none, and its
+        // flights are shared as they would be without tracking (a
+        // start-up herd stays one flight, as after a reset then).
+        let reported = match self.trust {
+            Trust::Rechecked(_) => false,
+            Trust::Reported(_) => {
+                !self.ever_confirmed.load(Ordering::SeqCst)
+                    || self.millis(read_at) < self.trusted_until.load(Ordering::Acquire)
+                    || !self.ever_read.load(Ordering::SeqCst)
+            }
+        };
         let mut keys = vec![self.keys.clear()];
         keys.extend(tags.iter().map(|t| self.keys.tag(t)));
         let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
@@ -261,10 +301,10 @@ impl Marks {
         let read = backend.read_marks(&gen_key, &refs);
         // Bounded only when the last marks known can stand in (a slow read
         // with nothing to fall back on may as well use the call's time).
-        let limit = if self.held.lock().contains_key(&b""[..]) {
-            self.read_limit
-        } else {
-            Duration::MAX
+        let limit = match limit {
+            Some(limit) => limit,
+            None if self.held.lock().contains_key(&b""[..]) => self.read_limit,
+            None => Duration::MAX,
         };
         let read = crate::deadline::within("read_marks", Instant::now(), limit, read);
         let (generation, marks) = match read.await {
@@ -313,9 +353,18 @@ impl Marks {
             ));
         }
         let before = self.generation.fetch_max(generation, Ordering::SeqCst);
-        // (Past 0 too: what the process kept before its first read of the
-        // marks, a degraded load's value say, was judged by none.)
-        let moved = matches!(self.trust, Trust::Rechecked(_)) && generation > before;
+        // (Without an L1, past 0 too: what the process kept before its
+        // first read of the marks, a degraded load's value say, was judged
+        // by none. With one, the first read splits no start-up herd: until
+        // then the cache trusted no mark, as one without an L1 does.)
+        let moved = !reported && generation > before;
+        self.ever_read.store(true, Ordering::SeqCst);
+        if let Trust::Reported(bound) = self.trust {
+            let until = self
+                .millis(read_at)
+                .saturating_add(u64::try_from(bound.as_millis()).unwrap_or(u64::MAX));
+            self.read_vouches_until.fetch_max(until, Ordering::AcqRel);
+        }
         let mut held = self.held.lock();
         // Under the lock, as reports are handled: a report either came
         // before this check (and what was read is not kept) or comes after
@@ -443,6 +492,47 @@ impl Marks {
         if let Err(e) = self.read(backend, &[]).await {
             tracing::debug!(%e, "the load records the last generation known");
         }
+    }
+
+    /// With an L1, before a call joins a flight under way: if the backend
+    /// has not vouched for the marks within the sync bound (its tracking
+    /// connection silent, or lost and not yet back), a mark made elsewhere
+    /// may have gone unreported, and a flight that began before it would
+    /// answer what it judges. One read of the marks then (within the read
+    /// limit), unless one that began within the bound succeeded: a
+    /// generation found moved detaches the flights and loads under way
+    /// (`on_moved`), so the call starts its own. Out of reach, the call
+    /// joins as before (nobody can mark while the marks' master is down).
+    /// Nothing to do before the first read of the marks (there is no
+    /// generation to find moved) or the backend's first confirmation
+    /// (until then the cache trusted no mark: see [`Marks::read`]).
+    /// Returns the read to await, if one is needed.
+    pub(crate) fn before_join<'a>(
+        &'a self,
+        backend: &'a dyn Backend,
+    ) -> Option<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'a>>> {
+        if let Trust::Rechecked(_) = self.trust {
+            return None;
+        }
+        if !self.ever_read.load(Ordering::SeqCst) || !self.ever_confirmed.load(Ordering::SeqCst) {
+            return None;
+        }
+        let now = Instant::now();
+        let at = self.millis(now);
+        if at < self.trusted_until.load(Ordering::Acquire)
+            || at < self.read_vouches_until.load(Ordering::Acquire)
+            || self.unsupported()
+            || self.recently_unreachable(now)
+        {
+            return None;
+        }
+        // Boxed: the read is rare, and the hit path's future stays small.
+        Some(Box::pin(async move {
+            let read = self.read_within(backend, &[], Some(self.read_limit));
+            if let Err(e) = read.await {
+                tracing::debug!(%e, "the call joins by the marks last known");
+            }
+        }))
     }
 
     /// The generation a write that begins at `began` records: read again
@@ -614,6 +704,9 @@ impl Marks {
         let Trust::Reported(bound) = self.trust else {
             return;
         };
+        if as_of.is_some() {
+            self.ever_confirmed.store(true, Ordering::SeqCst);
+        }
         let until = match as_of {
             Some(at) => self
                 .millis(at)

@@ -804,3 +804,54 @@ async fn a_reset_before_the_first_confirmation_splits_no_herd() {
         "the call after the reset joined the flight"
     );
 }
+
+/// With an L1 whose tracking connection went silent and is not back yet,
+/// another process's mark is not reported, and no reset says changes may
+/// have been missed. Once the last confirmation is older than the sync
+/// bound, a call must not join a flight that began before the mark: it
+/// joined, and answered a value the mark judged, for as long as the flight
+/// ran. It reads the marks first, finds them moved, and starts its own.
+#[tokio::test(start_paused = true)]
+async fn past_the_sync_bound_a_call_reads_the_marks_before_it_joins_a_flight() {
+    for batch in [false, true] {
+        let store = MemoryBackend::new();
+        let (cache, heard) = silent_cache(&store);
+        confirmed(&heard);
+        let other = process(&store, Duration::ZERO);
+        let origin = Origin::default();
+        let before = tokio::spawn(origin.fetch(&cache, "k", &["t"], Duration::from_secs(1)));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert_eq!(origin.runs(), 1, "the first load runs, under the lease");
+        other.invalidate_tag("t").await.expect("invalidated");
+        // Past the sync bound (250 ms) of the only confirmation.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let (value, coalesced) = if batch {
+            let runs = origin.runs.clone();
+            let mut answers = cache
+                .fetch_many(&["k".to_owned()], move |keys: Vec<String>| {
+                    let runs = runs.clone();
+                    async move {
+                        let n = runs.fetch_add(1, Ordering::SeqCst) + 1;
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                        Ok::<_, std::io::Error>(
+                            keys.into_iter()
+                                .map(|k| (k, Loaded::new(format!("v{n}")).tags(["t"])))
+                                .collect::<Vec<_>>(),
+                        )
+                    }
+                })
+                .await
+                .expect("answered");
+            let fetched = answers.remove("k").expect("k").expect("answered");
+            (fetched.value.expect("a value"), fetched.coalesced)
+        } else {
+            let fetched = origin
+                .fetch(&cache, "k", &["t"], Duration::from_secs(1))
+                .await;
+            (fetched.value, fetched.coalesced)
+        };
+        assert_eq!(value, "v2", "batch: {batch}: a load begun after the mark");
+        assert!(!coalesced, "batch: {batch}");
+        assert_eq!(before.await.expect("joined").value, "v1");
+    }
+}

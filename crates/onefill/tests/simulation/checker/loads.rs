@@ -183,16 +183,25 @@ impl Checker<'_> {
             // A tracking connection back: the reset detaches them too (a
             // mark may have gone unreported).
             back.is_some_and(|back| l1.start_t <= back && back <= l2.start_t)
-        }) || (!self.s.l1 && {
-            // Without an L1: a read of the marks that found another process
-            // had marked (the generation moved).
+        }) || {
+            // A read of the marks that found another process had marked
+            // (the generation moved): without an L1, any; with one, while
+            // its tracking connection was lost, and until the sync bound
+            // after it came back (the backend did not vouch for the
+            // reports then, so the mark may have gone unreported).
+            let untracked = |at: Duration| {
+                !self.s.l1
+                    || self.tracking_lost[l1.inst].iter().any(|&(lost, back)| {
+                        lost <= at && back.is_none_or(|back| at <= back + self.s.sync_bound)
+                    })
+            };
             let mut before = 0;
             self.marks_learned[l1.inst].iter().any(|&(at, g)| {
                 let moved = g > before;
                 before = before.max(g);
-                moved && l1.start_t <= at && at <= l2.start_t
+                moved && l1.start_t <= at && at <= l2.start_t && untracked(at)
             })
-        });
+        };
         let displaced = self.loads.iter().any(|l3| {
             l3.inst == l1.inst
                 && l3.key == l1.key
