@@ -67,6 +67,34 @@ impl FillKeys {
         buf.push_str(CHANNEL_SUFFIX);
         FillKeys { buf, value, lock }
     }
+    /// The keys whose value key is `value` (as [`value`](Self::value)
+    /// gives it: a namespace, `:{`, the escaped key, `}`), or `None` for a
+    /// string of another shape: what a backend reads back from a message
+    /// that names a key.
+    pub(crate) fn from_value_key(value: &str) -> Option<FillKeys> {
+        let open = value.find('{')?;
+        let inner = value.get(open + 1..value.len().checked_sub(1)?)?;
+        let well_formed = open > 1
+            && value[..open].ends_with(':')
+            && value.ends_with('}')
+            && !inner.contains(['{', '}']);
+        if !well_formed {
+            return None;
+        }
+        let mut buf =
+            String::with_capacity(2 * value.len() + LOCK_SUFFIX.len() + CHANNEL_SUFFIX.len());
+        buf.push_str(value);
+        buf.push_str(LOCK_SUFFIX);
+        let lock = buf.len();
+        buf.push_str(value);
+        buf.push_str(CHANNEL_SUFFIX);
+        Some(FillKeys {
+            buf,
+            value: value.len(),
+            lock,
+        })
+    }
+
     /// The key holding the stored envelope.
     pub fn value(&self) -> &str {
         &self.buf[..self.value]
@@ -250,6 +278,17 @@ mod tests {
         let buf = KeyBuf::new(&format_args!("{long}{}", 7));
         assert_eq!(buf.as_str(), format!("{long}7"));
         assert_eq!(KeyBuf::new(&"").as_str(), "");
+    }
+
+    #[test]
+    fn keys_are_rebuilt_from_their_value_key_alone() {
+        for (namespace, key) in [("users", "42"), ("a:b", "x{y}%z"), ("n", ""), ("n", "é ü")] {
+            let keys = FillKeys::new(namespace, key);
+            assert_eq!(FillKeys::from_value_key(keys.value()), Some(keys));
+        }
+        for foreign in ["", "{", "}", "users", "users:{42", "users{42}", ":{42}", "users:{4{2}", "u:{a}}"] {
+            assert_eq!(FillKeys::from_value_key(foreign), None, "{foreign:?}");
+        }
     }
 
     #[test]

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use super::liveness::Acquiring;
 use super::read::stored;
 use super::scripts::ScriptCall;
 use super::ttl::{ms_ceil, px, ttl_from_ms};
@@ -60,7 +61,19 @@ impl RedisBackend {
             .arg(ms_ceil(refresh_window))
             .arg(NO_EXPIRY_TTL.as_millis() as u64)
             .arg(gone.map_or(&b""[..], LeaseToken::as_bytes));
+        let acquiring = self.acquiring(token);
         let answer: AcquireAnswer = self.eval("acquire", keys, &invocation).await?;
-        acquired_from(answer)
+        let acquired = acquired_from(answer)?;
+        if let (Acquired::Won { .. }, Some(acquiring)) = (&acquired, acquiring) {
+            acquiring.won();
+        }
+        Ok(acquired)
+    }
+
+    /// While a request for the lease with `token` is under way, and after
+    /// it if it won: a flight of this backend holds `token` (see
+    /// `liveness.rs`). `None` where holders are not watched.
+    pub(super) fn acquiring(&self, token: &LeaseToken) -> Option<Acquiring> {
+        self.inner.liveness.get().map(|l| l.acquiring(token))
     }
 }

@@ -62,6 +62,12 @@ impl RedisBackend {
         lease_ttl: Duration,
     ) -> Vec<Result<Acquired, BackendError>> {
         let keys: Vec<FillKeys> = requests.iter().map(|r| r.keys.clone()).collect();
+        // Held from before the requests are sent (see `acquire.rs`); a
+        // request sent again on its own holds its token there too.
+        let acquiring: Vec<_> = requests
+            .iter()
+            .map(|r| self.acquiring(&r.token))
+            .collect();
         let script = &self.inner.scripts.acquire;
         let build = |pipe: &mut redis::Pipeline, i: usize| {
             let request = &requests[i];
@@ -97,7 +103,13 @@ impl RedisBackend {
                         .and_then(|(answer,)| acquired_from(answer)),
                 }
             });
-        futures_util::future::join_all(answers).await
+        let answers = futures_util::future::join_all(answers).await;
+        for (answer, acquiring) in answers.iter().zip(acquiring) {
+            if let (Ok(Acquired::Won { .. }), Some(acquiring)) = (answer, acquiring) {
+                acquiring.won();
+            }
+        }
+        answers
     }
 
     /// Sends `per_key` commands for every key (as `build` adds them), in

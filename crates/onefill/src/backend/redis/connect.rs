@@ -15,7 +15,8 @@ use tokio::time::Instant;
 use super::cluster::ClusterRouter;
 use super::durability::Wait;
 use super::errors::{classify, with_deadline};
-use super::liveness::Liveness;
+use super::liveness::{Liveness, Release};
+use crate::backend::Backend as _;
 use super::options::{check_url_and_tls, connect_deadline, open_client, RedisOptions};
 use super::primary::{Commands, Fixed, Primary};
 use super::push;
@@ -79,10 +80,34 @@ impl RedisBackend {
             backend.inner.pubsub.clone(),
             primary,
             options.response_timeout,
+            backend.releaser(),
         )
         .await;
         let _ = backend.inner.liveness.set(liveness);
         Ok(backend)
+    }
+
+    /// What the holders' liveness does when asked about a lease that none
+    /// of this backend's flights holds any more (its fill or release did
+    /// not reach the server that has it now: a failover): releases it
+    /// there, in the background (compare-and-delete on its token, which
+    /// announces the release to its waiters).
+    fn releaser(&self) -> Release {
+        let inner = Arc::downgrade(&self.inner);
+        Box::new(move |keys, token| {
+            let Some(inner) = inner.upgrade() else {
+                return;
+            };
+            let backend = RedisBackend { inner };
+            tokio::spawn(async move {
+                let released = backend.release(&keys, &token, None).await;
+                tracing::debug!(
+                    key = keys.value(),
+                    ?released,
+                    "asked about a lease no flight here holds any more: released"
+                );
+            });
+        })
     }
 
     /// Connects to a Redis Cluster with the default [`RedisOptions`].

@@ -33,13 +33,27 @@
 //! subscribed yet. A holder whose subscriber connection drops (a network
 //! blip) is taken for dead: its lease is taken over and its fill fenced,
 //! one more load at most, as for a holder whose lease expired.
+//!
+//! A live process is not a live load. Across a failover a lease can
+//! outlive the flight that took it: the lease reached the replica that was
+//! promoted, its fill or its release did not (it went to the old primary,
+//! or failed on the way). Its holder's process still answers and beats, so
+//! a watch of the process alone would keep its waiters until the lease
+//! expires, seconds later. So each ask names the lease it is about (its
+//! token and its key), and the holder keeps the tokens of the leases its
+//! flights still hold ([`Liveness::held`] from the acquire that won to the
+//! end of the fill or release that ended it): asked about one it no longer
+//! holds, it releases it where it is now (compare-and-delete on the token,
+//! which announces the release), and its waiters take the lease in the
+//! next round trip.
 
+use std::collections::HashSet;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use parking_lot::Mutex;
-use tokio::sync::oneshot;
+use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 use super::errors::with_deadline;
@@ -60,8 +74,27 @@ pub(super) const FROZEN_AFTER: Duration = Duration::from_secs(1);
 /// before it returns anyway (leases are anonymous until it comes).
 const PRESENCE_PATIENCE: Duration = Duration::from_millis(500);
 
-/// What a waiter publishes on a holder's presence channel.
-const ASK: &str = "waiting";
+/// How many asks a holder keeps unread before it drops the newest (their
+/// waiters ask again when no beat comes).
+const ASKS_UNREAD: usize = 1024;
+
+/// What a waiter publishes on a holder's presence channel about the lease
+/// `holder` holds on `keys`: the token, a space, the value key.
+fn ask(holder: &LeaseToken, keys: &FillKeys) -> String {
+    format!("{} {}", holder.as_str(), keys.value())
+}
+
+/// The lease an ask names, if it names one ([`ask`]'s shape).
+fn asked_about(payload: &[u8]) -> Option<(LeaseToken, FillKeys)> {
+    let text = std::str::from_utf8(payload).ok()?;
+    let (token, value_key) = text.split_once(' ')?;
+    let token = LeaseToken::from_stored(token.as_bytes())?;
+    Some((token, FillKeys::from_value_key(value_key)?))
+}
+
+/// Releases a lease this backend no longer holds, in the background
+/// (compare-and-delete on the token, announced).
+pub(super) type Release = Box<dyn Fn(FillKeys, LeaseToken) + Send + Sync>;
 
 /// The presence channel of the backend named `id`.
 fn presence(id: &str) -> String {
@@ -80,6 +113,11 @@ pub(super) struct Liveness {
     conn: Primary,
     response_timeout: Duration,
     beating: Mutex<Beating>,
+    /// The tokens of the leases this backend's flights hold: from the
+    /// acquire that won to the end of the fill or release that ended it.
+    held: Mutex<HashSet<LeaseToken>>,
+    /// What an ask about a lease no flight holds any more does.
+    release: Release,
     /// Dropped with the backend: ends the presence task.
     _stop: oneshot::Sender<()>,
 }
@@ -99,6 +137,7 @@ impl Liveness {
         pubsub: Arc<PubSubShared>,
         conn: Primary,
         response_timeout: Duration,
+        release: Release,
     ) -> Arc<Liveness> {
         let id = format!("{:016x}", rand::random::<u64>());
         let (stop, stopped) = oneshot::channel();
@@ -108,12 +147,18 @@ impl Liveness {
             conn,
             response_timeout,
             beating: Mutex::new(Beating::default()),
+            held: Mutex::new(HashSet::new()),
+            release,
             _stop: stop,
         });
-        let subscription = liveness.pubsub.subscription(presence(&liveness.id)).await;
+        let (subscription, asks) = liveness
+            .pubsub
+            .subscription_with_inbox(presence(&liveness.id), ASKS_UNREAD)
+            .await;
         tokio::spawn(answer_asks(
             Arc::downgrade(&liveness),
             subscription,
+            asks,
             stopped,
         ));
         liveness
@@ -134,6 +179,35 @@ impl Liveness {
         }
     }
 
+    /// A flight of this backend asks for the lease with `token`: held from
+    /// before the request is sent (a waiter may ask about it as soon as the
+    /// server has set it, before its answer is back here) until the guard
+    /// is dropped, unless [`Acquiring::won`] keeps it.
+    pub(super) fn acquiring(self: &Arc<Self>, token: &LeaseToken) -> Acquiring {
+        if token.holder().is_some() {
+            self.held.lock().insert(token.clone());
+        }
+        Acquiring(Ending {
+            liveness: Some(Arc::downgrade(self)),
+            token: token.clone(),
+        })
+    }
+
+    /// The flight that holds `token` is ending it (a fill or a release):
+    /// from the guard's drop on, whether the step landed or not, no flight
+    /// of this process holds it, and an ask about it releases it.
+    pub(super) fn ending(self: &Arc<Self>, token: &LeaseToken) -> Ending {
+        Ending {
+            liveness: Some(Arc::downgrade(self)),
+            token: token.clone(),
+        }
+    }
+
+    /// Whether a flight of this backend holds the lease with `token`.
+    fn holds(&self, token: &LeaseToken) -> bool {
+        self.held.lock().contains(token)
+    }
+
     /// Starts watching the holder `holder` names (see the module docs).
     pub(super) async fn watch(
         &self,
@@ -150,12 +224,13 @@ impl Liveness {
         self.pubsub
             .confirmation(keys.channel(), CONFIRM_PATIENCE)
             .await;
+        let ask = ask(holder, keys);
         let mut pipe = redis::pipe();
         pipe.cmd("GET")
             .arg(keys.lock())
             .cmd("PUBLISH")
             .arg(presence(id))
-            .arg(ASK);
+            .arg(&ask);
         let mut conn = self.conn.manager();
         let (lock, receivers): (Option<Vec<u8>>, i64) = with_deadline(
             "watch holder",
@@ -172,6 +247,7 @@ impl Liveness {
         Ok(Watch::Alive(Box::new(Watching {
             beats,
             presence: presence(id),
+            ask,
             conn: self.conn.clone(),
             response_timeout: self.response_timeout,
             last_beat: Instant::now(),
@@ -192,27 +268,62 @@ impl Liveness {
     }
 }
 
-/// The presence task: answers every message on the presence channel by
-/// beating; ends with the backend.
+/// A lease request under way (see [`Liveness::acquiring`]).
+pub(super) struct Acquiring(Ending);
+
+impl Acquiring {
+    /// The request won: the lease is held until its fill or release.
+    pub(super) fn won(mut self) {
+        self.0.liveness = None;
+    }
+}
+
+/// Ends a held lease's entry in [`Liveness::held`] when dropped: at the
+/// end of its fill or release (or when that step is given up on), or of a
+/// request that did not win.
+pub(super) struct Ending {
+    /// `None` once disarmed.
+    liveness: Option<Weak<Liveness>>,
+    token: LeaseToken,
+}
+
+impl Drop for Ending {
+    fn drop(&mut self) {
+        if let Some(liveness) = self.liveness.take().and_then(|l| l.upgrade()) {
+            liveness.held.lock().remove(&self.token);
+        }
+    }
+}
+
+/// The presence task: answers every ask on the presence channel, by
+/// beating, or, asked about a lease no flight of this backend holds any
+/// more, by releasing it; ends with the backend.
 async fn answer_asks(
     liveness: Weak<Liveness>,
-    mut presence: RedisSubscription,
+    // Kept subscribed while the task runs; its payloads come through `asks`.
+    _presence: RedisSubscription,
+    mut asks: mpsc::Receiver<Vec<u8>>,
     mut stopped: oneshot::Receiver<()>,
 ) {
     loop {
-        tokio::select! {
+        let payload = tokio::select! {
             _ = &mut stopped => return,
-            () = presence.notified() => {}
-        }
-        // A wake-up while the channel is unconfirmed is the subscriber's
-        // polling, not a message.
-        if !presence.is_confirmed() {
-            continue;
-        }
+            payload = asks.recv() => match payload {
+                Some(payload) => payload,
+                None => return,
+            },
+        };
         let Some(liveness) = liveness.upgrade() else {
             return;
         };
-        liveness.asked();
+        match asked_about(&payload) {
+            Some((token, keys))
+                if token.holder() == Some(liveness.id.as_str()) && !liveness.holds(&token) =>
+            {
+                (liveness.release)(keys, token);
+            }
+            _ => liveness.asked(),
+        }
     }
 }
 
@@ -250,6 +361,8 @@ async fn beat(liveness: Weak<Liveness>) {
 struct Watching {
     beats: RedisSubscription,
     presence: String,
+    /// What it publishes there: the lease it waits on.
+    ask: String,
     conn: Primary,
     response_timeout: Duration,
     last_beat: Instant,
@@ -262,7 +375,10 @@ impl Watching {
     /// channel (`None`: the server did not answer).
     async fn present(&self) -> Option<bool> {
         let mut conn = self.conn.manager();
-        let publish = redis::cmd("PUBLISH").arg(&self.presence).arg(ASK).clone();
+        let publish = redis::cmd("PUBLISH")
+            .arg(&self.presence)
+            .arg(&self.ask)
+            .clone();
         let asked: Result<i64, _> = with_deadline(
             "watch holder",
             self.response_timeout,

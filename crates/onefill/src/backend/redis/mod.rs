@@ -451,6 +451,13 @@ impl RedisBackend {
         Ok(wrote)
     }
 
+    /// The step that ends the lease with `token` (its fill or release)
+    /// is under way: once it is over, landed or not, no flight of this
+    /// backend holds the lease (see `liveness.rs`).
+    fn ending(&self, token: &LeaseToken) -> Option<liveness::Ending> {
+        self.inner.liveness.get().map(|l| l.ending(token))
+    }
+
     /// The `WAIT` every write of a value or a mark is sent with, if any.
     fn wait(&self) -> Option<Wait> {
         let options = &self.inner.options;
@@ -573,6 +580,7 @@ impl Backend for RedisBackend {
         bytes: &[u8],
         ttl: Duration,
     ) -> Result<bool, BackendError> {
+        let _ending = self.ending(token);
         let mut invocation = announcing(&self.inner.scripts.fill, keys);
         invocation.arg(token.as_bytes()).arg(bytes).arg(px(ttl));
         let filled = self
@@ -590,6 +598,7 @@ impl Backend for RedisBackend {
         token: &LeaseToken,
         entry: Option<(&[u8], Duration)>,
     ) -> Result<bool, BackendError> {
+        let _ending = self.ending(token);
         let mut invocation = announcing(&self.inner.scripts.release, keys);
         invocation.arg(token.as_bytes());
         if let Some((bytes, ttl)) = entry {

@@ -41,7 +41,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use parking_lot::Mutex;
-use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
+use tokio::sync::mpsc::{self, unbounded_channel, UnboundedSender};
 use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
@@ -104,6 +104,10 @@ struct Channel {
     /// Cluster: an `SSUBSCRIBE` is under way (its outcome comes back to
     /// the subscriber task on its own).
     subscribing: bool,
+    /// Where the messages' payloads go, for the one channel whose
+    /// messages say something (a holder's presence: who asks about which
+    /// lease); the others only wake their subscriptions.
+    inbox: Option<mpsc::Sender<Vec<u8>>>,
 }
 
 impl Channel {
@@ -115,11 +119,22 @@ impl Channel {
             waiters: Vec::new(),
             expected_confirmations: 0,
             subscribing: false,
+            inbox: None,
         }
     }
 
     fn fire(&self) {
         self.tx.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// A message: its subscriptions woken, its payload handed to the
+    /// inbox if the channel has one. A full inbox drops it: whoever sent
+    /// it asks again when its answer does not come.
+    fn deliver(&self, payload: &[u8]) {
+        self.fire();
+        if let Some(inbox) = &self.inbox {
+            let _ = inbox.try_send(payload.to_vec());
+        }
     }
 
     /// The server confirmed the subscription: the `subscribe` calls
@@ -201,6 +216,24 @@ impl PubSubShared {
             rx
         };
         let _ = tokio::time::timeout(patience, confirmed).await;
+    }
+
+    /// As [`subscription`](Self::subscription), with the payloads of the
+    /// channel's messages (at most `capacity` unread) handed to the
+    /// returned receiver.
+    pub(super) async fn subscription_with_inbox(
+        self: &Arc<Self>,
+        channel: String,
+        capacity: usize,
+    ) -> (RedisSubscription, mpsc::Receiver<Vec<u8>>) {
+        let (tx, rx) = mpsc::channel(capacity.max(1));
+        self.state
+            .lock()
+            .channels
+            .entry(channel.clone())
+            .or_insert_with(Channel::new)
+            .inbox = Some(tx);
+        (self.subscription(channel).await, rx)
     }
 
     /// As [`subscribe`](Self::subscribe), the subscription itself.

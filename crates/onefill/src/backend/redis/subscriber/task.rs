@@ -191,7 +191,12 @@ fn handle_push(shared: &PubSubShared, push: PushInfo) {
     match push.kind {
         PushKind::Message | PushKind::SMessage => {
             if let Some(chan) = shared.state.lock().channels.get(&channel) {
-                chan.fire();
+                let payload = match push.data.get(1) {
+                    Some(Value::BulkString(b)) => &b[..],
+                    Some(Value::SimpleString(s)) => s.as_bytes(),
+                    _ => &[],
+                };
+                chan.deliver(payload);
             }
         }
         PushKind::SUnsubscribe => {
