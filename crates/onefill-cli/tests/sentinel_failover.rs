@@ -66,15 +66,45 @@ const LIMIT: Duration = Duration::from_secs(180);
 /// measure the machine, not the failover.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
+/// When the fault comes.
+#[derive(Clone, Copy, PartialEq)]
+enum Moment {
+    /// While no lease is held (every key's value lives past the fault):
+    /// the lost writes are measured.
+    Quiet,
+    /// With loads under way: the TTL is 1 s, so about 50 keys × 200 calls
+    /// a second find a key to load every 20 ms, and leases are taken, held
+    /// and filled at the moment of the fault. Every key must be answered
+    /// normally within [`IN_FLIGHT_SETTLED_MS`] of the promotion, counting
+    /// the calls that were running at it.
+    InFlight,
+}
+
+/// With leases in flight at the fault: how long after the promotion a
+/// call of a victim key may still end abnormally (the end of the last
+/// such call, including those that began before the promotion). A lease
+/// whose fill the failover lost used to hold its key for the lease's TTL
+/// (10 s); what is left is a few round trips after the fleet reaches the
+/// new primary, and a debug build's calls on two busy cores.
+const IN_FLIGHT_SETTLED_MS: f64 = 300.0;
+
 /// Runs the scenario with `--fault fault` through a fresh set-up and
 /// checks the report.
 fn failover_scenario(fault: &str, ttl_ms: u64, fault_at_ms: u64, duration_ms: u64) {
-    failover_scenario_with(fault, ttl_ms, fault_at_ms, duration_ms, &[]);
+    failover_scenario_with(fault, Moment::Quiet, ttl_ms, fault_at_ms, duration_ms, &[]);
 }
 
-/// [`failover_scenario`], the fleet given `extra` arguments too.
+/// [`failover_scenario`] at a moment with loads under way (see
+/// [`Moment::InFlight`]): TTL 1 s, the fault at 5 s of 10.
+fn in_flight_scenario(fault: &str) {
+    failover_scenario_with(fault, Moment::InFlight, 1_000, 5_000, 10_000, &[]);
+}
+
+/// [`failover_scenario`], at `moment`, the fleet given `extra` arguments
+/// too.
 fn failover_scenario_with(
     fault: &str,
+    moment: Moment,
     ttl_ms: u64,
     fault_at_ms: u64,
     duration_ms: u64,
@@ -196,6 +226,18 @@ fn failover_scenario_with(
                      {promoted_at:.0} ms (at most {RECOVERY_MS} ms)"
                 ),
             );
+            let settled = x(victim, "settled_after_promotion_ms");
+            eprintln!("--fault {fault}: settled {settled:.0} ms after the promotion");
+            if moment == Moment::InFlight {
+                check(
+                    settled <= IN_FLIGHT_SETTLED_MS,
+                    format!(
+                        "a call of a victim key ended abnormally {settled:.0} ms after the \
+                         promotion at {promoted_at:.0} ms (at most {IN_FLIGHT_SETTLED_MS} ms, \
+                         counting the calls running at it)"
+                    ),
+                );
+            }
         }
         _ => check(false, "no new primary was named within the run".to_owned()),
     }
@@ -239,11 +281,20 @@ fn failover_scenario_with(
     let lost = &f["lost_writes"];
     eprintln!("--fault {fault}: lost writes {lost}");
     let checked = lost["values"]["checked"].as_u64().unwrap_or(0);
-    check(
-        checked > 0,
-        format!("no value was checked for loss: {lost}"),
-    );
-    if fault == "failover" {
+    // With 1 s values, those filled before a kill or a hang have expired
+    // by the promotion: nothing is left to lose.
+    if moment == Moment::Quiet {
+        check(
+            checked > 0,
+            format!("no value was checked for loss: {lost}"),
+        );
+    }
+    // Checked at a quiet moment only: with loads under way a process can
+    // still write to the old primary in the moment between the promotion
+    // and the news of it reaching the process (the old primary answers as
+    // a master until the Sentinels demote it); those writes are among the
+    // lost ones, printed above.
+    if fault == "failover" && moment == Moment::Quiet {
         let writes = lost["values"]["old_primary_writes"].as_u64().unwrap_or(0);
         check(
             writes == 0,
@@ -277,6 +328,28 @@ fn a_hung_primary_is_replaced_without_errors() {
     failover_scenario("hang", 6_000, 6_500, 12_000);
 }
 
+/// `SENTINEL FAILOVER` with loads under way: a lease the old primary
+/// granted reaches the new one, and its fill may not; its holder, asked
+/// about it, releases it there.
+#[test]
+fn a_failover_with_leases_in_flight_stalls_no_key() {
+    in_flight_scenario("failover");
+}
+
+/// SIGKILL of the primary with loads under way.
+#[test]
+fn a_killed_primary_with_leases_in_flight_stalls_no_key() {
+    in_flight_scenario("kill");
+}
+
+/// SIGSTOP of the primary with loads under way: the calls waiting on it
+/// when it stopped are answered once the fleet reaches the new primary,
+/// not at their wait deadline.
+#[test]
+fn a_hung_primary_with_leases_in_flight_stalls_no_key() {
+    in_flight_scenario("hang");
+}
+
 /// `--fault` through Sentinels needs a steady run.
 #[test]
 fn sentinel_fault_flags_are_checked() {
@@ -308,6 +381,7 @@ fn sentinel_fault_flags_are_checked() {
 fn lost_writes_with_durability() {
     failover_scenario_with(
         "kill",
+        Moment::Quiet,
         6_000,
         6_500,
         12_000,

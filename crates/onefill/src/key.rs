@@ -286,7 +286,17 @@ mod tests {
             let keys = FillKeys::new(namespace, key);
             assert_eq!(FillKeys::from_value_key(keys.value()), Some(keys));
         }
-        for foreign in ["", "{", "}", "users", "users:{42", "users{42}", ":{42}", "users:{4{2}", "u:{a}}"] {
+        for foreign in [
+            "",
+            "{",
+            "}",
+            "users",
+            "users:{42",
+            "users{42}",
+            ":{42}",
+            "users:{4{2}",
+            "u:{a}}",
+        ] {
             assert_eq!(FillKeys::from_value_key(foreign), None, "{foreign:?}");
         }
     }

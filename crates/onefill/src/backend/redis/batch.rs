@@ -64,10 +64,7 @@ impl RedisBackend {
         let keys: Vec<FillKeys> = requests.iter().map(|r| r.keys.clone()).collect();
         // Held from before the requests are sent (see `acquire.rs`); a
         // request sent again on its own holds its token there too.
-        let acquiring: Vec<_> = requests
-            .iter()
-            .map(|r| self.acquiring(&r.token))
-            .collect();
+        let acquiring: Vec<_> = requests.iter().map(|r| self.acquiring(&r.token)).collect();
         let script = &self.inner.scripts.acquire;
         let build = |pipe: &mut redis::Pipeline, i: usize| {
             let request = &requests[i];

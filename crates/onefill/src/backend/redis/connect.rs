@@ -16,7 +16,6 @@ use super::cluster::ClusterRouter;
 use super::durability::Wait;
 use super::errors::{classify, with_deadline};
 use super::liveness::{Liveness, Release};
-use crate::backend::Backend as _;
 use super::options::{check_url_and_tls, connect_deadline, open_client, RedisOptions};
 use super::primary::{Commands, Fixed, Primary};
 use super::push;
@@ -26,6 +25,7 @@ use super::subscriber::{ClusterLink, Link, PubSubShared, SingleLink};
 use super::tracking;
 use super::urls::redact;
 use super::{Conn, Inner, RedisBackend};
+use crate::backend::Backend as _;
 use crate::backend::BackendError;
 use crate::error::BackendErrorKind;
 

@@ -184,6 +184,13 @@ pub fn analyse(
             .map(|c| c.started_ms + c.latency_ms - p)
             .fold(0.0, f64::max)
     });
+    let settled = injected.promoted_at_ms.map(|p| {
+        calls
+            .iter()
+            .filter(|c| victim_key(c.key) && c.started_ms + c.latency_ms >= p && abnormal(c))
+            .map(|c| c.started_ms + c.latency_ms - p)
+            .fold(0.0, f64::max)
+    });
     let mut after = AbnormalKinds::default();
     if let Some(p) = injected.promoted_at_ms {
         for c in calls
@@ -243,6 +250,7 @@ pub fn analyse(
         victim: VictimFigures {
             answers: figures(victim_count, &|c| victim_key(c.key)),
             recovered_after_promotion_ms: recovered,
+            settled_after_promotion_ms: settled,
             abnormal_after_promotion: after,
             loads: victim_loads.len() as u64,
             loads_outside_outage: victim_loads.len() as u64 - inside,
@@ -363,6 +371,19 @@ mod tests {
             Some(0.0),
             "an error before the promotion is not a slow recovery"
         );
+        assert_eq!(r.victim.settled_after_promotion_ms, Some(0.0));
+    }
+
+    #[test]
+    fn a_call_running_across_the_promotion_counts_until_it_ends() {
+        let mut calls = quiet_calls();
+        // Waited on the replaced server from before the fault until 9.5 s.
+        calls.push(call(4_000.0, 2, DEGRADED, 5_500.0, 0));
+        // Ended before the promotion: not counted.
+        calls.push(call(5_000.0, 3, DEGRADED, 1_000.0, 0));
+        let r = analyse(&injected(Some(7_000.0)), &names(), shape(), &calls, &[]);
+        assert_eq!(r.victim.recovered_after_promotion_ms, Some(0.0));
+        assert_eq!(r.victim.settled_after_promotion_ms, Some(2_500.0));
     }
 
     #[test]
@@ -374,6 +395,8 @@ mod tests {
         calls.push(call(7_900.0, 0, STALE, 1.0, 0)); // a healthy key: ignored
         let r = analyse(&injected(Some(7_000.0)), &names(), shape(), &calls, &[]);
         assert_eq!(r.victim.recovered_after_promotion_ms, Some(1_100.0));
+        // The error that started before the promotion ran until 8 000.
+        assert_eq!(r.victim.settled_after_promotion_ms, Some(1_100.0));
         let after = &r.victim.abnormal_after_promotion;
         assert_eq!((after.calls, after.degraded, after.slow), (2, 1, 1));
         assert_eq!((after.errors, after.stale, after.over_age_limit), (0, 0, 0));

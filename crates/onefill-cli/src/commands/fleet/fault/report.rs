@@ -77,6 +77,14 @@ pub struct VictimFigures {
     /// minus the promotion time (0 if there is none; `None` without a
     /// promotion).
     pub recovered_after_promotion_ms: Option<f64>,
+    /// As `recovered_after_promotion_ms`, counting also the abnormal
+    /// calls that started before the promotion and were still running at
+    /// it (a call that waited on a server the failover replaced, from
+    /// before the fault until long after the promotion, counts here): from
+    /// this long after the promotion, every call of a victim key ended
+    /// normally.
+    #[serde(default)]
+    pub settled_after_promotion_ms: Option<f64>,
     /// The abnormal calls that started after the promotion, by kind (a
     /// call may count under several): what the recovery time is made of.
     pub abnormal_after_promotion: AbnormalKinds,
@@ -220,9 +228,11 @@ impl FaultReport {
             ),
             class("victim keys", &self.victim.answers),
             format!(
-                "    recovered {} after the promotion; loads outside [{:.0}, {:.0}] ms {} \
-                 (ideal {:.1}, {} before the last value could expire), inside {}",
+                "    recovered {} after the promotion ({} counting the calls running at it); \
+                 loads outside [{:.0}, {:.0}] ms {} (ideal {:.1}, {} before the last value \
+                 could expire), inside {}",
                 opt(self.victim.recovered_after_promotion_ms),
+                opt(self.victim.settled_after_promotion_ms),
                 self.outage_window_ms[0],
                 self.outage_window_ms[1],
                 self.victim.loads_outside_outage,
