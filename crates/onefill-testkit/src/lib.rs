@@ -29,6 +29,7 @@
 #![warn(missing_docs)]
 
 mod cluster;
+mod endpoint;
 mod limit;
 mod process;
 mod resp;
@@ -36,6 +37,7 @@ mod sentinel;
 mod server;
 
 pub use cluster::RedisCluster;
+pub use endpoint::Endpoint;
 pub use limit::{time_limit, TimeLimit};
 pub use process::output_within;
 pub use resp::Reply;

@@ -14,10 +14,11 @@ use tokio::time::Instant;
 
 use super::cluster::ClusterRouter;
 use super::durability::Wait;
+use super::endpoint::follow_endpoint;
 use super::errors::{classify, with_deadline};
 use super::liveness::{Liveness, Release};
 use super::options::{check_url_and_tls, connect_deadline, open_client, RedisOptions};
-use super::primary::{Commands, Fixed, Primary};
+use super::primary::{Commands, Followed, Following, Primary};
 use super::push;
 use super::scripts::{Scripts, CLUSTER_SCRIPTS, STANDALONE_SCRIPTS};
 use super::server_clock::{Plan, ServerClock};
@@ -48,8 +49,22 @@ impl RedisBackend {
         let client = open_client(url, &options)?;
         let commands = command_connection(&client, &options).await?;
         let resp3 = push::resp3(&client).map_err(|e| classify("connect", e))?;
-        let primary = Primary::Fixed(Arc::new(Fixed { commands, resp3 }));
-        Self::standalone(primary, options, redact(url), Arc::default()).await
+        let followed = Followed::new(Following::Endpoint, commands, resp3, redact(url));
+        let clock = Arc::new(ServerClock::default());
+        let backend = Self::standalone(
+            Primary::new(followed.clone()),
+            options.clone(),
+            redact(url),
+            clock.clone(),
+        )
+        .await?;
+        tokio::spawn(follow_endpoint(
+            client,
+            options,
+            Arc::downgrade(&followed),
+            Arc::downgrade(&clock),
+        ));
+        Ok(backend)
     }
 
     /// The backend of a standalone server (`primary`, fixed or followed),

@@ -229,6 +229,7 @@ mod batch;
 mod cluster;
 mod connect;
 mod durability;
+mod endpoint;
 mod errors;
 mod liveness;
 mod marks;
@@ -256,7 +257,7 @@ use cluster::{slot_of, ClusterRouter};
 use durability::Wait;
 use errors::{classify, with_deadline};
 use liveness::Liveness;
-use primary::Primary;
+use primary::{is_readonly, Following, Primary};
 use read::stored;
 use scripts::{ScriptCall, Scripts};
 use server_clock::ServerClock;
@@ -351,8 +352,8 @@ enum Conn {
 impl fmt::Debug for RedisBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mode = match &self.inner.conn {
-            Conn::Single(Primary::Fixed(_)) => "standalone",
-            Conn::Single(Primary::Followed(_)) => "sentinel",
+            Conn::Single(p) if p.following() == Following::Endpoint => "standalone",
+            Conn::Single(_) => "sentinel",
             Conn::Cluster(_) => "cluster",
         };
         f.debug_struct("RedisBackend")
@@ -399,14 +400,33 @@ impl RedisBackend {
             // bounded here, by the response timeout.
             Conn::Single(c) => {
                 let limit = self.inner.options.response_timeout;
+                let began = Instant::now();
                 let scripts = self.inner.scripts;
-                let mut conn = c.writer(wait.is_some());
-                let flight = c.in_flight();
-                let sent = invocation.invoke_then_wait(scripts, &mut conn, false, wait);
-                let answer = with_deadline(op, limit, sent).await;
-                flight.answered();
+                let epoch = c.shard();
+                let mut answer = {
+                    let mut conn = c.writer(wait.is_some());
+                    let flight = c.in_flight();
+                    let sent = invocation.invoke_then_wait(scripts, &mut conn, false, wait);
+                    let answer = with_deadline(op, limit, sent).await;
+                    flight.answered();
+                    answer
+                };
                 if let Err(e) = &answer {
                     c.saw(e);
+                    // Refused by a server that is no longer the primary
+                    // (nothing ran: a replica writes nothing): once the
+                    // backend has moved to the new one, within the same
+                    // limit, sent there instead.
+                    let left = limit.saturating_sub(began.elapsed());
+                    if is_readonly(e) && c.moved_from(epoch, left).await {
+                        let mut conn = c.writer(wait.is_some());
+                        let sent = invocation.invoke_then_wait(scripts, &mut conn, false, wait);
+                        let left = limit.saturating_sub(began.elapsed());
+                        answer = with_deadline(op, left, sent).await;
+                        if let Err(e) = &answer {
+                            c.saw(e);
+                        }
+                    }
                 }
                 answer
             }

@@ -1,12 +1,14 @@
-//! The standalone server a backend talks to: fixed for a plain
-//! [`connect`](super::RedisBackend::connect), or followed across failovers
-//! for a backend under Redis Sentinel (`sentinel.rs` does the following).
+//! The standalone server a backend talks to, followed across failovers:
+//! the primary the Sentinels name (`sentinel.rs` does the following), or
+//! whatever server a plain [`connect`](super::RedisBackend::connect)'s URL
+//! leads to now (a managed service's primary endpoint, whose name moves to
+//! the promoted replica: `endpoint.rs`).
 //!
 //! Everything that opens connections to the server asks this for them: the
 //! command connection (a [`ConnectionManager`]) for each call, and the
 //! RESP3 client for the push connections (fill notifications, holders'
-//! presence, the L1's tracking) at each of their (re)connections. When a
-//! followed primary changes, its epoch moves on: the push connections drop
+//! presence, the L1's tracking) at each of their (re)connections. When the
+//! primary changes, its epoch moves on: the push connections drop
 //! and reconnect to the new primary at once (which empties the L1, as any
 //! reconnection of its tracking does: writes the old primary acknowledged
 //! may be lost), and each epoch is a shard of its own, so the circuit
@@ -21,20 +23,23 @@ use tokio::sync::{watch, Notify};
 
 use crate::error::{BackendError, BackendErrorKind};
 
-/// Where a standalone backend's connections go.
+/// Where a standalone backend's connections go: the primary of the
+/// moment, which a failover changes.
 #[derive(Clone)]
-pub(super) enum Primary {
-    /// One server for the backend's life (behind a pointer: a client is large, and
-    /// every backend call matches on this).
-    Fixed(Arc<Fixed>),
-    /// The primary the sentinels name, which a failover changes.
-    Followed(Arc<Followed>),
-}
+pub(super) struct Primary(Arc<Followed>);
 
-/// A server for the backend's life.
-pub(super) struct Fixed {
-    pub(super) commands: Commands,
-    pub(super) resp3: Client,
+/// Who tells a backend that its primary changed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Following {
+    /// The Sentinels (`sentinel.rs`): any sign of a dead or demoted primary
+    /// (a connection failure, `READONLY`, a timeout) makes the follower
+    /// ask them.
+    Sentinel,
+    /// The URL itself (`endpoint.rs`): `READONLY` alone, the one sign that
+    /// a connection outlived its server's time as the primary; a server
+    /// that fails or hangs is the driver's to reconnect, through the same
+    /// URL.
+    Endpoint,
 }
 
 /// A server's command connections.
@@ -51,6 +56,7 @@ pub(super) struct Commands {
 
 /// A primary that can change (see the module docs).
 pub(super) struct Followed {
+    following: Following,
     current: RwLock<Current>,
     /// The current epoch, for the push connections to follow.
     epoch: watch::Sender<u64>,
@@ -73,7 +79,12 @@ pub(super) struct Current {
 
 impl Followed {
     /// Follows from `first` (epoch 1).
-    pub(super) fn new(commands: Commands, resp3: Client, addr: String) -> Arc<Followed> {
+    pub(super) fn new(
+        following: Following,
+        commands: Commands,
+        resp3: Client,
+        addr: String,
+    ) -> Arc<Followed> {
         let first = Current {
             epoch: 1,
             commands,
@@ -81,6 +92,7 @@ impl Followed {
             addr,
         };
         Arc::new(Followed {
+            following,
             current: RwLock::new(first),
             epoch: watch::channel(1).0,
             suspect: Arc::new(Notify::new()),
@@ -122,54 +134,46 @@ impl Followed {
 }
 
 impl Primary {
+    /// The connections of `followed`.
+    pub(super) fn new(followed: Arc<Followed>) -> Primary {
+        Primary(followed)
+    }
+
+    /// Who follows it.
+    pub(super) fn following(&self) -> Following {
+        self.0.following
+    }
+
     /// The command connection (a clone: cheap, it shares the connection).
     pub(super) fn manager(&self) -> ConnectionManager {
-        match self {
-            Primary::Fixed(fixed) => fixed.commands.manager.clone(),
-            Primary::Followed(followed) => followed.current.read().commands.manager.clone(),
-        }
+        self.0.current.read().commands.manager.clone()
     }
 
     /// The connection for a write: its own when it waits for replicas (see
     /// [`Commands::durable`]).
     pub(super) fn writer(&self, waits: bool) -> ConnectionManager {
-        let pick = |commands: &Commands| match (&commands.durable, waits) {
+        let current = self.0.current.read();
+        match (&current.commands.durable, waits) {
             (Some(durable), true) => durable.clone(),
-            _ => commands.manager.clone(),
-        };
-        match self {
-            Primary::Fixed(fixed) => pick(&fixed.commands),
-            Primary::Followed(followed) => pick(&followed.current.read().commands),
+            _ => current.commands.manager.clone(),
         }
     }
 
-    /// The RESP3 client for a push connection, and the epoch it belongs to
-    /// (always 0 for a fixed server).
+    /// The RESP3 client for a push connection, and the epoch it belongs to.
     pub(super) fn resp3(&self) -> (Client, u64) {
-        match self {
-            Primary::Fixed(fixed) => (fixed.resp3.clone(), 0),
-            Primary::Followed(followed) => {
-                let current = followed.current.read();
-                (current.resp3.clone(), current.epoch)
-            }
-        }
+        let current = self.0.current.read();
+        (current.resp3.clone(), current.epoch)
     }
 
-    /// Tells of each change of primary (`None` for a fixed server).
+    /// Tells of each change of primary.
     pub(super) fn epochs(&self) -> Option<watch::Receiver<u64>> {
-        match self {
-            Primary::Fixed(_) => None,
-            Primary::Followed(followed) => Some(followed.epoch.subscribe()),
-        }
+        Some(self.0.epoch.subscribe())
     }
 
     /// The shard a call goes to: the epoch (each primary has a circuit
-    /// breaker of its own), 0 for a fixed server.
+    /// breaker of its own).
     pub(super) fn shard(&self) -> u64 {
-        match self {
-            Primary::Fixed(_) => 0,
-            Primary::Followed(followed) => *followed.epoch.borrow(),
-        }
+        *self.0.epoch.borrow()
     }
 
     /// Whether `shard` is the current primary's.
@@ -177,33 +181,77 @@ impl Primary {
         self.shard() == shard
     }
 
-    /// A call to the server, until [`InFlight::answered`]: a call dropped
-    /// before its answer after [`SLOW_CALL`] or more (a cache's own
-    /// timeout, shorter than the response timeout by default, drops the
-    /// call rather than failing it) counts as a sign of a dead or frozen
-    /// primary, as a timeout does. A call dropped sooner is no sign: a
-    /// cache drops calls in its normal course (a waiter woken while it
+    /// Whether the backend moves on from the primary of `epoch` within
+    /// `patience` (at once if it has already).
+    pub(super) async fn moved_from(&self, epoch: u64, patience: std::time::Duration) -> bool {
+        let mut epochs = self.0.epoch.subscribe();
+        let moved = tokio::time::timeout(patience, async {
+            epochs.wait_for(|now| *now != epoch).await.is_ok()
+        })
+        .await;
+        moved.unwrap_or(false)
+    }
+
+    /// A call to the server, until [`InFlight::answered`]: under Sentinel,
+    /// a call dropped before its answer after [`SLOW_CALL`] or more (a
+    /// cache's own timeout, shorter than the response timeout by default,
+    /// drops the call rather than failing it) counts as a sign of a dead or
+    /// frozen primary, as a timeout does. A call dropped sooner is no sign:
+    /// a cache drops calls in its normal course (a waiter woken while it
     /// polls), and each look at the sentinels costs a question to each.
     pub(super) fn in_flight(&self) -> InFlight<'_> {
-        match self {
-            Primary::Fixed(_) => InFlight(None),
-            Primary::Followed(followed) => InFlight(Some((followed, std::time::Instant::now()))),
+        match self.0.following {
+            Following::Sentinel => InFlight(Some((&*self.0, std::time::Instant::now()))),
+            Following::Endpoint => InFlight(None),
         }
     }
 
     /// A call's error: one that may mean the primary is gone or demoted
-    /// asks the follower to look again (it asks the sentinels, at most so
-    /// often). Does nothing for a fixed server.
+    /// asks the follower to look again (at most so often; see
+    /// [`Following`] for which errors).
     pub(super) fn saw(&self, error: &BackendError) {
-        if let Primary::Followed(followed) = self {
-            if matches!(
+        let suspect = match self.0.following {
+            Following::Sentinel => matches!(
                 error.kind(),
                 BackendErrorKind::Connection | BackendErrorKind::Busy | BackendErrorKind::Timeout
-            ) {
-                followed.suspect.notify_one();
-            }
+            ),
+            Following::Endpoint => is_readonly(error),
+        };
+        if suspect {
+            self.0.suspect.notify_one();
         }
     }
+}
+
+/// Whether the server refused a write as a replica (`READONLY`, alone or
+/// from inside a script).
+pub(super) fn is_readonly(error: &BackendError) -> bool {
+    use std::error::Error as _;
+    error.kind() == BackendErrorKind::Busy
+        && error
+            .source()
+            .and_then(|source| source.downcast_ref::<redis::RedisError>())
+            .is_some_and(|e| {
+                e.code() == Some("READONLY")
+                    || e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
+            })
+}
+
+/// Whether the server behind `conn` answers `ROLE` as a master.
+pub(super) async fn answers_as_master<C: redis::aio::ConnectionLike + Send>(
+    conn: &mut C,
+    op: &'static str,
+    timeout: std::time::Duration,
+) -> Result<bool, BackendError> {
+    let role: redis::Value =
+        super::errors::with_deadline(op, timeout, redis::cmd("ROLE").query_async(conn)).await?;
+    Ok(match role {
+        redis::Value::Array(parts) => matches!(
+            parts.first(),
+            Some(redis::Value::BulkString(b)) if b == b"master"
+        ),
+        _ => false,
+    })
 }
 
 /// How long a call dropped before its answer must have been in flight to

@@ -34,7 +34,7 @@ use tokio::time::Instant;
 use super::connect::command_connection;
 use super::errors::with_deadline;
 use super::options::{check_url_and_tls, connect_deadline, open_client, RedisOptions};
-use super::primary::{Commands, Followed, Primary};
+use super::primary::{answers_as_master, Commands, Followed, Following, Primary};
 use super::push::{self, Due, Names, PushConnection};
 use super::server_clock::ServerClock;
 use super::urls::redact;
@@ -206,7 +206,12 @@ impl RedisBackend {
         )
         .await?;
         let opened = finder.open(&found).await?;
-        let followed = Followed::new(opened.commands, opened.resp3, found.addr());
+        let followed = Followed::new(
+            Following::Sentinel,
+            opened.commands,
+            opened.resp3,
+            found.addr(),
+        );
         let clock = Arc::new(ServerClock::default());
         let target = format!(
             "sentinel {master_name} at {}",
@@ -217,7 +222,7 @@ impl RedisBackend {
                 .join(",")
         );
         let backend = RedisBackend::standalone(
-            Primary::Followed(followed.clone()),
+            Primary::new(followed.clone()),
             options.redis.clone(),
             target,
             clock.clone(),
@@ -362,19 +367,12 @@ impl Finder {
             client.get_multiplexed_async_connection_with_config(&config),
         )
         .await?;
-        let role: Value = with_deadline(
+        answers_as_master(
+            &mut conn,
             "sentinel: primary's role",
             options.response_timeout,
-            redis::cmd("ROLE").query_async(&mut conn),
         )
-        .await?;
-        Ok(match role {
-            Value::Array(parts) => matches!(
-                parts.first(),
-                Some(Value::BulkString(b)) if b == b"master"
-            ),
-            _ => false,
-        })
+        .await
     }
 
     fn client_of(&self, found: &Found) -> Result<Client, BackendError> {

@@ -1,0 +1,153 @@
+//! Following a plain URL whose server changes behind it: a managed
+//! service's primary endpoint, whose name moves to the promoted replica at
+//! a failover, or a proxy that sends new connections to another server.
+//!
+//! New connections through the URL reach the new primary; connections made
+//! before go on talking to the old one, which is now a replica that
+//! refuses every write with `READONLY` and answers reads with what it
+//! replicates. The driver reconnects only a connection that fails, and
+//! these do not fail. So a call refused with `READONLY` makes the backend
+//! look again (at most every [`COOLDOWN`]): if its command connection's
+//! server answers `ROLE` as anything but a master, it opens new
+//! connections through the URL, and once their server answers as a master
+//! they replace the old ones, as a Sentinel follower's switch does (the
+//! push connections follow at once, so the fill notifications, the
+//! holders' presence and the L1's tracking move too; the L1 empties; the
+//! new connections are a shard, and a circuit breaker, of their own). A
+//! URL that still leads to a replica (the name has not moved yet) is tried
+//! again with a backoff while the calls keep meeting `READONLY`.
+//!
+//! A server that fails or hangs is no sign of a failover here: its
+//! connections fail, and the driver reconnects them through the same URL.
+
+use std::sync::Weak;
+use std::time::Duration;
+
+use redis::Client;
+use tokio::time::Instant;
+
+use super::connect::command_connection;
+use super::options::RedisOptions;
+use super::primary::{answers_as_master, Commands, Followed};
+use super::push;
+use super::server_clock::ServerClock;
+use crate::backoff::Backoff;
+use crate::error::BackendError;
+
+/// The least time between two looks.
+const COOLDOWN: Duration = Duration::from_millis(50);
+/// The longest pause between two tries while the URL still leads to a
+/// replica.
+const RETRY_MAX: Duration = Duration::from_secs(1);
+
+/// What a look found.
+enum Look {
+    /// The current connection's server is a master (or did not answer:
+    /// the driver's to reconnect): nothing to do.
+    Primary,
+    /// Moved to the URL's new server.
+    Moved,
+    /// The current server is not a master, and the URL does not lead to
+    /// one yet.
+    NotYet,
+}
+
+/// The follower of a plain URL (see the module docs); ends with its
+/// backend.
+pub(super) async fn follow_endpoint(
+    client: Client,
+    options: RedisOptions,
+    followed: Weak<Followed>,
+    clock: Weak<ServerClock>,
+) {
+    // No strong reference while waiting: the backend's drop closes
+    // `epochs` and ends the follower at once.
+    let Some((suspicion, mut epochs)) = followed
+        .upgrade()
+        .map(|strong| (strong.suspicion(), strong.epochs()))
+    else {
+        return;
+    };
+    let mut again = Backoff::new(COOLDOWN, RETRY_MAX);
+    let mut retry_at: Option<Instant> = None;
+    let mut last_look = Instant::now() - COOLDOWN;
+    loop {
+        let retry = async {
+            match retry_at {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            () = suspicion.notified() => {}
+            () = retry => {}
+            () = gone(&mut epochs) => return,
+        }
+        tokio::time::sleep_until(last_look + COOLDOWN).await;
+        last_look = Instant::now();
+        let Some(strong) = followed.upgrade() else {
+            return;
+        };
+        match look(&client, &options, &strong).await {
+            Look::Primary => {
+                retry_at = None;
+                again.reset();
+            }
+            Look::Moved => {
+                retry_at = None;
+                again.reset();
+                if let Some(clock) = clock.upgrade() {
+                    clock.start_over();
+                }
+            }
+            Look::NotYet => retry_at = Some(Instant::now() + again.next_interval()),
+        }
+    }
+}
+
+/// Resolves once `epochs` is closed: the followed primary was dropped
+/// with its backend.
+async fn gone(epochs: &mut tokio::sync::watch::Receiver<u64>) {
+    while epochs.changed().await.is_ok() {}
+}
+
+/// One look: is the current server still the primary; if not, does the
+/// URL lead to one now (then move there).
+async fn look(client: &Client, options: &RedisOptions, followed: &Followed) -> Look {
+    let current = followed.current();
+    let mut conn = current.commands.manager.clone();
+    let role = answers_as_master(&mut conn, "endpoint: role", options.response_timeout).await;
+    if !matches!(role, Ok(false)) {
+        return Look::Primary;
+    }
+    match open(client, options).await {
+        Ok(Some(commands)) => {
+            let resp3 = match push::resp3(client) {
+                Ok(resp3) => resp3,
+                Err(_) => return Look::NotYet,
+            };
+            let epoch = followed.switch(commands, resp3, current.addr.clone());
+            tracing::warn!(
+                endpoint = %current.addr,
+                epoch,
+                "the server behind the URL is no longer the primary: connections moved to \
+                 the one it leads to now, the L1 emptied"
+            );
+            Look::Moved
+        }
+        Ok(None) => Look::NotYet,
+        Err(e) => {
+            tracing::debug!(error = %e, "endpoint: new connections could not be opened");
+            Look::NotYet
+        }
+    }
+}
+
+/// New command connections through the URL (each bounded by the connect
+/// deadline, the scripts loaded), if their server answers as a master.
+async fn open(client: &Client, options: &RedisOptions) -> Result<Option<Commands>, BackendError> {
+    let commands = command_connection(client, options).await?;
+    let mut conn = commands.manager.clone();
+    let master = answers_as_master(&mut conn, "endpoint: role", options.response_timeout).await?;
+    Ok(master.then_some(commands))
+}

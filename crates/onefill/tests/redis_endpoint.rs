@@ -1,0 +1,175 @@
+//! A plain URL whose server changes behind it, as a managed service's
+//! primary endpoint does at a failover: the replica is promoted, the old
+//! primary becomes its replica, new connections reach the promoted one and
+//! those made before stay with the old one (as a DNS name moved to another
+//! address leaves them), where every write meets `READONLY`. The backend
+//! takes `READONLY` for "no longer the primary" and moves every connection
+//! to the server the URL leads to now.
+//!
+//! Each test starts its own primary and replica and a proxy in front of
+//! them (`onefill_testkit::Endpoint`).
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use onefill::redis::RedisBackend;
+use onefill::{Cache, Outcome};
+use onefill_testkit::{time_limit, Endpoint, RedisServer};
+
+const LIMIT: Duration = Duration::from_secs(60);
+
+fn unique_ns(name: &str) -> String {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    format!(
+        "endpoint-{}-{}-{name}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// A primary, a replica of it (linked), and the endpoint leading to the
+/// primary.
+fn primary_replica_endpoint() -> (RedisServer, RedisServer, Endpoint) {
+    let primary = RedisServer::start();
+    let port = primary.port().to_string();
+    let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]);
+    wait_linked(&replica);
+    let endpoint = Endpoint::start(primary.port());
+    (primary, replica, endpoint)
+}
+
+fn wait_linked(replica: &RedisServer) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !replica
+        .command(&["INFO", "replication"])
+        .contains("master_link_status:up")
+    {
+        assert!(Instant::now() < deadline, "the replica did not link up");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The managed service's failover: `replica` promoted, the endpoint
+/// moved to it, `primary` made its replica (its connections stay open).
+fn fail_over(primary: &RedisServer, replica: &RedisServer, endpoint: &Endpoint) {
+    assert_eq!(replica.command(&["REPLICAOF", "NO", "ONE"]), "OK");
+    endpoint.point_to(replica.port());
+    let port = replica.port().to_string();
+    assert_eq!(primary.command(&["REPLICAOF", "127.0.0.1", &port]), "OK");
+}
+
+async fn cache(ns: &str, endpoint: &Endpoint) -> Cache<String, String> {
+    let backend = RedisBackend::connect(&endpoint.url())
+        .await
+        .expect("connects through the endpoint");
+    Cache::builder()
+        .namespace(ns)
+        .backend(backend)
+        .ttl(Duration::from_secs(60))
+        .build()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_the_endpoint_moves_writes_notifications_and_the_l1_follow_it() {
+    let _limit = time_limit(LIMIT);
+    let (primary, replica, endpoint) = primary_replica_endpoint();
+    let ns = unique_ns("moves");
+    let (a, b) = (cache(&ns, &endpoint).await, cache(&ns, &endpoint).await);
+    let key = "k".to_owned();
+    a.set(&key, "v1".into()).await.unwrap();
+    // In b's L1, tracked on the old primary.
+    assert_eq!(b.get(&key).await.unwrap().as_deref(), Some("v1"));
+
+    fail_over(&primary, &replica, &endpoint);
+
+    // The first write may meet `READONLY` (the connection is still on the
+    // old primary); then the backend has moved, and writes land on the
+    // promoted server.
+    let started = Instant::now();
+    let mut refused = 0;
+    loop {
+        match a.set(&key, "v2".into()).await {
+            Ok(()) => break,
+            Err(e) => {
+                refused += 1;
+                assert!(
+                    refused <= 1 && started.elapsed() < Duration::from_secs(2),
+                    "writes still refused after the endpoint moved: {e}"
+                );
+                tokio::time::sleep(Duration::from_millis(60)).await;
+            }
+        }
+    }
+    let keys = onefill::backend::FillKeys::new(&ns, &key);
+    assert!(replica.command(&["GET", keys.value()]).contains("v2"));
+
+    // b never wrote: its first write meets `READONLY` at most once too, and
+    // its L1 hears of a's writes through its tracking, which moved with it.
+    let mut refused = 0;
+    while let Err(e) = b.set(&"other".to_owned(), "x".into()).await {
+        refused += 1;
+        assert!(refused <= 1, "b's writes still refused: {e}");
+        tokio::time::sleep(Duration::from_millis(60)).await;
+    }
+    a.set(&key, "v3".into()).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        let seen = b.get(&key).await.unwrap();
+        if seen.as_deref() == Some("v3") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "b's L1 still answers {seen:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A load under way when the endpoint moves: its lease reached the
+/// promoted server, its fill goes to the old one and is refused. The other
+/// process's waiter is answered soon after the load ends, not at the
+/// lease's expiry or its wait deadline (10 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_held_when_the_endpoint_moves_stalls_no_key() {
+    let _limit = time_limit(LIMIT);
+    let (primary, replica, endpoint) = primary_replica_endpoint();
+    let ns = unique_ns("lease");
+    let (a, b) = (cache(&ns, &endpoint).await, cache(&ns, &endpoint).await);
+    let loads = Arc::new(AtomicUsize::new(0));
+    let loader = |loads: Arc<AtomicUsize>, ms: u64| {
+        move |k: String| async move {
+            loads.fetch_add(1, Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            Ok::<_, std::io::Error>(format!("{k} loaded"))
+        }
+    };
+    let started = Instant::now();
+    let holder = {
+        let (a, loads) = (a.clone(), loads.clone());
+        tokio::spawn(async move { a.fetch(&"k".to_owned(), loader(loads, 600)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let waiter = {
+        let (b, loads) = (b.clone(), loads.clone());
+        tokio::spawn(async move {
+            let answer = b.fetch(&"k".to_owned(), loader(loads, 50)).await;
+            (answer, started.elapsed())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    fail_over(&primary, &replica, &endpoint);
+
+    let held = holder.await.unwrap().expect("the holder answers its load");
+    assert_eq!(held.outcome, Outcome::Loaded);
+    let (answer, answered_at) = waiter.await.unwrap();
+    let fetched = answer.expect("the waiter is answered");
+    let (value, outcome) = (fetched.value, fetched.outcome);
+    eprintln!("the waiter: {outcome:?} at {answered_at:?}");
+    assert_eq!(value, "k loaded");
+    assert!(
+        answered_at < Duration::from_secs(2),
+        "the waiter was answered {answered_at:?} after the start ({outcome:?}): the lease \
+         the failover kept held its key"
+    );
+    assert!(loads.load(Ordering::SeqCst) <= 2);
+}
