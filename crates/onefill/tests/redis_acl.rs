@@ -224,6 +224,35 @@ async fn without_script_load_the_backend_does_not_connect() {
     assert!(err.to_string().contains("'script|load'"), "{err}");
 }
 
+/// A user that may write a namespace's keys but not announce the changes
+/// (no `+publish`): a fill whose announcement the ACL refuses (after its
+/// value was written: a script does not roll back) is a `NotPermitted`
+/// error to its callers, not an `Ok` whose waiters in other processes were
+/// told nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fill_whose_announcement_is_refused_is_an_error() {
+    let _limit = time_limit(LIMIT);
+    let server = RedisServer::start();
+    let line = readme_line(false);
+    assert!(line.contains(" +publish "), "{line}");
+    let url = server.acl_user(&line.replace(" +publish ", " "));
+    let backend = RedisBackend::connect(&url)
+        .await
+        .expect("connect as the user");
+    let users = cache("users", &backend);
+    let err = users
+        .get_or_load(&"1".to_owned(), |_| async {
+            Ok::<_, std::io::Error>("loaded".to_owned())
+        })
+        .await
+        .expect_err("a fill the ACL refused in part");
+    assert!(
+        matches!(&err, Error::Backend(e) if e.kind() == BackendErrorKind::NotPermitted),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("fill"), "{err}");
+}
+
 /// The Redis guide's line for an L1 without `CLIENT TRACKING`: the
 /// README's without `+client|tracking`, with `+psubscribe` and the
 /// announcement pattern of `users` as written. The users' L1s keep

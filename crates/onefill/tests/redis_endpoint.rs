@@ -17,6 +17,8 @@ use onefill::redis::RedisBackend;
 use onefill::{Cache, Outcome};
 use onefill_testkit::{time_limit, Endpoint, RedisServer};
 
+mod acl;
+
 const LIMIT: Duration = Duration::from_secs(60);
 
 fn unique_ns(name: &str) -> String {
@@ -60,7 +62,11 @@ fn fail_over(primary: &RedisServer, replica: &RedisServer, endpoint: &Endpoint) 
 }
 
 async fn cache(ns: &str, endpoint: &Endpoint) -> Cache<String, String> {
-    let backend = RedisBackend::connect(&endpoint.url())
+    cache_at(ns, &endpoint.url()).await
+}
+
+async fn cache_at(ns: &str, url: &str) -> Cache<String, String> {
+    let backend = RedisBackend::connect(url)
         .await
         .expect("connects through the endpoint");
     Cache::builder()
@@ -172,4 +178,43 @@ async fn a_lease_held_when_the_endpoint_moves_stalls_no_key() {
          the failover kept held its key"
     );
     assert!(loads.load(Ordering::SeqCst) <= 2);
+}
+
+/// As the README's least-privilege user, which has no `ROLE`: the
+/// `READONLY` is taken at its word, and writes follow the endpoint too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_role_in_the_acl_writes_follow_the_endpoint_too() {
+    let _limit = time_limit(LIMIT);
+    let (primary, replica, endpoint) = primary_replica_endpoint();
+    let ns = unique_ns("acl");
+    let line = acl::line(
+        &ns,
+        acl::Deployment {
+            l1: true,
+            cluster: false,
+        },
+    );
+    assert!(!line.contains("+role"), "{line}");
+    // ACL users are not replicated: each server has its own.
+    let url = primary.acl_user(&line);
+    replica.acl_user(&line);
+    let url = url.replace(
+        &format!(":{}", primary.port()),
+        &format!(":{}", endpoint.port()),
+    );
+    let a = cache_at(&ns, &url).await;
+    let key = "k".to_owned();
+    a.set(&key, "v1".into()).await.unwrap();
+    fail_over(&primary, &replica, &endpoint);
+    let mut refused = 0;
+    while let Err(e) = a.set(&key, "v2".into()).await {
+        refused += 1;
+        assert!(
+            refused <= 1,
+            "writes still refused after the endpoint moved: {e}"
+        );
+        tokio::time::sleep(Duration::from_millis(60)).await;
+    }
+    let keys = onefill::backend::FillKeys::new(&ns, &key);
+    assert!(replica.command(&["GET", keys.value()]).contains("v2"));
 }

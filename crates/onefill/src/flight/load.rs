@@ -10,7 +10,7 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use crate::answer::{Answer, Outcome};
-use crate::error::Error;
+use crate::error::{BackendErrorKind, Error};
 use crate::freshness;
 use crate::lease::{Acquisition, Lease};
 use crate::loader::{self, Done, Loaded, Place, Sharing};
@@ -172,16 +172,28 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
                 .budget
                 .run("fill", |t| lease.fill(&self.shared.calls, t, &bytes, ttl))
                 .await;
-            if let Ok(true) = filled {
-                // From when the fill began (it set the key's TTL on the
-                // server before its reply).
-                *self.l1_fresh.lock() = Some(StoredFreshness {
-                    fresh_until: self.read_began() + fresh,
-                    delta: took,
-                    written_ttl: Some(fresh),
-                    grace: self.policy.grace,
-                    size: bytes.len(),
-                });
+            match filled {
+                Ok(true) => {
+                    // From when the fill began (it set the key's TTL on the
+                    // server before its reply).
+                    *self.l1_fresh.lock() = Some(StoredFreshness {
+                        fresh_until: self.read_began() + fresh,
+                        delta: took,
+                        written_ttl: Some(fresh),
+                        grace: self.policy.grace,
+                        size: bytes.len(),
+                    });
+                }
+                // The server's ACL refused a command of the fill (its
+                // announcement, say, after the value was written): the
+                // waiters of other processes were told nothing, and every
+                // fill will meet the same refusal. A configuration error
+                // that lasts is surfaced, as a refused read is, not
+                // answered as if all went well.
+                Err(error) if error.kind() == BackendErrorKind::NotPermitted => {
+                    return Err(Error::Backend(error));
+                }
+                _ => {}
             }
         }
         Ok((value, Outcome::Loaded))

@@ -19,6 +19,10 @@
 //!
 //! A server that fails or hangs is no sign of a failover here: its
 //! connections fail, and the driver reconnects them through the same URL.
+//!
+//! `ROLE` needs the ACL's `+role`; without it a `READONLY` is taken at its
+//! word (the new connections are used unverified, and a URL that still
+//! leads to a replica meets the next `READONLY` and is looked at again).
 
 use std::sync::Weak;
 use std::time::Duration;
@@ -32,7 +36,7 @@ use super::primary::{answers_as_master, Commands, Followed};
 use super::push;
 use super::server_clock::ServerClock;
 use crate::backoff::Backoff;
-use crate::error::BackendError;
+use crate::error::{BackendError, BackendErrorKind};
 
 /// The least time between two looks.
 const COOLDOWN: Duration = Duration::from_millis(50);
@@ -45,8 +49,9 @@ enum Look {
     /// The current connection's server is a master (or did not answer:
     /// the driver's to reconnect): nothing to do.
     Primary,
-    /// Moved to the URL's new server.
-    Moved,
+    /// Moved to the URL's new server (`verified`: it answered `ROLE` as
+    /// a master).
+    Moved { verified: bool },
     /// The current server is not a master, and the URL does not lead to
     /// one yet.
     NotYet,
@@ -70,7 +75,11 @@ pub(super) async fn follow_endpoint(
     };
     let mut again = Backoff::new(COOLDOWN, RETRY_MAX);
     let mut retry_at: Option<Instant> = None;
-    let mut last_look = Instant::now() - COOLDOWN;
+    // The next look comes no sooner than this: the cooldown after a look,
+    // longer (the backoff's) after a move made without `ROLE` to confirm
+    // it, so a URL that still leads to a replica is not moved to again
+    // and again.
+    let mut not_before = Instant::now();
     loop {
         let retry = async {
             match retry_at {
@@ -83,24 +92,28 @@ pub(super) async fn follow_endpoint(
             () = retry => {}
             () = gone(&mut epochs) => return,
         }
-        tokio::time::sleep_until(last_look + COOLDOWN).await;
-        last_look = Instant::now();
+        tokio::time::sleep_until(not_before).await;
         let Some(strong) = followed.upgrade() else {
             return;
         };
-        match look(&client, &options, &strong).await {
-            Look::Primary => {
+        let look = look(&client, &options, &strong).await;
+        drop(strong);
+        not_before = Instant::now() + COOLDOWN;
+        match look {
+            Look::Primary | Look::Moved { verified: true } => {
                 retry_at = None;
                 again.reset();
             }
-            Look::Moved => {
+            Look::Moved { verified: false } => {
                 retry_at = None;
-                again.reset();
-                if let Some(clock) = clock.upgrade() {
-                    clock.start_over();
-                }
+                not_before = Instant::now() + again.next_interval();
             }
             Look::NotYet => retry_at = Some(Instant::now() + again.next_interval()),
+        }
+        if matches!(look, Look::Moved { .. }) {
+            if let Some(clock) = clock.upgrade() {
+                clock.start_over();
+            }
         }
     }
 }
@@ -117,11 +130,17 @@ async fn look(client: &Client, options: &RedisOptions, followed: &Followed) -> L
     let current = followed.current();
     let mut conn = current.commands.manager.clone();
     let role = answers_as_master(&mut conn, "endpoint: role", options.response_timeout).await;
-    if !matches!(role, Ok(false)) {
-        return Look::Primary;
+    match role {
+        Ok(false) => {}
+        // An ACL without `ROLE`: the `READONLY` that asked for this look
+        // is taken at its word.
+        Err(e) if e.kind() == BackendErrorKind::NotPermitted => {}
+        // A master, or a server that does not answer (the driver's to
+        // reconnect).
+        _ => return Look::Primary,
     }
     match open(client, options).await {
-        Ok(Some(commands)) => {
+        Ok(Some((commands, verified))) => {
             let resp3 = match push::resp3(client) {
                 Ok(resp3) => resp3,
                 Err(_) => return Look::NotYet,
@@ -130,10 +149,11 @@ async fn look(client: &Client, options: &RedisOptions, followed: &Followed) -> L
             tracing::warn!(
                 endpoint = %current.addr,
                 epoch,
+                verified,
                 "the server behind the URL is no longer the primary: connections moved to \
                  the one it leads to now, the L1 emptied"
             );
-            Look::Moved
+            Look::Moved { verified }
         }
         Ok(None) => Look::NotYet,
         Err(e) => {
@@ -144,10 +164,19 @@ async fn look(client: &Client, options: &RedisOptions, followed: &Followed) -> L
 }
 
 /// New command connections through the URL (each bounded by the connect
-/// deadline, the scripts loaded), if their server answers as a master.
-async fn open(client: &Client, options: &RedisOptions) -> Result<Option<Commands>, BackendError> {
+/// deadline, the scripts loaded), if their server answers as a master,
+/// and whether it said so (`false`: `ROLE` refused by the ACL).
+async fn open(
+    client: &Client,
+    options: &RedisOptions,
+) -> Result<Option<(Commands, bool)>, BackendError> {
     let commands = command_connection(client, options).await?;
     let mut conn = commands.manager.clone();
-    let master = answers_as_master(&mut conn, "endpoint: role", options.response_timeout).await?;
-    Ok(master.then_some(commands))
+    match answers_as_master(&mut conn, "endpoint: role", options.response_timeout).await {
+        Ok(master) => Ok(master.then_some((commands, true))),
+        // Unverified without `ROLE`: if the URL still leads to a replica,
+        // the next `READONLY` asks for another look.
+        Err(e) if e.kind() == BackendErrorKind::NotPermitted => Ok(Some((commands, false))),
+        Err(e) => Err(e),
+    }
 }
