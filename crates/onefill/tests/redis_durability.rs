@@ -215,11 +215,15 @@ async fn a_frozen_replica_makes_durable_writes_report_their_shortfall() {
     let value_key = FillKeys::new(&ns, "a").value().to_owned();
     assert_eq!(primary.command(&["EXISTS", &value_key]), "1");
 
+    // The primary is short of replicas: for the next second its writes are
+    // not held behind a `WAIT` each (they would queue on their connection,
+    // each waiting out its timeout), and report so.
     let err = cache.invalidate("a").await.unwrap_err();
     assert!(
         matches!(&err, Error::Backend(e) if e.is_not_replicated()),
         "{err}"
     );
+    assert!(err.to_string().contains("not waited for"), "{err}");
     assert_eq!(primary.command(&["EXISTS", &value_key]), "0");
     let err = cache.expire("warm").await.unwrap_err();
     assert!(
@@ -258,8 +262,10 @@ async fn a_frozen_replica_makes_durable_writes_report_their_shortfall() {
     assert_eq!(cache.circuit_state(), CircuitState::Closed);
     assert_eq!(stats.writes_queued, 0, "{stats:?}");
 
-    // Once the replica answers again, writes are confirmed again.
+    // Once the replica answers again, writes are confirmed again: the
+    // first write a second after the shortfall waits, and finds it over.
     replica.resume();
+    tokio::time::sleep(Duration::from_secs(1)).await;
     cache.set("c", "3".into()).await.unwrap();
     assert_eq!(cache.stats().writes_unreplicated, 5);
 }

@@ -244,6 +244,7 @@ impl RedisBackend {
                 liveness: std::sync::OnceLock::new(),
                 untracked: std::sync::OnceLock::new(),
                 tracked: Arc::new(super::tracked::Tracked::new()),
+                shortfall: Default::default(),
                 options,
                 target,
             }),

@@ -11,10 +11,22 @@
 //! once `count` have or the timeout passed. Fewer than `count` is a
 //! [`BackendErrorKind::NotReplicated`] error: the write ran on the
 //! primary, only its replication is not confirmed.
+//!
+//! A primary left without enough replicas (a failover promoted the only
+//! replica, which has none of its own) would make every write wait out its
+//! `WAIT`, and the writes that wait share a connection, which the server
+//! holds back behind each `WAIT`: they would queue, their calls time out,
+//! and the cache would stop being one. So once a `WAIT` comes back short,
+//! the writes of the next [`SHORT_FOR`] are sent without one and reported
+//! [`NotReplicated`](BackendErrorKind::NotReplicated) at once (they ran;
+//! their replication was not waited for); the first write after that waits
+//! again, and finds whether the replicas are back ([`Shortfall`]).
 
 use std::time::Duration;
 
+use parking_lot::Mutex;
 use redis::Pipeline;
+use tokio::time::Instant;
 
 use super::ttl::px;
 use crate::error::{BackendError, BackendErrorKind};
@@ -94,11 +106,61 @@ pub enum Durability {
 /// answered after about 100 ms.
 const SERVER_TICK: Duration = Duration::from_millis(100);
 
+/// How long after a `WAIT` that came back short the writes are sent
+/// without one (see the module docs).
+pub(super) const SHORT_FOR: Duration = Duration::from_secs(1);
+
 /// The `WAIT` a write is sent with: replicas to wait for, and for how long.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Wait {
     replicas: u32,
     timeout: Duration,
+    /// `false`: not sent, the primary being short of replicas lately
+    /// ([`Shortfall`]); the write is reported unconfirmed.
+    sent: bool,
+}
+
+/// Whether a write is sent with a `WAIT` behind it.
+pub(super) fn sends(wait: Option<Wait>) -> bool {
+    wait.is_some_and(|w| w.sent)
+}
+
+/// Whether the primary was short of replicas lately: until when writes are
+/// sent without their `WAIT` (see the module docs).
+#[derive(Default)]
+pub(super) struct Shortfall {
+    until: Mutex<Option<Instant>>,
+}
+
+impl Shortfall {
+    /// `wait`, not to be sent while the primary is short of replicas.
+    pub(super) fn apply(&self, wait: Option<Wait>) -> Option<Wait> {
+        let wait = wait?;
+        let short = self
+            .until
+            .lock()
+            .is_some_and(|until| Instant::now() < until);
+        Some(Wait {
+            sent: !short,
+            ..wait
+        })
+    }
+
+    /// A `WAIT` sent with `wait` answered `acked`.
+    pub(super) fn record(&self, wait: Wait, acked: i64) {
+        let mut until = self.until.lock();
+        if acked >= i64::from(wait.replicas) {
+            *until = None;
+        } else if until.is_none_or(|at| Instant::now() >= at) {
+            tracing::warn!(
+                acked,
+                wanted = wait.replicas,
+                "the primary is short of replicas: writes are not waited for (and are reported \
+                 unreplicated) for the next {SHORT_FOR:?}"
+            );
+            *until = Some(Instant::now() + SHORT_FOR);
+        }
+    }
 }
 
 impl Wait {
@@ -112,6 +174,7 @@ impl Wait {
                 Some(Wait {
                     replicas: count,
                     timeout: timeout.clamp(Duration::from_millis(1), most),
+                    sent: true,
                 })
             }
         }
@@ -136,6 +199,19 @@ impl Wait {
         pipe.cmd("WAIT").arg(self.replicas).arg(px(self.timeout));
     }
 
+    /// The write `op` ran without its `WAIT` (not [`sent`](Self::sent)):
+    /// its replication is not confirmed.
+    pub(super) fn unconfirmed(&self, op: &str) -> BackendError {
+        BackendError::new(
+            BackendErrorKind::NotReplicated,
+            format!(
+                "{op}: not waited for: the primary had fewer than {} replicas at a write within \
+                 the last {SHORT_FOR:?}",
+                self.replicas
+            ),
+        )
+    }
+
     /// The write `op` ran; `acked` replicas confirmed it: an error if too
     /// few did.
     pub(super) fn check(&self, op: &str, acked: i64) -> Result<(), BackendError> {
@@ -155,6 +231,28 @@ impl Wait {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_short_wait_skips_the_waits_of_the_next_second_then_probes() {
+        let durability = Durability::Replicas {
+            count: 1,
+            timeout: Duration::from_millis(50),
+        };
+        let wait = Wait::of(durability, Duration::from_secs(1));
+        let shortfall = Shortfall::default();
+        assert!(sends(shortfall.apply(wait)));
+        shortfall.record(wait.unwrap(), 0);
+        let skipped = shortfall.apply(wait);
+        assert!(skipped.is_some() && !sends(skipped));
+        let err = skipped.unwrap().unconfirmed("fill");
+        assert_eq!(err.kind(), BackendErrorKind::NotReplicated);
+        tokio::time::advance(SHORT_FOR).await;
+        // The next write waits again; enough confirmations end the shortfall.
+        assert!(sends(shortfall.apply(wait)));
+        shortfall.record(wait.unwrap(), 1);
+        assert!(sends(shortfall.apply(wait)));
+        assert!(sends(shortfall.apply(wait)));
+    }
 
     #[test]
     fn a_wait_is_sent_only_for_replicas_and_never_unbounded() {
@@ -208,6 +306,7 @@ mod tests {
         let wait = Wait {
             replicas: 2,
             timeout: Duration::from_millis(50),
+            sent: true,
         };
         assert!(wait.check("set", 2).is_ok());
         assert!(wait.check("set", 3).is_ok());

@@ -8,10 +8,11 @@ use std::time::Duration;
 use redis::Value;
 
 use super::cluster::slot_of;
+use super::durability::sends;
 use super::errors::{classify, with_deadline};
 use super::scripts::ScriptCall;
 use super::ttl::px;
-use super::{confirmed, process_listeners, Conn, RedisBackend};
+use super::{process_listeners, Conn, RedisBackend};
 use crate::backend::{generation_from_stored, BackendError, BackendErrorKind, Mark, MarkKind};
 
 impl RedisBackend {
@@ -38,7 +39,7 @@ impl RedisBackend {
             Conn::Single(c) => {
                 let limit = self.inner.options.response_timeout;
                 let flight = c.in_flight();
-                let mut manager = c.writer(wait.is_some());
+                let mut manager = c.writer(sends(wait));
                 let sent = invocation.invoke_then_wait(scripts, &mut manager, false, wait);
                 let written = with_deadline("mark", limit, sent).await;
                 flight.answered();
@@ -61,7 +62,7 @@ impl RedisBackend {
         process_listeners().changed(mark_key);
         process_listeners().changed(gen_key);
         let (generation, acked) = written?;
-        confirmed("mark", wait, acked)?;
+        self.confirmed("mark", wait, acked)?;
         u64::try_from(generation).map_err(|_| {
             BackendError::new(
                 BackendErrorKind::Protocol,

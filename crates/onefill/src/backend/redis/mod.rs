@@ -254,7 +254,7 @@ pub use ttl::NO_EXPIRY_TTL;
 
 use acquire::{acquired_from, AcquireAnswer};
 use cluster::{slot_of, ClusterRouter};
-use durability::Wait;
+use durability::{sends, Shortfall, Wait};
 use errors::{classify, with_deadline};
 use liveness::Liveness;
 use primary::{is_readonly, Following, Primary};
@@ -338,6 +338,8 @@ struct Inner {
     /// What the L1s of the caches on this backend track, through one
     /// connection per server (`tracked.rs`).
     tracked: Arc<tracked::Tracked>,
+    /// Whether its primary was short of replicas lately (`durability.rs`).
+    shortfall: Shortfall,
 }
 
 #[derive(Clone)]
@@ -404,7 +406,7 @@ impl RedisBackend {
                 let scripts = self.inner.scripts;
                 let epoch = c.shard();
                 let mut answer = {
-                    let mut conn = c.writer(wait.is_some());
+                    let mut conn = c.writer(sends(wait));
                     let flight = c.in_flight();
                     let sent = invocation.invoke_then_wait(scripts, &mut conn, false, wait);
                     let answer = with_deadline(op, limit, sent).await;
@@ -419,7 +421,7 @@ impl RedisBackend {
                     // limit, sent there instead.
                     let left = limit.saturating_sub(began.elapsed());
                     if is_readonly(e) && c.moved_from(epoch, left).await {
-                        let mut conn = c.writer(wait.is_some());
+                        let mut conn = c.writer(sends(wait));
                         let sent = invocation.invoke_then_wait(scripts, &mut conn, false, wait);
                         let left = limit.saturating_sub(began.elapsed());
                         answer = with_deadline(op, left, sent).await;
@@ -466,7 +468,7 @@ impl RedisBackend {
             .await?;
         let wrote = flag(op, answer)?;
         if wrote {
-            confirmed(op, wait, acked)?;
+            self.confirmed(op, wait, acked)?;
         }
         Ok(wrote)
     }
@@ -478,10 +480,36 @@ impl RedisBackend {
         self.inner.liveness.get().map(|l| l.ending(token))
     }
 
-    /// The `WAIT` every write of a value or a mark is sent with, if any.
+    /// The `WAIT` every write of a value or a mark is sent with, if any
+    /// (not sent while the primary is short of replicas: `durability.rs`).
     fn wait(&self) -> Option<Wait> {
         let options = &self.inner.options;
-        Wait::of(options.durability, options.response_timeout)
+        let wait = Wait::of(options.durability, options.response_timeout);
+        match &self.inner.conn {
+            Conn::Single(_) => self.inner.shortfall.apply(wait),
+            // Each master has replicas of its own: one short of them says
+            // nothing of the others (and its writes, on the connection it
+            // shares with its reads, are bounded by the response timeout).
+            Conn::Cluster(_) => wait,
+        }
+    }
+
+    /// A write of `op` that ran: an error if `wait` asked for more replicas
+    /// than the `acked` that confirmed it, or was not sent.
+    fn confirmed(
+        &self,
+        op: &str,
+        wait: Option<Wait>,
+        acked: Option<i64>,
+    ) -> Result<(), BackendError> {
+        match (wait, acked) {
+            (Some(wait), Some(acked)) => {
+                self.inner.shortfall.record(wait, acked);
+                wait.check(op, acked)
+            }
+            (Some(wait), None) if !sends(Some(wait)) => Err(wait.unconfirmed(op)),
+            _ => Ok(()),
+        }
     }
 
     /// Warns when a cache with `backend_timeout` would see this backend's
@@ -510,15 +538,6 @@ fn flag(op: &str, answer: i64) -> Result<bool, BackendError> {
             BackendErrorKind::Protocol,
             format!("{op}: the script answered {other}, expected 0 or 1"),
         )),
-    }
-}
-
-/// A write of `op` that ran: an error if `wait` asked for more replicas
-/// than the `acked` that confirmed it.
-fn confirmed(op: &str, wait: Option<Wait>, acked: Option<i64>) -> Result<(), BackendError> {
-    match (wait, acked) {
-        (Some(wait), Some(acked)) => wait.check(op, acked),
-        _ => Ok(()),
     }
 }
 

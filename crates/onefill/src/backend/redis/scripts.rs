@@ -40,7 +40,7 @@ use std::sync::LazyLock;
 use redis::aio::ConnectionLike;
 use redis::{Cmd, ErrorKind, FromRedisValue, RedisResult, Script, ServerErrorKind, ToRedisArgs};
 
-use super::durability::Wait;
+use super::durability::{sends, Wait};
 
 /// One backend's scripts, with its publish command filled in.
 pub(super) struct Scripts {
@@ -206,7 +206,7 @@ impl<'a> ScriptCall<'a> {
         asking: bool,
         wait: Option<Wait>,
     ) -> RedisResult<(T, Option<i64>)> {
-        let Some(wait) = wait else {
+        let Some(wait) = wait.filter(|w| sends(Some(*w))) else {
             return Ok((self.invoke(scripts, conn, asking).await?, None));
         };
         match self.send_then_wait(conn, asking, wait).await {

@@ -6,11 +6,11 @@
 use std::time::Duration;
 
 use super::cluster::{self, slot_of, ClusterRouter};
-use super::durability::Wait;
+use super::durability::{sends, Wait};
 use super::errors::classify;
 use super::scripts::ScriptCall;
 use super::ttl::px;
-use super::{confirmed, flag, Conn, RedisBackend};
+use super::{flag, Conn, RedisBackend};
 use crate::backend::{BackendError, FillKeys};
 
 impl RedisBackend {
@@ -33,7 +33,7 @@ impl RedisBackend {
                 .eval_then_wait::<i64>(op, keys, invocation, wait)
                 .await?;
             flag(op, answer)?;
-            return confirmed(op, wait, acked);
+            return self.confirmed(op, wait, acked);
         };
         let slot = slot_of(keys.value().as_bytes());
         let scripts = self.inner.scripts;
@@ -49,7 +49,7 @@ impl RedisBackend {
                 self.write_apart(router, op, keys, apart, wait).await
             }
             Err(e) => Err(classify(op, e)),
-            Ok((_, acked)) => confirmed(op, wait, acked),
+            Ok((_, acked)) => self.confirmed(op, wait, acked),
         }
     }
 
@@ -79,7 +79,7 @@ impl RedisBackend {
                         pipe.cmd("ASKING").ignore();
                     }
                     pipe.add_command(cmd.clone());
-                    match wait {
+                    match wait.filter(|w| sends(Some(*w))) {
                         Some(wait) => {
                             wait.append(&mut pipe);
                             let (_, acked): (redis::Value, i64) = pipe.query_async(&mut c).await?;
@@ -130,7 +130,7 @@ impl RedisBackend {
         // And for the L1s that cannot track keys, as the scripts do.
         let publish = redis::cmd("PUBLISH").arg(keys.channel()).arg(op).clone();
         let _ = one(publish, None).await;
-        confirmed(op, wait, acked)
+        self.confirmed(op, wait, acked)
     }
 }
 
