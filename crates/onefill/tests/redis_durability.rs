@@ -262,12 +262,26 @@ async fn a_frozen_replica_makes_durable_writes_report_their_shortfall() {
     assert_eq!(cache.circuit_state(), CircuitState::Closed);
     assert_eq!(stats.writes_queued, 0, "{stats:?}");
 
-    // Once the replica answers again, writes are confirmed again: the
-    // first write a second after the shortfall waits, and finds it over.
+    // Once the replica answers again, writes are confirmed again: a write
+    // a second after the shortfall sends a `WAIT` of its own in the
+    // background, which finds the replica back.
     replica.resume();
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    cache.set("c", "3".into()).await.unwrap();
-    assert_eq!(cache.stats().writes_unreplicated, 5);
+    let resumed = Instant::now();
+    let mut unconfirmed = 0;
+    loop {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        match cache.set("c", "3".into()).await {
+            Ok(()) => break,
+            Err(Error::Backend(e)) if e.is_not_replicated() => unconfirmed += 1,
+            Err(e) => panic!("{e}"),
+        }
+        assert!(
+            resumed.elapsed() < Duration::from_secs(5),
+            "writes still unconfirmed {:?} after the replica's return",
+            resumed.elapsed()
+        );
+    }
+    assert_eq!(cache.stats().writes_unreplicated, 5 + unconfirmed);
 }
 
 /// The same calls on two primaries, each with a replica, with and without

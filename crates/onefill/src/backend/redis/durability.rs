@@ -17,10 +17,11 @@
 //! `WAIT`, and the writes that wait share a connection, which the server
 //! holds back behind each `WAIT`: they would queue, their calls time out,
 //! and the cache would stop being one. So once a `WAIT` comes back short,
-//! the writes of the next [`SHORT_FOR`] are sent without one and reported
+//! writes are sent without one and reported
 //! [`NotReplicated`](BackendErrorKind::NotReplicated) at once (they ran;
-//! their replication was not waited for); the first write after that waits
-//! again, and finds whether the replicas are back ([`Shortfall`]).
+//! their replication was not waited for), and a `WAIT` of its own, in the
+//! background every [`SHORT_FOR`], finds when the replicas are back
+//! ([`Shortfall`]): no caller waits for it.
 
 use std::time::Duration;
 
@@ -125,40 +126,78 @@ pub(super) fn sends(wait: Option<Wait>) -> bool {
     wait.is_some_and(|w| w.sent)
 }
 
-/// Whether the primary was short of replicas lately: until when writes are
-/// sent without their `WAIT` (see the module docs).
+/// Whether the primary is short of replicas: while it is, writes are sent
+/// without their `WAIT`, and a `WAIT` alone, sent in the background every
+/// [`SHORT_FOR`] on the connection of the writes that wait, finds when the
+/// replicas are back (it answers at once once they have every write of
+/// that connection).
 #[derive(Default)]
 pub(super) struct Shortfall {
-    until: Mutex<Option<Instant>>,
+    state: Mutex<Short>,
+}
+
+#[derive(Default)]
+struct Short {
+    short: bool,
+    /// When the next probe is due, while short.
+    probe_at: Option<Instant>,
+    /// A probe is under way.
+    probing: bool,
 }
 
 impl Shortfall {
-    /// `wait`, not to be sent while the primary is short of replicas.
-    pub(super) fn apply(&self, wait: Option<Wait>) -> Option<Wait> {
-        let wait = wait?;
-        let short = self
-            .until
-            .lock()
-            .is_some_and(|until| Instant::now() < until);
-        Some(Wait {
-            sent: !short,
-            ..wait
-        })
+    /// `wait`, not to be sent while the primary is short of replicas; and
+    /// whether a probe is due (the caller sends it, and reports its answer
+    /// to [`probed`](Self::probed)).
+    pub(super) fn apply(&self, wait: Option<Wait>) -> (Option<Wait>, bool) {
+        let Some(wait) = wait else {
+            return (None, false);
+        };
+        let mut state = self.state.lock();
+        if !state.short {
+            return (Some(wait), false);
+        }
+        let due = !state.probing && state.probe_at.is_none_or(|at| Instant::now() >= at);
+        if due {
+            state.probing = true;
+        }
+        (
+            Some(Wait {
+                sent: false,
+                ..wait
+            }),
+            due,
+        )
     }
 
-    /// A `WAIT` sent with `wait` answered `acked`.
+    /// A `WAIT` sent behind a write with `wait` answered `acked`.
     pub(super) fn record(&self, wait: Wait, acked: i64) {
-        let mut until = self.until.lock();
+        let mut state = self.state.lock();
         if acked >= i64::from(wait.replicas) {
-            *until = None;
-        } else if until.is_none_or(|at| Instant::now() >= at) {
+            state.short = false;
+        } else if !state.short {
             tracing::warn!(
                 acked,
                 wanted = wait.replicas,
                 "the primary is short of replicas: writes are not waited for (and are reported \
-                 unreplicated) for the next {SHORT_FOR:?}"
+                 unreplicated) until they are back"
             );
-            *until = Some(Instant::now() + SHORT_FOR);
+            state.short = true;
+            state.probe_at = Some(Instant::now() + SHORT_FOR);
+        }
+    }
+
+    /// A probe of `wait`'s replicas answered `acked` (`None`: it failed).
+    pub(super) fn probed(&self, wait: Wait, acked: Option<i64>) {
+        let mut state = self.state.lock();
+        state.probing = false;
+        if acked.is_some_and(|acked| acked >= i64::from(wait.replicas)) {
+            if state.short {
+                tracing::info!("the primary has its replicas again: writes wait for them again");
+            }
+            state.short = false;
+        } else {
+            state.probe_at = Some(Instant::now() + SHORT_FOR);
         }
     }
 }
@@ -199,14 +238,14 @@ impl Wait {
         pipe.cmd("WAIT").arg(self.replicas).arg(px(self.timeout));
     }
 
-    /// The write `op` ran without its `WAIT` (not [`sent`](Self::sent)):
+    /// The write `op` ran without its `WAIT` (not sent: the primary is short):
     /// its replication is not confirmed.
     pub(super) fn unconfirmed(&self, op: &str) -> BackendError {
         BackendError::new(
             BackendErrorKind::NotReplicated,
             format!(
-                "{op}: not waited for: the primary had fewer than {} replicas at a write within \
-                 the last {SHORT_FOR:?}",
+                "{op}: not waited for: the primary has had fewer than {} replicas since a write \
+                 found it short",
                 self.replicas
             ),
         )
@@ -233,25 +272,31 @@ mod tests {
     use super::*;
 
     #[tokio::test(start_paused = true)]
-    async fn a_short_wait_skips_the_waits_of_the_next_second_then_probes() {
+    async fn a_short_wait_skips_the_waits_until_a_probe_finds_the_replicas_back() {
         let durability = Durability::Replicas {
             count: 1,
             timeout: Duration::from_millis(50),
         };
         let wait = Wait::of(durability, Duration::from_secs(1));
         let shortfall = Shortfall::default();
-        assert!(sends(shortfall.apply(wait)));
+        assert_eq!(shortfall.apply(wait), (wait, false));
         shortfall.record(wait.unwrap(), 0);
-        let skipped = shortfall.apply(wait);
-        assert!(skipped.is_some() && !sends(skipped));
+        let (skipped, probe) = shortfall.apply(wait);
+        assert!(skipped.is_some() && !sends(skipped) && !probe);
         let err = skipped.unwrap().unconfirmed("fill");
         assert_eq!(err.kind(), BackendErrorKind::NotReplicated);
         tokio::time::advance(SHORT_FOR).await;
-        // The next write waits again; enough confirmations end the shortfall.
-        assert!(sends(shortfall.apply(wait)));
-        shortfall.record(wait.unwrap(), 1);
-        assert!(sends(shortfall.apply(wait)));
-        assert!(sends(shortfall.apply(wait)));
+        // One probe at a time; the writes are not waited for meanwhile.
+        let (skipped, probe) = shortfall.apply(wait);
+        assert!(!sends(skipped) && probe);
+        assert!(!shortfall.apply(wait).1, "a second probe");
+        // Still short: the next probe a while later.
+        shortfall.probed(wait.unwrap(), Some(0));
+        assert!(!shortfall.apply(wait).1);
+        tokio::time::advance(SHORT_FOR).await;
+        assert!(shortfall.apply(wait).1);
+        shortfall.probed(wait.unwrap(), Some(1));
+        assert_eq!(shortfall.apply(wait), (wait, false));
     }
 
     #[test]

@@ -338,8 +338,8 @@ struct Inner {
     /// What the L1s of the caches on this backend track, through one
     /// connection per server (`tracked.rs`).
     tracked: Arc<tracked::Tracked>,
-    /// Whether its primary was short of replicas lately (`durability.rs`).
-    shortfall: Shortfall,
+    /// Whether its primary is short of replicas (`durability.rs`).
+    shortfall: Arc<Shortfall>,
 }
 
 #[derive(Clone)]
@@ -486,12 +486,34 @@ impl RedisBackend {
         let options = &self.inner.options;
         let wait = Wait::of(options.durability, options.response_timeout);
         match &self.inner.conn {
-            Conn::Single(_) => self.inner.shortfall.apply(wait),
+            Conn::Single(primary) => {
+                let (wait, probe) = self.inner.shortfall.apply(wait);
+                if let (Some(wait), true) = (wait, probe) {
+                    self.probe_replicas(primary, wait);
+                }
+                wait
+            }
             // Each master has replicas of its own: one short of them says
             // nothing of the others (and its writes, on the connection it
             // shares with its reads, are bounded by the response timeout).
             Conn::Cluster(_) => wait,
         }
+    }
+
+    /// Sends `wait`'s `WAIT` alone, in the background, on the connection of
+    /// the writes that wait: whether the primary has its replicas again
+    /// (see `durability.rs`).
+    fn probe_replicas(&self, primary: &Primary, wait: Wait) {
+        let shortfall = self.inner.shortfall.clone();
+        let mut conn = primary.writer(true);
+        let limit = self.inner.options.response_timeout;
+        tokio::spawn(async move {
+            let mut pipe = redis::pipe();
+            wait.append(&mut pipe);
+            let acked: Result<(i64,), _> =
+                with_deadline("wait", limit, pipe.query_async(&mut conn)).await;
+            shortfall.probed(wait, acked.ok().map(|(acked,)| acked));
+        });
     }
 
     /// A write of `op` that ran: an error if `wait` asked for more replicas
