@@ -432,3 +432,25 @@ fn lost_writes_with_durability() {
         ],
     );
 }
+
+/// A measurement, not a check of its own: `SENTINEL FAILOVER` with loads
+/// under way and every write waiting for a replica, whose lost writes the
+/// run prints beside the default's (`a_failover_with_leases_in_flight_stalls_no_key`).
+/// Run with `-- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn lost_writes_in_flight_with_durability() {
+    failover_scenario_with(
+        "failover",
+        Moment::InFlight,
+        1_000,
+        5_000,
+        10_000,
+        &[
+            "--durability-replicas",
+            "1",
+            "--durability-timeout-ms",
+            "50",
+        ],
+    );
+}
