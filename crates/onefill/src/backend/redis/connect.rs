@@ -67,7 +67,8 @@ impl RedisBackend {
         Ok(backend)
     }
 
-    /// The backend of a standalone server (`primary`, fixed or followed),
+    /// The backend of a standalone server (`primary`, followed through its
+    /// URL or under Sentinel),
     /// its command connection open: the fill notifications' connection,
     /// the first clock sample, the holders' liveness.
     pub(super) async fn standalone(

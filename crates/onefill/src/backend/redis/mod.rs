@@ -99,6 +99,14 @@
 //! in their URLs, those of the data nodes in [`SentinelOptions`]. See
 //! `docs/decisions/0019-sentinel.md`.
 //!
+//! A plain URL is followed too (`endpoint.rs`): behind a managed service's
+//! primary endpoint, a failover leaves the connections made before on the
+//! demoted node; a call refused with `READONLY` makes the backend check
+//! `ROLE`, open new connections through the URL and move every connection
+//! there once their server answers as a master. A script refused with
+//! `READONLY` is sent again once the backend has moved, within the same
+//! response timeout. See `docs/decisions/0024-failover-with-loads-under-way.md`.
+//!
 //! ```no_run
 //! # async fn demo() -> Result<(), onefill::BackendError> {
 //! use onefill::redis::{RedisBackend, SentinelOptions};
@@ -153,7 +161,10 @@
 //! connection closed, it is dead); the holder then beats every 90 ms while
 //! anyone listens. A late beat makes the waiter ask again, a second of
 //! silence makes the holder frozen; either way the waiter takes the lease
-//! over (the acquire script, told the gone token). An ACL must let the
+//! over (the acquire script, told the gone token). The waiter's question
+//! names the lease, and a holder asked about one none of its flights holds
+//! any more (a failover kept the lease and lost its fill) releases it
+//! (decision 0024). An ACL must let the
 //! backend publish and subscribe to `onefill:holder:*` as well as to its
 //! namespaces' channels. A cluster's waiters rely on the lease's expiry.
 //!
@@ -344,7 +355,7 @@ struct Inner {
 
 #[derive(Clone)]
 enum Conn {
-    /// A standalone server, fixed or followed under Sentinel.
+    /// A standalone server, followed through its URL or under Sentinel.
     Single(Primary),
     /// onefill's own routing (see `cluster/`): the driver's cluster
     /// connection never leaves a hung master.
