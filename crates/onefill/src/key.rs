@@ -71,6 +71,7 @@ impl FillKeys {
     /// gives it: a namespace, `:{`, the escaped key, `}`), or `None` for a
     /// string of another shape: what a backend reads back from a message
     /// that names a key.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn from_value_key(value: &str) -> Option<FillKeys> {
         let open = value.find('{')?;
         let inner = value.get(open + 1..value.len().checked_sub(1)?)?;
