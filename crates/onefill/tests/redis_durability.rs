@@ -436,3 +436,76 @@ async fn reads_are_not_held_back_by_a_write_that_waits() {
         "the read took {read_took:?}: held behind the write's WAIT ({write_took:?})"
     );
 }
+
+/// A cache built (`CacheBuilder::build`, a sync fn) outside a Tokio
+/// runtime on a backend whose primary is short of replicas builds, and the
+/// shortfall still ends once the replica is back (the build's check of the
+/// durability options must not start a probe it cannot send).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_build_outside_the_runtime_while_short_of_replicas_keeps_the_shortfall_ending() {
+    let _limit = time_limit(LIMIT);
+    let (primary, replica) = primary_and_replica();
+    let backend = RedisBackend::connect_with(&primary.url(), durable())
+        .await
+        .unwrap();
+    let ns = unique_ns("build");
+    let build = |backend: RedisBackend, ns: String| {
+        std::thread::spawn(move || {
+            Cache::<String, String>::builder()
+                .namespace(&ns)
+                .backend(backend)
+                .no_l1()
+                .build()
+                .map(|_| ())
+        })
+        .join()
+    };
+    // Settled: a write confirmed.
+    let cache: Cache<String, String> = Cache::builder()
+        .namespace(&ns)
+        .backend(backend.clone())
+        .no_l1()
+        .build()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while cache.set(&"k".to_owned(), "v".into()).await.is_err() {
+        assert!(Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Control: a build on a plain thread works while not short.
+    assert!(matches!(build(backend.clone(), ns.clone()), Ok(Ok(()))));
+
+    replica.pause();
+    let short = cache.set(&"k".to_owned(), "v2".into()).await;
+    eprintln!("with the replica frozen: {short:?}");
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let built = build(backend.clone(), ns.clone());
+    eprintln!(
+        "a build on a plain thread while short: panicked = {}",
+        built.is_err()
+    );
+    replica.resume();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let started = Instant::now();
+    let mut last = None;
+    while started.elapsed() < Duration::from_secs(5) {
+        match cache.set(&"k".to_owned(), "v3".into()).await {
+            Ok(()) => {
+                last = None;
+                break;
+            }
+            Err(e) => last = Some(e.to_string()),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    eprintln!("5 s after the replica is back, the last write: {last:?}");
+    assert!(
+        built.is_ok(),
+        "build() panicked outside the runtime while short"
+    );
+    assert!(
+        last.is_none(),
+        "the replica is back but writes are still reported: {last:?}"
+    );
+}

@@ -13,8 +13,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use onefill::redis::RedisBackend;
-use onefill::{Cache, Outcome};
+use onefill::backend::{Backend, FillKeys, LeaseRequest};
+use onefill::redis::{Durability, RedisBackend, RedisOptions};
+use onefill::{Cache, LeaseToken, Outcome};
 use onefill_testkit::{time_limit, Endpoint, RedisServer};
 
 mod acl;
@@ -108,7 +109,7 @@ async fn after_the_endpoint_moves_writes_notifications_and_the_l1_follow_it() {
             }
         }
     }
-    let keys = onefill::backend::FillKeys::new(&ns, &key);
+    let keys = FillKeys::new(&ns, &key);
     assert!(replica.command(&["GET", keys.value()]).contains("v2"));
 
     // b never wrote: its first write meets `READONLY` at most once too, and
@@ -215,6 +216,183 @@ async fn without_role_in_the_acl_writes_follow_the_endpoint_too() {
         );
         tokio::time::sleep(Duration::from_millis(60)).await;
     }
-    let keys = onefill::backend::FillKeys::new(&ns, &key);
+    let keys = FillKeys::new(&ns, &key);
     assert!(replica.command(&["GET", keys.value()]).contains("v2"));
+}
+
+/// A workload of batch calls only (`fetch_many`): after the endpoint moves,
+/// a miss's `acquire_many` meets `READONLY` as a reply inside the
+/// pipeline; the key is sent again on its own, which moves the backend,
+/// and misses are stored on the new primary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batch_misses_alone_move_the_backend() {
+    let _limit = time_limit(LIMIT);
+    let (primary, replica, endpoint) = primary_replica_endpoint();
+    let ns = unique_ns("batch");
+    let backend = RedisBackend::connect(&endpoint.url()).await.unwrap();
+    let cache: Cache<String, String> = Cache::builder()
+        .namespace(&ns)
+        .backend(backend.clone())
+        .ttl(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let loads = Arc::new(AtomicUsize::new(0));
+    let loader = |loads: Arc<AtomicUsize>| {
+        move |keys: Vec<String>| {
+            let loads = loads.clone();
+            async move {
+                loads.fetch_add(keys.len(), Ordering::SeqCst);
+                Ok::<_, std::io::Error>(
+                    keys.into_iter()
+                        .map(|k| {
+                            let v = format!("{k} loaded");
+                            (k, v)
+                        })
+                        .collect::<Vec<_>>(),
+                )
+            }
+        }
+    };
+    let before = vec!["before".to_owned()];
+    let answers = cache
+        .fetch_many(&before, loader(loads.clone()))
+        .await
+        .unwrap();
+    assert!(answers["before"].is_ok());
+    let keys = FillKeys::new(&ns, "before");
+    assert!(primary
+        .command(&["GET", keys.value()])
+        .contains("before loaded"));
+
+    fail_over(&primary, &replica, &endpoint);
+
+    let started = Instant::now();
+    let mut stored = 0;
+    let mut errors = 0;
+    for i in 0..30 {
+        let key = format!("after-{i}");
+        let answers = cache
+            .fetch_many(&[key.clone()], loader(loads.clone()))
+            .await
+            .unwrap();
+        if answers[&key].is_err() {
+            errors += 1;
+        }
+        let keys = FillKeys::new(&ns, &key);
+        if replica.command(&["GET", keys.value()]).contains("loaded") {
+            stored += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The backend's own batch acquire, a few seconds after the failover.
+    let keys = FillKeys::new(&ns, "direct");
+    let request = LeaseRequest::new(keys, LeaseToken::random(), Duration::ZERO);
+    let direct = backend
+        .acquire_many(&[request], Duration::from_secs(5))
+        .await;
+    eprintln!(
+        "after {:?}: {stored} of 30 misses stored on the new primary, {errors} errors, \
+         {} loads; a direct acquire_many answers {:?}",
+        started.elapsed(),
+        loads.load(Ordering::SeqCst),
+        direct[0].as_ref().map(|_| "ok")
+    );
+    assert!(
+        stored > 0 && direct[0].is_ok(),
+        "the backend never moved: batch misses are never stored after the endpoint moved \
+         (acquire_many: {:?})",
+        direct[0].as_ref().err()
+    );
+}
+
+/// The command connection and the connection of the writes that wait can
+/// lead to different servers: here the command connection was closed by
+/// the old primary after the failover and reconnected through the URL to
+/// the new one, while the durable connection stays on the old one. The
+/// durable writes meet `READONLY`; the follower asks `ROLE` on every
+/// connection, and moves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_durable_connection_left_on_the_old_primary_is_followed() {
+    let _limit = time_limit(LIMIT);
+    let (primary, replica, endpoint) = primary_replica_endpoint();
+    let ns = unique_ns("durable");
+    let options = RedisOptions::new().durability(Durability::Replicas {
+        count: 1,
+        timeout: Duration::from_millis(50),
+    });
+    let backend = RedisBackend::connect_with(&endpoint.url(), options)
+        .await
+        .unwrap();
+    let cache: Cache<String, String> = Cache::builder()
+        .namespace(&ns)
+        .backend(backend)
+        .ttl(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let key = "k".to_owned();
+    cache.set(&key, "v1".into()).await.unwrap();
+    let _ = cache.get(&"other".to_owned()).await;
+
+    fail_over(&primary, &replica, &endpoint);
+
+    // The old primary closes every connection but the durable one (the
+    // one whose last command was WAIT).
+    let list = primary.command(&["CLIENT", "LIST"]);
+    eprintln!("{list}");
+    let mut kept = 0;
+    for line in list.lines() {
+        let field = |name: &str| {
+            line.split(' ')
+                .find_map(|f| f.strip_prefix(&format!("{name}=")))
+                .unwrap_or("")
+                .to_owned()
+        };
+        let (id, cmd, flags) = (field("id"), field("cmd"), field("flags"));
+        if cmd == "wait" {
+            kept += 1;
+            continue;
+        }
+        if cmd == "client|list" || flags.contains('M') || flags.contains('S') {
+            continue;
+        }
+        primary.command(&["CLIENT", "KILL", "ID", &id]);
+    }
+    assert_eq!(kept, 1, "one durable connection");
+    // Reads reconnect the command connection, through the URL: to the new
+    // primary.
+    for _ in 0..5 {
+        let _ = cache.get(&"other".to_owned()).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    eprintln!(
+        "new primary's clients:\n{}",
+        replica.command(&["CLIENT", "LIST"])
+    );
+    let started = Instant::now();
+    let mut last = None;
+    let mut seen = std::collections::BTreeMap::<String, usize>::new();
+    while started.elapsed() < Duration::from_secs(8) {
+        match cache.set(&key, "v2".into()).await {
+            Ok(()) => {
+                last = None;
+                break;
+            }
+            Err(e) => {
+                *seen.entry(e.to_string()).or_default() += 1;
+                last = Some(e.to_string());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    eprintln!("errors met: {seen:#?}");
+    eprintln!(
+        "old primary's clients now:\n{}",
+        primary.command(&["CLIENT", "LIST"])
+    );
+    assert!(
+        last.is_none(),
+        "durable writes still refused {:?} after the failover: {last:?}",
+        started.elapsed()
+    );
 }

@@ -84,11 +84,37 @@ impl Judged {
         Ok(Marks::apply(stored, verdict[0]))
     }
 
+    /// The marks' verdict on what an acquire found. A lease it won is
+    /// released if the verdict fails: the error reaches the caller, who
+    /// will not load under it, and nobody else would end it before its TTL.
+    async fn judge_won(
+        &self,
+        keys: &FillKeys,
+        token: &LeaseToken,
+        acquired: &Acquired,
+        beside: &Beside,
+    ) -> Result<Verdict, BackendError> {
+        match self
+            .marks
+            .judge(&*self.inner, &[found(acquired)], beside)
+            .await
+        {
+            Ok(verdicts) => Ok(verdicts[0]),
+            Err(e) => {
+                if matches!(acquired, Acquired::Won { .. }) {
+                    let _ = self.inner.release(keys, token, None).await;
+                }
+                Err(e)
+            }
+        }
+    }
+
     /// An acquire's answer judged; a value found fresh that the marks say
     /// is not makes `again` ask once more, with the value counted as not
     /// fresh. A lease won is preceded by a current generation for the load.
     async fn judge_acquire<F>(
         &self,
+        (keys, token): (&FillKeys, &LeaseToken),
         acquired: Acquired,
         beside: &Beside,
         again: impl FnOnce() -> F,
@@ -96,18 +122,12 @@ impl Judged {
     where
         F: std::future::Future<Output = Result<Acquired, BackendError>>,
     {
-        let verdict = self
-            .marks
-            .judge(&*self.inner, &[found(&acquired)], beside)
-            .await?[0];
+        let verdict = self.judge_won(keys, token, &acquired, beside).await?;
         let acquired = match judged_acquire(acquired, verdict) {
             Some(acquired) => acquired,
             None => {
                 let acquired = again().await?;
-                let verdict = self
-                    .marks
-                    .judge(&*self.inner, &[found(&acquired)], beside)
-                    .await?[0];
+                let verdict = self.judge_won(keys, token, &acquired, beside).await?;
                 // Asked with the value not fresh, the answer is not `Fresh`
                 // unless the value was replaced meanwhile by a valid one.
                 judged_acquire(acquired, verdict).ok_or_else(fresh_again)?
@@ -139,7 +159,7 @@ impl Backend for Judged {
         let acquire = self.inner.acquire(keys, token, lease_ttl, refresh_window);
         let (acquired, beside) = futures_util::future::join(acquire, marks).await;
         let acquired = acquired?;
-        self.judge_acquire(acquired, &beside, || {
+        self.judge_acquire((keys, token), acquired, &beside, || {
             self.inner.acquire(keys, token, lease_ttl, Duration::MAX)
         })
         .await
@@ -181,13 +201,24 @@ impl Backend for Judged {
         let verdicts = match self.marks.judge(&*self.inner, &stored, &beside).await {
             Ok(v) => v,
             Err(e) => {
-                return answers
-                    .into_iter()
-                    .map(|a| match a {
-                        Ok(a) if found(&a).is_some() => Err(e.clone()),
+                // A lease won under a value that cannot be judged is
+                // released: its caller gets the error and loads nothing.
+                let mut judged = Vec::with_capacity(answers.len());
+                for (a, request) in answers.into_iter().zip(requests) {
+                    judged.push(match a {
+                        Ok(a) if found(&a).is_some() => {
+                            if matches!(a, Acquired::Won { .. }) {
+                                let _ = self
+                                    .inner
+                                    .release(&request.keys, &request.token, None)
+                                    .await;
+                            }
+                            Err(e.clone())
+                        }
                         other => other,
-                    })
-                    .collect()
+                    });
+                }
+                return judged;
             }
         };
         let mut judged: Vec<Result<Option<Acquired>, BackendError>> = answers
@@ -217,7 +248,13 @@ impl Backend for Judged {
                 judged[at] = match (answer, &verdicts) {
                     (Err(e), _) => Err(e),
                     (Ok(a), Ok(v)) => judged_acquire(a, v[i]).map(Some).ok_or_else(fresh_again),
-                    (Ok(_), Err(e)) => Err(e.clone()),
+                    (Ok(a), Err(e)) => {
+                        if matches!(a, Acquired::Won { .. }) {
+                            let r = &requests[i];
+                            let _ = self.inner.release(&r.keys, &r.token, None).await;
+                        }
+                        Err(e.clone())
+                    }
                 };
             }
         }
@@ -302,7 +339,7 @@ impl Backend for Judged {
             .take_over(keys, gone, token, lease_ttl, refresh_window);
         let (acquired, beside) = futures_util::future::join(take_over, marks).await;
         let acquired = acquired?;
-        self.judge_acquire(acquired, &beside, || {
+        self.judge_acquire((keys, token), acquired, &beside, || {
             self.inner
                 .take_over(keys, gone, token, lease_ttl, Duration::MAX)
         })

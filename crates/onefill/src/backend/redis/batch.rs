@@ -19,6 +19,7 @@ use redis::aio::ConnectionLike;
 use redis::{ErrorKind, FromRedisValue, RedisError, RedisResult, ServerErrorKind, Value};
 
 use super::errors::driver_within;
+use super::primary::is_readonly_reply;
 use super::{
     acquired_from, classify, ms_ceil, px, slot_of, stored, AcquireAnswer, Conn, RedisBackend,
     ScriptCall, NO_EXPIRY_TTL,
@@ -85,7 +86,8 @@ impl RedisBackend {
             .map(|(request, replies)| async move {
                 match replies {
                     // Not run: the single-key step runs it (loading the script,
-                    // following the redirection); the token is still free.
+                    // following the redirection, or the backend to the new
+                    // primary after a `READONLY`); the token is still free.
                     Err(e) if sent_again(&e) => {
                         self.acquire(
                             &request.keys,
@@ -229,7 +231,7 @@ fn sent_again(e: &RedisError) -> bool {
                 | ServerErrorKind::ClusterDown
                 | ServerErrorKind::NoScript
         )
-    )
+    ) || is_readonly_reply(e)
 }
 
 fn parse<T: FromRedisValue>(op: &str, replies: Vec<Value>) -> Result<T, BackendError> {

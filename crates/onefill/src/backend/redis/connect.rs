@@ -110,13 +110,24 @@ impl RedisBackend {
     /// announces the release to its waiters).
     fn releaser(&self) -> Release {
         let inner = Arc::downgrade(&self.inner);
+        // Releases under way: past a bound, an ask is dropped (its waiter
+        // asks again when nothing comes), so a flood of asks cannot pile
+        // up tasks.
+        let under_way = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         Box::new(move |keys, token| {
             let Some(inner) = inner.upgrade() else {
                 return;
             };
+            use std::sync::atomic::Ordering::Relaxed;
+            if under_way.fetch_add(1, Relaxed) >= RELEASES_UNDER_WAY {
+                under_way.fetch_sub(1, Relaxed);
+                return;
+            }
             let backend = RedisBackend { inner };
+            let under_way = under_way.clone();
             tokio::spawn(async move {
                 let released = backend.release(&keys, &token, None).await;
+                under_way.fetch_sub(1, Relaxed);
                 tracing::debug!(
                     key = keys.value(),
                     ?released,
@@ -268,6 +279,10 @@ pub(super) async fn command_connection(
     };
     Ok(Commands { manager, durable })
 }
+
+/// The most releases of leases asked about (see `RedisBackend::releaser`)
+/// under way at once.
+const RELEASES_UNDER_WAY: usize = 64;
 
 /// The driver's first pause between two attempts of one reconnection (see
 /// `one_command_connection`).

@@ -97,6 +97,9 @@ pub(super) async fn follow_endpoint(
             return;
         };
         let look = look(&client, &options, &strong).await;
+        if !matches!(look, Look::Moved { .. }) {
+            strong.stayed();
+        }
         drop(strong);
         not_before = Instant::now() + COOLDOWN;
         match look {
@@ -128,16 +131,26 @@ async fn gone(epochs: &mut tokio::sync::watch::Receiver<u64>) {
 /// URL lead to one now (then move there).
 async fn look(client: &Client, options: &RedisOptions, followed: &Followed) -> Look {
     let current = followed.current();
-    let mut conn = current.commands.manager.clone();
-    let role = answers_as_master(&mut conn, "endpoint: role", options.response_timeout).await;
-    match role {
-        Ok(false) => {}
-        // An ACL without `ROLE`: the `READONLY` that asked for this look
-        // is taken at its word.
-        Err(e) if e.kind() == BackendErrorKind::NotPermitted => {}
-        // A master, or a server that does not answer (the driver's to
-        // reconnect).
-        _ => return Look::Primary,
+    // Every connection of the primary: the writes that wait for replicas
+    // have one of their own, which can be left on the old server while the
+    // other reconnected to the new one.
+    let connections = std::iter::once(&current.commands.manager).chain(&current.commands.durable);
+    let mut demoted = false;
+    for conn in connections {
+        let mut conn = conn.clone();
+        let role = answers_as_master(&mut conn, "endpoint: role", options.response_timeout).await;
+        match role {
+            Ok(false) => demoted = true,
+            // An ACL without `ROLE`: the `READONLY` that asked for this
+            // look is taken at its word.
+            Err(e) if e.kind() == BackendErrorKind::NotPermitted => demoted = true,
+            // A master, or a server that does not answer (the driver's to
+            // reconnect).
+            _ => {}
+        }
+    }
+    if !demoted {
+        return Look::Primary;
     }
     match open(client, options).await {
         Ok(Some((commands, verified))) => {

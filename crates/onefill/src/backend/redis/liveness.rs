@@ -41,8 +41,9 @@
 //! a watch of the process alone would keep its waiters until the lease
 //! expires, seconds later. So each ask names the lease it is about (its
 //! token and its key), and the holder keeps the tokens of the leases its
-//! flights still hold ([`Liveness::held`] from the acquire that won to the
-//! end of the fill or release that ended it): asked about one it no longer
+//! flights still hold (`Liveness::held`: from before the acquire is sent,
+//! if it wins, to the end of the fill or release that ended it): asked
+//! about one it no longer
 //! holds, it releases it where it is now (compare-and-delete on the token,
 //! which announces the release), and its waiters take the lease in the
 //! next round trip.
@@ -113,8 +114,9 @@ pub(super) struct Liveness {
     conn: Primary,
     response_timeout: Duration,
     beating: Mutex<Beating>,
-    /// The tokens of the leases this backend's flights hold: from the
-    /// acquire that won to the end of the fill or release that ended it.
+    /// The tokens of the leases this backend's flights hold: from before
+    /// the acquire that won was sent to the end of the fill or release
+    /// that ended it.
     held: Mutex<HashSet<LeaseToken>>,
     /// What an ask about a lease no flight holds any more does.
     release: Release,

@@ -8,7 +8,6 @@ use std::time::Duration;
 use redis::Value;
 
 use super::cluster::slot_of;
-use super::durability::sends;
 use super::errors::{classify, with_deadline};
 use super::scripts::ScriptCall;
 use super::ttl::px;
@@ -37,13 +36,8 @@ impl RedisBackend {
         let wait = self.wait();
         let written: Result<(i64, Option<i64>), BackendError> = match &self.inner.conn {
             Conn::Single(c) => {
-                let limit = self.inner.options.response_timeout;
-                let flight = c.in_flight();
-                let mut manager = c.writer(sends(wait));
-                let sent = invocation.invoke_then_wait(scripts, &mut manager, false, wait);
-                let written = with_deadline("mark", limit, sent).await;
-                flight.answered();
-                written.inspect_err(|e| c.saw(e))
+                self.single_eval_then_wait(c, "mark", &invocation, wait)
+                    .await
             }
             Conn::Cluster(router) => router
                 .run(slot_of(gen_key.as_bytes()), |mut c, asking| {

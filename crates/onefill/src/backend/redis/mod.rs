@@ -411,38 +411,7 @@ impl RedisBackend {
             // The command connection has no response timeout of its own
             // (see `connect_with`): a `Backend` method called directly is
             // bounded here, by the response timeout.
-            Conn::Single(c) => {
-                let limit = self.inner.options.response_timeout;
-                let began = Instant::now();
-                let scripts = self.inner.scripts;
-                let epoch = c.shard();
-                let mut answer = {
-                    let mut conn = c.writer(sends(wait));
-                    let flight = c.in_flight();
-                    let sent = invocation.invoke_then_wait(scripts, &mut conn, false, wait);
-                    let answer = with_deadline(op, limit, sent).await;
-                    flight.answered();
-                    answer
-                };
-                if let Err(e) = &answer {
-                    c.saw(e);
-                    // Refused by a server that is no longer the primary
-                    // (nothing ran: a replica writes nothing): once the
-                    // backend has moved to the new one, within the same
-                    // limit, sent there instead.
-                    let left = limit.saturating_sub(began.elapsed());
-                    if is_readonly(e) && c.moved_from(epoch, left).await {
-                        let mut conn = c.writer(sends(wait));
-                        let sent = invocation.invoke_then_wait(scripts, &mut conn, false, wait);
-                        let left = limit.saturating_sub(began.elapsed());
-                        answer = with_deadline(op, left, sent).await;
-                        if let Err(e) = &answer {
-                            c.saw(e);
-                        }
-                    }
-                }
-                answer
-            }
+            Conn::Single(c) => self.single_eval_then_wait(c, op, invocation, wait).await,
             Conn::Cluster(router) => {
                 let scripts = self.inner.scripts;
                 run_about(router, keys, |mut c, asking| async move {
@@ -454,6 +423,46 @@ impl RedisBackend {
                 .map_err(|e| classify(op, e))
             }
         }
+    }
+
+    /// [`eval_then_wait`](Self::eval_then_wait) on a standalone server,
+    /// bounded by the response timeout: a script refused with `READONLY`
+    /// by a server that is no longer the primary (nothing ran: a replica
+    /// writes nothing) is sent again once the backend has moved to the new
+    /// one, within the same limit.
+    async fn single_eval_then_wait<T: FromRedisValue>(
+        &self,
+        c: &Primary,
+        op: &'static str,
+        invocation: &ScriptCall<'_>,
+        wait: Option<Wait>,
+    ) -> Result<(T, Option<i64>), BackendError> {
+        let limit = self.inner.options.response_timeout;
+        let began = Instant::now();
+        let scripts = self.inner.scripts;
+        let epoch = c.shard();
+        let mut answer = {
+            let mut conn = c.writer(sends(wait));
+            let flight = c.in_flight();
+            let sent = invocation.invoke_then_wait(scripts, &mut conn, false, wait);
+            let answer = with_deadline(op, limit, sent).await;
+            flight.answered();
+            answer
+        };
+        if let Err(e) = &answer {
+            c.saw(e);
+            let left = limit.saturating_sub(began.elapsed());
+            if is_readonly(e) && c.moved_from(epoch, left).await {
+                let mut conn = c.writer(sends(wait));
+                let sent = invocation.invoke_then_wait(scripts, &mut conn, false, wait);
+                let left = limit.saturating_sub(began.elapsed());
+                answer = with_deadline(op, left, sent).await;
+                if let Err(e) = &answer {
+                    c.saw(e);
+                }
+            }
+        }
+        answer
     }
 
     async fn eval_flag(
@@ -516,9 +525,14 @@ impl RedisBackend {
     /// (see `durability.rs`).
     fn probe_replicas(&self, primary: &Primary, wait: Wait) {
         let shortfall = self.inner.shortfall.clone();
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            // No runtime to send it from: the next write's asks again.
+            shortfall.probed(wait, None);
+            return;
+        };
         let mut conn = primary.writer(true);
         let limit = self.inner.options.response_timeout;
-        tokio::spawn(async move {
+        runtime.spawn(async move {
             let mut pipe = redis::pipe();
             wait.append(&mut pipe);
             let acked: Result<(i64,), _> =
@@ -537,7 +551,11 @@ impl RedisBackend {
     ) -> Result<(), BackendError> {
         match (wait, acked) {
             (Some(wait), Some(acked)) => {
-                self.inner.shortfall.record(wait, acked);
+                // Only a standalone server's writes skip their `WAIT` while
+                // it is short (see `wait`).
+                if let Conn::Single(_) = &self.inner.conn {
+                    self.inner.shortfall.record(wait, acked);
+                }
                 wait.check(op, acked)
             }
             (Some(wait), None) if !sends(Some(wait)) => Err(wait.unconfirmed(op)),
@@ -548,7 +566,10 @@ impl RedisBackend {
     /// Warns when a cache with `backend_timeout` would see this backend's
     /// shortfalls as timeouts (see [`Wait::outlasts`]).
     pub(crate) fn check_durability_against(&self, backend_timeout: Duration) {
-        if let Some(wait) = self.wait() {
+        let options = &self.inner.options;
+        // The configured `WAIT`, not this moment's (which asks for a probe
+        // while the primary is short, and may be called outside a runtime).
+        if let Some(wait) = Wait::of(options.durability, options.response_timeout) {
             if wait.outlasts(backend_timeout) {
                 tracing::warn!(
                     wait = ?wait.timeout(),

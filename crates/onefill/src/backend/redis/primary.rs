@@ -60,6 +60,9 @@ pub(super) struct Followed {
     current: RwLock<Current>,
     /// The current epoch, for the push connections to follow.
     epoch: watch::Sender<u64>,
+    /// Bumped after each look of the follower that moved nothing, so a
+    /// call waiting for a move ([`Primary::moved_from`]) stops waiting.
+    looked: watch::Sender<u64>,
     /// Calls that met a sign of a demoted or dead primary (a connection
     /// failure, `READONLY`, a timeout) ask the follower to look again.
     /// Shared with the follower, which holds no strong reference while it
@@ -95,6 +98,7 @@ impl Followed {
             following,
             current: RwLock::new(first),
             epoch: watch::channel(1).0,
+            looked: watch::channel(0).0,
             suspect: Arc::new(Notify::new()),
         })
     }
@@ -119,6 +123,11 @@ impl Followed {
         };
         self.epoch.send_replace(epoch);
         epoch
+    }
+
+    /// The follower looked and did not move (see [`Primary::moved_from`]).
+    pub(super) fn stayed(&self) {
+        self.looked.send_modify(|n| *n = n.wrapping_add(1));
     }
 
     /// Notified when a call asks the follower to look again.
@@ -182,11 +191,32 @@ impl Primary {
     }
 
     /// Whether the backend moves on from the primary of `epoch` within
-    /// `patience` (at once if it has already).
+    /// `patience` (at once if it has already); `false` as soon as the
+    /// follower has looked and not moved, rather than at the end of
+    /// `patience` (a look that began before the call's error may say so
+    /// too soon: the call then fails, and the look its error asked for
+    /// comes next).
     pub(super) async fn moved_from(&self, epoch: u64, patience: std::time::Duration) -> bool {
         let mut epochs = self.0.epoch.subscribe();
+        let mut looks = self.0.looked.subscribe();
+        looks.mark_unchanged();
         let moved = tokio::time::timeout(patience, async {
-            epochs.wait_for(|now| *now != epoch).await.is_ok()
+            loop {
+                if *epochs.borrow_and_update() != epoch {
+                    return true;
+                }
+                tokio::select! {
+                    changed = epochs.changed() => if changed.is_err() { return false },
+                    changed = looks.changed() => {
+                        if changed.is_err() {
+                            return false;
+                        }
+                        if *epochs.borrow() == epoch {
+                            return false;
+                        }
+                    }
+                }
+            }
         })
         .await;
         moved.unwrap_or(false)
@@ -231,10 +261,13 @@ pub(super) fn is_readonly(error: &BackendError) -> bool {
         && error
             .source()
             .and_then(|source| source.downcast_ref::<redis::RedisError>())
-            .is_some_and(|e| {
-                e.code() == Some("READONLY")
-                    || e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
-            })
+            .is_some_and(is_readonly_reply)
+}
+
+/// Whether the driver's error is the server's `READONLY`.
+pub(super) fn is_readonly_reply(e: &redis::RedisError) -> bool {
+    e.code() == Some("READONLY")
+        || e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
 }
 
 /// Whether the server behind `conn` answers `ROLE` as a master.

@@ -640,6 +640,7 @@ async fn follow(
         };
         let current = strong.current();
         if current.addr == found.addr() {
+            strong.stayed();
             if announced.as_ref().is_some_and(|to| *to != current.addr) {
                 // The sentinels asked do not show the announced switch yet.
                 look_again(&mut again);
