@@ -272,7 +272,7 @@ async fn batch_misses_alone_move_the_backend() {
     for i in 0..30 {
         let key = format!("after-{i}");
         let answers = cache
-            .fetch_many(&[key.clone()], loader(loads.clone()))
+            .fetch_many(std::slice::from_ref(&key), loader(loads.clone()))
             .await
             .unwrap();
         if answers[&key].is_err() {
