@@ -253,6 +253,60 @@ async fn a_fill_whose_announcement_is_refused_is_an_error() {
     assert!(err.to_string().contains("fill"), "{err}");
 }
 
+/// A user without `MGET` (the read of the namespace's marks): every call
+/// is a `NotPermitted` error naming it, the first (cold) one too, and the
+/// origin is never called, nothing stored: a value loaded under marks
+/// nobody could read would be judged by a generation that was never read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_mget_every_call_is_refused_and_nothing_is_loaded() {
+    let _limit = time_limit(LIMIT);
+    let server = RedisServer::start();
+    let line = readme_line(false);
+    assert!(line.contains(" +mget "), "{line}");
+    let url = server.acl_user(&line.replace(" +mget ", " "));
+    let backend = RedisBackend::connect(&url)
+        .await
+        .expect("connect as the user");
+    for l1 in [true, false] {
+        let ns = if l1 { "users" } else { "orders" };
+        let builder = Cache::builder()
+            .namespace(ns)
+            .backend(backend.clone())
+            .ttl(Duration::from_secs(60));
+        let cache: Cache<String, String> = if l1 {
+            builder.l1(L1::new(1_000)).build().expect("a cache")
+        } else {
+            builder.no_l1().build().expect("a cache")
+        };
+        let loads = Arc::new(AtomicUsize::new(0));
+        for attempt in 0..3 {
+            let counted = loads.clone();
+            let err = cache
+                .get_or_load(&"1".to_owned(), move |_| async move {
+                    counted.fetch_add(1, Ordering::SeqCst);
+                    Ok::<_, std::io::Error>("loaded".to_owned())
+                })
+                .await
+                .expect_err("a call whose marks the ACL refuses");
+            assert!(
+                matches!(&err, Error::Backend(e) if e.kind() == BackendErrorKind::NotPermitted),
+                "call {attempt} (L1 {l1}): {err:?}"
+            );
+        }
+        assert_eq!(
+            loads.load(Ordering::SeqCst),
+            0,
+            "the origin was called (L1 {l1})"
+        );
+        let value_key = onefill::backend::FillKeys::new(ns, "1").value().to_owned();
+        assert_eq!(
+            server.command(&["EXISTS", &value_key]),
+            "0",
+            "a value was stored"
+        );
+    }
+}
+
 /// The Redis guide's line for an L1 without `CLIENT TRACKING`: the
 /// README's without `+client|tracking`, with `+psubscribe` and the
 /// announcement pattern of `users` as written. The users' L1s keep

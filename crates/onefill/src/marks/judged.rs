@@ -134,6 +134,10 @@ impl Judged {
             }
         };
         if matches!(acquired, Acquired::Won { .. }) {
+            if let Some(refused) = self.marks.refused() {
+                let _ = self.inner.release(keys, token, None).await;
+                return Err(refused);
+            }
             self.marks.before_load(&*self.inner, beside).await;
         }
         Ok(acquired)
@@ -262,7 +266,21 @@ impl Backend for Judged {
             .iter()
             .any(|a| matches!(a, Ok(Some(Acquired::Won { .. }))));
         if won {
-            self.marks.before_load(&*self.inner, &beside).await;
+            if let Some(refused) = self.marks.refused() {
+                // Not loaded under a generation nobody could read: each
+                // lease won is released and its caller gets the refusal.
+                for (a, request) in judged.iter_mut().zip(requests) {
+                    if matches!(a, Ok(Some(Acquired::Won { .. }))) {
+                        let _ = self
+                            .inner
+                            .release(&request.keys, &request.token, None)
+                            .await;
+                        *a = Err(refused.clone());
+                    }
+                }
+            } else {
+                self.marks.before_load(&*self.inner, &beside).await;
+            }
         }
         judged
             .into_iter()

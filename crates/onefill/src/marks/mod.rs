@@ -112,6 +112,9 @@ pub(crate) struct Marks {
     /// each wait for a read of their own (see [`Marks::read`]); and the
     /// change count then (a change reported since ends it).
     unreachable_until: AtomicU64,
+    /// The ACL's refusal of the last read of the marks, if it was refused
+    /// ([`refused`](Marks::refused)).
+    refused: Mutex<Option<BackendError>>,
     unreachable_at: AtomicU64,
     trust: Trust,
     /// How long a read of the marks may take while some are held: within
@@ -162,6 +165,7 @@ impl Marks {
             ever_read: std::sync::atomic::AtomicBool::new(false),
             ever_confirmed: std::sync::atomic::AtomicBool::new(false),
             unreachable_until: AtomicU64::new(0),
+            refused: Mutex::new(None),
             unreachable_at: AtomicU64::new(0),
             trust,
             read_limit,
@@ -209,6 +213,14 @@ impl Marks {
     /// Whether a read of the marks failed less than a recheck period ago,
     /// and no change of them (or reset) was reported since (with an L1
     /// only; see [`Marks::read`]).
+    /// The server's ACL refused the last read of the marks: a
+    /// configuration error that lasts, which a load must not go on
+    /// without (its value would record a generation nobody read, and every
+    /// later read of it would meet the same refusal).
+    pub(crate) fn refused(&self) -> Option<BackendError> {
+        self.refused.lock().clone()
+    }
+
     fn recently_unreachable(&self, now: Instant) -> bool {
         self.millis(now) < self.unreachable_until.load(Ordering::Acquire)
             && self.changes() == self.unreachable_at.load(Ordering::Acquire)
@@ -314,6 +326,9 @@ impl Marks {
                 return Ok(None);
             }
             Err(e) => {
+                if e.kind() == BackendErrorKind::NotPermitted {
+                    *self.refused.lock() = Some(e.clone());
+                }
                 // Without an L1, the marks out of reach (their master down
                 // or failing over: nobody can mark meanwhile) keep judging
                 // for another period, so reads do not each wait for the
@@ -346,6 +361,7 @@ impl Marks {
         };
         self.support.store(SUPPORTED, Ordering::Relaxed);
         self.unreachable_until.store(0, Ordering::Release);
+        *self.refused.lock() = None;
         if marks.len() != keys.len() {
             return Err(BackendError::new(
                 BackendErrorKind::Protocol,
