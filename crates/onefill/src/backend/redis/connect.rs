@@ -16,7 +16,7 @@ use super::cluster::ClusterRouter;
 use super::durability::Wait;
 use super::endpoint::follow_endpoint;
 use super::errors::{classify, with_deadline};
-use super::liveness::{Liveness, Publisher, Release};
+use super::liveness::{Liveness, Release};
 use super::options::{check_url_and_tls, connect_deadline, open_client, RedisOptions};
 use super::primary::{Commands, Followed, Following, Primary};
 use super::push;
@@ -94,7 +94,7 @@ impl RedisBackend {
         backend.refused_tracking(&mut conn).await;
         let liveness = Liveness::start(
             backend.inner.pubsub.clone(),
-            Publisher::Single(primary),
+            primary,
             options.response_timeout,
             backend.releaser(),
         )
@@ -204,14 +204,6 @@ impl RedisBackend {
         if let Ok(Some(refusal)) = asked {
             let _ = backend.inner.untracked.set(refusal);
         }
-        let liveness = Liveness::start(
-            backend.inner.pubsub.clone(),
-            Publisher::Cluster(router),
-            timeout,
-            backend.releaser(),
-        )
-        .await;
-        let _ = backend.inner.liveness.set(liveness);
         Ok(backend)
     }
 

@@ -57,13 +57,10 @@ use parking_lot::Mutex;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
-use super::cluster::{slot_of, ClusterRouter};
-use super::errors::classify;
 use super::errors::with_deadline;
 use super::primary::Primary;
 use super::subscriber::{PubSubShared, RedisSubscription, CONFIRM_PATIENCE};
 use crate::backend::{BackendError, FillKeys, FillSubscription, Gone, HolderWatch, Watch};
-use crate::error::BackendErrorKind;
 use crate::token::LeaseToken;
 
 /// How often a holder beats while someone waits for it.
@@ -100,131 +97,21 @@ fn asked_about(payload: &[u8]) -> Option<(LeaseToken, FillKeys)> {
 /// (compare-and-delete on the token, announced).
 pub(super) type Release = Box<dyn Fn(FillKeys, LeaseToken) + Send + Sync>;
 
-/// The presence channel of the backend named `id` (on a cluster, its name
-/// a hash tag, so that the channel has a slot and a node: the receivers a
-/// sharded publish counts are that node's).
-fn presence(id: &str, cluster: bool) -> String {
-    if cluster {
-        format!("onefill:holder:{{{id}}}")
-    } else {
-        format!("onefill:holder:{id}")
-    }
+/// The presence channel of the backend named `id`.
+fn presence(id: &str) -> String {
+    format!("onefill:holder:{id}")
 }
 
-/// The beats channel of the backend named `id` (in the presence channel's
-/// slot on a cluster).
-fn beats(id: &str, cluster: bool) -> String {
-    if cluster {
-        format!("onefill:holder:{{{id}}}:beats")
-    } else {
-        format!("onefill:holder:{id}:beats")
-    }
-}
-
-/// Where presence and beats are published: a standalone server's
-/// connection (`PUBLISH`), or on a cluster the master of the channel's
-/// slot (`SPUBLISH`: it counts the receivers on that node, where the
-/// channel's subscribers are).
-#[derive(Clone)]
-pub(super) enum Publisher {
-    Single(Primary),
-    Cluster(ClusterRouter),
-}
-
-impl Publisher {
-    fn cluster(&self) -> bool {
-        matches!(self, Publisher::Cluster(_))
-    }
-
-    /// Publishes `message` on `channel`: how many received it.
-    async fn publish(
-        &self,
-        op: &'static str,
-        channel: &str,
-        message: &str,
-        limit: Duration,
-    ) -> Result<i64, BackendError> {
-        match self {
-            Publisher::Single(primary) => {
-                let mut conn = primary.manager();
-                let publish = redis::cmd("PUBLISH").arg(channel).arg(message).clone();
-                with_deadline(op, limit, publish.query_async(&mut conn)).await
-            }
-            Publisher::Cluster(router) => {
-                let publish = redis::cmd("SPUBLISH").arg(channel).arg(message).clone();
-                let sent = router.run(slot_of(channel.as_bytes()), |mut c, _| {
-                    let publish = publish.clone();
-                    async move { publish.query_async::<i64>(&mut c).await }
-                });
-                match tokio::time::timeout(limit, sent).await {
-                    Ok(answer) => answer.map_err(|e| classify(op, e)),
-                    Err(_) => Err(BackendError::new(
-                        BackendErrorKind::Timeout,
-                        format!("{op}: no answer within {limit:?}"),
-                    )),
-                }
-            }
-        }
-    }
-
-    /// The lease of `keys` (its token, if any) and the receivers of `ask`
-    /// on `presence`: one round trip on a standalone server; on a cluster,
-    /// two at once (the key's master and the channel's).
-    async fn lease_and_ask(
-        &self,
-        keys: &FillKeys,
-        presence: &str,
-        ask: &str,
-        limit: Duration,
-    ) -> Result<(Option<Vec<u8>>, i64), BackendError> {
-        match self {
-            Publisher::Single(primary) => {
-                let mut pipe = redis::pipe();
-                pipe.cmd("GET")
-                    .arg(keys.lock())
-                    .cmd("PUBLISH")
-                    .arg(presence)
-                    .arg(ask);
-                let mut conn = primary.manager();
-                with_deadline("watch holder", limit, pipe.query_async(&mut conn)).await
-            }
-            Publisher::Cluster(router) => {
-                let get = redis::cmd("GET").arg(keys.lock()).clone();
-                let lock = router.run(slot_of(keys.value().as_bytes()), |mut c, asking| {
-                    let get = get.clone();
-                    async move {
-                        if asking {
-                            let mut pipe = redis::pipe();
-                            pipe.cmd("ASKING").ignore().add_command(get);
-                            let (lock,): (Option<Vec<u8>>,) = pipe.query_async(&mut c).await?;
-                            Ok(lock)
-                        } else {
-                            get.query_async::<Option<Vec<u8>>>(&mut c).await
-                        }
-                    }
-                });
-                let lock = async {
-                    match tokio::time::timeout(limit, lock).await {
-                        Ok(answer) => answer.map_err(|e| classify("watch holder", e)),
-                        Err(_) => Err(BackendError::new(
-                            BackendErrorKind::Timeout,
-                            format!("watch holder: no answer within {limit:?}"),
-                        )),
-                    }
-                };
-                let asked = self.publish("watch holder", presence, ask, limit);
-                let (lock, receivers) = tokio::join!(lock, asked);
-                Ok((lock?, receivers?))
-            }
-        }
-    }
+/// The beats channel of the backend named `id`.
+fn beats(id: &str) -> String {
+    format!("onefill:holder:{id}:beats")
 }
 
 /// One standalone backend's liveness: its name, its presence, its beats.
 pub(super) struct Liveness {
     id: String,
     pubsub: Arc<PubSubShared>,
-    conn: Publisher,
+    conn: Primary,
     response_timeout: Duration,
     beating: Mutex<Beating>,
     /// The tokens of the leases this backend's flights hold: from before
@@ -250,7 +137,7 @@ impl Liveness {
     /// to half a second for the confirmation).
     pub(super) async fn start(
         pubsub: Arc<PubSubShared>,
-        conn: Publisher,
+        conn: Primary,
         response_timeout: Duration,
         release: Release,
     ) -> Arc<Liveness> {
@@ -268,7 +155,7 @@ impl Liveness {
         });
         let (subscription, asks) = liveness
             .pubsub
-            .subscription_with_inbox(liveness.presence(&liveness.id), ASKS_UNREAD)
+            .subscription_with_inbox(presence(&liveness.id), ASKS_UNREAD)
             .await;
         tokio::spawn(answer_asks(
             Arc::downgrade(&liveness),
@@ -278,7 +165,7 @@ impl Liveness {
         ));
         liveness
             .pubsub
-            .confirmation(&liveness.presence(&liveness.id), PRESENCE_PATIENCE)
+            .confirmation(&presence(&liveness.id), PRESENCE_PATIENCE)
             .await;
         liveness
     }
@@ -287,7 +174,7 @@ impl Liveness {
     /// confirmed; else an anonymous one (its waiters then rely on the
     /// lease's expiry).
     pub(super) fn new_token(&self) -> LeaseToken {
-        if self.pubsub.confirmed(&self.presence(&self.id)) {
+        if self.pubsub.confirmed(&presence(&self.id)) {
             LeaseToken::for_holder(&self.id)
         } else {
             LeaseToken::random()
@@ -318,16 +205,6 @@ impl Liveness {
         }
     }
 
-    /// The presence channel of the backend named `id`.
-    fn presence(&self, id: &str) -> String {
-        presence(id, self.conn.cluster())
-    }
-
-    /// The beats channel of the backend named `id`.
-    fn beats(&self, id: &str) -> String {
-        beats(id, self.conn.cluster())
-    }
-
     /// Whether a flight of this backend holds the lease with `token`.
     fn holds(&self, token: &LeaseToken) -> bool {
         self.held.lock().contains(token)
@@ -345,16 +222,24 @@ impl Liveness {
         // Subscribed with the key's channel (the waiter asks for both at
         // once: one `SUBSCRIBE`), and the lease read only once both are in
         // place, so a fill announced after the read is heard.
-        let beats = self.pubsub.subscription(self.beats(id)).await;
+        let beats = self.pubsub.subscription(beats(id)).await;
         self.pubsub
             .confirmation(keys.channel(), CONFIRM_PATIENCE)
             .await;
         let ask = ask(holder, keys);
-        let presence = self.presence(id);
-        let (lock, receivers) = self
-            .conn
-            .lease_and_ask(keys, &presence, &ask, self.response_timeout)
-            .await?;
+        let mut pipe = redis::pipe();
+        pipe.cmd("GET")
+            .arg(keys.lock())
+            .cmd("PUBLISH")
+            .arg(presence(id))
+            .arg(&ask);
+        let mut conn = self.conn.manager();
+        let (lock, receivers): (Option<Vec<u8>>, i64) = with_deadline(
+            "watch holder",
+            self.response_timeout,
+            pipe.query_async(&mut conn),
+        )
+        .await?;
         if lock.as_deref() != Some(holder.as_bytes()) {
             return Ok(Watch::Moved);
         }
@@ -363,7 +248,7 @@ impl Liveness {
         }
         Ok(Watch::Alive(Box::new(Watching {
             beats,
-            presence,
+            presence: presence(id),
             ask,
             conn: self.conn.clone(),
             response_timeout: self.response_timeout,
@@ -455,10 +340,14 @@ async fn beat(liveness: Weak<Liveness>) {
             return;
         };
         live.beating.lock().asked = false;
-        let receivers = live
-            .conn
-            .publish("beat", &live.beats(&live.id), "", live.response_timeout)
-            .await;
+        let mut conn = live.conn.manager();
+        let publish = redis::cmd("PUBLISH").arg(beats(&live.id)).arg("").clone();
+        let receivers: Result<i64, _> = with_deadline(
+            "beat",
+            live.response_timeout,
+            publish.query_async(&mut conn),
+        )
+        .await;
         let mut beating = live.beating.lock();
         // A beat that failed reached nobody: waiting processes cannot be
         // told anything while the server does not answer, and a server
@@ -476,7 +365,7 @@ struct Watching {
     presence: String,
     /// What it publishes there: the lease it waits on.
     ask: String,
-    conn: Publisher,
+    conn: Primary,
     response_timeout: Duration,
     last_beat: Instant,
     /// Asked the holder's presence since its last beat (it was there).
@@ -487,15 +376,17 @@ impl Watching {
     /// Whether the holder's connection is still subscribed to its presence
     /// channel (`None`: the server did not answer).
     async fn present(&self) -> Option<bool> {
-        let asked = self
-            .conn
-            .publish(
-                "watch holder",
-                &self.presence,
-                &self.ask,
-                self.response_timeout,
-            )
-            .await;
+        let mut conn = self.conn.manager();
+        let publish = redis::cmd("PUBLISH")
+            .arg(&self.presence)
+            .arg(&self.ask)
+            .clone();
+        let asked: Result<i64, _> = with_deadline(
+            "watch holder",
+            self.response_timeout,
+            publish.query_async(&mut conn),
+        )
+        .await;
         asked.ok().map(|receivers| receivers > 0)
     }
 }
