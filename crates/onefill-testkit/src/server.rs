@@ -50,6 +50,29 @@ impl RedisServer {
         Self::start_mode(extra_args, None)
     }
 
+    /// A replica of `primary` (`--replicaof`), returned once its
+    /// replication link is up.
+    ///
+    /// # Panics
+    /// If the link is not up within 20 s.
+    pub fn start_replica_of(primary: &RedisServer) -> RedisServer {
+        let port = primary.port().to_string();
+        let replica = Self::start_with(&["--replicaof", "127.0.0.1", &port]);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while !replica
+            .command(&["INFO", "replication"])
+            .contains("master_link_status:up")
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the replica did not link up\n{}",
+                replica.log()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        replica
+    }
+
     /// A Redis Sentinel (`redis-server <conf> --sentinel`) on a free port,
     /// its configuration file written from `conf` into its private
     /// directory (a Sentinel needs a file it can rewrite). Ready when it

@@ -41,17 +41,8 @@ fn durable() -> RedisOptions {
 /// a replica of it, linked.
 fn primary_and_replica() -> (RedisServer, RedisServer) {
     let primary = RedisServer::start_with(&["--repl-ping-replica-period", "3600", "--hz", "100"]);
-    let port = primary.port().to_string();
-    let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !replica
-        .command(&["INFO", "replication"])
-        .contains("master_link_status:up")
-    {
-        assert!(Instant::now() < deadline, "the replica did not link up");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    settle(&primary, deadline);
+    let replica = RedisServer::start_replica_of(&primary);
+    settle(&primary, Instant::now() + Duration::from_secs(20));
     (primary, replica)
 }
 

@@ -35,22 +35,9 @@ fn unique_ns(name: &str) -> String {
 /// primary.
 fn primary_replica_endpoint() -> (RedisServer, RedisServer, Endpoint) {
     let primary = RedisServer::start();
-    let port = primary.port().to_string();
-    let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]);
-    wait_linked(&replica);
+    let replica = RedisServer::start_replica_of(&primary);
     let endpoint = Endpoint::start(primary.port());
     (primary, replica, endpoint)
-}
-
-fn wait_linked(replica: &RedisServer) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !replica
-        .command(&["INFO", "replication"])
-        .contains("master_link_status:up")
-    {
-        assert!(Instant::now() < deadline, "the replica did not link up");
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// The managed service's failover: `replica` promoted, the endpoint
