@@ -100,11 +100,11 @@ enum Moment {
 const IN_FLIGHT_SETTLED_MS: f64 = 300.0;
 
 /// [`IN_FLIGHT_SETTLED_MS`] for a hung primary (SIGSTOP): a call a
-/// process makes between the promotion and its own move to the new
-/// primary goes to the hung one and waits out the backend timeout
-/// (250 ms), and a look at the Sentinels that finds the promoted replica
-/// not yet answering as a master is made again 250 ms later, then 500 ms.
-/// Measured 0–293 ms in 9 runs of 10, 857 ms in one.
+/// process makes just before the promotion, or between it and its own
+/// move to the new primary, waits on the hung one until the backend
+/// timeout (250 ms). Measured 0–316 ms in 15 runs of 16, 857 ms in one
+/// (before the Sentinel follower's looks started over at an announced
+/// switch).
 const IN_FLIGHT_HANG_SETTLED_MS: f64 = 1_000.0;
 
 /// [`IN_FLIGHT_SETTLED_MS`] when every write waits for replicas the new

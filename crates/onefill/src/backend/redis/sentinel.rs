@@ -45,6 +45,12 @@ use crate::error::{BackendError, BackendErrorKind};
 /// The least time between two looks at the sentinels that calls asked for.
 const COOLDOWN: Duration = Duration::from_millis(250);
 
+/// The first pause before looking again when a look made on a
+/// `+switch-master` did not find the announced primary ready (it answers
+/// `ROLE` as a master a moment after the announcement): a call made
+/// meanwhile may be waiting on a primary that is gone.
+const ANNOUNCED_RETRY: Duration = Duration::from_millis(25);
+
 /// A look at the sentinels even when nothing asked for one: a
 /// `+switch-master` lost while every subscription was down is found by
 /// then.
@@ -613,7 +619,15 @@ async fn follow(
             tokio::select! {
                 h = heard.recv() => match h {
                     None => return,
-                    Some(Heard::Switched(to)) => announced = Some(to),
+                    Some(Heard::Switched(to)) => {
+                        announced = Some(to);
+                        // News, not a failure: the looks that failed
+                        // during the outage say nothing of how soon the
+                        // announced primary answers as one (within
+                        // milliseconds, normally), so its looks start
+                        // over from a short pause.
+                        again = Backoff::new(ANNOUNCED_RETRY, RECHECK_EVERY);
+                    }
                     Some(Heard::Subscribed) => {}
                 },
                 () = gone(&mut epochs) => return,
@@ -646,14 +660,14 @@ async fn follow(
                 look_again(&mut again);
             } else {
                 (retry_at, announced) = (None, None);
-                again.reset();
+                again = Backoff::new(COOLDOWN, RECHECK_EVERY);
             }
             continue;
         }
         match finder.open(&found).await {
             Ok(opened) => {
                 (retry_at, announced) = (None, None);
-                again.reset();
+                again = Backoff::new(COOLDOWN, RECHECK_EVERY);
                 let epoch = strong.switch(opened.commands, opened.resp3, found.addr());
                 if let Some(clock) = clock.upgrade() {
                     clock.start_over();
