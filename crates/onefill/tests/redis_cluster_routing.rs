@@ -410,7 +410,17 @@ async fn a_hung_master_degrades_only_its_own_keys() {
         healthy.iter().all(|o| *o == Outcome::Hit),
         "keys on healthy masters keep their normal service: {healthy:?}"
     );
-    assert_eq!(cache.circuit_state(), CircuitState::Open, "the victim's");
+    // Open, or half-open while one of its probes waits on the hung master
+    // (an open breaker probes 25 ms after it opened, then every 50 and
+    // 100 ms): not closed.
+    assert!(
+        matches!(
+            cache.circuit_state(),
+            CircuitState::Open | CircuitState::HalfOpen
+        ),
+        "the victim's: {:?}",
+        cache.circuit_state()
+    );
     assert!(cache.stats().circuit_opened >= 1);
 
     // The master comes back: its keys return to normal after its
