@@ -343,7 +343,15 @@ fn subjects(rt: &Runtime, keys: &Arc<[String]>) -> Subjects {
             Some(server) => {
                 let url = server.url();
                 let backend = RedisBackend::connect(&url).await.expect("a RedisBackend");
-                let cache = onefill_cache(backend, false);
+                // No L1: a Redis cache has one by default, and its hits
+                // would never reach Redis.
+                let cache = Cache::builder()
+                    .namespace(NAMESPACE)
+                    .backend(backend)
+                    .ttl(Duration::from_secs(3600))
+                    .no_l1()
+                    .build()
+                    .expect("valid options");
                 warm(&cache, keys, false).await;
                 let client = redis::Client::open(url.as_str()).expect("a redis URL");
                 let conn = ConnectionManager::new(client)
