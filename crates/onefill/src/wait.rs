@@ -55,9 +55,10 @@ pub enum OnWaitTimeout {
 ///   learns the new expiry and the next one waits for it), a dead holder's
 ///   lease is gone, so the waiter takes over within the lease TTL. A
 ///   watched holder's lease is long (at least 10 s), so this costs little,
-///   and it is still needed: the watch watches the process, not its
-///   flight, and a live process can leave a lease behind (its release
-///   failed);
+///   and it is still needed: a live process can leave a lease behind (its
+///   release failed), and it lets go of it only when a waiter's question
+///   about that lease reaches it (on Redis), which a waiter whose watch
+///   lost its signal no longer sends;
 /// - and, while subscribed and not watching the holder, every
 ///   [`safety_poll`] (default 3 s ±25 %)
 ///   after its last re-check: a safety net for a notification lost on the
@@ -307,8 +308,9 @@ impl Wait {
                 (Some(_), None) => jittered(self.safety_poll),
                 (None, _) => self.backoff.next_interval(),
             };
-            // Watched or not: the watch says whether the holder's process
-            // lives, not whether its flight still holds the lease.
+            // Watched or not: a lease left behind by a live holder is let
+            // go only when a question about it reaches the holder, so the
+            // lease's expiry stays a bound.
             let nap = tick.min(left).min(lease_ends.saturating_sub(now - checked));
             let (subscription, watch) = (&mut self.subscription, &mut self.watch);
             let woken = async {

@@ -84,29 +84,16 @@ impl Judged {
         Ok(Marks::apply(stored, verdict[0]))
     }
 
-    /// The marks' verdict on what an acquire found. A lease it won is
-    /// released if the verdict fails: the error reaches the caller, who
-    /// will not load under it, and nobody else would end it before its TTL.
+    /// The marks' verdict on what an acquire found.
     async fn judge_won(
         &self,
-        keys: &FillKeys,
-        token: &LeaseToken,
         acquired: &Acquired,
         beside: &Beside,
     ) -> Result<Verdict, BackendError> {
-        match self
+        Ok(self
             .marks
             .judge(&*self.inner, &[found(acquired)], beside)
-            .await
-        {
-            Ok(verdicts) => Ok(verdicts[0]),
-            Err(e) => {
-                if matches!(acquired, Acquired::Won { .. }) {
-                    let _ = self.inner.release(keys, token, None).await;
-                }
-                Err(e)
-            }
-        }
+            .await?[0])
     }
 
     /// An acquire's answer judged; a value found fresh that the marks say
@@ -122,12 +109,12 @@ impl Judged {
     where
         F: std::future::Future<Output = Result<Acquired, BackendError>>,
     {
-        let verdict = self.judge_won(keys, token, &acquired, beside).await?;
+        let verdict = self.judge_won(&acquired, beside).await?;
         let acquired = match judged_acquire(acquired, verdict) {
             Some(acquired) => acquired,
             None => {
                 let acquired = again().await?;
-                let verdict = self.judge_won(keys, token, &acquired, beside).await?;
+                let verdict = self.judge_won(&acquired, beside).await?;
                 // Asked with the value not fresh, the answer is not `Fresh`
                 // unless the value was replaced meanwhile by a valid one.
                 judged_acquire(acquired, verdict).ok_or_else(fresh_again)?
@@ -205,24 +192,13 @@ impl Backend for Judged {
         let verdicts = match self.marks.judge(&*self.inner, &stored, &beside).await {
             Ok(v) => v,
             Err(e) => {
-                // A lease won under a value that cannot be judged is
-                // released: its caller gets the error and loads nothing.
-                let mut judged = Vec::with_capacity(answers.len());
-                for (a, request) in answers.into_iter().zip(requests) {
-                    judged.push(match a {
-                        Ok(a) if found(&a).is_some() => {
-                            if matches!(a, Acquired::Won { .. }) {
-                                let _ = self
-                                    .inner
-                                    .release(&request.keys, &request.token, None)
-                                    .await;
-                            }
-                            Err(e.clone())
-                        }
+                return answers
+                    .into_iter()
+                    .map(|a| match a {
+                        Ok(a) if found(&a).is_some() => Err(e.clone()),
                         other => other,
-                    });
-                }
-                return judged;
+                    })
+                    .collect();
             }
         };
         let mut judged: Vec<Result<Option<Acquired>, BackendError>> = answers
@@ -252,13 +228,7 @@ impl Backend for Judged {
                 judged[at] = match (answer, &verdicts) {
                     (Err(e), _) => Err(e),
                     (Ok(a), Ok(v)) => judged_acquire(a, v[i]).map(Some).ok_or_else(fresh_again),
-                    (Ok(a), Err(e)) => {
-                        if matches!(a, Acquired::Won { .. }) {
-                            let r = &requests[i];
-                            let _ = self.inner.release(&r.keys, &r.token, None).await;
-                        }
-                        Err(e.clone())
-                    }
+                    (Ok(_), Err(e)) => Err(e.clone()),
                 };
             }
         }

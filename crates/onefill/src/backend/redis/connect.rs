@@ -14,12 +14,10 @@ use tokio::time::Instant;
 
 use super::cluster::ClusterRouter;
 use super::durability::Wait;
-use super::endpoint::follow_endpoint;
 use super::errors::{classify, with_deadline};
 use super::liveness::{Liveness, Release};
-use super::options::{check_url_and_tls, connect_deadline, open_client, RedisOptions};
-use super::primary::{Commands, Followed, Following, Primary};
-use super::push;
+use super::options::{check_url_and_tls, connect_deadline, RedisOptions};
+use super::primary::{Commands, Primary};
 use super::scripts::{Scripts, CLUSTER_SCRIPTS, STANDALONE_SCRIPTS};
 use super::server_clock::{Plan, ServerClock};
 use super::subscriber::{ClusterLink, Link, PubSubShared, SingleLink};
@@ -31,42 +29,6 @@ use crate::backend::BackendError;
 use crate::error::BackendErrorKind;
 
 impl RedisBackend {
-    /// Connects to a standalone Redis with the default [`RedisOptions`].
-    ///
-    /// `url` is a redis-rs connection URL: `redis://[user:password@]host[:port][/db]`
-    /// (or `redis+unix:///path`). Fails if the server cannot be reached, or
-    /// if the URL is malformed (the error says what is wrong with it,
-    /// without quoting it).
-    pub async fn connect(url: &str) -> Result<RedisBackend, BackendError> {
-        Self::connect_with(url, RedisOptions::default()).await
-    }
-
-    /// Connects to a standalone Redis with the given options.
-    pub async fn connect_with(
-        url: &str,
-        options: RedisOptions,
-    ) -> Result<RedisBackend, BackendError> {
-        let client = open_client(url, &options)?;
-        let commands = command_connection(&client, &options).await?;
-        let resp3 = push::resp3(&client).map_err(|e| classify("connect", e))?;
-        let followed = Followed::new(Following::Endpoint, commands, resp3, redact(url));
-        let clock = Arc::new(ServerClock::default());
-        let backend = Self::standalone(
-            Primary::new(followed.clone()),
-            options.clone(),
-            redact(url),
-            clock.clone(),
-        )
-        .await?;
-        tokio::spawn(follow_endpoint(
-            client,
-            options,
-            Arc::downgrade(&followed),
-            Arc::downgrade(&clock),
-        ));
-        Ok(backend)
-    }
-
     /// The backend of a standalone server (`primary`, followed through its
     /// URL or under Sentinel),
     /// its command connection open: the fill notifications' connection,

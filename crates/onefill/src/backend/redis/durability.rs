@@ -23,12 +23,15 @@
 //! background every [`SHORT_FOR`], finds when the replicas are back
 //! ([`Shortfall`]): no caller waits for it.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
+use redis::aio::ConnectionManager;
 use redis::Pipeline;
 use tokio::time::Instant;
 
+use super::errors::with_deadline;
 use super::ttl::px;
 use crate::error::{BackendError, BackendErrorKind};
 
@@ -200,6 +203,30 @@ impl Shortfall {
             state.probe_at = Some(Instant::now() + SHORT_FOR);
         }
     }
+}
+
+/// Sends `wait`'s `WAIT` alone on `conn` (the connection of the writes
+/// that wait), in the background: whether the primary has its replicas
+/// again. Reported to `shortfall` (see [`Shortfall::apply`]).
+pub(super) fn probe(
+    shortfall: &Arc<Shortfall>,
+    mut conn: ConnectionManager,
+    wait: Wait,
+    limit: Duration,
+) {
+    let shortfall = shortfall.clone();
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        // No runtime to send it from: the next write's asks again.
+        shortfall.probed(wait, None);
+        return;
+    };
+    runtime.spawn(async move {
+        let mut pipe = redis::pipe();
+        wait.append(&mut pipe);
+        let acked: Result<(i64,), _> =
+            with_deadline("wait", limit, pipe.query_async(&mut conn)).await;
+        shortfall.probed(wait, acked.ok().map(|(acked,)| acked));
+    });
 }
 
 impl Wait {

@@ -1,4 +1,6 @@
-//! Following a plain URL whose server changes behind it: a managed
+//! A standalone server reached through a plain URL
+//! ([`connect`](RedisBackend::connect)), and
+//! following that URL when its server changes behind it: a managed
 //! service's primary endpoint, whose name moves to the promoted replica at
 //! a failover, or a proxy that sends new connections to another server.
 //!
@@ -24,19 +26,60 @@
 //! word (the new connections are used unverified, and a URL that still
 //! leads to a replica meets the next `READONLY` and is looked at again).
 
-use std::sync::Weak;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use redis::Client;
 use tokio::time::Instant;
 
 use super::connect::command_connection;
-use super::options::RedisOptions;
-use super::primary::{answers_as_master, Commands, Followed};
+use super::errors::classify;
+use super::options::{open_client, RedisOptions};
+use super::primary::{answers_as_master, closed, Commands, Followed, Following, Primary};
 use super::push;
 use super::server_clock::ServerClock;
+use super::urls::redact;
+use super::RedisBackend;
 use crate::backoff::Backoff;
 use crate::error::{BackendError, BackendErrorKind};
+
+impl RedisBackend {
+    /// Connects to a standalone Redis with the default [`RedisOptions`].
+    ///
+    /// `url` is a redis-rs connection URL: `redis://[user:password@]host[:port][/db]`
+    /// (or `redis+unix:///path`). Fails if the server cannot be reached, or
+    /// if the URL is malformed (the error says what is wrong with it,
+    /// without quoting it).
+    pub async fn connect(url: &str) -> Result<RedisBackend, BackendError> {
+        Self::connect_with(url, RedisOptions::default()).await
+    }
+
+    /// Connects to a standalone Redis with the given options.
+    pub async fn connect_with(
+        url: &str,
+        options: RedisOptions,
+    ) -> Result<RedisBackend, BackendError> {
+        let client = open_client(url, &options)?;
+        let commands = command_connection(&client, &options).await?;
+        let resp3 = push::resp3(&client).map_err(|e| classify("connect", e))?;
+        let followed = Followed::new(Following::Endpoint, commands, resp3, redact(url));
+        let clock = Arc::new(ServerClock::default());
+        let backend = Self::standalone(
+            Primary::new(followed.clone()),
+            options.clone(),
+            redact(url),
+            clock.clone(),
+        )
+        .await?;
+        tokio::spawn(follow_endpoint(
+            client,
+            options,
+            Arc::downgrade(&followed),
+            Arc::downgrade(&clock),
+        ));
+        Ok(backend)
+    }
+}
 
 /// The least time between two looks.
 const COOLDOWN: Duration = Duration::from_millis(50);
@@ -59,7 +102,7 @@ enum Look {
 
 /// The follower of a plain URL (see the module docs); ends with its
 /// backend.
-pub(super) async fn follow_endpoint(
+async fn follow_endpoint(
     client: Client,
     options: RedisOptions,
     followed: Weak<Followed>,
@@ -90,7 +133,7 @@ pub(super) async fn follow_endpoint(
         tokio::select! {
             () = suspicion.notified() => {}
             () = retry => {}
-            () = gone(&mut epochs) => return,
+            () = closed(&mut epochs) => return,
         }
         tokio::time::sleep_until(not_before).await;
         let Some(strong) = followed.upgrade() else {
@@ -119,12 +162,6 @@ pub(super) async fn follow_endpoint(
             }
         }
     }
-}
-
-/// Resolves once `epochs` is closed: the followed primary was dropped
-/// with its backend.
-async fn gone(epochs: &mut tokio::sync::watch::Receiver<u64>) {
-    while epochs.changed().await.is_ok() {}
 }
 
 /// One look: is the current server still the primary; if not, does the

@@ -509,7 +509,8 @@ impl RedisBackend {
             Conn::Single(primary) => {
                 let (wait, probe) = self.inner.shortfall.apply(wait);
                 if let (Some(wait), true) = (wait, probe) {
-                    self.probe_replicas(primary, wait);
+                    let limit = self.inner.options.response_timeout;
+                    durability::probe(&self.inner.shortfall, primary.writer(true), wait, limit);
                 }
                 wait
             }
@@ -518,27 +519,6 @@ impl RedisBackend {
             // shares with its reads, are bounded by the response timeout).
             Conn::Cluster(_) => wait,
         }
-    }
-
-    /// Sends `wait`'s `WAIT` alone, in the background, on the connection of
-    /// the writes that wait: whether the primary has its replicas again
-    /// (see `durability.rs`).
-    fn probe_replicas(&self, primary: &Primary, wait: Wait) {
-        let shortfall = self.inner.shortfall.clone();
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            // No runtime to send it from: the next write's asks again.
-            shortfall.probed(wait, None);
-            return;
-        };
-        let mut conn = primary.writer(true);
-        let limit = self.inner.options.response_timeout;
-        runtime.spawn(async move {
-            let mut pipe = redis::pipe();
-            wait.append(&mut pipe);
-            let acked: Result<(i64,), _> =
-                with_deadline("wait", limit, pipe.query_async(&mut conn)).await;
-            shortfall.probed(wait, acked.ok().map(|(acked,)| acked));
-        });
     }
 
     /// A write of `op` that ran: an error if `wait` asked for more replicas

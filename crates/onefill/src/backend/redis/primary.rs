@@ -270,6 +270,12 @@ pub(super) fn is_readonly_reply(e: &redis::RedisError) -> bool {
         || e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
 }
 
+/// Resolves once `epochs` is closed: the followed primary was dropped
+/// with its backend (a follower ends then).
+pub(super) async fn closed(epochs: &mut watch::Receiver<u64>) {
+    while epochs.changed().await.is_ok() {}
+}
+
 /// Whether the server behind `conn` answers `ROLE` as a master.
 pub(super) async fn answers_as_master<C: redis::aio::ConnectionLike + Send>(
     conn: &mut C,

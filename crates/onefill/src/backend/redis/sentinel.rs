@@ -34,7 +34,7 @@ use tokio::time::Instant;
 use super::connect::command_connection;
 use super::errors::with_deadline;
 use super::options::{check_url_and_tls, connect_deadline, open_client, RedisOptions};
-use super::primary::{answers_as_master, Commands, Followed, Following, Primary};
+use super::primary::{answers_as_master, closed, Commands, Followed, Following, Primary};
 use super::push::{self, Due, Names, PushConnection};
 use super::server_clock::ServerClock;
 use super::urls::redact;
@@ -521,7 +521,7 @@ async fn listen(
         // Ends as soon as the backend is dropped (its epochs close).
         let due = tokio::select! {
             due = conn.due() => due,
-            () = gone(&mut epochs) => return,
+            () = closed(&mut epochs) => return,
         };
         match due {
             Due::Connect => {
@@ -555,12 +555,6 @@ async fn listen(
             Due::Lost => {}
         }
     }
-}
-
-/// Resolves once `epochs` is closed: the followed primary was dropped
-/// with its backend.
-async fn gone(epochs: &mut watch::Receiver<u64>) {
-    while epochs.changed().await.is_ok() {}
 }
 
 /// The new primary's `host:port`, if a `+switch-master` message
@@ -630,7 +624,7 @@ async fn follow(
                     }
                     Some(Heard::Subscribed) => {}
                 },
-                () = gone(&mut epochs) => return,
+                () = closed(&mut epochs) => return,
                 _ = suspected => {}
                 _ = retry => {}
                 _ = tokio::time::sleep(RECHECK_EVERY) => {}
