@@ -102,7 +102,7 @@ const IN_FLIGHT_SETTLED_MS: f64 = 300.0;
 /// [`IN_FLIGHT_SETTLED_MS`] for a hung primary (SIGSTOP): a call a
 /// process makes just before the promotion, or between it and its own
 /// move to the new primary, waits on the hung one until the backend
-/// timeout (250 ms). Measured 0–316 ms in 15 runs of 16, 857 ms in one
+/// timeout (250 ms). Measured 0–316 ms in 16 runs of 17, 857 ms in one
 /// (before the Sentinel follower's looks started over at an announced
 /// switch).
 const IN_FLIGHT_HANG_SETTLED_MS: f64 = 1_000.0;
