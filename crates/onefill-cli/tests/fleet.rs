@@ -712,23 +712,29 @@ fn a_worker_that_cannot_connect_says_why_on_its_ready_line() {
 fn holder_fault_run(kind: &str) -> Value {
     let _limit = time_limit(LIMIT);
     let server = RedisServer::start();
+    holder_fault_run_on(&[server.url()], &[], kind)
+}
+
+/// [`holder_fault_run`] on the servers at `urls`, with the fleet's
+/// `extra` flags (`--cluster`).
+fn holder_fault_run_on(urls: &[String], extra: &[&str], kind: &str) -> Value {
     let callers: u64 = 50;
     let load = Duration::from_millis(2_000);
-    let r = fleet(
-        &[server.url()],
-        &[
-            "--processes",
-            "4",
-            "--callers",
-            &callers.to_string(),
-            "--load-ms",
-            &load.as_millis().to_string(),
-            "--fault",
-            kind,
-            "--fault-at-ms",
-            "500",
-        ],
-    );
+    let (callers_flag, load_flag) = (callers.to_string(), load.as_millis().to_string());
+    let mut flags = vec![
+        "--processes",
+        "4",
+        "--callers",
+        &callers_flag,
+        "--load-ms",
+        &load_flag,
+        "--fault",
+        kind,
+        "--fault-at-ms",
+        "500",
+    ];
+    flags.extend_from_slice(extra);
+    let r = fleet(urls, &flags);
     let h = r["holder_fault"].clone();
     let s = &h["survivors"];
     eprintln!(
@@ -790,6 +796,17 @@ fn fleet_kill_holder_measures_the_takeover() {
     let h = holder_fault_run("kill-holder");
     assert_eq!(h["holder"]["reported"], false, "killed: {h}");
     assert!(h["resumed_at_ms"].is_null(), "{h}");
+}
+
+/// On a Redis Cluster too: a waiter asks the holder's presence channel on
+/// the master of the key's own slot, and a killed holder is taken over
+/// within about a beat, not at its lease's expiry (10 s).
+#[test]
+fn fleet_kill_holder_on_a_cluster_measures_the_takeover() {
+    let _limit = time_limit(LIMIT);
+    let cluster = RedisCluster::start(3);
+    let h = holder_fault_run_on(&cluster.urls(), &["--cluster"], "kill-holder");
+    assert_eq!(h["holder"]["reported"], false, "killed: {h}");
 }
 
 #[test]

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use onefill::backend::FillKeys;
 use onefill::redis::RedisBackend;
 use onefill::Cache;
-use onefill_testkit::{time_limit, RedisServer, Reply};
+use onefill_testkit::{time_limit, RedisCluster, RedisServer, Reply};
 use tokio::runtime::Runtime;
 
 /// Each test waits out a load of a few seconds; past this it hangs.
@@ -480,4 +480,125 @@ fn a_blocking_loader_is_not_taken_over_by_every_process_in_turn() {
         "{} loads",
         loads.load(Ordering::SeqCst)
     );
+}
+
+/// The holder's process and the waiter's on a Redis Cluster, each with a
+/// cache of `ns` on a cluster backend of its own.
+fn two_cluster_processes(
+    cluster: &RedisCluster,
+    ns: &str,
+) -> (
+    Runtime,
+    Runtime,
+    Cache<String, String>,
+    Cache<String, String>,
+) {
+    let (holder_rt, waiter_rt) = (process(1), process(2));
+    let urls = cluster.urls();
+    let cache = |rt: &Runtime| {
+        rt.block_on(async {
+            let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+            let backend = RedisBackend::connect_cluster(&urls).await.unwrap();
+            Cache::builder()
+                .namespace(ns)
+                .backend(backend)
+                .build()
+                .unwrap()
+        })
+    };
+    let (holder, waiter) = (cache(&holder_rt), cache(&waiter_rt));
+    (holder_rt, waiter_rt, holder, waiter)
+}
+
+/// On a Redis Cluster too: the holder's presence and beats are sharded
+/// channels in a slot of its name, on that slot's master. A holder whose
+/// process dies is taken over within about a beat, not at its lease's
+/// expiry.
+#[test]
+fn on_a_cluster_a_holder_whose_process_dies_is_taken_over_within_a_beat() {
+    let _limit = time_limit(LIMIT);
+    let cluster = RedisCluster::start(3);
+    let ns = unique_ns("cluster-dies");
+    let (holder_rt, waiter_rt, holder, waiter) = two_cluster_processes(&cluster, &ns);
+    let loads = Loads::default();
+    let l = loads.clone();
+    let h = holder.clone();
+    holder_rt.spawn(async move {
+        let _ = h
+            .get_or_load(&"k".to_owned(), move |_| async move {
+                l.started("holder");
+                std::future::pending::<()>().await;
+                Ok::<_, std::io::Error>("never".to_owned())
+            })
+            .await;
+    });
+    loads.wait_for("holder");
+    let answer = waiter_call(&waiter_rt, &waiter, &loads);
+    until_waiting(&waiter);
+    let died = Instant::now();
+    holder_rt.shutdown_background();
+    let taken = loads.wait_for("waiter");
+    assert_eq!(waiter_rt.block_on(answer).unwrap(), "waiter");
+    let after = taken - died;
+    assert!(
+        after < Duration::from_millis(600),
+        "taken over after {after:?}"
+    );
+    let stats = waiter.stats();
+    assert_eq!(
+        (
+            stats.holders_dead,
+            stats.holders_frozen,
+            stats.lease_takeovers
+        ),
+        (1, 0, 1),
+        "{stats:?}"
+    );
+}
+
+/// On a Redis Cluster, a holder whose process stops (its connections open,
+/// silent) is taken over after a second of silence.
+#[test]
+fn on_a_cluster_a_frozen_holder_is_taken_over_after_a_second_of_silence() {
+    let _limit = time_limit(LIMIT);
+    let cluster = RedisCluster::start(3);
+    let ns = unique_ns("cluster-frozen");
+    let (holder_rt, waiter_rt, holder, waiter) = two_cluster_processes(&cluster, &ns);
+    let loads = Loads::default();
+    let frozen_at = Arc::new(Mutex::new(None::<Instant>));
+    let (l, f) = (loads.clone(), frozen_at.clone());
+    let h = holder.clone();
+    let held = holder_rt.spawn(async move {
+        h.get_or_load(&"k".to_owned(), move |_| async move {
+            l.started("holder");
+            tokio::time::sleep(Duration::from_millis(400)).await;
+            *f.lock().unwrap() = Some(Instant::now());
+            std::thread::sleep(Duration::from_millis(3_000));
+            Ok::<_, std::io::Error>("holder".to_owned())
+        })
+        .await
+    });
+    loads.wait_for("holder");
+    let answer = waiter_call(&waiter_rt, &waiter, &loads);
+    until_waiting(&waiter);
+    let taken = loads.wait_for("waiter");
+    assert_eq!(waiter_rt.block_on(answer).unwrap(), "waiter");
+    let froze = frozen_at.lock().unwrap().expect("the holder froze");
+    let after = taken - froze;
+    assert!(
+        after >= Duration::from_millis(850) && after < Duration::from_millis(2_500),
+        "taken over {after:?} after the freeze"
+    );
+    let stats = waiter.stats();
+    assert_eq!(
+        (
+            stats.holders_dead,
+            stats.holders_frozen,
+            stats.lease_takeovers
+        ),
+        (0, 1, 1),
+        "{stats:?}"
+    );
+    assert_eq!(holder_rt.block_on(held).unwrap().unwrap(), "holder");
+    assert_eq!(holder.stats().fills_fenced, 1, "{:?}", holder.stats());
 }

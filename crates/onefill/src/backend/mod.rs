@@ -253,10 +253,14 @@ pub trait Backend: Debug + Send + Sync + 'static {
     /// Subscribes to the key's fill notifications.
     async fn subscribe(&self, keys: &FillKeys) -> Result<Box<dyn FillSubscription>, BackendError>;
 
-    /// A fresh token for a lease this backend's caller is about to ask
-    /// for. A backend that watches holders names itself in it
-    /// ([`LeaseToken::for_holder`]). Default: [`LeaseToken::random`].
-    fn new_token(&self) -> LeaseToken {
+    /// A fresh token for a lease on `keys` this backend's caller is about
+    /// to ask for. A backend that watches holders names itself in it
+    /// ([`LeaseToken::for_holder`]); it may name itself differently by key
+    /// (a Redis Cluster backend names the master the key lives on, so a
+    /// waiter asks about the holder where its lease is). Default:
+    /// [`LeaseToken::random`].
+    fn new_token(&self, keys: &FillKeys) -> LeaseToken {
+        let _ = keys;
         LeaseToken::random()
     }
 

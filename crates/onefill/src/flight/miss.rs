@@ -351,7 +351,7 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
             .run(op, |timeout| async move {
                 // A fresh token for every try (a try that timed out has its
                 // token released behind it), and the lease sized for it.
-                let mut token = shared.calls.backend.new_token();
+                let mut token = shared.calls.backend.new_token(keys);
                 if let Some((_, Gone::Frozen)) = gone {
                     token = token.taken_from_frozen();
                 }

@@ -301,8 +301,8 @@ impl Backend for Judged {
         self.inner.subscribe(keys).await
     }
 
-    fn new_token(&self) -> LeaseToken {
-        self.inner.new_token()
+    fn new_token(&self, keys: &FillKeys) -> LeaseToken {
+        self.inner.new_token(keys)
     }
 
     async fn watch_holder(

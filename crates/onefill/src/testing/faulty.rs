@@ -595,8 +595,8 @@ impl<B: Backend + ?Sized> Backend for FaultyBackend<B> {
     }
     // The liveness calls are the inner backend's: `take_over` under the
     // faults of `Op::Acquire`, the others without faults.
-    fn new_token(&self) -> LeaseToken {
-        self.inner.new_token()
+    fn new_token(&self, keys: &FillKeys) -> LeaseToken {
+        self.inner.new_token(keys)
     }
     async fn watch_holder(
         &self,

@@ -202,7 +202,7 @@ impl Backend for ProcessBackend {
     }
 
     /// A token naming this process.
-    fn new_token(&self) -> LeaseToken {
+    fn new_token(&self, _keys: &FillKeys) -> LeaseToken {
         LeaseToken::for_holder(&self.name)
     }
 

@@ -359,8 +359,8 @@ impl Backend for Injector {
             .await
     }
 
-    fn new_token(&self) -> LeaseToken {
-        self.faulty.new_token()
+    fn new_token(&self, keys: &FillKeys) -> LeaseToken {
+        self.faulty.new_token(keys)
     }
 
     /// Through the faults drawn as for any call (the wrapper passes it

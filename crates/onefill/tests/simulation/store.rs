@@ -339,7 +339,7 @@ impl Backend for Store {
     }
 
     /// A token of this instance (naming it, if the store watches holders).
-    fn new_token(&self) -> LeaseToken {
+    fn new_token(&self, _keys: &FillKeys) -> LeaseToken {
         if self.world.liveness.on() {
             LeaseToken::for_holder(&holder_name(self.inst))
         } else {

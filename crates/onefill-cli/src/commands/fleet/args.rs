@@ -313,7 +313,7 @@ pub struct FleetArgs {
     /// section also counts the writes the promotion lost (`lost_writes`:
     /// see the operating guide).
     ///
-    /// Herd mode on one server (`kill-holder`, `stop-holder`, the onefill
+    /// Herd mode on one server or a cluster (`kill-holder`, `stop-holder`, the onefill
     /// strategy): fault the worker process that holds the lease of the
     /// first of the run's keys whose lease is held (the process named by
     /// its `loads:pid` key; the `holder_fault` section). `kill-holder`

@@ -155,9 +155,9 @@ fn resolve(args: &FleetArgs) -> anyhow::Result<RunArgs> {
     }
     match args.fault {
         Some(kind) if kind.is_holder() => {
-            if run.cluster || !run.sentinel.is_empty() || run.rate.is_some() {
+            if !run.sentinel.is_empty() || run.rate.is_some() {
                 bail!(
-                    "--fault {} needs a herd (no --rate) on one server (no --cluster or --sentinel)",
+                    "--fault {} needs a herd (no --rate) on one server or a cluster (no --sentinel)",
                     fault_name(kind)
                 );
             }
@@ -336,13 +336,13 @@ mod tests {
     }
 
     #[test]
-    fn a_holder_fault_needs_a_onefill_herd_on_one_server() {
+    fn a_holder_fault_needs_a_onefill_herd_on_one_server_or_a_cluster() {
         assert!(resolved(&["--fault", "kill-holder", "--fault-at-ms", "500"]).is_ok());
+        assert!(resolved(&["--fault", "kill-holder", "--cluster"]).is_ok());
         // A herd has no duration to fault before the end of.
         assert!(resolved(&["--fault", "stop-holder", "--duration-ms", "100"]).is_ok());
         for bad in [
-            &["--fault", "kill-holder", "--cluster"][..],
-            &["--fault", "kill-holder", "--rate", "10"],
+            &["--fault", "kill-holder", "--rate", "10"][..],
             &["--fault", "stop-holder", "--strategy", "naive"],
             &["--fault", "stop-holder", "--strategy", "coalescing-only"],
         ] {

@@ -14,7 +14,7 @@ use onefill::backend::FillKeys;
 
 use super::args::{FleetStrategy, RunArgs};
 use super::fault::analysis::{analyse, EARLY_LOADS};
-use super::fault::holder::{HolderInjector, HolderKeys};
+use super::fault::holder::{HolderInjector, HolderKeys, Server};
 use super::fault::holder_report::{analyse_holder, SurvivorLogs};
 use super::fault::injector::Injector;
 use super::fault::kind::{FaultKind, FaultPlan, Injected};
@@ -52,7 +52,7 @@ fn unix_ms() -> f64 {
 /// Runs one fleet, with a fault injected if `fault` is given: into the
 /// cluster (`args` must then be a steady run on a cluster), or into the
 /// worker holding a lease (`args` must then be a herd of the onefill
-/// strategy on one server); and with `write` the parent's one write of
+/// strategy on one server or a cluster); and with `write` the parent's one write of
 /// the first key.
 pub fn run_with(
     args: &RunArgs,
@@ -63,12 +63,13 @@ pub fn run_with(
     progress: Progress,
 ) -> anyhow::Result<FleetReport> {
     if let Some(plan) = fault {
-        let onefill_herd_on_one_server =
-            !args.cluster && args.rate.is_none() && args.strategy == FleetStrategy::Onefill;
-        if plan.kind.is_holder() && !onefill_herd_on_one_server {
+        let onefill_herd = args.sentinel.is_empty()
+            && args.rate.is_none()
+            && args.strategy == FleetStrategy::Onefill;
+        if plan.kind.is_holder() && !onefill_herd {
             bail!(
                 "a holder fault needs a herd (no --rate) of the onefill strategy on one server \
-                 (no --cluster)"
+                 or a cluster (no --sentinel)"
             );
         }
         let steady_and_replicated =
@@ -135,7 +136,11 @@ pub fn run_with(
     let holder_injector = match holder_fault {
         Some(plan) => Some(HolderInjector::start(
             plan,
-            args.redis.first().context("no Redis URL")?.clone(),
+            if args.cluster {
+                Server::Cluster(args.redis.clone())
+            } else {
+                Server::Single(args.redis.first().context("no Redis URL")?.clone())
+            },
             holder_keys(args, namespace),
             workers.iter().map(Worker::pid).collect(),
             started,

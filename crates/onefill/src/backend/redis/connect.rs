@@ -15,7 +15,7 @@ use tokio::time::Instant;
 use super::cluster::ClusterRouter;
 use super::durability::Wait;
 use super::errors::{classify, with_deadline};
-use super::liveness::{Liveness, Release};
+use super::liveness::{Liveness, Publisher, Release};
 use super::options::{check_url_and_tls, connect_deadline, RedisOptions};
 use super::primary::{Commands, Primary};
 use super::scripts::{Scripts, CLUSTER_SCRIPTS, STANDALONE_SCRIPTS};
@@ -56,7 +56,7 @@ impl RedisBackend {
         backend.refused_tracking(&mut conn).await;
         let liveness = Liveness::start(
             backend.inner.pubsub.clone(),
-            primary,
+            Publisher::Single(primary),
             options.response_timeout,
             backend.releaser(),
         )
@@ -166,6 +166,14 @@ impl RedisBackend {
         if let Ok(Some(refusal)) = asked {
             let _ = backend.inner.untracked.set(refusal);
         }
+        let liveness = Liveness::start(
+            backend.inner.pubsub.clone(),
+            Publisher::Cluster(router),
+            timeout,
+            backend.releaser(),
+        )
+        .await;
+        let _ = backend.inner.liveness.set(liveness);
         Ok(backend)
     }
 

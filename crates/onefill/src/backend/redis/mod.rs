@@ -153,7 +153,7 @@
 //!
 //! # Lease holders' liveness
 //!
-//! On a standalone server a waiter watches the process holding the lease
+//! A waiter watches the process holding the lease
 //! (`liveness.rs`, decision 0015): each backend names itself in its lease
 //! tokens and keeps its notification connection subscribed to
 //! `onefill:holder:<id>`; a waiter subscribes to `onefill:holder:<id>:beats`
@@ -166,7 +166,9 @@
 //! any more (a failover kept the lease and lost its fill) releases it
 //! (decision 0024). An ACL must let the
 //! backend publish and subscribe to `onefill:holder:*` as well as to its
-//! namespaces' channels. A cluster's waiters rely on the lease's expiry.
+//! namespaces' channels. On a cluster the channels are sharded, one pair
+//! per master a holder holds leases on (`onefill:holder:{<tag>}:<id>`),
+//! so a key's liveness fails over with the key.
 //!
 //! # L1 coherence
 //!
@@ -755,16 +757,16 @@ impl Backend for RedisBackend {
         Ok(self.inner.pubsub.subscribe(channel).await)
     }
 
-    /// Standalone: a token naming this backend (see `liveness.rs`).
-    fn new_token(&self) -> LeaseToken {
+    /// A token naming this backend (on a cluster, with the master of
+    /// `keys`' slot): see `liveness.rs`.
+    fn new_token(&self, keys: &FillKeys) -> LeaseToken {
         match self.inner.liveness.get() {
-            Some(liveness) => liveness.new_token(),
+            Some(liveness) => liveness.new_token(keys),
             None => LeaseToken::random(),
         }
     }
 
-    /// Standalone: the holder's beats and presence (see `liveness.rs`);
-    /// a cluster cannot tell.
+    /// The holder's beats and presence (see `liveness.rs`).
     async fn watch_holder(
         &self,
         keys: &FillKeys,

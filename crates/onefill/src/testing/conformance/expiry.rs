@@ -241,8 +241,8 @@ impl Backend for WithoutExpire {
     async fn subscribe(&self, keys: &FillKeys) -> Result<Box<dyn FillSubscription>, BackendError> {
         self.0.subscribe(keys).await
     }
-    fn new_token(&self) -> LeaseToken {
-        self.0.new_token()
+    fn new_token(&self, keys: &FillKeys) -> LeaseToken {
+        self.0.new_token(keys)
     }
     async fn watch_holder(
         &self,

@@ -96,7 +96,7 @@ scenarios! { $ __onefill_conformance_leases;
         let backend = h.backend().await;
         let keys = FillKeys::new(&unique_ns("takeover"), "k");
         let ttl = Duration::from_secs(10);
-        let gone = backend.new_token();
+        let gone = backend.new_token(&keys);
         assert!(matches!(
             backend.acquire(&keys, &gone, ttl, Duration::ZERO).await.unwrap(),
             Acquired::Won { .. }
@@ -107,7 +107,7 @@ scenarios! { $ __onefill_conformance_leases;
         };
         // Another token judged gone: the lease stays the holder's.
         let stranger = LeaseToken::random();
-        let first = backend.new_token();
+        let first = backend.new_token(&keys);
         let answer = backend
             .take_over(&keys, &stranger, &first, ttl, Duration::ZERO)
             .await
@@ -123,7 +123,7 @@ scenarios! { $ __onefill_conformance_leases;
         match answer {
             Acquired::Won { .. } => {
                 // ...the second finds the first's lease, not a free one.
-                let second = backend.new_token();
+                let second = backend.new_token(&keys);
                 let answer = backend
                     .take_over(&keys, &gone, &second, ttl, Duration::ZERO)
                     .await

@@ -16,7 +16,7 @@ use anyhow::{anyhow, bail, Context};
 
 use super::kind::{FaultKind, FaultPlan};
 use super::signals::{signal, ResumeGuard, Stopped};
-use super::topology::connect;
+use super::topology::{connect, NODE_TIMEOUT};
 use crate::shared::progress::Progress;
 
 /// How often the holder is looked for.
@@ -56,12 +56,12 @@ pub struct HolderInjector {
 }
 
 impl HolderInjector {
-    /// Starts the injector. `url` is the server's; `keys` where each of
-    /// the run's keys' holder is found (in the order of the run's keys);
-    /// `workers` the pids of the fleet's workers; `started` the "go".
+    /// Starts the injector. `server` is where the keys are; `keys` where
+    /// each of the run's keys' holder is found (in the order of the run's
+    /// keys); `workers` the pids of the fleet's workers; `started` the "go".
     pub fn start(
         plan: FaultPlan,
-        url: String,
+        server: Server,
         keys: Vec<HolderKeys>,
         workers: Vec<u32>,
         started: Instant,
@@ -70,7 +70,7 @@ impl HolderInjector {
         let stopped = Arc::new(Mutex::new(Stopped::default()));
         let guard = ResumeGuard::new(stopped.clone(), progress);
         let thread = std::thread::spawn(move || {
-            inject(plan, &url, &keys, &workers, started, &stopped, progress)
+            inject(plan, &server, &keys, &workers, started, &stopped, progress)
         });
         HolderInjector { thread, guard }
     }
@@ -86,9 +86,33 @@ impl HolderInjector {
     }
 }
 
+/// Where the holder is looked for.
+#[derive(Debug, Clone)]
+pub enum Server {
+    /// One server's URL.
+    Single(String),
+    /// Some nodes of a cluster.
+    Cluster(Vec<String>),
+}
+
+impl Server {
+    fn connect(&self) -> anyhow::Result<Box<dyn redis::ConnectionLike>> {
+        Ok(match self {
+            Server::Single(url) => Box::new(connect(url)?),
+            Server::Cluster(urls) => Box::new(
+                redis::cluster::ClusterClientBuilder::new(urls.clone())
+                    .connection_timeout(NODE_TIMEOUT)
+                    .response_timeout(NODE_TIMEOUT)
+                    .build()?
+                    .get_connection()?,
+            ),
+        })
+    }
+}
+
 fn inject(
     plan: FaultPlan,
-    url: &str,
+    server: &Server,
     keys: &[HolderKeys],
     workers: &[u32],
     started: Instant,
@@ -97,10 +121,12 @@ fn inject(
 ) -> anyhow::Result<HolderInjected> {
     let at = started + Duration::from_millis(plan.at_ms);
     std::thread::sleep(at.saturating_duration_since(Instant::now()));
-    let mut con = connect(url).context("connecting to the server to find the lease holder")?;
+    let mut con = server
+        .connect()
+        .context("connecting to the server to find the lease holder")?;
     let give_up = Instant::now() + SEARCH;
     let (key, pid) = loop {
-        if let Some(found) = find_holder(&mut con, keys, workers)? {
+        if let Some(found) = find_holder(&mut *con, keys, workers)? {
             break found;
         }
         if Instant::now() >= give_up {
@@ -150,18 +176,21 @@ fn inject(
 /// The first key whose lease is held, and its holder: `None` if no lease
 /// is held (or its holder has not written its pid yet).
 fn find_holder(
-    con: &mut redis::Connection,
+    con: &mut dyn redis::ConnectionLike,
     keys: &[HolderKeys],
     workers: &[u32],
 ) -> anyhow::Result<Option<(usize, u32)>> {
     for (i, k) in keys.iter().enumerate() {
-        let (held, pid): (bool, Option<String>) = redis::pipe()
-            .cmd("EXISTS")
+        // Two commands, not a pipeline: on a cluster the two keys may
+        // live on two masters.
+        let held: bool = redis::cmd("EXISTS")
             .arg(&k.lock)
-            .cmd("GET")
+            .query(con)
+            .with_context(|| format!("reading {}", k.lock))?;
+        let pid: Option<String> = redis::cmd("GET")
             .arg(&k.pid)
             .query(con)
-            .with_context(|| format!("reading {} and {}", k.lock, k.pid))?;
+            .with_context(|| format!("reading {}", k.pid))?;
         let Some(pid) = pid.filter(|_| held) else {
             continue;
         };

@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 
 /// How long one question to one node may take.
-const NODE_TIMEOUT: Duration = Duration::from_millis(500);
+pub const NODE_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// One range of `CLUSTER SLOTS`.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -68,7 +68,7 @@ mod topology;
 
 use node::{unbracketed, Node};
 pub(super) use reaction::is_try_again;
-pub(super) use slot::slot_of;
+pub(super) use slot::{slot_of, tag_in};
 use topology::{refresher, Topology};
 
 /// Routes commands to the masters of a Redis Cluster; see the module docs.
@@ -184,6 +184,23 @@ impl ClusterRouter {
             .iter()
             .map(|node| (node.addr.clone(), node.client.clone()))
             .collect()
+    }
+
+    /// Each master of the slot map now, as its failure domain (see
+    /// [`shard_of`](Self::shard_of)) and the first slot it serves: one
+    /// scan of the map, for the holders' presence channels (a channel in
+    /// that slot lives on that master, and fails over with it).
+    pub(super) fn first_slots(&self) -> Vec<(u64, u16)> {
+        let topology = self.inner.topology.read();
+        let mut first: Vec<(u64, u16)> = Vec::new();
+        for (slot, owner) in topology.owners.iter().enumerate() {
+            let Some(node) = owner else { continue };
+            if first.iter().all(|&(shard, _)| shard != node.shard) {
+                // Slots are fewer than 2^16 (`SLOTS`).
+                first.push((node.shard, slot as u16));
+            }
+        }
+        first
     }
 
     /// Changes of the slot map: a counter, and one slot whose owner changed.

@@ -18,6 +18,19 @@ pub(in super::super) fn slot_of(key: &[u8]) -> u16 {
     crc16(hashed) % SLOTS as u16
 }
 
+/// A short name whose slot is `slot` (decimal digits: the first number
+/// that hashes there), for a channel that must live on the master of that
+/// slot. About 16,384 numbers are tried on average: done once per master.
+pub(in super::super) fn tag_in(slot: u16) -> String {
+    let slot = slot % SLOTS as u16;
+    (0u32..)
+        .map(|n| n.to_string())
+        .find(|tag| slot_of(tag.as_bytes()) == slot)
+        // CRC16 reaches every residue of 16384 among the numbers below
+        // 2^32, so the search ends; the fallback is never taken.
+        .unwrap_or_default()
+}
+
 fn crc16(bytes: &[u8]) -> u16 {
     let mut crc: u16 = 0;
     for &byte in bytes {
@@ -46,5 +59,14 @@ mod tests {
         // An empty tag hashes the whole key.
         assert_eq!(slot_of(b"foo{}{bar}"), crc16(b"foo{}{bar}") % 16384);
         assert_eq!(slot_of(b"foo{{bar}}zap"), slot_of(b"{bar"));
+    }
+
+    #[test]
+    fn a_tag_is_found_for_every_slot() {
+        for slot in [0, 1, 5460, 5461, 10922, 16383] {
+            let tag = tag_in(slot);
+            assert_eq!(slot_of(tag.as_bytes()), slot, "{tag}");
+            assert_eq!(slot_of(format!("x:{{{tag}}}:y").as_bytes()), slot);
+        }
     }
 }

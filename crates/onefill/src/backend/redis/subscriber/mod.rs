@@ -199,6 +199,26 @@ impl PubSubShared {
         RedisSubscription::confirmed(self, channel)
     }
 
+    /// Subscribes `channel` again, in the background, if it is subscribed
+    /// and no subscription of it is under way: on a cluster the driver
+    /// routes the `SSUBSCRIBE` by its slot map of now. For a channel whose
+    /// receivers a publish counts (a holder's presence): a master demoted
+    /// to a replica keeps its sharded subscriptions, which still receive
+    /// what the new master publishes but are not counted by it. Until the
+    /// server confirms it again the channel is not confirmed.
+    pub(super) fn resubscribe(&self, channel: &str) {
+        let mut state = self.state.lock();
+        let Some(chan) = state.channels.get_mut(channel) else {
+            return;
+        };
+        if chan.subscribing || !chan.confirmed {
+            return;
+        }
+        chan.confirmed = false;
+        drop(state);
+        let _ = self.wake.send(());
+    }
+
     /// Waits (a round trip normally, at most `patience`) for the
     /// confirmation of `channel` if a subscription to it awaits one;
     /// returns at once if it is confirmed or nobody subscribes to it.
