@@ -227,6 +227,7 @@ where
         #[cfg(feature = "redis")]
         if let Some(redis) = &self.redis {
             redis.check_durability_against(self.policy.backend_timeout);
+            redis.check_namespace_in_background(&self.namespace);
         }
         #[cfg(feature = "redis")]
         let redis = self.redis;

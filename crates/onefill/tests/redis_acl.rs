@@ -366,3 +366,163 @@ fn the_guide_shows_the_readme_line() {
     });
     assert!(guide.lines().any(|l| l == line), "{line}");
 }
+
+/// `check_namespace` with the README's user, and with that user missing
+/// one grant at a time: each missing grant is named (with the server's
+/// words), a granted namespace passes, and nothing is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_namespace_names_every_grant_the_user_lacks() {
+    let _limit = time_limit(LIMIT);
+    let server = RedisServer::start();
+    let line = readme_line(false);
+    let backend = RedisBackend::connect(&server.acl_user(&line))
+        .await
+        .expect("connect as the user");
+    backend.check_namespace("users").await.expect("granted");
+    backend.check_namespace("orders").await.expect("granted");
+    let err = backend
+        .check_namespace("sessions")
+        .await
+        .expect_err("not granted");
+    assert_eq!(err.kind(), BackendErrorKind::NotPermitted, "{err}");
+    for need in [
+        "MGET of its marks",
+        "GET of its values",
+        "EVALSHA",
+        "PUBLISH on its channels",
+        "SUBSCRIBE to its channels",
+    ] {
+        assert!(err.to_string().contains(need), "{need}: {err}");
+    }
+    assert!(err.to_string().contains("sessions"), "{err}");
+    assert!(!err.to_string().contains("onefill:holder"), "{err}");
+
+    // The user without one grant at a time, on a backend of its own.
+    let presence = "onefill:holder:*";
+    for (grant, named) in [
+        (" +mget ", &["MGET of its marks"][..]),
+        (" +publish ", &["PUBLISH on its channels", presence]),
+        (" +subscribe ", &["SUBSCRIBE to its channels", presence]),
+        (" +evalsha ", &["EVALSHA"]),
+        (" &onefill:holder:* ", &[presence]),
+    ] {
+        assert!(line.contains(grant), "{grant}: {line}");
+        let url = server.acl_user(&line.replace(grant, " "));
+        let backend = RedisBackend::connect(&url)
+            .await
+            .expect("connect as the user");
+        let err = backend.check_namespace("users").await.expect_err(grant);
+        assert_eq!(err.kind(), BackendErrorKind::NotPermitted, "{grant}: {err}");
+        for need in named {
+            assert!(err.to_string().contains(need), "{grant}: {need}: {err}");
+        }
+        assert_eq!(
+            err.to_string().matches("; ").count() + 1,
+            named.len(),
+            "{grant}: only what is missing is named: {err}"
+        );
+    }
+    assert_eq!(
+        server.command(&["DBSIZE"]),
+        "0",
+        "the check wrote something"
+    );
+}
+
+/// On a cluster, the README's user with the cluster's additions passes
+/// the check, and a namespace it is not granted does not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_check_namespace_passes_the_readme_user() {
+    let _limit = time_limit(LIMIT);
+    let cluster = RedisCluster::start(3);
+    let urls = cluster.acl_user(&readme_line(true));
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let backend = RedisBackend::connect_cluster(&urls)
+        .await
+        .expect("connect as the user");
+    backend.check_namespace("users").await.expect("granted");
+    let err = backend
+        .check_namespace("sessions")
+        .await
+        .expect_err("not granted");
+    assert_eq!(err.kind(), BackendErrorKind::NotPermitted, "{err}");
+    assert!(err.to_string().contains("MGET of its marks"), "{err}");
+}
+
+/// Every warning event's message and fields, for the whole test binary
+/// (the background check logs from a task on any worker thread).
+fn warnings() -> &'static std::sync::Mutex<Vec<String>> {
+    use tracing_subscriber::layer::SubscriberExt;
+
+    static WARNINGS: std::sync::OnceLock<std::sync::Mutex<Vec<String>>> =
+        std::sync::OnceLock::new();
+    struct Warnings;
+    struct Text(String);
+    impl tracing::field::Visit for Text {
+        fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+            self.0.push_str(&format!(" {}={value:?}", field.name()));
+        }
+    }
+    impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Warnings {
+        fn on_event(
+            &self,
+            event: &tracing::Event<'_>,
+            _: tracing_subscriber::layer::Context<'_, S>,
+        ) {
+            if *event.metadata().level() == tracing::Level::WARN {
+                let mut text = Text(String::new());
+                event.record(&mut text);
+                if let Some(warnings) = WARNINGS.get() {
+                    warnings
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .push(text.0);
+                }
+            }
+        }
+    }
+    WARNINGS.get_or_init(|| {
+        let _ =
+            tracing::subscriber::set_global_default(tracing_subscriber::registry().with(Warnings));
+        std::sync::Mutex::new(Vec::new())
+    })
+}
+
+/// A cache built on a Redis backend checks its namespace's grants in the
+/// background, once per backend: a user lacking one is a warning naming
+/// the namespace and what is missing, before any call is made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn building_a_cache_warns_of_a_missing_grant() {
+    let _limit = time_limit(LIMIT);
+    let warnings = warnings();
+    let server = RedisServer::start();
+    let line = readme_line(false);
+    let url = server.acl_user(&line.replace(" +publish ", " "));
+    let backend = RedisBackend::connect(&url)
+        .await
+        .expect("connect as the user");
+    let warned = |ns: &str| {
+        warnings
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter(|w| w.contains(&format!("namespace={ns:?}")))
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    let _users = cache("users", &backend);
+    let _again = cache("users", &backend);
+    let began = std::time::Instant::now();
+    while warned("users").is_empty() && began.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Time for a second check's warning, if the second build ran one.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let users = warned("users");
+    assert_eq!(
+        users.len(),
+        1,
+        "one warning per namespace and backend: {users:?}"
+    );
+    assert!(users[0].contains("PUBLISH on its channels"), "{users:?}");
+}

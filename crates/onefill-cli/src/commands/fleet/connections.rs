@@ -252,6 +252,12 @@ pub async fn cache(
         FleetStrategy::Naive => None,
         strategy => {
             let backend = connect(run).await?;
+            // A user short of a grant fails here, naming it, rather than
+            // at the calls that need it.
+            backend
+                .check_namespace(namespace)
+                .await
+                .with_context(|| format!("checking what namespace {namespace} needs"))?;
             let load = Duration::from_millis(run.load_ms);
             let mut builder = Cache::<String, String>::builder()
                 .namespace(namespace)

@@ -227,6 +227,7 @@ impl RedisBackend {
                 untracked: std::sync::OnceLock::new(),
                 tracked: Arc::new(super::tracked::Tracked::new()),
                 shortfall: Default::default(),
+                checked: Default::default(),
                 options,
                 target,
             }),

@@ -237,6 +237,7 @@ use super::{
 };
 use crate::error::BackendErrorKind;
 
+mod access;
 mod acquire;
 mod batch;
 mod cluster;
@@ -353,6 +354,8 @@ struct Inner {
     tracked: Arc<tracked::Tracked>,
     /// Whether its primary is short of replicas (`durability.rs`).
     shortfall: Arc<Shortfall>,
+    /// The namespaces whose ACL needs were checked (`access.rs`).
+    checked: access::Checked,
 }
 
 #[derive(Clone)]

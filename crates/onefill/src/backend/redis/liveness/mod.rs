@@ -299,6 +299,36 @@ impl Liveness {
         }
     }
 
+    /// Whether this backend's presence is heard where waiters ask: its
+    /// presence channel (one of them, on a cluster) published to and
+    /// counted. `NotPermitted` if the ACL refuses the publish, or if
+    /// nobody is subscribed (the subscription was refused).
+    pub(super) async fn present(&self) -> Result<(), BackendError> {
+        let name = match &self.conn {
+            Publisher::Single(_) => Some(self.id.clone()),
+            Publisher::Cluster(_) => self.names.lock().values().next().cloned(),
+        };
+        let Some(channels) = name.and_then(|name| self.conn.channels(&name)) else {
+            return Ok(());
+        };
+        let counted = self
+            .conn
+            .publish(
+                "presence",
+                &channels.presence,
+                SELF_CHECK,
+                self.response_timeout,
+            )
+            .await?;
+        if counted > 0 {
+            return Ok(());
+        }
+        Err(BackendError::new(
+            crate::error::BackendErrorKind::NotPermitted,
+            format!("SUBSCRIBE {}: not subscribed (refused)", channels.presence),
+        ))
+    }
+
     /// Whether `token` names this backend (under any of its names).
     fn names_me(&self, token: &LeaseToken) -> bool {
         token.holder().is_some_and(|name| {

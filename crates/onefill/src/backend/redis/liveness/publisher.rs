@@ -46,7 +46,7 @@ impl Publisher {
     }
 
     /// Publishes `message` on `channel`: how many received it.
-    pub(super) async fn publish(
+    pub(in super::super) async fn publish(
         &self,
         op: &'static str,
         channel: &str,
