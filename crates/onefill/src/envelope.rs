@@ -28,12 +28,21 @@
 //! +9      ..    each tag: its length in bytes (1..=200), then its bytes
 //! ```
 //!
+//! Version 6 is version 4 with, after the expiry, the instant the value
+//! was written:
+//!
+//! ```text
+//! 24      8     written at: unix milliseconds of the SERVER's clock, big-endian
+//! 32      ..    the marks block, then the payload
+//! ```
+//!
 //! onefill encodes version 3; the Redis scripts that write a value turn it
-//! into version 4 (a version 1 into 2), stamping the expiry from the
-//! server's own clock (`TIME`) and writing the key with `PXAT` that same
-//! instant, so the field is exactly the key's expiry. A Redis hit can then
-//! be a plain `GET`. Versions 1 and 2 stay readable: as of generation 0,
-//! untagged.
+//! into version 6 (a version 1 into 2), stamping the expiry and the write
+//! from the server's own clock (`TIME`) and writing the key with `PXAT`
+//! that same expiry, so the field is exactly the key's expiry. A Redis hit
+//! can then be a plain `GET`; a replayed invalidation keeps a value written
+//! after the write it replays (`invalidate.lua`). Versions 1, 2 and 4 stay
+//! readable (1 and 2: as of generation 0, untagged).
 //!
 //! The backend key's TTL is the hard TTL (`fresh + grace`): the value is
 //! fresh while the server reports `PTTL > grace`. The Redis scripts read the
@@ -65,7 +74,11 @@ pub(crate) const VERSION_3: u8 = 3;
 /// Version 4: version 2 and the marks block (what the Redis scripts store
 /// of a version 3).
 pub(crate) const VERSION_4: u8 = 4;
-/// The version onefill encodes (the Redis scripts store version 4).
+/// Version 6: version 4 with the server's instant of the write (8 bytes)
+/// after the expiry (what the Redis scripts store of a version 3).
+pub(crate) const VERSION_6: u8 = 6;
+pub(crate) const HEADER_6_LEN: usize = HEADER_2_LEN + 8;
+/// The version onefill encodes (the Redis scripts store version 6).
 pub(crate) const VERSION: u8 = VERSION_3;
 /// The most tags one value may carry, and the longest tag (bytes): the
 /// marks block records each tag's length in one byte.
@@ -180,7 +193,8 @@ pub(crate) fn encoded_len(payload_len: usize, tags: &[String]) -> usize {
 /// The checks every reader of stored bytes makes (an envelope of a known
 /// version and kind, long enough for its header): its kind and where what
 /// follows the header starts ([`HEADER_LEN`] for versions 1 and 3,
-/// [`HEADER_2_LEN`] for 2 and 4, which record the server's expiry).
+/// [`HEADER_2_LEN`] for 2 and 4, which record the server's expiry,
+/// [`HEADER_6_LEN`] for 6, which records the write's instant too).
 fn check(bytes: &[u8]) -> Result<(Kind, usize), DecodeError> {
     if bytes.len() < HEADER_LEN {
         return Err(DecodeError::Truncated);
@@ -192,6 +206,8 @@ fn check(bytes: &[u8]) -> Result<(Kind, usize), DecodeError> {
         VERSION_1 | VERSION_3 => HEADER_LEN,
         VERSION_2 | VERSION_4 if bytes.len() >= HEADER_2_LEN => HEADER_2_LEN,
         VERSION_2 | VERSION_4 => return Err(DecodeError::Truncated),
+        VERSION_6 if bytes.len() >= HEADER_6_LEN => HEADER_6_LEN,
+        VERSION_6 => return Err(DecodeError::Truncated),
         other => return Err(DecodeError::UnknownVersion(other)),
     };
     let kind = match bytes[2] {
@@ -206,7 +222,7 @@ fn check(bytes: &[u8]) -> Result<(Kind, usize), DecodeError> {
 /// The marks block of checked bytes whose body starts at `body_at`, and
 /// where the payload starts.
 fn marks_block(bytes: &[u8], body_at: usize) -> Result<(ValueMarks<'_>, usize), DecodeError> {
-    if !matches!(bytes[1], VERSION_3 | VERSION_4) {
+    if !matches!(bytes[1], VERSION_3 | VERSION_4 | VERSION_6) {
         return Ok((ValueMarks::default(), body_at));
     }
     let fixed = bytes
@@ -265,28 +281,49 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<Envelope<'_>, DecodeError> {
     })
 }
 
-/// Turns a version-2 envelope back into the version-1 bytes that were
-/// written (the Redis backend answers what it was given); anything else is
-/// left as it is.
+/// Turns a stamped envelope (version 2, 4 or 6) back into the bytes that
+/// were written (version 1 or 3: the Redis backend answers what it was
+/// given); anything else is left as it is.
 #[cfg_attr(not(feature = "redis"), allow(dead_code))]
 pub(crate) fn strip_expiry(bytes: &mut Vec<u8>) {
-    if expires_at_ms(bytes).is_some() {
-        // 2 → 1, 4 → 3: the same layout without the expiry.
-        bytes[1] -= 1;
-        bytes.drain(HEADER_LEN..HEADER_2_LEN);
+    let Ok((_, body_at)) = check(bytes) else {
+        return;
+    };
+    if body_at > HEADER_LEN {
+        // 2 → 1, 4 → 3, 6 → 3: the same layout without the stamps.
+        bytes[1] = if bytes[1] == VERSION_2 {
+            VERSION_1
+        } else {
+            VERSION_3
+        };
+        bytes.drain(HEADER_LEN..body_at);
     }
 }
 
-/// The server's expiry (unix ms) a version-2 envelope records, or `None`
-/// for anything else (version 1, bytes of another writer, truncated).
+/// The server's expiry (unix ms) a stamped envelope (version 2, 4 or 6)
+/// records, or `None` for anything else (versions 1 and 3, bytes of
+/// another writer, truncated).
 #[cfg_attr(not(feature = "redis"), allow(dead_code))]
 pub(crate) fn expires_at_ms(bytes: &[u8]) -> Option<u64> {
     match check(bytes) {
-        Ok((_, HEADER_2_LEN)) => {}
+        Ok((_, body_at)) if body_at > HEADER_LEN => {}
         _ => return None,
     }
     let mut at = [0u8; 8];
     at.copy_from_slice(&bytes[HEADER_LEN..HEADER_2_LEN]);
+    Some(u64::from_be_bytes(at))
+}
+
+/// The server's instant (unix ms) a version-6 envelope was written at, or
+/// `None` for anything else.
+#[cfg(test)]
+pub(crate) fn written_at_ms(bytes: &[u8]) -> Option<u64> {
+    match check(bytes) {
+        Ok((_, HEADER_6_LEN)) => {}
+        _ => return None,
+    }
+    let mut at = [0u8; 8];
+    at.copy_from_slice(&bytes[HEADER_2_LEN..HEADER_6_LEN]);
     Some(u64::from_be_bytes(at))
 }
 
@@ -372,6 +409,20 @@ mod tests {
         assert_eq!(decode(&v4).unwrap().payload, b"pay");
         strip_expiry(&mut v4);
         assert_eq!(v4, bytes);
+        // Version 6: the write's instant after the expiry.
+        let mut v6 = bytes[..16].to_vec();
+        v6[1] = 6;
+        v6.extend_from_slice(&1_700_000_000_000u64.to_be_bytes());
+        v6.extend_from_slice(&1_699_999_999_000u64.to_be_bytes());
+        v6.extend_from_slice(&bytes[16..]);
+        assert_eq!(expires_at_ms(&v6), Some(1_700_000_000_000));
+        assert_eq!(written_at_ms(&v6), Some(1_699_999_999_000));
+        assert_eq!(written_at_ms(&bytes), None);
+        assert_eq!(decode(&v6).unwrap().marks, env.marks);
+        assert_eq!(decode(&v6).unwrap().payload, b"pay");
+        assert_eq!(decode(&v6[..31]), Err(DecodeError::Truncated));
+        strip_expiry(&mut v6);
+        assert_eq!(v6, bytes);
         // A block cut short or with an empty tag is not read as a value.
         assert_eq!(decode(&bytes[..30]), Err(DecodeError::Truncated));
         let mut empty_tag = bytes.clone();

@@ -8,7 +8,12 @@
 //! write waits here to be replayed **as an invalidation**: a replayed `set`
 //! of an old value could overwrite a newer write another process made
 //! meanwhile, while deleting sends the fleet back to the source of truth at
-//! the cost of one load. The queue keeps the newest write per target (a key
+//! the cost of one load. And the invalidation deletes only a value written
+//! before the write it replays began
+//! ([`Backend::invalidate_older_than`](crate::backend::Backend::invalidate_older_than)):
+//! a value written since, by anyone, is newer than that write, and a
+//! replay after an outage must not wipe out what the fleet wrote
+//! meanwhile. The queue keeps the newest write per target (a key
 //! now; a tag or the namespace are a variant of [`Write`] and of
 //! [`Target`] each), is bounded (its oldest entry goes first, counted and
 //! logged in summary), and lives in memory: a process that dies loses it.
@@ -66,8 +71,13 @@ pub(crate) enum Target {
 #[derive(Debug, Clone)]
 pub(crate) enum Write {
     /// Delete a key's value and lease (a failed `invalidate`, or a failed
-    /// `set`: its value is not replayed, see the module docs).
-    Invalidate { key: String, keys: FillKeys },
+    /// `set`: its value is not replayed, see the module docs), unless the
+    /// value was written after the write `began` (by anyone: it is newer).
+    Invalidate {
+        key: String,
+        keys: FillKeys,
+        began: Instant,
+    },
     /// Record a mark (a failed `invalidate_tag`, `expire_tag` or `clear`):
     /// as the call would have, with a generation of the replay's time, so
     /// it judges every value written before it (those written during the
@@ -119,12 +129,16 @@ impl Write {
     async fn replay(&self, host: &dyn Host, timeout: Duration) -> Result<(), BackendError> {
         let calls = host.calls();
         match self {
-            Write::Invalidate { key, keys } => {
-                let invalidate = calls.backend.invalidate(keys);
+            Write::Invalidate { key, keys, began } => {
+                let invalidate = calls.backend.invalidate_older_than(keys, began.elapsed());
                 match calls.call(keys, timeout, "invalidate", invalidate).await {
                     // It ran; only its replication is in doubt, and
                     // sending it again would not settle that.
                     Err(e) if !e.is_not_replicated() => return Err(e),
+                    Ok(false) => tracing::debug!(
+                        key = keys.value(),
+                        "a replayed invalidation kept a value written after the write it replays"
+                    ),
                     _ => {}
                 }
                 host.replayed(key, keys);
@@ -407,6 +421,7 @@ mod tests {
         Write::Invalidate {
             key: key.to_owned(),
             keys: FillKeys::new("t", key),
+            began: Instant::now(),
         }
     }
 

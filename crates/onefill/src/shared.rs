@@ -406,6 +406,9 @@ pub(crate) struct Writing<'a, V: Clone + Send + Sync + 'static> {
     ticket: u64,
     /// The marks' changes when the write began.
     marks: u64,
+    /// When the write began (before it was sent): its replay keeps a
+    /// value written since.
+    began: tokio::time::Instant,
 }
 
 impl<'a, V: Clone + Send + Sync + 'static> Writing<'a, V> {
@@ -418,6 +421,7 @@ impl<'a, V: Clone + Send + Sync + 'static> Writing<'a, V> {
             replay: true,
             ticket: shared.replays.ticket(),
             marks: shared.marks.changes(),
+            began: tokio::time::Instant::now(),
         }
     }
 
@@ -498,6 +502,7 @@ impl<V: Clone + Send + Sync + 'static> Drop for Writing<'_, V> {
             let write = Write::Invalidate {
                 key: self.key.to_owned(),
                 keys: self.keys.clone(),
+                began: self.began,
             };
             let host = || -> Weak<dyn Host> {
                 let weak: Weak<Shared<V>> = Arc::downgrade(self.shared);

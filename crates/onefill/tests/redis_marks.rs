@@ -211,14 +211,14 @@ async fn a_hit_costs_one_get_tagged_or_not_and_a_mark_one_script() {
     assert_eq!(loads.load(Ordering::SeqCst), 2);
 }
 
-/// A value onefill writes is stored as version 4 (the server's expiry
-/// stamped in, the marks block after it) and read back as the version 3
-/// that was written.
+/// A value onefill writes is stored as version 6 (the server's expiry and
+/// the instant of the write stamped in, the marks block after them) and
+/// read back as the version 3 that was written.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn values_are_stamped_version_4_and_read_back_as_written() {
+async fn values_are_stamped_version_6_and_read_back_as_written() {
     let _limit = time_limit(LIMIT);
     let server = RedisServer::start();
-    let ns = unique_ns("v4");
+    let ns = unique_ns("v6");
     let a = cache(
         &ns,
         RedisBackend::connect(&server.url()).await.unwrap(),
@@ -232,7 +232,7 @@ async fn values_are_stamped_version_4_and_read_back_as_written() {
         .as_bytes()
         .expect("a value")
         .to_vec();
-    assert_eq!(&stored[..2], &[0xF1, 4], "version 4");
+    assert_eq!(&stored[..2], &[0xF1, 6], "version 6");
     let mut at = [0u8; 8];
     at.copy_from_slice(&stored[16..24]);
     let pexpiretime = server
@@ -240,9 +240,21 @@ async fn values_are_stamped_version_4_and_read_back_as_written() {
         .as_int()
         .unwrap();
     assert_eq!(u64::from_be_bytes(at) as i64, pexpiretime);
+    // The write's instant: the expiry less the key's TTL (60 s here, and
+    // the jitter the cache adds), by the server's clock.
+    let mut written = [0u8; 8];
+    written.copy_from_slice(&stored[24..32]);
+    let written = u64::from_be_bytes(written) as i64;
+    let time = server.command(&["TIME"]);
+    let now_s: i64 = time.lines().next().unwrap().trim().parse().unwrap();
+    assert!(
+        (now_s * 1000 - 5_000..=now_s * 1000 + 1_000).contains(&written),
+        "written at {written}, the server's clock {now_s} s"
+    );
+    assert!(written < pexpiretime);
     // The marks block follows: one tag, "seller:7".
-    assert_eq!(stored[32], 1);
-    assert_eq!(&stored[33..42], b"\x08seller:7");
+    assert_eq!(stored[40], 1);
+    assert_eq!(&stored[41..50], b"\x08seller:7");
     assert_eq!(a.get("k").await.unwrap().as_deref(), Some("loaded-1"));
 }
 

@@ -84,3 +84,60 @@ async fn an_invalidate_lost_in_an_outage_reaches_the_other_process_once_redis_is
          (answered it {old_seen_after_restart} times before)"
     );
 }
+
+/// Process A reaches Redis through a proxy; B directly. A's path goes down
+/// (the proxy points at nothing): A's `set` fails and is queued to be
+/// replayed as an invalidation. B then writes a newer value, and A's path
+/// comes back: A's replay keeps B's value, written after A's write began
+/// (the server's stamp of the write says so), where it used to delete it.
+/// A value from before A's write is still deleted (the test above).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replayed_write_keeps_a_value_written_after_it() {
+    let _limit = time_limit(LIMIT);
+    let server = RedisServer::start();
+    let proxy = onefill_testkit::Endpoint::start(server.port());
+    let ns = unique_ns("newer");
+    let a: Cache<String, String> = Cache::builder()
+        .namespace(&ns)
+        .backend(RedisBackend::connect(&proxy.url()).await.unwrap())
+        .ttl(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let b = process(&ns, &server).await;
+    let key = "k".to_owned();
+    a.set(&key, "old".into()).await.unwrap();
+
+    // A's path down: nothing listens where the proxy points now.
+    let nowhere = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    proxy.point_to(nowhere);
+    proxy.close_connections();
+    let failed = a.set(&key, "lost".into()).await.unwrap_err();
+    assert!(failed.is_backend(), "{failed}");
+    assert_eq!(a.pending_writes(), 1);
+
+    // B writes after A's write began, while A cannot replay.
+    b.set(&key, "newer".into()).await.unwrap();
+    assert_eq!(a.stats().writes_replayed, 0);
+
+    proxy.point_to(server.port());
+    let back = Instant::now();
+    while a.pending_writes() > 0 {
+        assert!(
+            back.elapsed() < Duration::from_secs(20),
+            "A's replay never ran ({:?})",
+            a.stats()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(a.stats().writes_replayed, 1);
+    assert_eq!(
+        b.get(&key).await.unwrap().as_deref(),
+        Some("newer"),
+        "the replay deleted a value written after the write it replays"
+    );
+    assert_eq!(a.get(&key).await.unwrap().as_deref(), Some("newer"));
+}

@@ -72,6 +72,8 @@ struct State {
 struct Entry {
     bytes: Vec<u8>,
     expires_at: Instant,
+    /// When it was written (an expiry in place keeps it).
+    written_at: Instant,
 }
 
 /// Expired entries are dropped lazily on access and by a sweep every this
@@ -102,6 +104,7 @@ impl State {
             Entry {
                 bytes,
                 expires_at: expiry(now, ttl),
+                written_at: now,
             },
         );
     }
@@ -317,6 +320,32 @@ fn is_fresh(stored: &Stored, refresh_window: Duration) -> bool {
     }
 }
 
+impl MemoryBackend {
+    /// `invalidate`, or with `older_than` its replay's form (a value
+    /// written within it is kept; one written at its very start is not:
+    /// which of the two came first is unknown, and the replay is there to
+    /// delete what was there before): whether the value was deleted.
+    fn invalidate_if_older(&self, keys: &FillKeys, older_than: Option<Duration>) -> bool {
+        let now = Instant::now();
+        let deleted = {
+            let mut state = self.state();
+            state.entries.remove(keys.lock());
+            let newer = older_than.is_some_and(|age| {
+                state
+                    .live(keys.value(), now)
+                    .is_some_and(|e| now.saturating_duration_since(e.written_at) < age)
+            });
+            if !newer {
+                state.entries.remove(keys.value());
+            }
+            !newer
+        };
+        self.changed(keys.value());
+        self.publish(keys.channel());
+        deleted
+    }
+}
+
 #[async_trait]
 impl Backend for MemoryBackend {
     async fn get(&self, keys: &FillKeys) -> Result<Option<Stored>, BackendError> {
@@ -452,14 +481,16 @@ impl Backend for MemoryBackend {
     }
 
     async fn invalidate(&self, keys: &FillKeys) -> Result<(), BackendError> {
-        {
-            let mut state = self.state();
-            state.entries.remove(keys.value());
-            state.entries.remove(keys.lock());
-        }
-        self.changed(keys.value());
-        self.publish(keys.channel());
+        self.invalidate_if_older(keys, None);
         Ok(())
+    }
+
+    async fn invalidate_older_than(
+        &self,
+        keys: &FillKeys,
+        age: Duration,
+    ) -> Result<bool, BackendError> {
+        Ok(self.invalidate_if_older(keys, Some(age)))
     }
 
     async fn expire(&self, keys: &FillKeys) -> Result<(), BackendError> {
@@ -570,5 +601,37 @@ impl FillSubscription for MemorySubscription {
             // arrive, so wait forever; callers always race this with a poll.
             std::future::pending::<()>().await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The replay's invalidation keeps a value written within its age and
+    /// deletes an older one; the lease goes either way.
+    #[tokio::test(start_paused = true)]
+    async fn a_replayed_invalidation_keeps_a_newer_value() {
+        let backend = MemoryBackend::new();
+        let keys = FillKeys::new("t", "k");
+        let ttl = Duration::from_secs(60);
+        backend.set(&keys, b"v", ttl).await.unwrap();
+        let token = LeaseToken::random();
+        let taken = backend
+            .acquire(&keys, &token, ttl, Duration::MAX)
+            .await
+            .unwrap();
+        assert!(matches!(taken, Acquired::Won { .. }), "{taken:?}");
+        tokio::time::advance(Duration::from_millis(100)).await;
+        let age = Duration::from_millis(150);
+        assert!(!backend.invalidate_older_than(&keys, age).await.unwrap());
+        assert!(backend.get(&keys).await.unwrap().is_some(), "kept");
+        assert!(
+            !backend.extend(&keys, &token, ttl).await.unwrap(),
+            "the lease stayed"
+        );
+        tokio::time::advance(Duration::from_millis(100)).await;
+        assert!(backend.invalidate_older_than(&keys, age).await.unwrap());
+        assert!(backend.get(&keys).await.unwrap().is_none(), "deleted");
     }
 }

@@ -224,6 +224,24 @@ pub trait Backend: Debug + Send + Sync + 'static {
     /// announces it.
     async fn invalidate(&self, keys: &FillKeys) -> Result<(), BackendError>;
 
+    /// [`invalidate`](Backend::invalidate) for the replay of a write that
+    /// may not have run (sent `age` ago): a value written since, by
+    /// anyone, is newer than that write and is kept; the lease is deleted
+    /// and the change announced all the same. Returns whether the value
+    /// was deleted (or there was none).
+    ///
+    /// Default: [`invalidate`](Backend::invalidate), for a backend that
+    /// cannot tell when a value was written (a newer value is then deleted:
+    /// one more load, never an older one kept).
+    async fn invalidate_older_than(
+        &self,
+        keys: &FillKeys,
+        age: Duration,
+    ) -> Result<bool, BackendError> {
+        let _ = age;
+        self.invalidate(keys).await.map(|()| true)
+    }
+
     /// Makes the value stale without deleting it, in one atomic step: if it
     /// is a readable envelope whose grace is above zero and its remaining
     /// TTL exceeds that grace, its hard expiry becomes now + grace (it is

@@ -293,6 +293,13 @@ impl Backend for Judged {
     async fn invalidate(&self, keys: &FillKeys) -> Result<(), BackendError> {
         self.inner.invalidate(keys).await
     }
+    async fn invalidate_older_than(
+        &self,
+        keys: &FillKeys,
+        age: Duration,
+    ) -> Result<bool, BackendError> {
+        self.inner.invalidate_older_than(keys, age).await
+    }
     async fn expire(&self, keys: &FillKeys) -> Result<(), BackendError> {
         self.inner.expire(keys).await
     }

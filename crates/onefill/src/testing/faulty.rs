@@ -571,6 +571,15 @@ impl<B: Backend + ?Sized> Backend for FaultyBackend<B> {
         let call = self.inner.invalidate(keys);
         self.faults.pass(Op::Invalidate, Some(keys), call).await
     }
+    /// Under the faults of `Op::Invalidate`, as the write it stands for.
+    async fn invalidate_older_than(
+        &self,
+        keys: &FillKeys,
+        age: Duration,
+    ) -> Result<bool, BackendError> {
+        let call = self.inner.invalidate_older_than(keys, age);
+        self.faults.pass(Op::Invalidate, Some(keys), call).await
+    }
     async fn expire(&self, keys: &FillKeys) -> Result<(), BackendError> {
         let call = self.inner.expire(keys);
         self.faults.pass(Op::Expire, Some(keys), call).await

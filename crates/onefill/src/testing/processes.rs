@@ -167,6 +167,13 @@ impl Backend for ProcessBackend {
     async fn invalidate(&self, keys: &FillKeys) -> Result<(), BackendError> {
         self.store.invalidate(keys).await
     }
+    async fn invalidate_older_than(
+        &self,
+        keys: &FillKeys,
+        age: Duration,
+    ) -> Result<bool, BackendError> {
+        self.store.invalidate_older_than(keys, age).await
+    }
     async fn expire(&self, keys: &FillKeys) -> Result<(), BackendError> {
         self.store.expire(keys).await
     }

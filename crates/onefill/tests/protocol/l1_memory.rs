@@ -205,6 +205,13 @@ impl onefill::Backend for SlowReads {
     async fn invalidate(&self, keys: &FillKeys) -> Result<(), onefill::BackendError> {
         self.0.invalidate(keys).await
     }
+    async fn invalidate_older_than(
+        &self,
+        keys: &FillKeys,
+        age: Duration,
+    ) -> Result<bool, onefill::BackendError> {
+        self.0.invalidate_older_than(keys, age).await
+    }
     async fn subscribe(
         &self,
         keys: &FillKeys,

@@ -120,14 +120,29 @@ async fn a_failed_invalidate_drops_the_key_from_the_l1_at_once() {
 
 /// A failed `set` is replayed as an invalidation, not as itself: its value
 /// may be older than what another process wrote meanwhile. Here the other
-/// process sets "newer" while the first is cut off; the replay deletes it
-/// (the fleet reloads from the source of truth) rather than putting back
-/// "older" over it.
+/// process sets "newer" while the first is cut off; the replay keeps it
+/// (written after the failed write began) rather than putting back
+/// "older" over it, or deleting it as it did before.
 #[tokio::test(start_paused = true)]
-async fn a_failed_set_is_replayed_as_an_invalidation() {
+async fn a_failed_set_is_replayed_as_an_invalidation_that_keeps_a_newer_value() {
     let ([(a_wire, a), (_, b)], _) = stored_then_a_refuses().await;
     assert!(a.set(&key(), "older".into()).await.is_err());
+    tokio::time::sleep(Duration::from_millis(10)).await;
     b.set(&key(), "newer".into()).await.unwrap();
+    a_wire.set_mode(HEALTHY);
+    tokio::time::sleep(REPLAYED).await;
+    assert_eq!(a.pending_writes(), 0);
+    assert_eq!(b.get(&key()).await.unwrap().as_deref(), Some("newer"));
+    assert_eq!(a.stats().writes_replayed, 1);
+}
+
+/// Without another write, the failed `set`'s replay deletes the value
+/// that was there before it (the fleet reloads from the source of truth).
+#[tokio::test(start_paused = true)]
+async fn a_failed_set_s_replay_deletes_the_value_from_before_it() {
+    let ([(a_wire, a), (_, _)], _) = stored_then_a_refuses().await;
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert!(a.set(&key(), "lost".into()).await.is_err());
     a_wire.set_mode(HEALTHY);
     tokio::time::sleep(REPLAYED).await;
     assert_eq!(a.pending_writes(), 0);

@@ -568,6 +568,25 @@ impl RedisBackend {
     }
 }
 
+impl RedisBackend {
+    /// `invalidate`, or with `older_than` its replay's form: whether the
+    /// value was deleted.
+    async fn invalidate_if_older(
+        &self,
+        keys: &FillKeys,
+        older_than: Option<Duration>,
+    ) -> Result<bool, BackendError> {
+        let mut invocation = announcing(&self.inner.scripts.invalidate, keys);
+        if let Some(age) = older_than {
+            invocation.arg(px(age));
+        }
+        let apart = Unconditional::Invalidate { older_than };
+        let invalidated = self.write("invalidate", keys, &invocation, apart).await;
+        process_listeners().changed(keys.value());
+        invalidated
+    }
+}
+
 /// A script's 0 or 1.
 fn flag(op: &str, answer: i64) -> Result<bool, BackendError> {
     match answer {
@@ -711,20 +730,25 @@ impl Backend for RedisBackend {
             .await;
         // Failed or not, the write may have landed.
         process_listeners().changed(keys.value());
-        set
+        set.map(drop)
     }
 
     async fn invalidate(&self, keys: &FillKeys) -> Result<(), BackendError> {
-        let invocation = announcing(&self.inner.scripts.invalidate, keys);
-        let invalidated = self
-            .write("invalidate", keys, &invocation, Unconditional::Invalidate)
-            .await;
-        process_listeners().changed(keys.value());
-        invalidated
+        self.invalidate_if_older(keys, None).await.map(drop)
+    }
+
+    /// `invalidate.lua` with the age: a value whose version-6 envelope
+    /// records a write within it is kept (the lease is deleted).
+    async fn invalidate_older_than(
+        &self,
+        keys: &FillKeys,
+        age: Duration,
+    ) -> Result<bool, BackendError> {
+        self.invalidate_if_older(keys, Some(age)).await
     }
 
     /// The expire script (`soften.lua`: the new expiry is written both as
-    /// the key's `PEXPIREAT` and in a version-2 or -4 envelope, which a one-`GET`
+    /// the key's `PEXPIREAT` and in a stamped envelope, which a one-`GET`
     /// hit trusts). On a cluster whose slot migrates it runs apart, as
     /// `set` and `invalidate` do (`write.rs`).
     async fn expire(&self, keys: &FillKeys) -> Result<(), BackendError> {
@@ -734,7 +758,7 @@ impl Backend for RedisBackend {
             .await;
         // Failed or not, the change may have landed.
         process_listeners().changed(keys.value());
-        expired
+        expired.map(drop)
     }
 
     async fn mark(

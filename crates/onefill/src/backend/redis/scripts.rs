@@ -53,6 +53,9 @@ pub(super) struct Scripts {
     pub(super) expire: Script,
     /// `expire`'s step on the value alone (a cluster slot that migrates).
     pub(super) expire_value: Script,
+    /// `invalidate`'s step on the value alone (a cluster slot that
+    /// migrates).
+    pub(super) invalidate_value: Script,
     pub(super) mark: Script,
 }
 
@@ -67,6 +70,9 @@ const SET: &str = include_str!("scripts/set.lua");
 const INVALIDATE: &str = include_str!("scripts/invalidate.lua");
 const EXPIRE: &str = include_str!("scripts/expire.lua");
 const EXPIRE_VALUE: &str = include_str!("scripts/expire_value.lua");
+const INVALIDATE_VALUE: &str = include_str!("scripts/invalidate_value.lua");
+/// Prepended to the scripts that invalidate: `written_since(key, age_ms)`.
+const WRITTEN: &str = include_str!("scripts/written.lua");
 /// Prepended to the scripts that expire a value in place: `soften(key)`.
 const SOFTEN: &str = include_str!("scripts/soften.lua");
 const MARK: &str = include_str!("scripts/mark.lua");
@@ -104,6 +110,7 @@ impl Scripts {
             &self.invalidate,
             &self.expire,
             &self.expire_value,
+            &self.invalidate_value,
             &self.mark,
         ];
         let loads = all.map(|script| {
@@ -129,9 +136,10 @@ impl Scripts {
             release: writing(RELEASE),
             extend: script(EXTEND),
             set: writing(SET),
-            invalidate: announcing(INVALIDATE),
+            invalidate: announcing(&format!("{WRITTEN}\n{INVALIDATE}")),
             expire: softening(EXPIRE),
             expire_value: softening(EXPIRE_VALUE),
+            invalidate_value: script(&format!("{WRITTEN}\n{INVALIDATE_VALUE}")),
             mark: script(MARK),
         }
     }

@@ -20,20 +20,22 @@ impl RedisBackend {
     /// between the two nodes, or the lock and the channel are missing on the
     /// importing one); the write then runs as single-key commands
     /// ([`write_apart`](Self::write_apart)), which a migration never refuses.
+    /// The script's flag: whether it wrote (only a replayed invalidation
+    /// may not: it keeps a newer value).
     pub(super) async fn write(
         &self,
         op: &'static str,
         keys: &FillKeys,
         invocation: &ScriptCall<'_>,
         apart: Unconditional<'_>,
-    ) -> Result<(), BackendError> {
+    ) -> Result<bool, BackendError> {
         let wait = self.wait();
         let Conn::Cluster(router) = &self.inner.conn else {
             let (answer, acked) = self
                 .eval_then_wait::<i64>(op, keys, invocation, wait)
                 .await?;
-            flag(op, answer)?;
-            return self.confirmed(op, wait, acked);
+            let wrote = flag(op, answer)?;
+            return self.confirmed(op, wait, acked).map(|()| wrote);
         };
         let slot = slot_of(keys.value().as_bytes());
         let scripts = self.inner.scripts;
@@ -49,7 +51,10 @@ impl RedisBackend {
                 self.write_apart(router, op, keys, apart, wait).await
             }
             Err(e) => Err(classify(op, e)),
-            Ok((_, acked)) => self.confirmed(op, wait, acked),
+            Ok((answer, acked)) => {
+                let wrote = flag(op, answer)?;
+                self.confirmed(op, wait, acked).map(|()| wrote)
+            }
         }
     }
 
@@ -68,7 +73,7 @@ impl RedisBackend {
         keys: &FillKeys,
         apart: Unconditional<'_>,
         wait: Option<Wait>,
-    ) -> Result<(), BackendError> {
+    ) -> Result<bool, BackendError> {
         let slot = slot_of(keys.value().as_bytes());
         let one = |cmd: redis::Cmd, wait: Option<Wait>| async move {
             let cmd = &cmd;
@@ -95,20 +100,38 @@ impl RedisBackend {
                 .map_err(|e| classify(op, e))
         };
         one(redis::cmd("DEL").arg(keys.lock()).clone(), None).await?;
-        let acked = match apart {
+        let scripts = self.inner.scripts;
+        let (wrote, acked) = match apart {
             Unconditional::Set { bytes, ttl } => {
                 let mut set = redis::cmd("SET");
                 set.arg(keys.value()).arg(bytes).arg("PX").arg(px(ttl));
-                one(set, wait).await?
+                (true, one(set, wait).await?)
             }
-            Unconditional::Invalidate => {
-                one(redis::cmd("DEL").arg(keys.value()).clone(), wait).await?
+            Unconditional::Invalidate { older_than: None } => (
+                true,
+                one(redis::cmd("DEL").arg(keys.value()).clone(), wait).await?,
+            ),
+            Unconditional::Invalidate {
+                older_than: Some(age),
+            } => {
+                // Judge and delete in one step, as `expire` below does.
+                let mut invalidate = ScriptCall::new(&scripts.invalidate_value);
+                invalidate.key(keys.value()).arg(px(age));
+                let invalidate = &invalidate;
+                let (answer, acked) = router
+                    .run(slot, |mut c, asking| async move {
+                        invalidate
+                            .invoke_then_wait::<i64, _>(scripts, &mut c, asking, wait)
+                            .await
+                    })
+                    .await
+                    .map_err(|e| classify(op, e))?;
+                (flag(op, answer)?, acked)
             }
             Unconditional::Expire => {
                 // Read, judge and rewrite the value in one step: as
                 // commands of their own, a `set` landing between the read
                 // and the rewrite would be cut to the old value's grace.
-                let scripts = self.inner.scripts;
                 let mut soften = ScriptCall::new(&scripts.expire_value);
                 soften.key(keys.value());
                 let soften = &soften;
@@ -120,7 +143,7 @@ impl RedisBackend {
                     })
                     .await
                     .map_err(|e| classify(op, e))?;
-                acked
+                (true, acked)
             }
         };
         // The write has landed: a lost announcement only leaves the
@@ -130,13 +153,19 @@ impl RedisBackend {
         // And for the L1s that cannot track keys, as the scripts do.
         let publish = redis::cmd("PUBLISH").arg(keys.channel()).arg(op).clone();
         let _ = one(publish, None).await;
-        self.confirmed(op, wait, acked)
+        self.confirmed(op, wait, acked).map(|()| wrote)
     }
 }
 
 /// What an unconditional write does, for its single-key form.
 pub(super) enum Unconditional<'a> {
-    Set { bytes: &'a [u8], ttl: Duration },
-    Invalidate,
+    Set {
+        bytes: &'a [u8],
+        ttl: Duration,
+    },
+    /// `older_than`: a replay's (see `Backend::invalidate_older_than`).
+    Invalidate {
+        older_than: Option<Duration>,
+    },
     Expire,
 }

@@ -238,6 +238,13 @@ impl Backend for WithoutExpire {
     async fn invalidate(&self, keys: &FillKeys) -> Result<(), BackendError> {
         self.0.invalidate(keys).await
     }
+    async fn invalidate_older_than(
+        &self,
+        keys: &FillKeys,
+        age: Duration,
+    ) -> Result<bool, BackendError> {
+        self.0.invalidate_older_than(keys, age).await
+    }
     async fn subscribe(&self, keys: &FillKeys) -> Result<Box<dyn FillSubscription>, BackendError> {
         self.0.subscribe(keys).await
     }

@@ -4,8 +4,9 @@
 use std::time::Duration;
 
 use super::{fetch_now, start_slow_load};
-use crate::backend::FillKeys;
+use crate::backend::{Acquired, FillKeys};
 use crate::testing::{cache, cache_with, lease_held, unique_ns, Harness, Origin, OriginError};
+use crate::token::LeaseToken;
 use crate::{Cache, Error, Outcome};
 
 scenarios! { $ __onefill_conformance_writes;
@@ -73,6 +74,38 @@ scenarios! { $ __onefill_conformance_writes;
         assert_eq!(task.await.unwrap().unwrap().value, "k-v1");
         assert_eq!(c.get(&key).await.unwrap().as_deref(), Some("manual"));
         assert_eq!(c.stats().lease_lost, 1);
+    }
+
+    /// The replay's invalidation (`invalidate_older_than`): a value written
+    /// longer ago than the age is deleted; one written within it is kept by
+    /// a backend that can tell when it was written (it answers `false`) and
+    /// deleted by one that cannot (`true`): its answer is what it did. The
+    /// lease goes either way, and the change is announced.
+    pub async fn a_replayed_invalidation_answers_what_it_did(h: &dyn Harness) {
+        let ns = unique_ns("older");
+        let c = cache(h, &ns).await;
+        let backend = h.backend().await;
+        let keys = FillKeys::new(&ns, "k");
+        let key = "k".to_string();
+        c.set(&key, "v".to_string()).await.unwrap();
+        let taken = backend
+            .acquire(&keys, &LeaseToken::random(), Duration::from_secs(5), Duration::MAX)
+            .await
+            .unwrap();
+        assert!(matches!(taken, Acquired::Won { .. }), "{taken:?}");
+        let deleted = backend
+            .invalidate_older_than(&keys, Duration::from_secs(60))
+            .await
+            .unwrap();
+        assert_eq!(backend.get(&keys).await.unwrap().is_none(), deleted);
+        assert!(!lease_held(&*backend, &keys).await, "the lease stayed");
+        c.set(&key, "w".to_string()).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        assert!(backend
+            .invalidate_older_than(&keys, Duration::from_millis(10))
+            .await
+            .unwrap());
+        assert!(backend.get(&keys).await.unwrap().is_none(), "an older value kept");
     }
 
     /// A value over the size limit is a clear error; nothing is written and the

@@ -11,9 +11,9 @@
 -- others find the new token.
 --
 -- The grace period is read from the envelope header: byte 1 is the magic
--- 0xF1 (241), byte 2 the version (1 or 3; 2 or 4 with the server's
--- expiry in bytes 17..24; 3 and 4 carry the marks block, which only the
--- client reads), byte 3 the kind (0..2), bytes 5..12 the grace in
+-- 0xF1 (241), byte 2 the version (1 or 3; 2, 4 or 6 with the server's
+-- expiry in bytes 17..24, 6 with the write's instant in 25..32; 3, 4 and
+-- 6 carry the marks block, which only the client reads), byte 3 the kind (0..2), bytes 5..12 the grace in
 -- big-endian milliseconds. Bytes that are not such an envelope are never
 -- fresh.
 if ARGV[5] ~= nil and ARGV[5] ~= '' and redis.call('GET', KEYS[2]) == ARGV[5] then
@@ -26,7 +26,8 @@ if v then
   local version = string.byte(v, 2)
   if #v >= 16 and string.byte(v, 1) == 241 and string.byte(v, 3) <= 2
       and (version == 1 or version == 3
-        or ((version == 2 or version == 4) and #v >= 24)) then
+        or ((version == 2 or version == 4) and #v >= 24)
+        or (version == 6 and #v >= 32)) then
     local grace = 0
     for i = 5, 12 do
       grace = grace * 256 + string.byte(v, i)

@@ -6,7 +6,8 @@
 -- `announce` (prepended when the script is loaded, scripts.rs) publishes
 -- the change for waiters and L1s; `__PUBLISH__` (PUBLISH, or SPUBLISH on a
 -- cluster) tells waiters only. The value is stored as an envelope of
--- version 2, stamped with the server's expiry (`stamp`, stamp.lua).
+-- version 6 (or 2), stamped with the server's expiry and the write's
+-- instant (`stamp`, stamp.lua).
 if redis.call('GET', KEYS[2]) == ARGV[1] then
   redis.call('DEL', KEYS[2])
   if #ARGV >= 3 then

@@ -5,7 +5,8 @@
 -- `announce` (prepended when the script is loaded, scripts.rs) publishes
 -- the change for waiters and L1s; `__PUBLISH__` (PUBLISH, or SPUBLISH on a
 -- cluster) tells waiters only. The value is stored as an envelope of
--- version 2, stamped with the server's expiry (`stamp`, stamp.lua).
+-- version 6 (or 2), stamped with the server's expiry and the write's
+-- instant (`stamp`, stamp.lua).
 local bytes, at = stamp(ARGV[1], ARGV[2])
 redis.call('SET', KEYS[1], bytes, 'PXAT', at)
 redis.call('DEL', KEYS[2])

@@ -4,8 +4,8 @@
 -- `soften(key)`: a readable envelope whose grace is above zero and whose
 -- PTTL exceeds that grace now expires at the server's clock (`TIME`) plus
 -- the grace, so it reads as stale at once and lives out its grace window;
--- the recorded expiry of a version-2 or version-4 envelope (bytes 17..24,
--- right after the header in both) is rewritten to that same instant,
+-- the recorded expiry of a version-2, 4 or 6 envelope (bytes 17..24,
+-- right after the header in each) is rewritten to that same instant,
 -- since a reader's plain `GET` trusts it. A value stale
 -- already keeps its expiry (its stamp is set to it). A value without
 -- grace, or bytes that are not an envelope, are deleted. Returns 1 if the
@@ -19,7 +19,8 @@ local function soften(key)
   local version = string.byte(v, 2)
   if #v < 16 or string.byte(v, 1) ~= 241 or string.byte(v, 3) > 2
       or not (version == 1 or version == 3
-        or ((version == 2 or version == 4) and #v >= 24)) then
+        or ((version == 2 or version == 4) and #v >= 24)
+        or (version == 6 and #v >= 32)) then
     redis.call('DEL', key)
     return 2
   end
@@ -45,7 +46,7 @@ local function soften(key)
     at = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + grace
     redis.call('PEXPIREAT', key, at)
   end
-  if version == 2 or version == 4 then
+  if version == 2 or version == 4 or version == 6 then
     local e = {}
     local x = at
     for i = 8, 1, -1 do
