@@ -2,6 +2,7 @@
 //! server changes at a failover, new connections reaching the new server
 //! while those made before stay with the old one.
 
+use std::collections::HashSet;
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
@@ -16,7 +17,8 @@ use std::thread::JoinHandle;
 /// server: the way a DNS name moved to a promoted replica leaves the
 /// connections made before on the old primary. [`close_connections`]
 /// closes them instead, as a proxy that drops its clients at a failover
-/// does. Everything stops when it is dropped.
+/// does; [`blackhole`](Endpoint::blackhole) silences one of them without
+/// closing it. Everything stops when it is dropped.
 ///
 /// [`close_connections`]: Endpoint::close_connections
 pub struct Endpoint {
@@ -25,8 +27,14 @@ pub struct Endpoint {
     stop: Arc<AtomicBool>,
     /// Both sides of every forwarded connection, to close them.
     open: Arc<Mutex<Vec<TcpStream>>>,
+    /// The local port of each connection to a server, in order.
+    upstreams: Arc<Mutex<Vec<u16>>>,
+    /// Connections (by upstream port) whose bytes are dropped.
+    blackholed: Blackholed,
     accept: Option<JoinHandle<()>>,
 }
+
+type Blackholed = Arc<Mutex<HashSet<u16>>>;
 
 impl Endpoint {
     /// Starts forwarding new connections to `127.0.0.1:target`.
@@ -39,8 +47,11 @@ impl Endpoint {
         let target = Arc::new(AtomicU16::new(target));
         let stop = Arc::new(AtomicBool::new(false));
         let open: Arc<Mutex<Vec<TcpStream>>> = Arc::default();
+        let upstreams: Arc<Mutex<Vec<u16>>> = Arc::default();
+        let blackholed: Blackholed = Arc::default();
         let accept = {
             let (target, stop, open) = (target.clone(), stop.clone(), open.clone());
+            let (upstreams, blackholed) = (upstreams.clone(), blackholed.clone());
             std::thread::spawn(move || {
                 for client in listener.incoming() {
                     if stop.load(Ordering::SeqCst) {
@@ -58,8 +69,13 @@ impl Endpoint {
                         open.push(c);
                         open.push(s);
                     }
-                    forward(&client, &server);
-                    forward(&server, &client);
+                    let upstream = server.local_addr().map_or(0, |a| a.port());
+                    upstreams
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .push(upstream);
+                    forward(&client, &server, upstream, &blackholed);
+                    forward(&server, &client, upstream, &blackholed);
                 }
             })
         };
@@ -68,8 +84,31 @@ impl Endpoint {
             target,
             stop,
             open,
+            upstreams,
+            blackholed,
             accept: Some(accept),
         }
+    }
+
+    /// The local port of each connection made to a server so far, in the
+    /// order they were made: the port the server's `CLIENT LIST` shows as
+    /// the client's.
+    pub fn upstream_ports(&self) -> Vec<u16> {
+        self.upstreams
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// From now on the bytes of the connection whose upstream port is
+    /// `upstream` are dropped, both ways, and it stays open: a half-open
+    /// connection, as a lost route or a firewall that drops a flow leaves
+    /// it (no reset reaches either side).
+    pub fn blackhole(&self, upstream: u16) {
+        self.blackholed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(upstream);
     }
 
     /// Its port.
@@ -97,16 +136,23 @@ impl Endpoint {
     }
 }
 
-/// Copies `from` to `to` in a thread of its own until either side closes.
-fn forward(from: &TcpStream, to: &TcpStream) {
+/// Copies `from` to `to` in a thread of its own until either side closes,
+/// dropping what it reads once `upstream` is blackholed.
+fn forward(from: &TcpStream, to: &TcpStream, upstream: u16, blackholed: &Blackholed) {
     let (Ok(mut from), Ok(mut to)) = (from.try_clone(), to.try_clone()) else {
         return;
     };
+    let blackholed = blackholed.clone();
     std::thread::spawn(move || {
         let mut buf = [0u8; 16 * 1024];
         loop {
             match from.read(&mut buf) {
                 Ok(0) | Err(_) => break,
+                Ok(_)
+                    if blackholed
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .contains(&upstream) => {}
                 Ok(n) => {
                     if to.write_all(&buf[..n]).is_err() {
                         break;

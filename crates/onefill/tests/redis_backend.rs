@@ -800,3 +800,52 @@ async fn a_bad_url_says_what_is_wrong_without_the_password() {
         assert!(!shown.contains("hunter2"), "{url}: {shown}");
     }
 }
+
+/// A cluster node restarts (no failover: it comes back with its slots)
+/// while a process is subscribed to two keys of it in two slots. The
+/// driver subscribes a reconnected node's channels again in one
+/// `SSUBSCRIBE`, which the node refuses (`CROSSSLOT`) for channels of two
+/// slots: before, both subscriptions stayed deaf (and counted as
+/// confirmed, so nothing polled). Each is subscribed again on its own and
+/// hears the next fill of its key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_a_restarted_node_gets_back_its_channels_of_every_slot() {
+    let _limit = time_limit(LIMIT);
+    let cluster = RedisCluster::start(3);
+    let backend = clustered(&cluster).await;
+    let ns = unique_ns("slots");
+    let first = FillKeys::new(&ns, "k0");
+    let node = cluster.node_for_key(first.value());
+    let second = (1..)
+        .map(|i| FillKeys::new(&ns, &format!("k{i}")))
+        .find(|k| {
+            cluster.node_for_key(k.value()).port() == node.port()
+                && cluster.slot_of(k.value()) != cluster.slot_of(first.value())
+        })
+        .expect("a second key of the node");
+    let mut subs = Vec::new();
+    for keys in [&first, &second] {
+        subs.push(backend.subscribe(keys).await.unwrap());
+    }
+    node.kill();
+    node.restart();
+    for keys in [&first, &second] {
+        eventually("invalidate after the restart", || backend.invalidate(keys)).await;
+    }
+    // Drain the wake-ups of the restart until each stays quiet.
+    for sub in subs.iter_mut() {
+        let quiet_by = tokio::time::Instant::now() + Duration::from_secs(15);
+        while notified_within(sub, Duration::from_millis(700)).await {
+            assert!(tokio::time::Instant::now() < quiet_by, "never quiet");
+        }
+    }
+    for (keys, sub) in [&first, &second].into_iter().zip(subs.iter_mut()) {
+        backend.invalidate(keys).await.unwrap();
+        assert!(
+            notified_within(sub, Duration::from_secs(2)).await,
+            "{} not heard after the restart",
+            keys.value()
+        );
+    }
+    cluster.wait_until_ok();
+}

@@ -602,3 +602,69 @@ fn on_a_cluster_a_frozen_holder_is_taken_over_after_a_second_of_silence() {
     assert_eq!(holder_rt.block_on(held).unwrap().unwrap(), "holder");
     assert_eq!(holder.stats().fills_fenced, 1, "{:?}", holder.stats());
 }
+
+/// The server's clients subscribed to at least one channel, by port (the
+/// `addr` of `CLIENT LIST`).
+fn subscribed_ports(server: &RedisServer) -> Vec<u16> {
+    server
+        .command(&["CLIENT", "LIST"])
+        .lines()
+        .filter(|line| {
+            line.split(' ')
+                .any(|f| f.strip_prefix("sub=").is_some_and(|n| n != "0"))
+        })
+        .filter_map(|line| {
+            let addr = line.split(' ').find_map(|f| f.strip_prefix("addr="))?;
+            addr.rsplit(':').next()?.parse().ok()
+        })
+        .collect()
+}
+
+/// The waiter's subscriber connection goes half-open while it waits for a
+/// live holder (its bytes dropped both ways, nothing closed: a lost route,
+/// a firewall dropping the flow). The holder's beats stop arriving, though
+/// it beats on. The waiter does not take that silence for a frozen holder:
+/// before its verdict it pings its own connection, which does not answer,
+/// so it replaces the connection and cannot tell; the holder's fill, heard
+/// on the new connection, answers it. (Before, it judged the live holder
+/// frozen after a second and loaded again.)
+#[test]
+fn a_waiter_whose_own_connection_goes_half_open_does_not_judge_a_live_holder_frozen() {
+    let _limit = time_limit(LIMIT);
+    let server = RedisServer::start();
+    let proxy = onefill_testkit::Endpoint::start(server.port());
+    let ns = unique_ns("half-open");
+    let (holder_rt, waiter_rt) = (process(1), process(2));
+    let holder = cache(&holder_rt, &server, &ns);
+    let waiter = waiter_rt.block_on(async {
+        let backend = RedisBackend::connect(&proxy.url()).await.unwrap();
+        Cache::<String, String>::builder()
+            .namespace(&ns)
+            .backend(backend)
+            .build()
+            .unwrap()
+    });
+    let loads = Loads::default();
+    let held = hold(&holder_rt, &holder, &loads, Duration::from_millis(3_000));
+    loads.wait_for("holder");
+    let answer = waiter_call(&waiter_rt, &waiter, &loads);
+    until_waiting(&waiter);
+    // The waiter's subscriber: its connection through the proxy that the
+    // server counts as subscribed.
+    let through_proxy = proxy.upstream_ports();
+    let subscriber: Vec<u16> = subscribed_ports(&server)
+        .into_iter()
+        .filter(|port| through_proxy.contains(port))
+        .collect();
+    assert_eq!(subscriber.len(), 1, "{subscriber:?} of {through_proxy:?}");
+    proxy.blackhole(subscriber[0]);
+    assert_eq!(waiter_rt.block_on(answer).unwrap(), "holder");
+    assert_eq!(holder_rt.block_on(held).unwrap().unwrap(), "holder");
+    let stats = waiter.stats();
+    assert_eq!(
+        (stats.holders_frozen, stats.lease_takeovers),
+        (0, 0),
+        "{stats:?}"
+    );
+    assert_eq!(loads.all().len(), 1, "one load: the holder's");
+}

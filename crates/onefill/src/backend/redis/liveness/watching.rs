@@ -94,6 +94,15 @@ impl HolderWatch for Watching {
                 return None;
             }
             if self.asked_since_beat {
+                // The holder was there when asked, and no beat came since:
+                // unless the beats were lost on the way here, a connection
+                // of ours gone half-open (nothing failed, nothing arrives).
+                // A `PING` on it answered comes after every beat sent
+                // before it; unanswered, the connection is replaced and
+                // this watch cannot tell.
+                if !self.beats.delivers().await {
+                    return None;
+                }
                 return Some(Gone::Frozen);
             }
             match self.present().await {

@@ -77,6 +77,9 @@ pub(super) struct PubSubShared {
     /// Wakes the subscriber task to (un)subscribe. Held only here, so the
     /// task ends when the backend and all its subscriptions are gone.
     wake: UnboundedSender<()>,
+    /// Asks the subscriber task whether its connection delivers
+    /// ([`PubSubShared::delivers`]).
+    checks: UnboundedSender<oneshot::Sender<bool>>,
 }
 
 struct SubState {
@@ -170,6 +173,7 @@ impl PubSubShared {
     /// (already connected), with its subscriber task started.
     pub(super) fn start(link: Link, options: RedisOptions) -> Arc<PubSubShared> {
         let (wake_tx, wake_rx) = unbounded_channel();
+        let (checks_tx, checks_rx) = unbounded_channel();
         let pubsub = Arc::new(PubSubShared {
             state: Mutex::new(SubState {
                 connected: true,
@@ -177,10 +181,12 @@ impl PubSubShared {
                 unsettled_until: None,
             }),
             wake: wake_tx,
+            checks: checks_tx,
         });
         tokio::spawn(run_subscriber(
             Arc::downgrade(&pubsub),
             wake_rx,
+            checks_rx,
             link,
             options,
         ));
@@ -197,6 +203,22 @@ impl PubSubShared {
     /// Whether the server confirmed `channel` (and has not lost it since).
     pub(super) fn confirmed(&self, channel: &str) -> bool {
         RedisSubscription::confirmed(self, channel)
+    }
+
+    /// Whether the subscriber connection delivers what the server sends
+    /// it, asked now: on a standalone server a `PING` on it, whose answer
+    /// comes after every message the server sent before it; one that is
+    /// not answered within the response timeout takes the connection for
+    /// lost (it reconnects). For a silence that must be told from a
+    /// connection that went half-open (no reset reached us: messages are
+    /// lost, nothing fails). A cluster's driver-owned connection is not
+    /// asked: `true`.
+    pub(super) async fn delivers(&self) -> bool {
+        let (tx, rx) = oneshot::channel();
+        if self.checks.send(tx).is_err() {
+            return false;
+        }
+        rx.await.unwrap_or(false)
     }
 
     /// Subscribes `channel` again, in the background, if it is subscribed
@@ -328,6 +350,12 @@ impl RedisSubscription {
     /// [`confirmed`](Self::confirmed)).
     pub(super) fn is_confirmed(&self) -> bool {
         Self::confirmed(&self.shared, &self.channel)
+    }
+
+    /// Whether the connection it comes through delivers (see
+    /// [`PubSubShared::delivers`]).
+    pub(super) async fn delivers(&self) -> bool {
+        self.shared.delivers().await
     }
 
     /// Whether the server confirmed the channel (and has not lost it

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use redis::{PushInfo, PushKind, Value};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
+use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use super::super::options::RedisOptions;
@@ -44,6 +45,8 @@ enum Step {
     Single(Due),
     /// Time to retry the subscriptions that failed or were refused.
     Retry,
+    /// Asked whether the connection delivers (`PubSubShared::delivers`).
+    Check(oneshot::Sender<bool>),
 }
 
 /// The subscriber task: (un)subscribes channels as subscriptions come and
@@ -51,6 +54,7 @@ enum Step {
 pub(super) async fn run_subscriber(
     shared: Weak<PubSubShared>,
     mut wake: UnboundedReceiver<()>,
+    mut checks: UnboundedReceiver<oneshot::Sender<bool>>,
     mut link: Link,
     options: RedisOptions,
 ) {
@@ -85,6 +89,7 @@ pub(super) async fn run_subscriber(
             };
             tokio::select! {
                 w = wake.recv() => Step::Wake(w),
+                Some(check) = checks.recv() => Step::Check(check),
                 changed = topology_change, if has_topology => {
                     if changed {
                         Step::Topology
@@ -177,6 +182,23 @@ pub(super) async fn run_subscriber(
             Step::Retry => {
                 retry_at = reconcile(&shared, &mut link, &subscribed_tx).await;
             }
+            Step::Check(reply) => {
+                let delivers = match &mut link {
+                    Link::Single(l) => {
+                        let connected = shared.state.lock().connected;
+                        let answered = connected
+                            && l.push.ping(|push| handle_push(&shared, push)).await.is_ok();
+                        if connected && !answered {
+                            // The push connection has taken itself down.
+                            tracing::debug!("redis subscriber ping unanswered: reconnecting");
+                            lost(&shared);
+                        }
+                        answered
+                    }
+                    Link::Cluster(_) => true,
+                };
+                let _ = reply.send(delivers);
+            }
         }
     }
 }
@@ -212,6 +234,29 @@ fn handle_push(shared: &PubSubShared, push: PushInfo) {
                     drop(state);
                     let _ = shared.wake.send(());
                 }
+            }
+        }
+        PushKind::Disconnection => {
+            // One of the cluster driver's node connections closed (a
+            // standalone link takes its own losses apart). The driver
+            // connects again and subscribes the node's channels again in
+            // one `SSUBSCRIBE`, which the node refuses (`CROSSSLOT`) as
+            // soon as they are in two slots: a restarted node would be left
+            // with none. So every channel is subscribed again here, one by
+            // one, and its subscriptions woken once that is confirmed (the
+            // node's messages meanwhile were lost).
+            let mut state = shared.state.lock();
+            let mut any = false;
+            for chan in state.channels.values_mut() {
+                if chan.confirmed && !chan.subscribing {
+                    chan.confirmed = false;
+                    chan.fire_on_confirm = true;
+                    any = true;
+                }
+            }
+            drop(state);
+            if any {
+                let _ = shared.wake.send(());
             }
         }
         PushKind::SSubscribe => {
