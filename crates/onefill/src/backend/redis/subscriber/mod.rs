@@ -11,8 +11,11 @@
 //!   failure, or a health-check `PING` that fails), its push connection
 //!   (`push.rs`) reconnects with jittered exponential backoff, and the task
 //!   subscribes every live channel again;
-//! - on a cluster, the `redis` crate reconnects lost nodes and resubscribes
-//!   their channels itself;
+//! - on a cluster, the `redis` crate reconnects lost nodes; it subscribes
+//!   their channels again in one `SSUBSCRIBE` per node, which a node
+//!   refuses when they span two slots, so on a lost node connection (a
+//!   `Disconnection` push) the task subscribes every channel again, one
+//!   by one;
 //! - either way every subscription is woken once when its channel is
 //!   subscribed again, because fills announced meanwhile were lost.
 //!
