@@ -148,12 +148,17 @@ fn until_waiting(cache: &Cache<String, String>) {
     std::thread::sleep(Duration::from_millis(50));
 }
 
-#[test]
-fn a_holder_whose_process_dies_is_taken_over_within_a_beat() {
-    let _limit = time_limit(LIMIT);
-    let server = RedisServer::start();
-    let ns = unique_ns("dies");
-    let (holder_rt, waiter_rt, holder, waiter) = two_processes(&server, &ns);
+/// Two processes as `two_processes` or `two_cluster_processes` make them.
+type Processes = (
+    Runtime,
+    Runtime,
+    Cache<String, String>,
+    Cache<String, String>,
+);
+
+/// The holder's process dies mid-load: the waiter takes over within about
+/// a beat, not at the lease's expiry.
+fn a_dead_holder_is_taken_over_within_a_beat((holder_rt, waiter_rt, holder, waiter): Processes) {
     let loads = Loads::default();
     let l = loads.clone();
     let h = holder.clone();
@@ -196,12 +201,12 @@ fn a_holder_whose_process_dies_is_taken_over_within_a_beat() {
     assert_eq!(loads.all().len(), 2);
 }
 
-#[test]
-fn a_frozen_holder_is_taken_over_after_a_second_of_silence_and_its_fill_is_fenced() {
-    let _limit = time_limit(LIMIT);
-    let server = RedisServer::start();
-    let ns = unique_ns("frozen");
-    let (holder_rt, waiter_rt, holder, waiter) = two_processes(&server, &ns);
+/// The holder's process stops mid-load (connections open, silent): the
+/// waiter takes over after a second of silence and the holder's fill,
+/// once it thaws, is fenced. Returns the holder's cache.
+fn a_frozen_holder_is_taken_over_after_a_second(
+    (holder_rt, waiter_rt, holder, waiter): Processes,
+) -> Cache<String, String> {
     let loads = Loads::default();
     let frozen_at = Arc::new(Mutex::new(None::<Instant>));
     let (l, f) = (loads.clone(), frozen_at.clone());
@@ -246,6 +251,23 @@ fn a_frozen_holder_is_taken_over_after_a_second_of_silence_and_its_fill_is_fence
     // lease is the waiter's now.
     assert_eq!(holder_rt.block_on(held).unwrap().unwrap(), "holder");
     assert_eq!(holder.stats().fills_fenced, 1, "{:?}", holder.stats());
+    holder
+}
+
+#[test]
+fn a_holder_whose_process_dies_is_taken_over_within_a_beat() {
+    let _limit = time_limit(LIMIT);
+    let server = RedisServer::start();
+    let ns = unique_ns("dies");
+    a_dead_holder_is_taken_over_within_a_beat(two_processes(&server, &ns));
+}
+
+#[test]
+fn a_frozen_holder_is_taken_over_after_a_second_of_silence_and_its_fill_is_fenced() {
+    let _limit = time_limit(LIMIT);
+    let server = RedisServer::start();
+    let ns = unique_ns("frozen");
+    a_frozen_holder_is_taken_over_after_a_second(two_processes(&server, &ns));
     let keys = FillKeys::new(&ns, "k");
     let stored = server.query(&["GET", keys.value()]);
     assert!(
@@ -484,15 +506,7 @@ fn a_blocking_loader_is_not_taken_over_by_every_process_in_turn() {
 
 /// The holder's process and the waiter's on a Redis Cluster, each with a
 /// cache of `ns` on a cluster backend of its own.
-fn two_cluster_processes(
-    cluster: &RedisCluster,
-    ns: &str,
-) -> (
-    Runtime,
-    Runtime,
-    Cache<String, String>,
-    Cache<String, String>,
-) {
+fn two_cluster_processes(cluster: &RedisCluster, ns: &str) -> Processes {
     let (holder_rt, waiter_rt) = (process(1), process(2));
     let urls = cluster.urls();
     let cache = |rt: &Runtime| {
@@ -510,50 +524,15 @@ fn two_cluster_processes(
     (holder_rt, waiter_rt, holder, waiter)
 }
 
-/// On a Redis Cluster too: the holder's presence and beats are sharded
-/// channels in a slot of its name, on that slot's master. A holder whose
-/// process dies is taken over within about a beat, not at its lease's
-/// expiry.
+/// On a Redis Cluster too (presence and beats sharded, on the master of
+/// the key's slot): a holder whose process dies is taken over within about
+/// a beat, not at its lease's expiry.
 #[test]
 fn on_a_cluster_a_holder_whose_process_dies_is_taken_over_within_a_beat() {
     let _limit = time_limit(LIMIT);
     let cluster = RedisCluster::start(3);
     let ns = unique_ns("cluster-dies");
-    let (holder_rt, waiter_rt, holder, waiter) = two_cluster_processes(&cluster, &ns);
-    let loads = Loads::default();
-    let l = loads.clone();
-    let h = holder.clone();
-    holder_rt.spawn(async move {
-        let _ = h
-            .get_or_load(&"k".to_owned(), move |_| async move {
-                l.started("holder");
-                std::future::pending::<()>().await;
-                Ok::<_, std::io::Error>("never".to_owned())
-            })
-            .await;
-    });
-    loads.wait_for("holder");
-    let answer = waiter_call(&waiter_rt, &waiter, &loads);
-    until_waiting(&waiter);
-    let died = Instant::now();
-    holder_rt.shutdown_background();
-    let taken = loads.wait_for("waiter");
-    assert_eq!(waiter_rt.block_on(answer).unwrap(), "waiter");
-    let after = taken - died;
-    assert!(
-        after < Duration::from_millis(600),
-        "taken over after {after:?}"
-    );
-    let stats = waiter.stats();
-    assert_eq!(
-        (
-            stats.holders_dead,
-            stats.holders_frozen,
-            stats.lease_takeovers
-        ),
-        (1, 0, 1),
-        "{stats:?}"
-    );
+    a_dead_holder_is_taken_over_within_a_beat(two_cluster_processes(&cluster, &ns));
 }
 
 /// On a Redis Cluster, a holder whose process stops (its connections open,
@@ -563,44 +542,7 @@ fn on_a_cluster_a_frozen_holder_is_taken_over_after_a_second_of_silence() {
     let _limit = time_limit(LIMIT);
     let cluster = RedisCluster::start(3);
     let ns = unique_ns("cluster-frozen");
-    let (holder_rt, waiter_rt, holder, waiter) = two_cluster_processes(&cluster, &ns);
-    let loads = Loads::default();
-    let frozen_at = Arc::new(Mutex::new(None::<Instant>));
-    let (l, f) = (loads.clone(), frozen_at.clone());
-    let h = holder.clone();
-    let held = holder_rt.spawn(async move {
-        h.get_or_load(&"k".to_owned(), move |_| async move {
-            l.started("holder");
-            tokio::time::sleep(Duration::from_millis(400)).await;
-            *f.lock().unwrap() = Some(Instant::now());
-            std::thread::sleep(Duration::from_millis(3_000));
-            Ok::<_, std::io::Error>("holder".to_owned())
-        })
-        .await
-    });
-    loads.wait_for("holder");
-    let answer = waiter_call(&waiter_rt, &waiter, &loads);
-    until_waiting(&waiter);
-    let taken = loads.wait_for("waiter");
-    assert_eq!(waiter_rt.block_on(answer).unwrap(), "waiter");
-    let froze = frozen_at.lock().unwrap().expect("the holder froze");
-    let after = taken - froze;
-    assert!(
-        after >= Duration::from_millis(850) && after < Duration::from_millis(2_500),
-        "taken over {after:?} after the freeze"
-    );
-    let stats = waiter.stats();
-    assert_eq!(
-        (
-            stats.holders_dead,
-            stats.holders_frozen,
-            stats.lease_takeovers
-        ),
-        (0, 1, 1),
-        "{stats:?}"
-    );
-    assert_eq!(holder_rt.block_on(held).unwrap().unwrap(), "holder");
-    assert_eq!(holder.stats().fills_fenced, 1, "{:?}", holder.stats());
+    a_frozen_holder_is_taken_over_after_a_second(two_cluster_processes(&cluster, &ns));
 }
 
 /// The server's clients subscribed to at least one channel, by port (the

@@ -308,25 +308,29 @@ impl Liveness {
             Publisher::Single(_) => Some(self.id.clone()),
             Publisher::Cluster(_) => self.names.lock().values().next().cloned(),
         };
-        let Some(channels) = name.and_then(|name| self.conn.channels(&name)) else {
+        let Some(name) = name else {
             return Ok(());
         };
+        match self.self_check(&name).await {
+            Some((_, Ok(counted))) if counted > 0 => Ok(()),
+            Some((presence, Ok(_))) => Err(BackendError::new(
+                crate::error::BackendErrorKind::NotPermitted,
+                format!("SUBSCRIBE {presence}: not subscribed (refused)"),
+            )),
+            Some((_, Err(e))) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// Publishes [`SELF_CHECK`] on the presence channel of `name`: the
+    /// channel and how many received it (`None`: `name` has no channel).
+    async fn self_check(&self, name: &str) -> Option<(String, Result<i64, BackendError>)> {
+        let presence = self.conn.channels(name)?.presence;
         let counted = self
             .conn
-            .publish(
-                "presence",
-                &channels.presence,
-                SELF_CHECK,
-                self.response_timeout,
-            )
-            .await?;
-        if counted > 0 {
-            return Ok(());
-        }
-        Err(BackendError::new(
-            crate::error::BackendErrorKind::NotPermitted,
-            format!("SUBSCRIBE {}: not subscribed (refused)", channels.presence),
-        ))
+            .publish("presence", &presence, SELF_CHECK, self.response_timeout)
+            .await;
+        Some((presence, counted))
     }
 
     /// Whether `token` names this backend (under any of its names).
@@ -514,26 +518,13 @@ impl Liveness {
     async fn verify(&self) -> bool {
         let unverified: Vec<String> = self.unverified.lock().iter().cloned().collect();
         for name in unverified {
-            let Some(channels) = self.conn.channels(&name) else {
-                self.unverified.lock().remove(&name);
-                continue;
-            };
-            let counted = self
-                .conn
-                .publish(
-                    "presence",
-                    &channels.presence,
-                    SELF_CHECK,
-                    self.response_timeout,
-                )
-                .await;
-            match counted {
-                Ok(n) if n > 0 => {
+            match self.self_check(&name).await {
+                None | Some((_, Ok(1..))) => {
                     self.unverified.lock().remove(&name);
                 }
-                Ok(_) => self.pubsub.resubscribe(&channels.presence),
+                Some((presence, Ok(_))) => self.pubsub.resubscribe(&presence),
                 // Its master does not answer: asked again later.
-                Err(_) => {}
+                Some((_, Err(_))) => {}
             }
         }
         self.unverified.lock().is_empty()
