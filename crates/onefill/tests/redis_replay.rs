@@ -141,3 +141,60 @@ async fn a_replayed_write_keeps_a_value_written_after_it() {
     );
     assert_eq!(a.get(&key).await.unwrap().as_deref(), Some("newer"));
 }
+
+/// Process B's load reads the source ("old") and takes its time; the
+/// source changes and process A's `invalidate` of the key fails (its path
+/// to Redis down), so B's lease is not deleted and B's fill lands after A's
+/// write began. The fill's value is as old as its load, not as its write:
+/// A's replay deletes it, and a fresh read misses (it once kept it, the
+/// value written after A's write began, and the fleet read "old" for a TTL).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_deletes_a_fill_whose_load_began_before_the_write() {
+    let _limit = time_limit(LIMIT);
+    let server = RedisServer::start();
+    let proxy = onefill_testkit::Endpoint::start(server.port());
+    let ns = unique_ns("stale-fill");
+    let a: Cache<String, String> = Cache::builder()
+        .namespace(&ns)
+        .backend(RedisBackend::connect(&proxy.url()).await.unwrap())
+        .ttl(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let b = process(&ns, &server).await;
+    let key = "k".to_owned();
+    let (b2, k2) = (b.clone(), key.clone());
+    let load = tokio::spawn(async move {
+        b2.get_or_load(&k2, |_| async {
+            // Read the source now ("old"), answer later.
+            tokio::time::sleep(Duration::from_millis(400)).await;
+            Ok::<_, std::io::Error>("old".to_owned())
+        })
+        .await
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    // The source changes; A's invalidate cannot reach Redis.
+    let nowhere = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    proxy.point_to(nowhere);
+    proxy.close_connections();
+    assert!(a.invalidate(&key).await.is_err());
+    assert_eq!(a.pending_writes(), 1);
+    assert_eq!(load.await.unwrap().unwrap(), "old");
+
+    proxy.point_to(server.port());
+    let back = Instant::now();
+    while a.pending_writes() > 0 {
+        assert!(back.elapsed() < Duration::from_secs(20), "never replayed");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let fresh = process(&ns, &server).await;
+    assert_eq!(
+        fresh.get(&key).await.unwrap(),
+        None,
+        "the replay kept a fill whose load read the source before the write"
+    );
+}

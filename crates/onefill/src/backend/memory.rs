@@ -72,7 +72,8 @@ struct State {
 struct Entry {
     bytes: Vec<u8>,
     expires_at: Instant,
-    /// When it was written (an expiry in place keeps it).
+    /// When it was written (an expiry in place keeps it); a fill's value,
+    /// when its lease was taken (see `State::as_of`).
     written_at: Instant,
 }
 
@@ -151,6 +152,18 @@ impl State {
             _ => {
                 self.entries.remove(key);
             }
+        }
+    }
+    /// When the lease at `lock` was taken (its entry's write: an
+    /// extension keeps it).
+    fn lease_taken(&self, lock: &str) -> Option<Instant> {
+        self.entries.get(lock).map(|e| e.written_at)
+    }
+    /// A fill's value is as old as its load, which began once its lease
+    /// was taken: what a replayed invalidation judges it by.
+    fn as_of(&mut self, key: &str, when: Instant) {
+        if let Some(e) = self.entries.get_mut(key) {
+            e.written_at = when;
         }
     }
     fn holds(&mut self, lock: &str, token: &LeaseToken, now: Instant) -> bool {
@@ -418,7 +431,9 @@ impl Backend for MemoryBackend {
                 self.publish(keys.channel());
                 return Ok(false);
             }
+            let as_of = state.lease_taken(keys.lock()).unwrap_or(now);
             state.put(keys.value(), bytes.to_vec(), ttl, now);
+            state.as_of(keys.value(), as_of);
             state.entries.remove(keys.lock());
         }
         self.changed(keys.value());
@@ -438,9 +453,11 @@ impl Backend for MemoryBackend {
             if !state.holds(keys.lock(), token, now) {
                 return Ok(false);
             }
+            let as_of = state.lease_taken(keys.lock()).unwrap_or(now);
             state.entries.remove(keys.lock());
             if let Some((bytes, ttl)) = entry {
                 state.put(keys.value(), bytes.to_vec(), ttl, now);
+                state.as_of(keys.value(), as_of);
             }
         }
         if entry.is_some() {
@@ -633,5 +650,20 @@ mod tests {
         tokio::time::advance(Duration::from_millis(100)).await;
         assert!(backend.invalidate_older_than(&keys, age).await.unwrap());
         assert!(backend.get(&keys).await.unwrap().is_none(), "deleted");
+
+        // A fill's value is as old as its lease: its load read the source
+        // then, before a write that began while it ran.
+        let token = LeaseToken::random();
+        backend
+            .acquire(&keys, &token, ttl, Duration::MAX)
+            .await
+            .unwrap();
+        tokio::time::advance(Duration::from_millis(200)).await;
+        assert!(backend.fill(&keys, &token, b"old", ttl).await.unwrap());
+        assert!(backend.invalidate_older_than(&keys, age).await.unwrap());
+        assert!(
+            backend.get(&keys).await.unwrap().is_none(),
+            "a stale fill kept"
+        );
     }
 }

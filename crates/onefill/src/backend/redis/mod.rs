@@ -505,6 +505,21 @@ impl RedisBackend {
         self.inner.liveness.get().map(|l| l.ending(token))
     }
 
+    /// How old the value a flight holding `token` writes may be, in ms, for
+    /// its stamp (`stamp.lua`): since its acquire began, the earliest its
+    /// load can have read its source; empty if unknown (an anonymous
+    /// token), which stamps it as written at the epoch. A replay keeps a
+    /// value written after the write it replays began, and a load that
+    /// read the source before that write is not after it.
+    fn load_age(&self, token: &LeaseToken) -> String {
+        self.inner
+            .liveness
+            .get()
+            .and_then(|l| l.held_for(token))
+            .map(|age| ms_ceil(age).to_string())
+            .unwrap_or_default()
+    }
+
     /// The `WAIT` every write of a value or a mark is sent with, if any
     /// (not sent while the primary is short of replicas: `durability.rs`).
     fn wait(&self) -> Option<Wait> {
@@ -677,9 +692,14 @@ impl Backend for RedisBackend {
         bytes: &[u8],
         ttl: Duration,
     ) -> Result<bool, BackendError> {
+        let age = self.load_age(token);
         let _ending = self.ending(token);
         let mut invocation = announcing(&self.inner.scripts.fill, keys);
-        invocation.arg(token.as_bytes()).arg(bytes).arg(px(ttl));
+        invocation
+            .arg(token.as_bytes())
+            .arg(bytes)
+            .arg(px(ttl))
+            .arg(age);
         let filled = self
             .eval_write("fill", keys, &invocation, self.wait())
             .await;
@@ -695,11 +715,12 @@ impl Backend for RedisBackend {
         token: &LeaseToken,
         entry: Option<(&[u8], Duration)>,
     ) -> Result<bool, BackendError> {
+        let age = self.load_age(token);
         let _ending = self.ending(token);
         let mut invocation = announcing(&self.inner.scripts.release, keys);
         invocation.arg(token.as_bytes());
         if let Some((bytes, ttl)) = entry {
-            invocation.arg(bytes).arg(px(ttl));
+            invocation.arg(bytes).arg(px(ttl)).arg(age);
         }
         // Only a release that leaves an entry writes a value: a lease
         // alone is not waited for.

@@ -133,7 +133,9 @@ pub(super) struct Liveness {
     /// The tokens of the leases this backend's flights hold: from before
     /// the acquire that won was sent to the end of the fill or release
     /// that ended it.
-    held: Mutex<HashSet<LeaseToken>>,
+    /// With when the acquire began: a fill's value is as old as its
+    /// load, which began after that (see [`Liveness::held_for`]).
+    held: Mutex<HashMap<LeaseToken, tokio::time::Instant>>,
     /// What an ask about a lease no flight holds any more does.
     release: Release,
     /// Dropped with the backend: ends the presence tasks.
@@ -281,7 +283,9 @@ impl Liveness {
     /// is dropped, unless [`Acquiring::won`] keeps it.
     pub(super) fn acquiring(self: &Arc<Self>, token: &LeaseToken) -> Acquiring {
         if token.holder().is_some() {
-            self.held.lock().insert(token.clone());
+            self.held
+                .lock()
+                .insert(token.clone(), tokio::time::Instant::now());
         }
         Acquiring(Ending {
             liveness: Some(Arc::downgrade(self)),
@@ -341,9 +345,16 @@ impl Liveness {
         })
     }
 
+    /// How long ago the acquire of the lease with `token` began, while a
+    /// flight of this backend holds it (`None` for a lease not held here,
+    /// or an anonymous one: its value's age is then unknown).
+    pub(super) fn held_for(&self, token: &LeaseToken) -> Option<std::time::Duration> {
+        self.held.lock().get(token).map(|since| since.elapsed())
+    }
+
     /// Whether a flight of this backend holds the lease with `token`.
     fn holds(&self, token: &LeaseToken) -> bool {
-        self.held.lock().contains(token)
+        self.held.lock().contains_key(token)
     }
 
     /// Starts watching the holder `holder` names (see the module docs).

@@ -7,7 +7,7 @@
 -- cluster) tells waiters only. The value is stored as an envelope of
 -- version 6 (or 2), stamped with the server's expiry and the write's
 -- instant (`stamp`, stamp.lua).
-local bytes, at = stamp(ARGV[1], ARGV[2])
+local bytes, at = stamp(ARGV[1], ARGV[2], '0')
 redis.call('SET', KEYS[1], bytes, 'PXAT', at)
 redis.call('DEL', KEYS[2])
 announce(KEYS[3], 'set')

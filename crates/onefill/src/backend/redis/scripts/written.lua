@@ -2,9 +2,10 @@
 -- written since a given instant.
 --
 -- `written_since(key, age_ms)`: true if the value at `key` is a version-6
--- envelope (stamp.lua) whose write's instant (bytes 25..32, the server's
--- clock) is later than `age_ms` before the server's clock of now (a write
--- in that very millisecond may have come first: not kept). A
+-- envelope (stamp.lua) as of an instant (bytes 25..32, the server's
+-- clock: a `set`'s write, a fill's load's start) later than `age_ms`
+-- before the server's clock of now (one in that very millisecond may have
+-- come first: not kept). A
 -- value of another version, or bytes that are not an envelope, or no
 -- value: false (its age cannot be told, or there is nothing to keep).
 local function written_since(key, age_ms)
