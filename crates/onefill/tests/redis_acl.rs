@@ -388,7 +388,7 @@ async fn check_namespace_names_every_grant_the_user_lacks() {
     for need in [
         "MGET of its marks",
         "GET of its values",
-        "EVALSHA",
+        "the scripts on its keys",
         "PUBLISH on its channels",
         "SUBSCRIBE to its channels",
     ] {
@@ -401,9 +401,20 @@ async fn check_namespace_names_every_grant_the_user_lacks() {
     let presence = "onefill:holder:*";
     for (grant, named) in [
         (" +mget ", &["MGET of its marks"][..]),
-        (" +publish ", &["PUBLISH on its channels", presence]),
+        // The scripts announce their changes: refused inside them too.
+        (
+            " +publish ",
+            &[
+                "the scripts on its keys",
+                "PUBLISH on its channels",
+                presence,
+            ],
+        ),
         (" +subscribe ", &["SUBSCRIBE to its channels", presence]),
-        (" +evalsha ", &["EVALSHA"]),
+        (" +evalsha ", &["the scripts on its keys"]),
+        // Commands a script runs: refused inside it.
+        (" +set ", &["the scripts on its keys"]),
+        (" +pexpireat ", &["the scripts on its keys"]),
         (" &onefill:holder:* ", &[presence]),
     ] {
         assert!(line.contains(grant), "{grant}: {line}");
@@ -447,6 +458,29 @@ async fn cluster_check_namespace_passes_the_readme_user() {
         .expect_err("not granted");
     assert_eq!(err.kind(), BackendErrorKind::NotPermitted, "{err}");
     assert!(err.to_string().contains("MGET of its marks"), "{err}");
+
+    // Right after a change of the slot map (an empty slot moved, and a
+    // read of it learning so), no channel counts as confirmed for a
+    // while: the check still passes (it once reported SUBSCRIBE refused
+    // for about two seconds).
+    let moved = onefill::backend::FillKeys::new("users", "moved");
+    let slot = cluster.slot_of(moved.value());
+    let source = cluster.master_of_slot(slot, None).expect("an owner");
+    let target = cluster
+        .nodes()
+        .iter()
+        .find(|n| n.port() != source.port())
+        .expect("another master");
+    cluster.begin_migration(slot, source, target);
+    cluster.end_migration(slot, target, &[]);
+    let _ = onefill::backend::Backend::get(&backend, &moved).await;
+    backend
+        .check_namespace("users")
+        .await
+        .expect("granted, the slot map just changed");
+    // And a namespace the builder would refuse is an error, not a probe.
+    let err = backend.check_namespace("a{b}").await.expect_err("refused");
+    assert_eq!(err.kind(), BackendErrorKind::Command, "{err}");
 }
 
 /// Every warning event's message and fields, for the whole test binary

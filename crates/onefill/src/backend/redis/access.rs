@@ -2,8 +2,11 @@
 //! ([`RedisBackend::check_namespace`]): a user granted a namespace in
 //! part meets a refusal only in the calls that need the missing part, one
 //! at a time, and some of them (a refused channel) only slow waiters
-//! down. Each need is tried with a harmless command of the kind the
-//! calls send, on a key of the namespace nobody uses.
+//! down. Each need is tried as the calls meet it, on a key of the
+//! namespace of the check's own (a fresh name each time, so two processes
+//! checking at once do not meet), which it deletes again: a lease taken,
+//! extended and filled, the value made stale and invalidated, each step
+//! the script a cache runs, with every command inside it.
 
 use std::collections::HashSet;
 
@@ -16,7 +19,8 @@ use crate::error::BackendErrorKind;
 use crate::key::MarkKeys;
 use crate::token::LeaseToken;
 
-/// The key of a namespace the check works on (no cache writes it).
+/// The key of a namespace the check works on (no cache writes it), with a
+/// random suffix.
 const PROBE_KEY: &str = "onefill-access-check";
 
 /// The namespaces checked so far on one backend, so that every cache
@@ -38,8 +42,10 @@ enum Need {
     Marks,
     /// A value read (`GET` of a value key).
     Read,
-    /// The scripts on the namespace's keys (`EVALSHA` of the release
-    /// script, whose token matches nothing: it writes nothing).
+    /// The scripts on the namespace's keys, and each command inside them:
+    /// a lease taken, extended and filled, the value made stale, then
+    /// invalidated (the marks' script, which would judge every value of
+    /// the namespace, is not run).
     Scripts,
     /// Publishing on the namespace's channels (every fill announces).
     Announce,
@@ -64,7 +70,7 @@ impl Need {
         match self {
             Need::Marks => "MGET of its marks",
             Need::Read => "GET of its values",
-            Need::Scripts => "EVALSHA of the scripts on its keys",
+            Need::Scripts => "the scripts on its keys",
             Need::Announce => "PUBLISH on its channels",
             Need::Listen => "SUBSCRIBE to its channels",
             Need::Presence => "publish and subscribe on the channels onefill:holder:*",
@@ -81,7 +87,9 @@ impl RedisBackend {
     /// missing; a cache built on this backend runs it once in the
     /// background too, and logs a warning naming what is missing.
     ///
-    /// Costs a few commands and one subscription; writes nothing.
+    /// Costs about ten commands and one subscription; writes one key of
+    /// its own for a moment (a lease and a value of a fresh key, deleted
+    /// again), and not the namespace's marks.
     ///
     /// # Errors
     ///
@@ -96,6 +104,12 @@ impl RedisBackend {
     /// # Ok(()) }
     /// ```
     pub async fn check_namespace(&self, namespace: &str) -> Result<(), BackendError> {
+        if let Err(e) = crate::key::validate_namespace(namespace) {
+            return Err(BackendError::new(
+                BackendErrorKind::Command,
+                format!("check namespace: {e}"),
+            ));
+        }
         self.inner.checked.first(namespace);
         let mut refused = Vec::new();
         for need in Need::ALL {
@@ -145,7 +159,10 @@ impl RedisBackend {
 
     /// Tries one need: `NotPermitted` if the ACL refuses it.
     async fn try_need(&self, namespace: &str, need: Need) -> Result<(), BackendError> {
-        let probe = FillKeys::new(namespace, PROBE_KEY);
+        let probe = FillKeys::new(
+            namespace,
+            &format!("{PROBE_KEY}-{:016x}", rand::random::<u64>()),
+        );
         let limit = self.inner.options.response_timeout;
         let publisher = || match &self.inner.conn {
             Conn::Single(primary) => Publisher::Single(primary.clone()),
@@ -160,10 +177,7 @@ impl RedisBackend {
                     .map(drop)
             }
             Need::Read => self.get(&probe).await.map(drop),
-            Need::Scripts => self
-                .release(&probe, &LeaseToken::random(), None)
-                .await
-                .map(drop),
+            Need::Scripts => self.try_scripts(&probe).await,
             Need::Announce => publisher()
                 .publish("check namespace", probe.channel(), "", limit)
                 .await
@@ -172,15 +186,15 @@ impl RedisBackend {
                 let channel = probe.channel().to_owned();
                 let _subscription = self.inner.pubsub.subscription(channel.clone()).await;
                 self.inner.pubsub.confirmation(&channel, limit).await;
-                if self.inner.pubsub.confirmed(&channel) {
+                // The server's confirmation, not whether the slot map has
+                // settled (on a cluster, no channel counts as confirmed for
+                // a while after a change of it).
+                if self.inner.pubsub.subscribed(&channel) {
                     Ok(())
                 } else {
                     Err(BackendError::new(
                         BackendErrorKind::NotPermitted,
-                        format!(
-                            "SUBSCRIBE {channel}: not confirmed within {limit:?} (refused, or \
-                             a cluster's slot map is changing)"
-                        ),
+                        format!("SUBSCRIBE {channel}: not confirmed within {limit:?}"),
                     ))
                 }
             }
@@ -189,5 +203,38 @@ impl RedisBackend {
                 None => Ok(()),
             },
         }
+    }
+}
+
+impl RedisBackend {
+    /// The scripts a cache runs, on `probe` (see [`Need::Scripts`]); the
+    /// key is deleted again however it ends.
+    async fn try_scripts(&self, probe: &FillKeys) -> Result<(), BackendError> {
+        let tried = self.script_steps(probe).await;
+        // Whatever the steps left (a refused step stops them).
+        let _ = self.invalidate(probe).await;
+        tried
+    }
+
+    async fn script_steps(&self, probe: &FillKeys) -> Result<(), BackendError> {
+        let token = LeaseToken::random();
+        let lease = std::time::Duration::from_secs(5);
+        self.acquire(probe, &token, lease, std::time::Duration::MAX)
+            .await?;
+        self.extend(probe, &token, lease).await?;
+        // An envelope with a grace, so that making it stale rewrites it.
+        let grace = std::time::Duration::from_secs(1);
+        let value = crate::envelope::encode(
+            crate::envelope::Kind::Value,
+            grace,
+            std::time::Duration::ZERO,
+            None,
+            0,
+            &[],
+            b"",
+        );
+        self.fill(probe, &token, &value, grace * 2).await?;
+        self.expire(probe).await?;
+        self.invalidate(probe).await
     }
 }

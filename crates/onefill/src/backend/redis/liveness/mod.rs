@@ -310,13 +310,25 @@ impl Liveness {
     pub(super) async fn present(&self) -> Result<(), BackendError> {
         let name = match &self.conn {
             Publisher::Single(_) => Some(self.id.clone()),
-            Publisher::Cluster(_) => self.names.lock().values().next().cloned(),
+            // One whose channel was counted since the slot map last changed.
+            Publisher::Cluster(_) => {
+                let unverified = self.unverified.lock().clone();
+                let names = self.names.lock();
+                names
+                    .values()
+                    .find(|name| !unverified.contains(*name))
+                    .or_else(|| names.values().next())
+                    .cloned()
+            }
         };
         let Some(name) = name else {
             return Ok(());
         };
         match self.self_check(&name).await {
             Some((_, Ok(counted))) if counted > 0 => Ok(()),
+            // Subscribed, but not where the publish went: a master that a
+            // failover demoted still holds it; the slot-map check moves it.
+            Some((presence, Ok(_))) if self.pubsub.subscribed(&presence) => Ok(()),
             Some((presence, Ok(_))) => Err(BackendError::new(
                 crate::error::BackendErrorKind::NotPermitted,
                 format!("SUBSCRIBE {presence}: not subscribed (refused)"),

@@ -203,6 +203,16 @@ impl PubSubShared {
         Box::new(self.subscription(channel).await)
     }
 
+    /// Whether the server confirmed a subscription to `channel` (and has
+    /// not lost it since), whether or not a cluster's slot map settled.
+    pub(super) fn subscribed(&self, channel: &str) -> bool {
+        self.state
+            .lock()
+            .channels
+            .get(channel)
+            .is_some_and(|c| c.confirmed)
+    }
+
     /// Whether the server confirmed `channel` (and has not lost it since).
     pub(super) fn confirmed(&self, channel: &str) -> bool {
         RedisSubscription::confirmed(self, channel)
