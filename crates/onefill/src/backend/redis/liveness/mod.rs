@@ -243,11 +243,18 @@ impl Liveness {
 
     /// [`name_masters`](Self::name_masters), the new names' presence
     /// channels subscribed in the background.
+    ///
+    /// A new name is checked before a token names it: a master seen in the
+    /// middle of a failover may be known to this backend before the
+    /// driver that routes the subscriptions knows it, which then lands on
+    /// the demoted master, now a replica, whose subscriptions the new
+    /// master's publish does not count.
     fn name_new_masters(self: &Arc<Self>, first: Vec<(u64, u16)>) {
         let new = self.name_masters(&first);
         if new.is_empty() {
             return;
         }
+        self.unverified.lock().extend(new.iter().cloned());
         let liveness = Arc::downgrade(self);
         tokio::spawn(async move {
             for name in new {
@@ -255,6 +262,17 @@ impl Liveness {
                     return;
                 };
                 live.present_as(name).await;
+            }
+            let mut pause = VERIFY_AFTER;
+            for _ in 0..VERIFY_TRIES {
+                tokio::time::sleep(pause).await;
+                let Some(live) = liveness.upgrade() else {
+                    return;
+                };
+                if live.verify().await {
+                    return;
+                }
+                pause = (pause * 2).min(VERIFY_MAX);
             }
         });
     }
@@ -492,6 +510,10 @@ const SELF_CHECK: &str = "?";
 const VERIFY_AFTER: Duration = Duration::from_millis(100);
 /// The longest pause between two checks of a presence not counted yet.
 const VERIFY_MAX: Duration = Duration::from_secs(1);
+/// How many times a new name is checked before it is left anonymous (its
+/// subscription refused, say); the next change of the slot map checks it
+/// again.
+const VERIFY_TRIES: u32 = 30;
 
 /// Cluster: after every change of the slot map, each presence channel of
 /// the holder is checked where waiters ask (a publish on its slot's master
@@ -508,8 +530,13 @@ async fn verify_presence(liveness: Weak<Liveness>, mut changes: watch::Receiver<
                 let Some(live) = liveness.upgrade() else {
                     return;
                 };
-                let names: Vec<String> = live.names.lock().values().cloned().collect();
-                live.unverified.lock().extend(names);
+                let moved = live.moved_names();
+                let mut unverified = live.unverified.lock();
+                unverified.extend(moved);
+                if unverified.is_empty() {
+                    // Slots moved, but none of a presence channel's.
+                    break 'check;
+                }
             }
             let mut pause = VERIFY_AFTER;
             loop {
@@ -535,6 +562,29 @@ async fn verify_presence(liveness: Weak<Liveness>, mut changes: watch::Receiver<
 }
 
 impl Liveness {
+    /// The names whose presence channel's slot is served now by another
+    /// master than the one they were given for (a failover or a migration
+    /// moved it): whether its subscription is counted there is to be
+    /// checked. Other changes of the slot map leave a holder's names alone.
+    /// The masters that serve no slot any more are forgotten (a new one
+    /// is named at its first lease).
+    fn moved_names(&self) -> Vec<String> {
+        let Publisher::Cluster(router) = &self.conn else {
+            return Vec::new();
+        };
+        let mut names = self.names.lock();
+        let moved = names
+            .iter()
+            .filter(|(shard, name)| {
+                let tag = name.split_once('_').map_or("", |(_, tag)| tag);
+                router.shard_of(slot_of(tag.as_bytes())) != **shard
+            })
+            .map(|(_, name)| name.clone())
+            .collect();
+        names.retain(|shard, _| router.serves_keys(*shard));
+        moved
+    }
+
     /// One round of [`verify_presence`]: each unchecked name's presence
     /// published to where waiters ask; counted, it is checked; not counted,
     /// subscribed again. Whether every name is checked now.
