@@ -85,6 +85,41 @@ async fn an_invalidate_lost_in_an_outage_reaches_the_other_process_once_redis_is
     );
 }
 
+/// A process reaching Redis through `proxy`.
+async fn behind(proxy: &onefill_testkit::Endpoint, ns: &str) -> Cache<String, String> {
+    Cache::builder()
+        .namespace(ns)
+        .backend(RedisBackend::connect(&proxy.url()).await.unwrap())
+        .ttl(Duration::from_secs(60))
+        .build()
+        .unwrap()
+}
+
+/// The path through `proxy` down: its connections closed, and nothing
+/// listening where it points now.
+fn cut(proxy: &onefill_testkit::Endpoint) {
+    let nowhere = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    proxy.point_to(nowhere);
+    proxy.close_connections();
+}
+
+/// Waits (at most 20 s) until `cache` has replayed every queued write.
+async fn replayed(cache: &Cache<String, String>) {
+    let began = Instant::now();
+    while cache.pending_writes() > 0 {
+        assert!(
+            began.elapsed() < Duration::from_secs(20),
+            "the replay never ran ({:?})",
+            cache.stats()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// Process A reaches Redis through a proxy; B directly. A's path goes down
 /// (the proxy points at nothing): A's `set` fails and is queued to be
 /// replayed as an invalidation. B then writes a newer value, and A's path
@@ -97,24 +132,12 @@ async fn a_replayed_write_keeps_a_value_written_after_it() {
     let server = RedisServer::start();
     let proxy = onefill_testkit::Endpoint::start(server.port());
     let ns = unique_ns("newer");
-    let a: Cache<String, String> = Cache::builder()
-        .namespace(&ns)
-        .backend(RedisBackend::connect(&proxy.url()).await.unwrap())
-        .ttl(Duration::from_secs(60))
-        .build()
-        .unwrap();
+    let a = behind(&proxy, &ns).await;
     let b = process(&ns, &server).await;
     let key = "k".to_owned();
     a.set(&key, "old".into()).await.unwrap();
 
-    // A's path down: nothing listens where the proxy points now.
-    let nowhere = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    proxy.point_to(nowhere);
-    proxy.close_connections();
+    cut(&proxy);
     let failed = a.set(&key, "lost".into()).await.unwrap_err();
     assert!(failed.is_backend(), "{failed}");
     assert_eq!(a.pending_writes(), 1);
@@ -124,15 +147,7 @@ async fn a_replayed_write_keeps_a_value_written_after_it() {
     assert_eq!(a.stats().writes_replayed, 0);
 
     proxy.point_to(server.port());
-    let back = Instant::now();
-    while a.pending_writes() > 0 {
-        assert!(
-            back.elapsed() < Duration::from_secs(20),
-            "A's replay never ran ({:?})",
-            a.stats()
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    replayed(&a).await;
     assert_eq!(a.stats().writes_replayed, 1);
     assert_eq!(
         b.get(&key).await.unwrap().as_deref(),
@@ -154,12 +169,7 @@ async fn a_replay_deletes_a_fill_whose_load_began_before_the_write() {
     let server = RedisServer::start();
     let proxy = onefill_testkit::Endpoint::start(server.port());
     let ns = unique_ns("stale-fill");
-    let a: Cache<String, String> = Cache::builder()
-        .namespace(&ns)
-        .backend(RedisBackend::connect(&proxy.url()).await.unwrap())
-        .ttl(Duration::from_secs(60))
-        .build()
-        .unwrap();
+    let a = behind(&proxy, &ns).await;
     let b = process(&ns, &server).await;
     let key = "k".to_owned();
     let (b2, k2) = (b.clone(), key.clone());
@@ -174,23 +184,13 @@ async fn a_replay_deletes_a_fill_whose_load_began_before_the_write() {
     tokio::time::sleep(Duration::from_millis(100)).await;
 
     // The source changes; A's invalidate cannot reach Redis.
-    let nowhere = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    proxy.point_to(nowhere);
-    proxy.close_connections();
+    cut(&proxy);
     assert!(a.invalidate(&key).await.is_err());
     assert_eq!(a.pending_writes(), 1);
     assert_eq!(load.await.unwrap().unwrap(), "old");
 
     proxy.point_to(server.port());
-    let back = Instant::now();
-    while a.pending_writes() > 0 {
-        assert!(back.elapsed() < Duration::from_secs(20), "never replayed");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    replayed(&a).await;
     let fresh = process(&ns, &server).await;
     assert_eq!(
         fresh.get(&key).await.unwrap(),
