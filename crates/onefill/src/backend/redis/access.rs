@@ -84,8 +84,9 @@ impl RedisBackend {
     /// keys, publishing and subscribing on its channels, and the holders'
     /// presence channels (`onefill:holder:*`). Call it once at start to
     /// fail there, rather than at the first call that needs what is
-    /// missing; a cache built on this backend runs it once in the
-    /// background too, and logs a warning naming what is missing.
+    /// missing; a cache built on this backend runs a lighter one (nothing
+    /// written: the scripts sent, not run through) once in the
+    /// background, and logs a warning naming what is missing.
     ///
     /// Costs about ten commands and one subscription; writes one key of
     /// its own for a moment (a lease and a value of a fresh key, deleted
@@ -104,6 +105,13 @@ impl RedisBackend {
     /// # Ok(()) }
     /// ```
     pub async fn check_namespace(&self, namespace: &str) -> Result<(), BackendError> {
+        self.check(namespace, true).await
+    }
+
+    /// [`check_namespace`](Self::check_namespace); not `thorough`, the
+    /// scripts are only sent (a release whose token matches nothing:
+    /// nothing written, no `WAIT`), not run through.
+    async fn check(&self, namespace: &str, thorough: bool) -> Result<(), BackendError> {
         if let Err(e) = crate::key::validate_namespace(namespace) {
             return Err(BackendError::new(
                 BackendErrorKind::Command,
@@ -113,7 +121,7 @@ impl RedisBackend {
         self.inner.checked.first(namespace);
         let mut refused = Vec::new();
         for need in Need::ALL {
-            match self.try_need(namespace, need).await {
+            match self.try_need(namespace, need, thorough).await {
                 Ok(()) => {}
                 Err(e) if e.kind() == BackendErrorKind::NotPermitted => {
                     refused.push(format!("{} ({e})", need.what()));
@@ -134,15 +142,17 @@ impl RedisBackend {
     }
 
     /// [`check_namespace`](Self::check_namespace) in the background, once
-    /// per namespace and backend (a cache's build, inside a runtime): a
-    /// refusal is a warning.
+    /// per namespace and backend (a cache's build, inside a runtime), and
+    /// lighter: nothing written (a cache built must not write, nor wait
+    /// for replicas), so a command refused inside a script is not found
+    /// there. A refusal is a warning.
     pub(crate) fn check_namespace_in_background(&self, namespace: &str) {
         if tokio::runtime::Handle::try_current().is_err() || !self.inner.checked.first(namespace) {
             return;
         }
         let (backend, namespace) = (self.clone(), namespace.to_owned());
         tokio::spawn(async move {
-            match backend.check_namespace(&namespace).await {
+            match backend.check(&namespace, false).await {
                 Ok(()) => {}
                 Err(e) if e.kind() == BackendErrorKind::NotPermitted => {
                     tracing::warn!(
@@ -158,7 +168,12 @@ impl RedisBackend {
     }
 
     /// Tries one need: `NotPermitted` if the ACL refuses it.
-    async fn try_need(&self, namespace: &str, need: Need) -> Result<(), BackendError> {
+    async fn try_need(
+        &self,
+        namespace: &str,
+        need: Need,
+        thorough: bool,
+    ) -> Result<(), BackendError> {
         let probe = FillKeys::new(
             namespace,
             &format!("{PROBE_KEY}-{:016x}", rand::random::<u64>()),
@@ -177,7 +192,11 @@ impl RedisBackend {
                     .map(drop)
             }
             Need::Read => self.get(&probe).await.map(drop),
-            Need::Scripts => self.try_scripts(&probe).await,
+            Need::Scripts if thorough => self.try_scripts(&probe).await,
+            Need::Scripts => self
+                .release(&probe, &LeaseToken::random(), None)
+                .await
+                .map(drop),
             Need::Announce => publisher()
                 .publish("check namespace", probe.channel(), "", limit)
                 .await
