@@ -594,3 +594,67 @@ async fn a_primary_seen_down_is_a_transient_error() {
         .unwrap_err();
     assert!(err.is_transient(), "{:?}: {err}", err.kind());
 }
+
+/// Channels of `ns` that `node` has a subscriber for.
+fn subscribed_channels(node: &RedisServer, ns: &str) -> usize {
+    node.command(&["PUBSUB", "CHANNELS", "*"])
+        .lines()
+        .filter(|c| c.contains(ns))
+        .count()
+}
+
+/// A subscriber that lost a hung primary is reconnecting to it (a
+/// stopped server accepts the connection and answers nothing) when the
+/// new primary is named: it moves to the new one at once, not when that
+/// attempt times out. The long connection timeout makes the difference
+/// plain: without the move, the waiters' channels reach the new primary
+/// only once the attempt on the old one gives up, 20 s later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscriber_reconnecting_to_a_hung_primary_moves_at_the_promotion() {
+    use onefill::Backend as _;
+    let _limit = time_limit(LIMIT);
+    let kit = RedisSentinel::start();
+    let ns = unique_ns("hung-reconnect");
+    let urls = kit.sentinel_urls();
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let options = SentinelOptions::new().redis_options(
+        RedisOptions::new()
+            .connection_timeout(Duration::from_secs(20))
+            .ping_interval(Duration::from_millis(100)),
+    );
+    let backend = RedisBackend::connect_sentinel_with(&urls, kit.master_name(), options)
+        .await
+        .expect("connects through the sentinels");
+    let keys = onefill::backend::FillKeys::new(&ns, "k");
+    let _subscription = backend.subscribe(&keys).await.expect("subscribes");
+    let old = kit.primary();
+    let started = Instant::now();
+    while subscribed_channels(old, &ns) == 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the channel was never subscribed on the primary"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    let old_port = old.port();
+    kit.pause_primary();
+    let (new, _) = wait_new_primary(&kit, old_port);
+    let promoted = Instant::now();
+    let new = kit
+        .node_with_port(new)
+        .expect("the new primary is a kit node");
+    while subscribed_channels(new, &ns) == 0 {
+        assert!(
+            promoted.elapsed() < Duration::from_secs(3),
+            "the channel was not subscribed on the new primary within 3 s of its promotion: \
+             the subscriber is still connecting to the hung one"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    eprintln!(
+        "subscribed on the new primary {:?} after the kit saw it promoted",
+        promoted.elapsed()
+    );
+    kit.resume();
+}

@@ -228,10 +228,7 @@ impl PushConnection {
         match received {
             // The primary changed: this connection is the old one's.
             None => {
-                self.conn = None;
-                self.pushes = None;
-                self.backoff.reset();
-                self.retry_at = Instant::now();
+                self.moved();
                 Due::Lost
             }
             Some(None) => Due::Ping,
@@ -247,10 +244,40 @@ impl PushConnection {
     }
 
     /// Connects. Down with a retry scheduled if it fails.
+    ///
+    /// A followed primary that moves while this connects to the old one is
+    /// connected to at once: a hung old primary accepts the connection and
+    /// then answers nothing until the connection timeout (a second, by
+    /// default), which would keep this connection's owner (the waiters'
+    /// notifications, the L1) on a server that is gone for that long.
     pub(super) async fn connect(&mut self) -> Result<(), BackendError> {
         self.conn = None;
         self.pushes = None;
-        match self.open().await {
+        let opened = loop {
+            // The primary connected to now: a change seen from here on is
+            // a move away from it.
+            let client = match self.following.as_mut() {
+                Some((primary, epochs)) => {
+                    epochs.borrow_and_update();
+                    primary.resp3().0
+                }
+                None => self.client.clone(),
+            };
+            let opening = open(client, &self.options, self.names.connect);
+            let Some((_, epochs)) = self.following.as_mut() else {
+                break opening.await;
+            };
+            tokio::pin!(opening);
+            let moved = tokio::select! {
+                opened = &mut opening => break opened,
+                changed = epochs.changed() => changed.is_ok(),
+            };
+            if !moved {
+                // The follower is gone with its backend: nothing moves.
+                break opening.await;
+            }
+        };
+        match opened {
             Ok((conn, pushes)) => {
                 self.conn = Some(conn);
                 self.pushes = Some(pushes);
@@ -267,27 +294,6 @@ impl PushConnection {
         }
     }
 
-    async fn open(
-        &self,
-    ) -> Result<(MultiplexedConnection, UnboundedReceiver<PushInfo>), BackendError> {
-        let (tx, rx) = unbounded_channel();
-        let config = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(self.options.connection_timeout))
-            .set_response_timeout(Some(self.options.response_timeout))
-            .set_push_sender(tx);
-        let limit = self
-            .options
-            .connection_timeout
-            .saturating_add(self.options.response_timeout);
-        let client = match &self.following {
-            Some((primary, _)) => primary.resp3().0,
-            None => self.client.clone(),
-        };
-        let connecting = client.get_multiplexed_async_connection_with_config(&config);
-        let conn = with_deadline(self.names.connect, limit, connecting).await?;
-        Ok((conn, rx))
-    }
-
     /// Sends a `PING`, handing `on_push` the pushes that come before its
     /// answer (those received while it is out, then those already queued
     /// when it answers). Returns when it was sent: every push the server
@@ -297,28 +303,54 @@ impl PushConnection {
         &mut self,
         mut on_push: impl FnMut(PushInfo),
     ) -> Result<Instant, BackendError> {
-        let (Some(conn), Some(pushes)) = (self.conn.as_mut(), self.pushes.as_mut()) else {
-            return Err(disconnected(self.names.ping));
+        let PushConnection {
+            conn,
+            pushes,
+            following,
+            check,
+            names,
+            ping_timeout,
+            ..
+        } = self;
+        let (Some(conn), Some(pushes)) = (conn.as_mut(), pushes.as_mut()) else {
+            return Err(disconnected(names.ping));
         };
         let sent = Instant::now();
+        let mut moved = false;
         let answered = {
-            let ping = with_deadline(
-                self.names.ping,
-                self.ping_timeout,
-                self.check.query_async::<Value>(conn),
-            );
+            let ping = with_deadline(names.ping, *ping_timeout, check.query_async::<Value>(conn));
             tokio::pin!(ping);
+            // A followed primary that moves meanwhile ends the `PING`: this
+            // connection is the old primary's, and a hung one would keep
+            // its owner there until the `PING` timed out.
+            let changed = async {
+                if let Some((_, epochs)) = following.as_mut() {
+                    if epochs.changed().await.is_ok() {
+                        return;
+                    }
+                }
+                std::future::pending::<()>().await
+            };
+            tokio::pin!(changed);
             loop {
                 tokio::select! {
                     biased;
                     answer = &mut ping => break answer.map(drop),
                     push = pushes.recv() => match push {
                         Some(push) if push.kind != PushKind::Disconnection => on_push(push),
-                        _ => break Err(disconnected(self.names.ping)),
+                        _ => break Err(disconnected(names.ping)),
                     },
+                    () = &mut changed => {
+                        moved = true;
+                        break Err(disconnected(names.ping));
+                    }
                 }
             }
         };
+        if moved {
+            self.moved();
+            return answered.map(|()| sent);
+        }
         let answered = answered.and_then(|()| {
             while let Ok(push) = pushes.try_recv() {
                 if push.kind == PushKind::Disconnection {
@@ -332,6 +364,16 @@ impl PushConnection {
             self.lost();
         }
         answered
+    }
+
+    /// The followed primary changed: the connection is the old one's, down
+    /// and connected again at once, to the new one (not after the backoff
+    /// the old one's failures built up).
+    fn moved(&mut self) {
+        self.conn = None;
+        self.pushes = None;
+        self.backoff.reset();
+        self.retry_at = Instant::now();
     }
 
     /// The connection is unusable (a command of the owner's failed on it,
@@ -355,6 +397,26 @@ impl PushConnection {
             .checked_add(wait)
             .unwrap_or_else(|| now + Duration::from_secs(365 * 24 * 3600));
     }
+}
+
+/// A multiplexed RESP3 connection of `client` whose pushes come to the
+/// receiver returned, bounded by the connection plus the response timeout.
+async fn open(
+    client: Client,
+    options: &RedisOptions,
+    op: &'static str,
+) -> Result<(MultiplexedConnection, UnboundedReceiver<PushInfo>), BackendError> {
+    let (tx, rx) = unbounded_channel();
+    let config = AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(options.connection_timeout))
+        .set_response_timeout(Some(options.response_timeout))
+        .set_push_sender(tx);
+    let limit = options
+        .connection_timeout
+        .saturating_add(options.response_timeout);
+    let connecting = client.get_multiplexed_async_connection_with_config(&config);
+    let conn = with_deadline(op, limit, connecting).await?;
+    Ok((conn, rx))
 }
 
 /// A `PING` every `every`, the first right away if `at_once`, else one

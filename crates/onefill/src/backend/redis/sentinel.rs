@@ -570,6 +570,40 @@ fn switched(data: &[Value], name: &str) -> Option<String> {
     Some(format!("{host}:{port}"))
 }
 
+/// What came first: the work, or a switch announced meanwhile.
+enum Announced<T> {
+    /// The work's answer; no switch was announced meanwhile.
+    Not(T),
+    /// `+switch-master` to this address came first: the work was dropped.
+    Switched(String),
+    /// Every sentinel listener ended (the backend is gone).
+    Gone,
+}
+
+/// `work` (a look, or opening the primary found), given up for a switch
+/// announced while it runs. A look can wait on a hung primary: the
+/// sentinels go on naming it until they agree it is down, and its `ROLE`
+/// is asked on a new connection, which a stopped server accepts and then
+/// never answers (up to the connection timeout). The announcement that
+/// ends the outage must not wait behind that look.
+async fn unless_announced<T>(
+    heard: &mut tokio::sync::mpsc::UnboundedReceiver<Heard>,
+    work: impl std::future::Future<Output = T>,
+) -> Announced<T> {
+    tokio::pin!(work);
+    loop {
+        tokio::select! {
+            done = &mut work => return Announced::Not(done),
+            h = heard.recv() => match h {
+                Some(Heard::Switched(to)) => return Announced::Switched(to),
+                // A look is under way: it is the look this asks for.
+                Some(Heard::Subscribed) => {}
+                None => return Announced::Gone,
+            },
+        }
+    }
+}
+
 /// The follower: looks at the sentinels when told to (see the module
 /// docs) and moves the backend to a new primary.
 async fn follow(
@@ -635,9 +669,20 @@ async fn follow(
             retry_at = Some(Instant::now() + again.next_interval());
         };
         let limit = connect_deadline(&finder.options.redis);
-        let found = match with_deadline_error(limit, finder.find(), "no answer").await {
-            Ok(found) => found,
-            Err(e) => {
+        let looked = unless_announced(
+            &mut heard,
+            with_deadline_error(limit, finder.find(), "no answer"),
+        )
+        .await;
+        let found = match looked {
+            Announced::Not(Ok(found)) => found,
+            Announced::Switched(to) => {
+                (announced, retry_at) = (Some(to), Some(Instant::now()));
+                again = Backoff::new(ANNOUNCED_RETRY, RECHECK_EVERY);
+                continue;
+            }
+            Announced::Gone => return,
+            Announced::Not(Err(e)) => {
                 tracing::debug!(error = %e, "sentinel: no primary found; keeping the current one");
                 look_again(&mut again);
                 continue;
@@ -658,7 +703,16 @@ async fn follow(
             }
             continue;
         }
-        match finder.open(&found).await {
+        let opened = match unless_announced(&mut heard, finder.open(&found)).await {
+            Announced::Not(opened) => opened,
+            Announced::Switched(to) => {
+                (announced, retry_at) = (Some(to), Some(Instant::now()));
+                again = Backoff::new(ANNOUNCED_RETRY, RECHECK_EVERY);
+                continue;
+            }
+            Announced::Gone => return,
+        };
+        match opened {
             Ok(opened) => {
                 (retry_at, announced) = (None, None);
                 again = Backoff::new(COOLDOWN, RECHECK_EVERY);
