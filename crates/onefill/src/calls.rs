@@ -124,7 +124,8 @@ impl Calls {
     where
         F: Future<Output = Result<T, BackendError>>,
     {
-        let breaker = self.breakers.of(self.backend.shard(keys));
+        let shard = self.backend.shard(keys);
+        let breaker = self.breakers.of(shard);
         let Some(permit) = breaker.admit() else {
             self.recorder.circuit_rejected();
             return Err(BackendError::new(
@@ -136,12 +137,22 @@ impl Calls {
         // Without a subscriber for the span, the call is not wrapped:
         // entering and leaving a disabled span on every poll and drop cost
         // about 400 instructions of a Redis hit (callgrind).
+        // A call still out when its shard stops serving keys at all (a
+        // failover replaced the primary, or a cluster master) is given up
+        // then, not at its timeout: that server may hold it to the end. A
+        // shard that still serves keys is left to answer: a cluster call
+        // redirected by a moved slot follows the slot itself.
+        let serves = || self.backend.shard_serves_keys(shard);
         let answered = if span.is_disabled() {
-            deadline::timer(began, timeout, make()).await
+            deadline::checked(began, timeout, serves, make()).await
         } else {
-            deadline::timer(began, timeout, make().instrument(span)).await
+            deadline::checked(began, timeout, serves, make().instrument(span)).await
         };
-        let result = answered.unwrap_or_else(|_| Err(deadline::timed_out(op, timeout)));
+        let result = match answered {
+            Ok(answer) => answer,
+            Err(deadline::Cut::Elapsed) => Err(deadline::timed_out(op, timeout)),
+            Err(deadline::Cut::Moved) => Err(deadline::moved(op, began.elapsed())),
+        };
         match &result {
             Ok(_) => permit.succeeded(),
             // A write that ran but that too few replicas confirmed: an
@@ -157,8 +168,9 @@ impl Calls {
                 // half-open probe ends) rather than waiting for a success.
                 if !e.is_transient() {
                     permit.succeeded();
-                } else if e.is_timeout() && timeout < self.timeout {
-                    // Cut short by the flight's budget, not a full timeout:
+                } else if e.is_timeout() && timeout < self.timeout || deadline::is_moved(e) {
+                    // Cut short by the flight's budget, not a full timeout,
+                    // or given up because its shard was replaced:
                     // no evidence against the backend (the permit is dropped
                     // unreported; a probe's slot is freed).
                 } else if permit.failed() {

@@ -658,3 +658,67 @@ async fn a_subscriber_reconnecting_to_a_hung_primary_moves_at_the_promotion() {
     );
     kit.resume();
 }
+
+/// A read sent to the primary just before it hung is given up when the
+/// backend moves to the new primary and made again there: the caller
+/// gets the new primary's answer (a hit on the replicated value), not the
+/// end of its timeout and a load without the lease. The timeouts are long
+/// here (10 s) so that the read is still out at the promotion, and waiting
+/// it out would show plainly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_out_on_a_hung_primary_is_answered_by_the_new_one() {
+    let _limit = time_limit(LIMIT);
+    let kit = RedisSentinel::start();
+    let ns = unique_ns("read-moved");
+    let urls = kit.sentinel_urls();
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let long = Duration::from_secs(10);
+    let options = SentinelOptions::new().redis_options(RedisOptions::new().response_timeout(long));
+    let backend = RedisBackend::connect_sentinel_with(&urls, kit.master_name(), options)
+        .await
+        .expect("connects through the sentinels");
+    let cache: Cache<String, String> = Cache::builder()
+        .namespace(&ns)
+        .backend(backend)
+        .ttl(Duration::from_secs(60))
+        .backend_timeout(long)
+        .no_l1()
+        .build()
+        .unwrap();
+    set_until_ok(&cache, "k", "stored").await;
+    let started = Instant::now();
+    while !kit.replicas().iter().all(|r| holds(r, &ns, "k")) {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the value never reached the replicas"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    let old = kit.primary().port();
+    kit.pause_primary();
+    let read = {
+        let cache = cache.clone();
+        tokio::spawn(async move {
+            cache
+                .fetch(&"k".to_owned(), |_| async {
+                    Ok::<_, std::io::Error>("loaded".to_owned())
+                })
+                .await
+        })
+    };
+    wait_new_primary(&kit, old);
+    let promoted = Instant::now();
+    let fetched = read.await.unwrap().expect("answered");
+    let after = promoted.elapsed();
+    kit.resume();
+    assert_eq!(
+        (fetched.value.as_str(), fetched.outcome),
+        ("stored", onefill::Outcome::Hit),
+        "the read did not get the new primary's answer"
+    );
+    assert!(
+        after < Duration::from_secs(2),
+        "the read answered {after:?} after the promotion: it waited on the hung primary"
+    );
+}

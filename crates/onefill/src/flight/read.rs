@@ -10,6 +10,7 @@ use tokio::time::Instant;
 
 use crate::answer::{Answer, Outcome};
 use crate::backend::Stored;
+use crate::deadline;
 use crate::envelope;
 use crate::error::{BackendError, Error};
 use crate::group::step_dropped;
@@ -36,8 +37,14 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
     /// The rest of the conversation after its first read.
     pub(super) async fn after_first_read(
         &mut self,
-        first: FirstRead<V>,
+        mut first: FirstRead<V>,
     ) -> (Result<Answer<V>, Error>, Option<Refresh>) {
+        if matches!(&first, FirstRead::Failed(e) if deadline::is_moved(e)) {
+            // The read went to a server that stopped serving the key while
+            // it ran (a failover moved the primary): read once more, from
+            // the one that serves it now.
+            first = self.first_read().await;
+        }
         match first {
             FirstRead::Answered(answer, refresh) => (answer, refresh),
             FirstRead::Failed(e) => (self.degrade(e, None).await, None),
