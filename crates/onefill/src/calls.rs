@@ -93,6 +93,20 @@ impl Calls {
         Judged::judge_one(&self.marks, &*self.backend, stored?, &beside).await
     }
 
+    /// Whether `shard` is still the server its calls go to. Only a Redis
+    /// primary followed across failovers (Sentinel, an endpoint) is ever
+    /// replaced under a call that cannot follow it: a cluster call follows
+    /// a moved slot itself (its router retries where `MOVED` says), and a
+    /// check of a cluster's slot map would cost a scan of it.
+    fn not_replaced(&self, shard: u64) -> bool {
+        #[cfg(feature = "redis")]
+        if let Some(redis) = &self.redis {
+            return redis.still_primary(shard);
+        }
+        let _ = shard;
+        true
+    }
+
     /// Calls the backend about `keys` through the circuit breaker of their
     /// shard, bounded by `timeout` (the driver's own timeouts are not
     /// trusted to fire), with counters and a span.
@@ -137,12 +151,9 @@ impl Calls {
         // Without a subscriber for the span, the call is not wrapped:
         // entering and leaving a disabled span on every poll and drop cost
         // about 400 instructions of a Redis hit (callgrind).
-        // A call still out when its shard stops serving keys at all (a
-        // failover replaced the primary, or a cluster master) is given up
-        // then, not at its timeout: that server may hold it to the end. A
-        // shard that still serves keys is left to answer: a cluster call
-        // redirected by a moved slot follows the slot itself.
-        let serves = || self.backend.shard_serves_keys(shard);
+        // A call still out when a failover replaces its server is given up
+        // then, not at its timeout: that server may hold it to the end.
+        let serves = || self.not_replaced(shard);
         let answered = if span.is_disabled() {
             deadline::checked(began, timeout, serves, make()).await
         } else {
@@ -170,7 +181,7 @@ impl Calls {
                     permit.succeeded();
                 } else if e.is_timeout() && timeout < self.timeout || deadline::is_moved(e) {
                     // Cut short by the flight's budget, not a full timeout,
-                    // or given up because its shard was replaced:
+                    // or given up because its server was replaced:
                     // no evidence against the backend (the permit is dropped
                     // unreported; a probe's slot is freed).
                 } else if permit.failed() {

@@ -80,14 +80,17 @@ impl<F: Future, S: FnMut() -> bool> Future for Checked<F, S> {
         }
         loop {
             ready!(this.sleep.as_mut().poll(cx));
-            let now = this.sleep.deadline();
-            if now >= *this.deadline {
+            if this.sleep.deadline() >= *this.deadline {
                 return Poll::Ready(Err(Cut::Elapsed));
             }
             if !(this.serves)() {
                 return Poll::Ready(Err(Cut::Moved));
             }
-            let next = now.checked_add(CHECK_EVERY).unwrap_or(*this.deadline);
+            // From now, not from when the check was due: a task that
+            // stalled asks once, not once per check it missed.
+            let next = Instant::now()
+                .checked_add(CHECK_EVERY)
+                .unwrap_or(*this.deadline);
             this.sleep.as_mut().reset(next.min(*this.deadline));
         }
     }

@@ -44,6 +44,9 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
             // it ran (a failover moved the primary): read once more, from
             // the one that serves it now.
             first = self.first_read().await;
+            if matches!(&first, FirstRead::Failed(e) if deadline::is_moved(e)) {
+                self.rec().flight();
+            }
         }
         match first {
             FirstRead::Answered(answer, refresh) => (answer, refresh),
@@ -94,7 +97,11 @@ impl<V: Clone + Send + Sync + 'static> Flight<V> {
                 }
             }
             Err(e) => {
-                self.rec().flight();
+                // A read given up because its server was replaced is made
+                // again (`after_first_read`): the flight is counted then.
+                if !deadline::is_moved(&e) {
+                    self.rec().flight();
+                }
                 FirstRead::Failed(e)
             }
         }

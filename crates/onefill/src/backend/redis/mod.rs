@@ -382,6 +382,17 @@ impl fmt::Debug for RedisBackend {
 }
 
 impl RedisBackend {
+    /// Whether `shard` (an answer of [`Backend::shard`]) is still the
+    /// current primary: false once a followed primary (Sentinel, an
+    /// endpoint) has moved away from it. Always true on a cluster, whose
+    /// calls follow a moved slot themselves. Cheap: for calls still out.
+    pub(crate) fn still_primary(&self, shard: u64) -> bool {
+        match &self.inner.conn {
+            Conn::Single(primary) => primary.serves(shard),
+            Conn::Cluster(_) => true,
+        }
+    }
+
     /// `error`, after a followed primary's follower has seen it (see
     /// [`Primary::saw`]).
     fn saw(&self, error: BackendError) -> BackendError {
@@ -879,7 +890,8 @@ impl Backend for RedisBackend {
     }
 
     /// Standalone: its one shard (under Sentinel, the current primary's).
-    /// Cluster: a master that owns a slot in the router's slot map now.
+    /// Cluster: a master that owns a slot in the router's slot map now (a
+    /// scan of the slot map: for health reports, not for calls).
     fn shard_serves_keys(&self, shard: u64) -> bool {
         match &self.inner.conn {
             Conn::Single(primary) => primary.serves(shard),

@@ -550,7 +550,20 @@ async fn listen(
                 }
             }
             Due::Ping => {
-                let _ = conn.ping(|_| {}).await;
+                // A switch announced while the `PING` is out is told too.
+                let mut told = Vec::new();
+                let _ = conn
+                    .ping(|push| {
+                        if push.kind == PushKind::Message {
+                            told.extend(switched(&push.data, &name));
+                        }
+                    })
+                    .await;
+                for to in told {
+                    if heard.send(Heard::Switched(to)).is_err() {
+                        return;
+                    }
+                }
             }
             Due::Lost => {}
         }
@@ -572,8 +585,10 @@ fn switched(data: &[Value], name: &str) -> Option<String> {
 
 /// What came first: the work, or a switch announced meanwhile.
 enum Announced<T> {
-    /// The work's answer; no switch was announced meanwhile.
-    Not(T),
+    /// The work's answer; no other switch was announced meanwhile. True
+    /// if a sentinel's subscription was made again meanwhile: it may have
+    /// missed a switch that the work did not see, so look again.
+    Not(T, bool),
     /// `+switch-master` to this address came first: the work was dropped.
     Switched(String),
     /// Every sentinel listener ended (the backend is gone).
@@ -585,19 +600,24 @@ enum Announced<T> {
 /// sentinels go on naming it until they agree it is down, and its `ROLE`
 /// is asked on a new connection, which a stopped server accepts and then
 /// never answers (up to the connection timeout). The announcement that
-/// ends the outage must not wait behind that look.
+/// ends the outage must not wait behind that look. A switch to
+/// `heading_to` (the address the work already goes for) does not stop it:
+/// every sentinel announces the same switch, and each repeat would
+/// otherwise start the move over.
 async fn unless_announced<T>(
     heard: &mut tokio::sync::mpsc::UnboundedReceiver<Heard>,
+    heading_to: Option<&str>,
     work: impl std::future::Future<Output = T>,
 ) -> Announced<T> {
     tokio::pin!(work);
+    let mut resubscribed = false;
     loop {
         tokio::select! {
-            done = &mut work => return Announced::Not(done),
+            done = &mut work => return Announced::Not(done, resubscribed),
             h = heard.recv() => match h {
+                Some(Heard::Switched(to)) if heading_to == Some(to.as_str()) => {}
                 Some(Heard::Switched(to)) => return Announced::Switched(to),
-                // A look is under way: it is the look this asks for.
-                Some(Heard::Subscribed) => {}
+                Some(Heard::Subscribed) => resubscribed = true,
                 None => return Announced::Gone,
             },
         }
@@ -630,10 +650,13 @@ async fn follow(
     else {
         return;
     };
+    // A sentinel's subscription was made again during a look: a switch
+    // announced before it may have been missed, so the next look is now.
+    let mut missed = false;
     loop {
         // A look when a sentinel tells, when a call suspects the primary
         // (not within the cooldown of the last look), or after a while.
-        {
+        if !std::mem::take(&mut missed) {
             let suspected = async {
                 suspicion.notified().await;
                 tokio::time::sleep_until(last_look + COOLDOWN).await;
@@ -671,18 +694,23 @@ async fn follow(
         let limit = connect_deadline(&finder.options.redis);
         let looked = unless_announced(
             &mut heard,
+            announced.as_deref(),
             with_deadline_error(limit, finder.find(), "no answer"),
         )
         .await;
         let found = match looked {
-            Announced::Not(Ok(found)) => found,
+            Announced::Not(Ok(found), resubscribed) => {
+                missed |= resubscribed;
+                found
+            }
             Announced::Switched(to) => {
                 (announced, retry_at) = (Some(to), Some(Instant::now()));
                 again = Backoff::new(ANNOUNCED_RETRY, RECHECK_EVERY);
                 continue;
             }
             Announced::Gone => return,
-            Announced::Not(Err(e)) => {
+            Announced::Not(Err(e), resubscribed) => {
+                missed |= resubscribed;
                 tracing::debug!(error = %e, "sentinel: no primary found; keeping the current one");
                 look_again(&mut again);
                 continue;
@@ -703,8 +731,13 @@ async fn follow(
             }
             continue;
         }
-        let opened = match unless_announced(&mut heard, finder.open(&found)).await {
-            Announced::Not(opened) => opened,
+        let heading_to = found.addr();
+        let opening = unless_announced(&mut heard, Some(&heading_to), finder.open(&found));
+        let opened = match opening.await {
+            Announced::Not(opened, resubscribed) => {
+                missed |= resubscribed;
+                opened
+            }
             Announced::Switched(to) => {
                 (announced, retry_at) = (Some(to), Some(Instant::now()));
                 again = Backoff::new(ANNOUNCED_RETRY, RECHECK_EVERY);
