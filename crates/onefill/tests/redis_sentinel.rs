@@ -37,6 +37,16 @@ async fn connect(kit: &RedisSentinel) -> RedisBackend {
         .expect("connects through the sentinels")
 }
 
+/// [`connect`] with `options` for every connection.
+async fn connect_with(kit: &RedisSentinel, options: RedisOptions) -> RedisBackend {
+    let urls = kit.sentinel_urls();
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let options = SentinelOptions::new().redis_options(options);
+    RedisBackend::connect_sentinel_with(&urls, kit.master_name(), options)
+        .await
+        .expect("connects through the sentinels")
+}
+
 fn cache(ns: &str, backend: RedisBackend, l1: bool) -> Cache<String, String> {
     let builder = Cache::builder()
         .namespace(ns)
@@ -615,16 +625,10 @@ async fn a_subscriber_reconnecting_to_a_hung_primary_moves_at_the_promotion() {
     let _limit = time_limit(LIMIT);
     let kit = RedisSentinel::start();
     let ns = unique_ns("hung-reconnect");
-    let urls = kit.sentinel_urls();
-    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
-    let options = SentinelOptions::new().redis_options(
-        RedisOptions::new()
-            .connection_timeout(Duration::from_secs(20))
-            .ping_interval(Duration::from_millis(100)),
-    );
-    let backend = RedisBackend::connect_sentinel_with(&urls, kit.master_name(), options)
-        .await
-        .expect("connects through the sentinels");
+    let options = RedisOptions::new()
+        .connection_timeout(Duration::from_secs(20))
+        .ping_interval(Duration::from_millis(100));
+    let backend = connect_with(&kit, options).await;
     let keys = onefill::backend::FillKeys::new(&ns, "k");
     let _subscription = backend.subscribe(&keys).await.expect("subscribes");
     let old = kit.primary();
@@ -670,13 +674,8 @@ async fn a_read_out_on_a_hung_primary_is_answered_by_the_new_one() {
     let _limit = time_limit(LIMIT);
     let kit = RedisSentinel::start();
     let ns = unique_ns("read-moved");
-    let urls = kit.sentinel_urls();
-    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
     let long = Duration::from_secs(10);
-    let options = SentinelOptions::new().redis_options(RedisOptions::new().response_timeout(long));
-    let backend = RedisBackend::connect_sentinel_with(&urls, kit.master_name(), options)
-        .await
-        .expect("connects through the sentinels");
+    let backend = connect_with(&kit, RedisOptions::new().response_timeout(long)).await;
     let cache: Cache<String, String> = Cache::builder()
         .namespace(&ns)
         .backend(backend)

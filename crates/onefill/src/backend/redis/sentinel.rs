@@ -585,10 +585,8 @@ fn switched(data: &[Value], name: &str) -> Option<String> {
 
 /// What came first: the work, or a switch announced meanwhile.
 enum Announced<T> {
-    /// The work's answer; no other switch was announced meanwhile. True
-    /// if a sentinel's subscription was made again meanwhile: it may have
-    /// missed a switch that the work did not see, so look again.
-    Not(T, bool),
+    /// The work's answer; no other switch was announced meanwhile.
+    Not(T),
     /// `+switch-master` to this address came first: the work was dropped.
     Switched(String),
     /// Every sentinel listener ended (the backend is gone).
@@ -603,25 +601,35 @@ enum Announced<T> {
 /// ends the outage must not wait behind that look. A switch to
 /// `heading_to` (the address the work already goes for) does not stop it:
 /// every sentinel announces the same switch, and each repeat would
-/// otherwise start the move over.
+/// otherwise start the move over. A sentinel's subscription made again
+/// meanwhile sets `missed`: it may have missed a switch the work did not
+/// see, so the next look is due at once.
 async fn unless_announced<T>(
     heard: &mut tokio::sync::mpsc::UnboundedReceiver<Heard>,
     heading_to: Option<&str>,
+    missed: &mut bool,
     work: impl std::future::Future<Output = T>,
 ) -> Announced<T> {
     tokio::pin!(work);
-    let mut resubscribed = false;
     loop {
         tokio::select! {
-            done = &mut work => return Announced::Not(done, resubscribed),
+            done = &mut work => return Announced::Not(done),
             h = heard.recv() => match h {
                 Some(Heard::Switched(to)) if heading_to == Some(to.as_str()) => {}
                 Some(Heard::Switched(to)) => return Announced::Switched(to),
-                Some(Heard::Subscribed) => resubscribed = true,
+                Some(Heard::Subscribed) => *missed = true,
                 None => return Announced::Gone,
             },
         }
     }
+}
+
+/// The follower's next look after a `+switch-master` to `to` that stopped
+/// the work under way: at once, and its looks after it start over from a
+/// short pause (see the announcement's branch in [`follow`]).
+fn look_at_announced(to: String) -> (Option<String>, Option<Instant>, Backoff) {
+    let again = Backoff::new(ANNOUNCED_RETRY, RECHECK_EVERY);
+    (Some(to), Some(Instant::now()), again)
 }
 
 /// The follower: looks at the sentinels when told to (see the module
@@ -695,22 +703,18 @@ async fn follow(
         let looked = unless_announced(
             &mut heard,
             announced.as_deref(),
+            &mut missed,
             with_deadline_error(limit, finder.find(), "no answer"),
         )
         .await;
         let found = match looked {
-            Announced::Not(Ok(found), resubscribed) => {
-                missed |= resubscribed;
-                found
-            }
+            Announced::Not(Ok(found)) => found,
             Announced::Switched(to) => {
-                (announced, retry_at) = (Some(to), Some(Instant::now()));
-                again = Backoff::new(ANNOUNCED_RETRY, RECHECK_EVERY);
+                (announced, retry_at, again) = look_at_announced(to);
                 continue;
             }
             Announced::Gone => return,
-            Announced::Not(Err(e), resubscribed) => {
-                missed |= resubscribed;
+            Announced::Not(Err(e)) => {
                 tracing::debug!(error = %e, "sentinel: no primary found; keeping the current one");
                 look_again(&mut again);
                 continue;
@@ -732,15 +736,12 @@ async fn follow(
             continue;
         }
         let heading_to = found.addr();
-        let opening = unless_announced(&mut heard, Some(&heading_to), finder.open(&found));
-        let opened = match opening.await {
-            Announced::Not(opened, resubscribed) => {
-                missed |= resubscribed;
-                opened
-            }
+        let open = finder.open(&found);
+        let opened = match unless_announced(&mut heard, Some(&heading_to), &mut missed, open).await
+        {
+            Announced::Not(opened) => opened,
             Announced::Switched(to) => {
-                (announced, retry_at) = (Some(to), Some(Instant::now()));
-                again = Backoff::new(ANNOUNCED_RETRY, RECHECK_EVERY);
+                (announced, retry_at, again) = look_at_announced(to);
                 continue;
             }
             Announced::Gone => return,
