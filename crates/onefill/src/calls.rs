@@ -107,6 +107,21 @@ impl Calls {
         true
     }
 
+    /// `work` (a read of the backend made outside [`call_with`](Calls::call_with):
+    /// the marks' before a call joins a flight), given up if a failover
+    /// replaces the primary meanwhile, as a call is: its own limit is all
+    /// that would end it on a primary that hung.
+    pub(crate) async fn unless_replaced(&self, work: impl Future<Output = ()>) {
+        #[cfg(feature = "redis")]
+        if let Some(redis) = &self.redis {
+            let shard = redis.primary_shard();
+            let serves = || redis.still_primary(shard);
+            let _ = deadline::checked(Instant::now(), Duration::MAX, serves, work).await;
+            return;
+        }
+        work.await;
+    }
+
     /// Calls the backend about `keys` through the circuit breaker of their
     /// shard, bounded by `timeout` (the driver's own timeouts are not
     /// trusted to fire), with counters and a span.

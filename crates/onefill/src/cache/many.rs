@@ -117,7 +117,7 @@ where
             // A flight under way may predate a mark nothing reported.
             let backend = self.shared.calls.backend.as_ref();
             if let Some(read) = self.shared.marks.before_join(backend) {
-                read.await;
+                self.shared.calls.unless_replaced(read).await;
             }
         }
         let mut running = batch.start(to_run, stale).into_iter();

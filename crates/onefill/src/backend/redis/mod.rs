@@ -393,6 +393,15 @@ impl RedisBackend {
         }
     }
 
+    /// The current primary's shard (for [`still_primary`](Self::still_primary));
+    /// 0 on a cluster.
+    pub(crate) fn primary_shard(&self) -> u64 {
+        match &self.inner.conn {
+            Conn::Single(primary) => primary.shard(),
+            Conn::Cluster(_) => 0,
+        }
+    }
+
     /// `error`, after a followed primary's follower has seen it (see
     /// [`Primary::saw`]).
     fn saw(&self, error: BackendError) -> BackendError {
