@@ -93,18 +93,22 @@ impl Calls {
         Judged::judge_one(&self.marks, &*self.backend, stored?, &beside).await
     }
 
-    /// Whether `shard` is still the server its calls go to. Only a Redis
-    /// primary followed across failovers (Sentinel, an endpoint) is ever
-    /// replaced under a call that cannot follow it: a cluster call follows
-    /// a moved slot itself (its router retries where `MOVED` says), and a
-    /// check of a cluster's slot map would cost a scan of it.
-    fn not_replaced(&self, shard: u64) -> bool {
+    /// The check that `shard` is still the server its calls go to, where
+    /// a call may be left on a server that was replaced: a Redis primary
+    /// followed across failovers (Sentinel, an endpoint). `None` elsewhere,
+    /// and a call's timer then is its deadline alone: a cluster call
+    /// follows a moved slot itself (its router retries where `MOVED`
+    /// says), and other backends are not replaced under a call.
+    fn replaced_check(&self, shard: u64) -> Option<impl FnMut() -> bool + '_> {
         #[cfg(feature = "redis")]
-        if let Some(redis) = &self.redis {
-            return redis.still_primary(shard);
+        if let Some(redis) = self.redis.as_ref().filter(|r| r.is_standalone()) {
+            return Some(move || redis.still_primary(shard));
         }
         let _ = shard;
-        true
+        #[cfg(not(feature = "redis"))]
+        return None::<fn() -> bool>;
+        #[cfg(feature = "redis")]
+        None
     }
 
     /// `work` (a read of the backend made outside [`call_with`](Calls::call_with):
@@ -114,8 +118,7 @@ impl Calls {
     pub(crate) async fn unless_replaced(&self, work: impl Future<Output = ()>) {
         #[cfg(feature = "redis")]
         if let Some(redis) = &self.redis {
-            let shard = redis.primary_shard();
-            let serves = || redis.still_primary(shard);
+            let serves = self.replaced_check(redis.primary_shard());
             let _ = deadline::checked(Instant::now(), Duration::MAX, serves, work).await;
             return;
         }
@@ -168,7 +171,7 @@ impl Calls {
         // about 400 instructions of a Redis hit (callgrind).
         // A call still out when a failover replaces its server is given up
         // then, not at its timeout: that server may hold it to the end.
-        let serves = || self.not_replaced(shard);
+        let serves = self.replaced_check(shard);
         let answered = if span.is_disabled() {
             deadline::checked(began, timeout, serves, make()).await
         } else {

@@ -31,7 +31,7 @@ pin_project_lite::pin_project! {
         #[pin]
         sleep: Sleep,
         deadline: Instant,
-        serves: S,
+        serves: Option<S>,
     }
 }
 
@@ -50,18 +50,22 @@ pub(crate) enum Cut {
 /// (stopped, or paused by a manual failover) holds a call until its
 /// timeout: the call is better sent again where the keys are now. One
 /// timer, as [`timer`]'s: a call that answers within [`CHECK_EVERY`]
-/// costs what it did.
+/// costs what it did. Without `serves` (a server that is never replaced
+/// under a call), the deadline alone, as [`timer`].
 pub(crate) fn checked<F: Future, S: FnMut() -> bool>(
     began: Instant,
     limit: Duration,
-    serves: S,
+    serves: Option<S>,
     fut: F,
 ) -> Checked<F, S> {
     let far = began + Duration::from_secs(365 * 24 * 3600);
     let deadline = began.checked_add(limit).map_or(far, |d| d.min(far));
-    let first = began
-        .checked_add(CHECK_EVERY)
-        .map_or(deadline, |c| c.min(deadline));
+    let first = match serves {
+        Some(_) => began
+            .checked_add(CHECK_EVERY)
+            .map_or(deadline, |c| c.min(deadline)),
+        None => deadline,
+    };
     Checked {
         fut,
         sleep: tokio::time::sleep_until(first),
@@ -83,7 +87,12 @@ impl<F: Future, S: FnMut() -> bool> Future for Checked<F, S> {
             if this.sleep.deadline() >= *this.deadline {
                 return Poll::Ready(Err(Cut::Elapsed));
             }
-            if !(this.serves)() {
+            let Some(serves) = this.serves.as_mut() else {
+                // Unreachable: without `serves` the first wake-up is the
+                // deadline's.
+                return Poll::Ready(Err(Cut::Elapsed));
+            };
+            if !serves() {
                 return Poll::Ready(Err(Cut::Moved));
             }
             // From now, not from when the check was due: a task that
@@ -178,7 +187,7 @@ mod tests {
         let call = checked(
             began,
             Duration::from_millis(250),
-            || serves.load(Ordering::Relaxed),
+            Some(|| serves.load(Ordering::Relaxed)),
             std::future::pending::<()>(),
         );
         let cut = tokio::select! {
@@ -200,15 +209,21 @@ mod tests {
             7
         };
         assert_eq!(
-            checked(began, Duration::from_millis(250), || true, slow).await,
+            checked(began, Duration::from_millis(250), Some(|| true), slow).await,
             Ok(7)
         );
         let began = Instant::now();
         let never = std::future::pending::<()>();
-        let cut = checked(began, Duration::from_millis(95), || true, never).await;
+        let cut = checked(
+            began,
+            Duration::from_millis(95),
+            None::<fn() -> bool>,
+            never,
+        )
+        .await;
         assert_eq!(cut, Err(Cut::Elapsed));
         assert_eq!(began.elapsed(), Duration::from_millis(95));
-        let far = checked(Instant::now(), Duration::MAX, || true, async { 8 }).await;
+        let far = checked(Instant::now(), Duration::MAX, Some(|| true), async { 8 }).await;
         assert_eq!(far, Ok(8));
     }
 

@@ -393,6 +393,12 @@ impl RedisBackend {
         }
     }
 
+    /// Whether this is a standalone server (under Sentinel, behind an
+    /// endpoint, or plain): one primary, which a failover can replace.
+    pub(crate) fn is_standalone(&self) -> bool {
+        matches!(self.inner.conn, Conn::Single(_))
+    }
+
     /// The current primary's shard (for [`still_primary`](Self::still_primary));
     /// 0 on a cluster.
     pub(crate) fn primary_shard(&self) -> u64 {
